@@ -1,0 +1,287 @@
+"""Reading SavedModels: the proto on disk, the serving MetaGraph, and live sessions.
+
+Everything that opens a user's model goes through here, so every way a model can
+be unreadable (missing, not a SavedModel, truncated, wrong tags) is turned into
+one clear :class:`~serving_opt.errors.ServingOptError` in one place.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from serving_opt.errors import ServingOptError
+
+SERVE_TAG = "serve"
+INIT_OP_SIGNATURE_KEY = "__saved_model_init_op"
+MAIN_OP_COLLECTION = "saved_model_main_op"
+LEGACY_INIT_OP_COLLECTION = "legacy_init_op"
+TABLE_INITIALIZER_COLLECTION = "table_initializer"
+ASSET_FILEPATHS_COLLECTION = "asset_filepaths"
+SAVED_MODEL_ASSETS_COLLECTION = "saved_model_assets"
+
+METHOD_CLASSIFY = "tensorflow/serving/classify"
+METHOD_REGRESS = "tensorflow/serving/regress"
+METHOD_PREDICT = "tensorflow/serving/predict"
+
+
+def parse_tags(tags: str | Iterable[str]) -> frozenset[str]:
+    """Parses ``--saved_model_tags`` ("serve" or "serve,gpu") into a tag set.
+
+    Example:
+        >>> sorted(parse_tags("serve, gpu"))
+        ['gpu', 'serve']
+    """
+    if isinstance(tags, str):
+        tags = tags.split(",")
+    return frozenset(t.strip() for t in tags if t.strip())
+
+
+def read_saved_model(path: str):
+    """Reads and parses ``saved_model.pb`` (or ``.pbtxt``) under ``path``.
+
+    Raises ServingOptError with a one-line explanation for every unreadable case.
+
+    Example:
+        >>> sm = read_saved_model("build/sample/1")
+        >>> [sorted(m.meta_info_def.tags) for m in sm.meta_graphs]
+        [['serve']]
+    """
+    from google.protobuf import message, text_format
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    if not os.path.exists(path):
+        raise ServingOptError(
+            f"SavedModel directory {path} does not exist",
+            "check the path (a SavedModel directory contains saved_model.pb)",
+        )
+    if not os.path.isdir(path):
+        raise ServingOptError(
+            f"{path} is a file, not a SavedModel directory",
+            "pass the directory that contains saved_model.pb",
+        )
+    pb_path = os.path.join(path, "saved_model.pb")
+    pbtxt_path = os.path.join(path, "saved_model.pbtxt")
+    saved_model = saved_model_pb2.SavedModel()
+    if os.path.exists(pb_path):
+        with open(pb_path, "rb") as f:
+            data = f.read()
+        try:
+            saved_model.ParseFromString(data)
+        except message.DecodeError as e:
+            raise ServingOptError(
+                f"{pb_path} is corrupt or truncated ({len(data)} bytes, {e})",
+                "re-export the model or copy it again",
+            ) from e
+    elif os.path.exists(pbtxt_path):
+        with open(pbtxt_path) as f:
+            try:
+                text_format.Parse(f.read(), saved_model)
+            except text_format.ParseError as e:
+                raise ServingOptError(
+                    f"{pbtxt_path} is not a valid text SavedModel ({e})",
+                    "re-export the model",
+                ) from e
+    else:
+        hint = _version_dir_hint(path)
+        raise ServingOptError(
+            f"no saved_model.pb in {path}",
+            hint or "point at the directory written by tf.saved_model.save / "
+            "Estimator.export_saved_model / model.export",
+        )
+    if not saved_model.meta_graphs:
+        raise ServingOptError(
+            f"{path}/saved_model.pb holds no MetaGraph (an empty or truncated file)",
+            "re-export the model",
+        )
+    return saved_model
+
+
+def _version_dir_hint(path: str) -> str | None:
+    """Users often pass the model base (holding 1/, 2/...) instead of a version."""
+    try:
+        versions = sorted(
+            (int(n) for n in os.listdir(path) if n.isdigit()
+             and os.path.exists(os.path.join(path, n, "saved_model.pb"))),
+        )
+    except OSError:
+        return None
+    if versions:
+        latest = os.path.join(path, str(versions[-1]))
+        return f"it looks like a model base with versions {versions}; pass a version, e.g. {latest}"
+    return None
+
+
+def find_meta_graph(saved_model, tags: Iterable[str], path: str = "the SavedModel"):
+    """Returns the MetaGraphDef whose tag set equals ``tags``.
+
+    Example:
+        >>> mg = find_meta_graph(read_saved_model("build/sample/1"), {"serve"})
+        >>> sorted(mg.signature_def)
+        ['classification', 'predict', 'serving_default']
+    """
+    wanted = frozenset(tags)
+    available = []
+    for meta_graph in saved_model.meta_graphs:
+        have = frozenset(meta_graph.meta_info_def.tags)
+        if have == wanted:
+            return meta_graph
+        available.append(",".join(sorted(have)) or "<no tags>")
+    raise ServingOptError(
+        f"{path} has no MetaGraph tagged {','.join(sorted(wanted)) or '<no tags>'} "
+        f"(it has: {'; '.join(available)})",
+        f"pass --saved_model_tags={available[0]}" if available else "re-export the model",
+    )
+
+
+def is_tf2(meta_graph) -> bool:
+    """True for object-graph SavedModels whose signatures call functions (tf.saved_model.save).
+
+    Example:
+        >>> is_tf2(find_meta_graph(read_saved_model("build/sample/1"), {"serve"}))
+        False
+    """
+    return bool(meta_graph.object_graph_def.nodes) and bool(
+        meta_graph.graph_def.library.function
+    )
+
+
+def init_op_name(meta_graph) -> str | None:
+    """The node TF Serving runs after restoring: init-op signature, main_op, or legacy_init_op.
+
+    The precedence is the C++ loader's (``GetInitOp`` in loader_util.cc).
+
+    Example:
+        >>> init_op_name(find_meta_graph(read_saved_model("build/sample/1"), {"serve"}))
+        'group_deps'
+    """
+    sig = meta_graph.signature_def.get(INIT_OP_SIGNATURE_KEY)
+    if sig is not None and sig.outputs:
+        return next(iter(sig.outputs.values())).name.split(":")[0]
+    for key in (MAIN_OP_COLLECTION, LEGACY_INIT_OP_COLLECTION):
+        col = meta_graph.collection_def.get(key)
+        if col is not None and col.node_list.value:
+            return col.node_list.value[0].split(":")[0]
+    return None
+
+
+def serving_signatures(meta_graph) -> dict:
+    """The signature_def map without the init-op pseudo signature.
+
+    Example:
+        >>> sorted(serving_signatures(find_meta_graph(read_saved_model("build/sample/1"),
+        ...                                           {"serve"})))
+        ['classification', 'predict', 'serving_default']
+    """
+    return {k: v for k, v in meta_graph.signature_def.items() if k != INIT_OP_SIGNATURE_KEY}
+
+
+def select_signatures(meta_graph, keys: Sequence[str] | None) -> list[str]:
+    """Validates ``--signatures`` against the model; None or empty means all.
+
+    Example:
+        >>> select_signatures(find_meta_graph(read_saved_model("build/sample/1"), {"serve"}),
+        ...                   ["predict"])
+        ['predict']
+    """
+    available = sorted(serving_signatures(meta_graph))
+    if not keys:
+        if not available:
+            raise ServingOptError(
+                "the MetaGraph has no signatures to serve",
+                "export the model with at least one signature (e.g. serving_default)",
+            )
+        return available
+    missing = [k for k in keys if k not in available]
+    if missing:
+        raise ServingOptError(
+            f"signature(s) {', '.join(missing)} not in the model (it has: {', '.join(available)})",
+            "fix --signatures",
+        )
+    return list(dict.fromkeys(keys))
+
+
+@dataclass(frozen=True)
+class AssetFile:
+    """One asset wired into the graph: the tensor fed with its path at load time."""
+
+    filename: str
+    tensor_name: str
+    path: str
+    size_bytes: int
+
+
+def asset_files(meta_graph, saved_model_dir: str) -> list[AssetFile]:
+    """Assets declared in the MetaGraph (AssetFileDef, or the TF1 saved_model_assets collection).
+
+    Example:
+        >>> [a.filename for a in asset_files(find_meta_graph(
+        ...     read_saved_model("build/sample/1"), {"serve"}), "build/sample/1")]
+        ['vocab.txt']
+    """
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    defs = list(meta_graph.asset_file_def)
+    if not defs:
+        col = meta_graph.collection_def.get(SAVED_MODEL_ASSETS_COLLECTION)
+        if col is not None:
+            for any_value in col.any_list.value:
+                asset = meta_graph_pb2.AssetFileDef()
+                any_value.Unpack(asset)
+                defs.append(asset)
+    out = []
+    for asset in defs:
+        path = os.path.join(saved_model_dir, "assets", asset.filename)
+        size = os.path.getsize(path) if os.path.isfile(path) else -1
+        out.append(AssetFile(asset.filename, asset.tensor_info.name, path, size))
+    return out
+
+
+def load_session(saved_model_dir: str, tags: Iterable[str] = (SERVE_TAG,), config=None):
+    """Loads a SavedModel into a fresh graph and session, the way TF Serving does.
+
+    Restores variables, feeds asset paths and runs the init op. Returns
+    ``(session, meta_graph_def)``; the caller closes the session.
+
+    Example:
+        >>> sess, mg = load_session("build/sample/1")
+        >>> sess.close()
+    """
+    import tensorflow as tf
+
+    # Parse first: TF's own loader reports a missing tag or corrupt file as a long traceback.
+    find_meta_graph(read_saved_model(saved_model_dir), tags, saved_model_dir)
+    graph = tf.Graph()
+    sess = tf.compat.v1.Session(graph=graph, config=config)
+    try:
+        with graph.as_default():
+            meta_graph = tf.compat.v1.saved_model.loader.load(sess, list(tags), saved_model_dir)
+    except Exception as e:
+        sess.close()
+        raise ServingOptError(
+            f"TensorFlow could not load {saved_model_dir}: {_first_line(e)}",
+            "check that the model loads with saved_model_cli show/run",
+        ) from e
+    return sess, meta_graph
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0]
+
+
+def dir_size(path: str) -> int:
+    """Total bytes of regular files under ``path``.
+
+    Example:
+        >>> dir_size("build/sample/1") > 0
+        True
+    """
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            if os.path.isfile(full) and not os.path.islink(full):
+                total += os.path.getsize(full)
+    return total

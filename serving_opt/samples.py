@@ -1,0 +1,333 @@
+"""Small but realistic SavedModels to try the tool on (and to test it with).
+
+They mimic what Estimators export (TF1 graphs, tf.Example parsing receivers,
+vocabulary-file tables, classify/regress/predict signatures) but are built with
+``tf.compat.v1`` so they exist on TF 2.16+ where ``tf.estimator`` is gone. Each
+builder takes seconds and is deterministic for a given seed.
+
+Usage:
+    python -m serving_opt.samples --kind=classifier --output_dir=build/sample/1
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+
+import numpy as np
+
+VOCABULARY = ("apple", "banana", "cherry", "date", "elderberry", "fig", "grape", "honeydew")
+CLASS_NAMES = ("negative", "neutral", "positive")
+
+_KINDS = ("classifier", "regressor", "convnet", "keras")
+
+
+def _tf():
+    import tensorflow as tf
+
+    return tf
+
+
+def _write_vocabulary(directory: str, words: Sequence[str] = VOCABULARY) -> str:
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "vocab.txt")
+    with open(path, "w") as f:
+        f.write("\n".join(words) + "\n")
+    return path
+
+
+def _feature_columns(vocab_path: str):
+    fc = _tf().feature_column
+    word = fc.categorical_column_with_vocabulary_file(
+        "word", vocab_path, num_oov_buckets=1
+    )
+    city = fc.categorical_column_with_hash_bucket("city", hash_bucket_size=20)
+    return [
+        fc.embedding_column(word, dimension=6),
+        fc.embedding_column(city, dimension=3),
+        fc.numeric_column("age"),
+        fc.numeric_column("clicks", dtype=_tf().int64),
+    ]
+
+
+def _save_tf1(sess, export_dir: str, signature_def_map: dict, main_op) -> None:
+    tf = _tf()
+    builder = tf.compat.v1.saved_model.Builder(export_dir)
+    builder.add_meta_graph_and_variables(
+        sess,
+        [tf.compat.v1.saved_model.tag_constants.SERVING],
+        signature_def_map=signature_def_map,
+        assets_collection=tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.ASSET_FILEPATHS),
+        main_op=main_op,
+        strip_default_attrs=True,
+    )
+    builder.save()
+
+
+def _random_initializer(seed: int, stddev: float = 0.5):
+    return _tf().compat.v1.random_normal_initializer(stddev=stddev, seed=seed)
+
+
+# tf.compat.v1.layers is gone with Keras 3, so the few layers the samples need are
+# spelled out with variables and raw ops, as Estimator-era graphs contain them.
+def _dense(x, units: int, name: str, seed: int):
+    v1 = _tf().compat.v1
+    with v1.variable_scope(name):
+        kernel = v1.get_variable(
+            "kernel", [x.shape[-1], units], initializer=_random_initializer(seed)
+        )
+        bias = v1.get_variable("bias", [units], initializer=_random_initializer(seed + 1, 0.1))
+    return _tf().nn.bias_add(_tf().matmul(x, kernel), bias)
+
+
+def _conv2d(x, filters: int, name: str, seed: int):
+    v1 = _tf().compat.v1
+    with v1.variable_scope(name):
+        kernel = v1.get_variable(
+            "kernel", [3, 3, x.shape[-1], filters], initializer=_random_initializer(seed, 0.3)
+        )
+    return _tf().nn.conv2d(x, kernel, strides=1, padding="SAME")
+
+
+def _batch_norm_variables(channels: int, name: str, seed: int):
+    v1 = _tf().compat.v1
+    with v1.variable_scope(name):
+        gamma = v1.get_variable(
+            "gamma", [channels], initializer=v1.random_uniform_initializer(0.5, 1.5, seed=seed)
+        )
+        beta = v1.get_variable("beta", [channels], initializer=_random_initializer(seed + 1, 0.1))
+        mean = v1.get_variable(
+            "moving_mean", [channels], initializer=_random_initializer(seed + 2, 0.3)
+        )
+        variance = v1.get_variable(
+            "moving_variance", [channels],
+            initializer=v1.random_uniform_initializer(0.5, 2.0, seed=seed + 3),
+        )
+    return gamma, beta, mean, variance
+
+
+def _batch_norm(x, name: str, seed: int):
+    """Inference-mode batch norm as unfused Rsqrt/Mul/Add ops (tf.nn.batch_normalization)."""
+    gamma, beta, mean, variance = _batch_norm_variables(x.shape[-1], name, seed)
+    return _tf().nn.batch_normalization(x, mean, variance, beta, gamma, 1e-3)
+
+
+def _fused_batch_norm(x, name: str, seed: int):
+    """Inference-mode FusedBatchNormV3, what Keras and tf.layers emitted for conv nets."""
+    gamma, beta, mean, variance = _batch_norm_variables(x.shape[-1], name, seed)
+    y, _, _ = _tf().compat.v1.nn.fused_batch_norm(
+        x, gamma, beta, mean=mean, variance=variance, epsilon=1e-3, is_training=False
+    )
+    return y
+
+
+def build_classifier(export_dir: str, seed: int = 0) -> str:
+    """Writes an Estimator-like DNN classifier SavedModel to ``export_dir``.
+
+    Features parsed from serialized tf.Examples: ``word`` (vocabulary-file
+    embedding), ``city`` (hashed embedding), ``age`` (float), ``clicks`` (int64).
+    A hidden layer with batch norm in inference mode feeds three classes.
+    Signatures: ``serving_default`` and ``classification`` (classify), ``predict``.
+
+    Example:
+        >>> build_classifier("/tmp/models/clf/1")
+        '/tmp/models/clf/1'
+    """
+    tf = _tf()
+    v1 = tf.compat.v1
+    sigs = v1.saved_model.signature_def_utils
+    with tf.Graph().as_default() as graph, tempfile.TemporaryDirectory() as scratch:
+        v1.set_random_seed(seed)
+        vocab_path = _write_vocabulary(scratch)
+        columns = _feature_columns(vocab_path)
+        serialized = v1.placeholder(tf.string, [None], name="input_example_tensor")
+        features = v1.io.parse_example(
+            serialized, tf.feature_column.make_parse_example_spec(columns)
+        )
+        net = v1.feature_column.input_layer(features, columns)
+        net = _dense(net, 16, "hidden", seed + 1)
+        net = tf.nn.relu(_batch_norm(net, "hidden_bn", seed + 3))
+        logits = _dense(net, len(CLASS_NAMES), "logits_layer", seed + 7)
+        logits = tf.identity(logits, name="logits")
+        probabilities = tf.nn.softmax(logits, name="probabilities")
+        class_ids = tf.argmax(logits, axis=1, name="class_ids")
+        batch = tf.shape(logits)[0]
+        classes = tf.tile(
+            tf.constant([list(CLASS_NAMES)]), tf.stack([batch, 1]), name="classes"
+        )
+        classify = sigs.classification_signature_def(serialized, classes, probabilities)
+        predict = sigs.predict_signature_def(
+            {"examples": serialized},
+            {"probabilities": probabilities, "class_ids": class_ids, "logits": logits},
+        )
+        main_op = tf.group(v1.local_variables_initializer(), v1.tables_initializer())
+        with v1.Session(graph=graph) as sess:
+            sess.run(v1.global_variables_initializer())
+            _save_tf1(
+                sess,
+                export_dir,
+                {"serving_default": classify, "classification": classify, "predict": predict},
+                main_op,
+            )
+    return export_dir
+
+
+def build_regressor(export_dir: str, seed: int = 0) -> str:
+    """Writes an Estimator-like linear regressor SavedModel to ``export_dir``.
+
+    Signatures: ``serving_default`` and ``regression`` (regress), ``predict``.
+
+    Example:
+        >>> build_regressor("/tmp/models/reg/1")
+        '/tmp/models/reg/1'
+    """
+    tf = _tf()
+    v1 = tf.compat.v1
+    sigs = v1.saved_model.signature_def_utils
+    with tf.Graph().as_default() as graph, tempfile.TemporaryDirectory() as scratch:
+        v1.set_random_seed(seed)
+        vocab_path = _write_vocabulary(scratch)
+        columns = _feature_columns(vocab_path)
+        serialized = v1.placeholder(tf.string, [None], name="input_example_tensor")
+        features = v1.io.parse_example(
+            serialized, tf.feature_column.make_parse_example_spec(columns)
+        )
+        net = v1.feature_column.input_layer(features, columns)
+        predictions = _dense(net, 1, "linear", seed + 1)
+        predictions = tf.identity(predictions, name="predictions")
+        regress = sigs.regression_signature_def(serialized, predictions)
+        predict = sigs.predict_signature_def(
+            {"examples": serialized}, {"predictions": predictions}
+        )
+        main_op = tf.group(v1.local_variables_initializer(), v1.tables_initializer())
+        with v1.Session(graph=graph) as sess:
+            sess.run(v1.global_variables_initializer())
+            _save_tf1(
+                sess,
+                export_dir,
+                {"serving_default": regress, "regression": regress, "predict": predict},
+                main_op,
+            )
+    return export_dir
+
+
+def build_convnet(export_dir: str, seed: int = 0) -> str:
+    """Writes a small conv net with batch norm (inference mode) taking float images.
+
+    Signature ``serving_default`` (predict): ``images`` float [None, 16, 16, 3] to
+    ``scores`` [None, 4] and ``label`` int64 [None].
+
+    Example:
+        >>> build_convnet("/tmp/models/cnn/1")
+        '/tmp/models/cnn/1'
+    """
+    tf = _tf()
+    v1 = tf.compat.v1
+    sigs = v1.saved_model.signature_def_utils
+    with tf.Graph().as_default() as graph:
+        v1.set_random_seed(seed)
+        images = v1.placeholder(tf.float32, [None, 16, 16, 3], name="images")
+        net = images
+        for i, filters in enumerate((8, 16)):
+            net = _conv2d(net, filters, f"conv{i}", seed + 10 * i)
+            net = tf.nn.relu(_fused_batch_norm(net, f"conv{i}_bn", seed + 10 * i + 2))
+        net = tf.reduce_mean(net, axis=[1, 2])
+        scores = _dense(net, 4, "head", seed + 60)
+        scores = tf.identity(scores, name="scores")
+        label = tf.argmax(scores, axis=1, name="label")
+        predict = sigs.predict_signature_def({"images": images}, {"scores": scores, "label": label})
+        with v1.Session(graph=graph) as sess:
+            sess.run(v1.global_variables_initializer())
+            _save_tf1(sess, export_dir, {"serving_default": predict}, None)
+    return export_dir
+
+
+def build_keras(export_dir: str, seed: int = 0) -> str:
+    """Writes a small Keras 3 model with ``model.export()`` (a TF2 object-graph SavedModel).
+
+    Example:
+        >>> build_keras("/tmp/models/keras/1")
+        '/tmp/models/keras/1'
+    """
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input(shape=(5,), name="features")
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    outputs = keras.layers.Dense(2, name="scores")(hidden)
+    model = keras.Model(inputs, outputs)
+    model.export(export_dir, verbose=False)
+    return export_dir
+
+
+_BUILDERS = {
+    "classifier": build_classifier,
+    "regressor": build_regressor,
+    "convnet": build_convnet,
+    "keras": build_keras,
+}
+
+
+def build(kind: str, export_dir: str, seed: int = 0) -> str:
+    """Builds the sample model ``kind`` (one of classifier, regressor, convnet, keras).
+
+    Example:
+        >>> build("regressor", "/tmp/models/reg/1")
+        '/tmp/models/reg/1'
+    """
+    if kind not in _BUILDERS:
+        raise ValueError(f"unknown sample kind {kind!r}; choose one of {', '.join(_KINDS)}")
+    return _BUILDERS[kind](export_dir, seed)
+
+
+def sample_examples(count: int = 8, seed: int = 0) -> list[bytes]:
+    """Serialized tf.Examples matching the classifier/regressor parsing spec.
+
+    Example:
+        >>> len(sample_examples(4))
+        4
+    """
+    tf = _tf()
+    rng = np.random.default_rng(seed)
+    words = list(VOCABULARY) + ["not-in-vocabulary"]
+    out = []
+    for _ in range(count):
+        feature = {
+            "word": tf.train.Feature(
+                bytes_list=tf.train.BytesList(value=[rng.choice(words).encode()])
+            ),
+            "city": tf.train.Feature(
+                bytes_list=tf.train.BytesList(value=[f"city-{rng.integers(100)}".encode()])
+            ),
+            "age": tf.train.Feature(
+                float_list=tf.train.FloatList(value=[float(rng.uniform(18, 80))])
+            ),
+            "clicks": tf.train.Feature(
+                int64_list=tf.train.Int64List(value=[int(rng.integers(0, 50))])
+            ),
+        }
+        example = tf.train.Example(features=tf.train.Features(feature=feature))
+        out.append(example.SerializeToString())
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kind", choices=_KINDS, default="classifier")
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if os.path.exists(os.path.join(args.output_dir, "saved_model.pb")):
+        print(f"{args.output_dir} already holds a SavedModel; leaving it as it is")
+        return 0
+    build(args.kind, args.output_dir, args.seed)
+    print(f"wrote {args.kind} SavedModel to {args.output_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
