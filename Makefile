@@ -23,5 +23,15 @@ pytest: $(STAMP)
 
 test: $(STAMP) lint pytest bazel-test
 
+# Bazel: Debian's bazel-bootstrap (4.2.3) when none is installed, then the offline
+# setup (.bazelrc.offline, gitignored; see tools/bazel/README.md).
+bazel-setup:
+	@command -v bazel >/dev/null 2>&1 || { \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y bazel-bootstrap bazel-rules-java; }
+	@tools/bazel/offline_setup.sh
+
+bazel-test: $(STAMP) bazel-setup
+	bazel test //... --test_output=errors --noshow_progress
+
 clean:
 	rm -rf build
