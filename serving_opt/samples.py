@@ -47,8 +47,12 @@ def _feature_columns(vocab_path: str):
     return [
         fc.embedding_column(word, dimension=6),
         fc.embedding_column(city, dimension=3),
-        fc.numeric_column("age"),
-        fc.numeric_column("clicks", dtype=_tf().int64),
+        # Estimator users normalize in the column; it also keeps the logits unsaturated,
+        # so parity checks compare meaningful probabilities.
+        fc.numeric_column("age", normalizer_fn=lambda x: (x - 45.0) / 15.0),
+        fc.numeric_column(
+            "clicks", dtype=_tf().int64, normalizer_fn=lambda x: (_tf().cast(x, "float32") - 25.0) / 15.0
+        ),
     ]
 
 

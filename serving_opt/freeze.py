@@ -1,0 +1,327 @@
+"""Freezing: variables become constants, tables and assets keep working.
+
+The classic recipe (``freeze_graph``, ``saved_model_cli freeze_model``, TF-TRT)
+keeps only the signature outputs, so the init op and the table initializers it
+runs are pruned and the first lookup fails with "Table not initialized". Here the
+freeze keeps, as extra outputs, everything TF Serving's loader touches: the init
+op, the table initializers, and the asset tensors it feeds with file paths.
+
+The init op itself is rewritten: variable initializers are dropped from it (the
+variables are constants now, and an ``Assign`` into a constant cannot run) and
+everything else it ran, table initialization above all, is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from serving_opt import loader
+from serving_opt.errors import ServingOptError
+from serving_opt.graph import ServingGraph, node_name, tensor_info_nodes
+
+# A serialized GraphDef must stay under 2 GiB (protobuf's limit). Keep a margin for
+# the non-constant nodes and the rest of the MetaGraphDef.
+PROTOBUF_LIMIT_BYTES = 2**31 - 1
+_GRAPH_MARGIN_BYTES = 64 * 2**20
+
+_VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "_VarHandlesOp"})
+_VARIABLE_WRITE_OPS = frozenset({
+    "Assign", "AssignVariableOp", "AssignAdd", "AssignSub",
+    "AssignAddVariableOp", "AssignSubVariableOp",
+})
+# Ops that must never be merged or folded away, because their identity is their state
+# (tables) or because running them twice differs from running them once.
+_ALWAYS_PROTECTED_OPS = frozenset({
+    "HashTable", "HashTableV2", "MutableHashTable", "MutableHashTableV2",
+    "MutableHashTableOfTensors", "MutableHashTableOfTensorsV2", "MutableDenseHashTable",
+    "MutableDenseHashTableV2", "AnonymousHashTable",
+})
+
+
+@dataclass(frozen=True)
+class FreezeInfo:
+    """What freezing did, for the report.
+
+    Example:
+        >>> info.variables_frozen
+        14
+    """
+
+    variables_frozen: int
+    variable_bytes: int
+    init_op: str | None
+    dropped_variable_initializers: tuple[str, ...]
+    kept_init_ops: tuple[str, ...]
+
+
+def variable_sizes(graph_def) -> dict[str, int]:
+    """Bytes each variable will take as a constant, from its declared shape and dtype.
+
+    Example:
+        >>> variable_sizes(graph_def)["hidden/kernel"]
+        576
+    """
+    from tensorflow.python.framework import dtypes, tensor_shape
+
+    sizes = {}
+    for node in graph_def.node:
+        if node.op not in _VARIABLE_OPS:
+            continue
+        dtype = dtypes.as_dtype(node.attr["dtype"].type)
+        shape = tensor_shape.TensorShape(node.attr["shape"].shape)
+        if shape.is_fully_defined():
+            elements = shape.num_elements() or 0
+        else:
+            elements = 0
+        itemsize = dtype.size if dtype != dtypes.string else 0
+        sizes[node.name] = elements * itemsize
+    return sizes
+
+
+def check_protobuf_limit(sizes: dict[str, int], limit_bytes: int = PROTOBUF_LIMIT_BYTES) -> None:
+    """Refuses to freeze what cannot be serialized: a GraphDef above 2 GiB.
+
+    Example:
+        >>> check_protobuf_limit({"emb": 3 * 2**30})
+        Traceback (most recent call last):
+        ServingOptError: variable emb is 3.00 GiB as a constant, ...
+    """
+    budget = limit_bytes - _GRAPH_MARGIN_BYTES
+    for name, size in sorted(sizes.items(), key=lambda kv: -kv[1]):
+        if size > budget:
+            raise ServingOptError(
+                f"variable {name} is {size / 2**30:.2f} GiB as a constant, over the "
+                f"{limit_bytes / 2**30:.0f} GiB protobuf limit of a frozen GraphDef",
+                "keep variables for this model (--freeze=never) or shard/shrink that variable",
+            )
+    total = sum(sizes.values())
+    if total > budget:
+        largest = ", ".join(n for n, _ in sorted(sizes.items(), key=lambda kv: -kv[1])[:3])
+        raise ServingOptError(
+            f"frozen variables would total {total / 2**30:.2f} GiB, over the "
+            f"{limit_bytes / 2**30:.0f} GiB protobuf limit (largest: {largest})",
+            "keep variables for this model (--freeze=never) or shrink the largest ones",
+        )
+
+
+def _control_leaves(nodes: dict, root: str) -> list[str]:
+    """The non-NoOp ops a (possibly nested) ``tf.group`` runs."""
+    leaves: list[str] = []
+    seen: set[str] = set()
+    stack = [root]
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in nodes:
+            continue
+        seen.add(name)
+        node = nodes[name]
+        if node.op == "NoOp":
+            stack.extend(node_name(i) for i in reversed(node.input))
+        else:
+            leaves.append(name)
+    return leaves
+
+
+def _writes_variable(node, nodes: dict) -> bool:
+    if node.op not in _VARIABLE_WRITE_OPS or not node.input:
+        return False
+    target = nodes.get(node_name(node.input[0]))
+    return target is not None and target.op in _VARIABLE_OPS
+
+
+def rewrite_init_op(graph_def, init_op: str) -> tuple[object, list[str], list[str]]:
+    """Drops variable initializers from the init op; keeps the rest (tables, ...).
+
+    Returns ``(graph_def, kept_ops, dropped_ops)``; the init op keeps its name so
+    the SavedModel's main_op / ``__saved_model_init_op`` still point at it.
+
+    Example:
+        >>> gd, kept, dropped = rewrite_init_op(graph_def, "group_deps")
+        >>> kept
+        ['word_lookup/hash_table/table_init/LookupTableImportV2']
+    """
+    from tensorflow.core.framework import graph_pb2
+
+    nodes = {n.name: n for n in graph_def.node}
+    if init_op not in nodes:
+        raise ServingOptError(
+            f"the init op {init_op} named by the SavedModel is not in its graph",
+            "re-export the model; its main_op/init op is broken",
+        )
+    root = nodes[init_op]
+    if root.op != "NoOp":
+        if _writes_variable(root, nodes):
+            root_copy = graph_pb2.GraphDef()
+            root_copy.CopyFrom(graph_def)
+            for node in root_copy.node:
+                if node.name == init_op:
+                    node.Clear()
+                    node.name = init_op
+                    node.op = "NoOp"
+            return root_copy, [], [init_op]
+        return graph_def, [init_op], []
+    leaves = _control_leaves(nodes, init_op)
+    kept = [n for n in leaves if not _writes_variable(nodes[n], nodes)]
+    dropped = [n for n in leaves if n not in kept]
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    for node in out.node:
+        if node.name == init_op:
+            del node.input[:]
+            node.input.extend("^" + k for k in kept)
+            node.device = ""
+    return out, kept, dropped
+
+
+def _asset_defs(meta_graph, saved_model_dir: str) -> tuple:
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    defs = list(meta_graph.asset_file_def)
+    if not defs:
+        col = meta_graph.collection_def.get(loader.SAVED_MODEL_ASSETS_COLLECTION)
+        if col is not None:
+            for any_value in col.any_list.value:
+                asset = meta_graph_pb2.AssetFileDef()
+                any_value.Unpack(asset)
+                defs.append(asset)
+    return tuple(defs)
+
+
+def _init_op_source(meta_graph) -> str | None:
+    sig = meta_graph.signature_def.get(loader.INIT_OP_SIGNATURE_KEY)
+    if sig is not None and sig.outputs:
+        return "signature"
+    for key, source in ((loader.MAIN_OP_COLLECTION, "main_op"),
+                        (loader.LEGACY_INIT_OP_COLLECTION, "legacy_init_op")):
+        col = meta_graph.collection_def.get(key)
+        if col is not None and col.node_list.value:
+            return source
+    return None
+
+
+def stateful_nodes(graph_def) -> list[str]:
+    """Nodes whose op is stateful: protected from merging and folding.
+
+    Example:
+        >>> "word_lookup/hash_table" in stateful_nodes(graph_def)
+        True
+    """
+    from tensorflow.python.framework import op_def_registry
+
+    out = []
+    for node in graph_def.node:
+        op_def = op_def_registry.get(node.op)
+        if node.op in _ALWAYS_PROTECTED_OPS or (op_def is not None and op_def.is_stateful):
+            out.append(node.name)
+    return out
+
+
+def _drop_dangling_colocation(graph_def) -> None:
+    """``_class: loc:@x`` naming a pruned node makes the graph unimportable."""
+    names = {n.name for n in graph_def.node}
+    for node in graph_def.node:
+        node.device = ""
+        if "_class" not in node.attr:
+            continue
+        locs = [s for s in node.attr["_class"].list.s
+                if s.decode().removeprefix("loc:@") in names]
+        if locs:
+            del node.attr["_class"].list.s[:]
+            node.attr["_class"].list.s.extend(locs)
+        else:
+            del node.attr["_class"]
+
+
+def freeze_session_model(
+    saved_model_dir: str,
+    tags: frozenset[str],
+    signature_keys: Sequence[str],
+    *,
+    limit_bytes: int = PROTOBUF_LIMIT_BYTES,
+) -> tuple[ServingGraph, FreezeInfo]:
+    """Loads a TF1-graph SavedModel like TF Serving does and freezes its variables.
+
+    Example:
+        >>> graph, info = freeze_session_model("build/sample/1", frozenset({"serve"}),
+        ...                                    ["serving_default", "predict"])
+        >>> sorted(graph.signature_defs)
+        ['predict', 'serving_default']
+    """
+    import tensorflow as tf
+
+    sess, meta_graph = loader.load_session(saved_model_dir, tags)
+    try:
+        graph_def = sess.graph.as_graph_def()
+        sizes = variable_sizes(graph_def)
+        check_protobuf_limit(sizes, limit_bytes)
+        signatures = {k: meta_graph.signature_def[k] for k in signature_keys}
+        init_op = loader.init_op_name(meta_graph)
+        kept_init: list[str] = []
+        dropped_init: list[str] = []
+        if init_op:
+            graph_def, kept_init, dropped_init = rewrite_init_op(graph_def, init_op)
+        assets = _asset_defs(meta_graph, saved_model_dir)
+        asset_nodes = [node_name(a.tensor_info.name) for a in assets]
+        present = {n.name for n in graph_def.node}
+        table_init = [
+            node_name(n) for n in meta_graph.collection_def[
+                loader.TABLE_INITIALIZER_COLLECTION].node_list.value
+            if node_name(n) in present
+        ] if loader.TABLE_INITIALIZER_COLLECTION in meta_graph.collection_def else []
+        sig_nodes: list[str] = []
+        for sig in signatures.values():
+            for info in list(sig.inputs.values()) + list(sig.outputs.values()):
+                sig_nodes.extend(tensor_info_nodes(info))
+        missing = sorted({n for n in sig_nodes if n not in present})
+        if missing:
+            raise ServingOptError(
+                f"signature tensors refer to nodes missing from the graph: {', '.join(missing)}",
+                "re-export the model; its SignatureDefs are broken",
+            )
+        outputs = list(dict.fromkeys(
+            sig_nodes + ([init_op] if init_op else []) + asset_nodes + table_init
+        ))
+        try:
+            frozen = tf.compat.v1.graph_util.convert_variables_to_constants(
+                sess, graph_def, outputs
+            )
+        except Exception as e:  # TF raises many types here; name the cause in one line
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ServingOptError(
+                f"could not freeze the variables of {saved_model_dir}: {first}",
+                "rerun with --freeze=never to optimize without freezing",
+            ) from e
+    finally:
+        sess.close()
+
+    _drop_dangling_colocation(frozen)
+    frozen_names = {n.name for n in frozen.node}
+    collections = {}
+    if table_init:
+        collections[loader.TABLE_INITIALIZER_COLLECTION] = [
+            n for n in table_init if n in frozen_names
+        ]
+    protected = list(dict.fromkeys(
+        ([init_op] if init_op else []) + asset_nodes + table_init + kept_init
+        + stateful_nodes(frozen)
+    ))
+    serving_graph = ServingGraph(
+        graph_def=frozen,
+        signature_defs=signatures,
+        tags=frozenset(tags),
+        init_op=init_op,
+        init_op_source=_init_op_source(meta_graph),
+        asset_file_defs=assets,
+        collections=collections,
+        protected_nodes=tuple(n for n in protected if n in frozen_names),
+        source_dir=saved_model_dir,
+    )
+    info = FreezeInfo(
+        variables_frozen=len(sizes),
+        variable_bytes=sum(sizes.values()),
+        init_op=init_op,
+        dropped_variable_initializers=tuple(dropped_init),
+        kept_init_ops=tuple(kept_init),
+    )
+    return serving_graph, info

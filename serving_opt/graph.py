@@ -1,0 +1,111 @@
+"""The value every optimizer stage takes and returns: a servable graph plus its contract.
+
+A :class:`ServingGraph` is what TF Serving needs from a MetaGraph once variables
+are constants: the GraphDef, the signatures to keep verbatim, the init op, and the
+asset wiring. ``protected_nodes`` are the node names no stage may remove or
+rename, because a signature, the loader or a table initializer refers to them.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from dataclasses import dataclass, field
+
+
+def node_name(tensor_or_node: str) -> str:
+    """``"^a"``, ``"a:1"`` and ``"a"`` all name node ``a``.
+
+    Example:
+        >>> node_name("dense/BiasAdd:0")
+        'dense/BiasAdd'
+    """
+    return tensor_or_node.lstrip("^").split(":")[0]
+
+
+def tensor_info_nodes(tensor_info) -> list[str]:
+    """Node names a TensorInfo refers to (dense, sparse COO, or composite components).
+
+    Example:
+        >>> from tensorflow.core.protobuf import meta_graph_pb2
+        >>> tensor_info_nodes(meta_graph_pb2.TensorInfo(name="x:0"))
+        ['x']
+    """
+    encoding = tensor_info.WhichOneof("encoding")
+    if encoding == "name":
+        return [node_name(tensor_info.name)]
+    if encoding == "coo_sparse":
+        coo = tensor_info.coo_sparse
+        return [node_name(n) for n in (coo.values_tensor_name, coo.indices_tensor_name,
+                                       coo.dense_shape_tensor_name)]
+    if encoding == "composite_tensor":
+        out: list[str] = []
+        for component in tensor_info.composite_tensor.components:
+            out.extend(tensor_info_nodes(component))
+        return out
+    return []
+
+
+@dataclass(frozen=True)
+class ServingGraph:
+    """A frozen serving graph and everything needed to write it back as a SavedModel.
+
+    Example:
+        >>> serving_graph.node_count()
+        57
+    """
+
+    graph_def: object  # tensorflow GraphDef
+    signature_defs: dict  # key -> SignatureDef, written back verbatim
+    tags: frozenset
+    init_op: str | None = None
+    # Where the init op is declared, so it is written back the same way:
+    # "signature" (__saved_model_init_op), "main_op" or "legacy_init_op".
+    init_op_source: str | None = None
+    asset_file_defs: tuple = ()  # AssetFileDef protos
+    # TF1 collections that still mean something after freezing (table_initializer, ...).
+    collections: dict = field(default_factory=dict)
+    protected_nodes: tuple[str, ...] = ()
+    source_dir: str = ""
+
+    def replace(self, **changes) -> ServingGraph:
+        return dataclasses.replace(self, **changes)
+
+    def node_count(self) -> int:
+        return len(self.graph_def.node)
+
+    def op_histogram(self) -> dict[str, int]:
+        """Op type -> count, including nodes inside library functions.
+
+        Example:
+            >>> serving_graph.op_histogram()["MatMul"]
+            2
+        """
+        counts = collections.Counter(n.op for n in self.graph_def.node)
+        for function in self.graph_def.library.function:
+            counts.update(n.op for n in function.node_def)
+        return dict(sorted(counts.items()))
+
+    def signature_input_nodes(self) -> list[str]:
+        out: list[str] = []
+        for sig in self.signature_defs.values():
+            for info in sig.inputs.values():
+                out.extend(tensor_info_nodes(info))
+        return list(dict.fromkeys(out))
+
+    def signature_output_nodes(self) -> list[str]:
+        out: list[str] = []
+        for sig in self.signature_defs.values():
+            for info in sig.outputs.values():
+                out.extend(tensor_info_nodes(info))
+        return list(dict.fromkeys(out))
+
+    def must_keep(self) -> list[str]:
+        """Every node a stage must keep: signature tensors plus the protected set."""
+        return list(dict.fromkeys(
+            self.signature_input_nodes() + self.signature_output_nodes()
+            + list(self.protected_nodes)
+        ))
+
+    def serialized_size(self) -> int:
+        return self.graph_def.ByteSize()

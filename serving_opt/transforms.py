@@ -1,0 +1,283 @@
+"""Graph Transform Tool transforms, with the original tool's ``--transforms`` syntax.
+
+TF 2.x pip packages dropped the ``tensorflow.tools.graph_transforms`` Python module
+but still ship the C++ tool behind a private pybind module; this is the one place
+that touches it. Specs are parsed and checked here (names, argument names,
+numeric values) before any work starts, so a typo fails in milliseconds with the
+list of valid names instead of minutes later inside C++.
+
+Protected nodes (signature tensors, init op, table initializers, asset paths) are
+passed to the tool as outputs: ``strip_unused_nodes`` keeps them, ``remove_nodes``
+and ``merge_duplicate_nodes`` leave them alone, ``obfuscate_names`` keeps their names.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from serving_opt.errors import ServingOptError, UsageError
+from serving_opt.graph import ServingGraph
+
+# Transform name -> accepted argument names, as registered in TF's C++ tool
+# (tensorflow/tools/graph_transforms/*.cc). Checked before anything runs.
+KNOWN_TRANSFORMS: dict[str, frozenset[str]] = {
+    "add_default_attributes": frozenset(),
+    "backport_concatv2": frozenset(),
+    "backport_tensor_array_v3": frozenset(),
+    "flatten_atrous_conv": frozenset(),
+    "fold_batch_norms": frozenset(),
+    "fold_constants": frozenset({"clear_output_shapes", "ignore_errors"}),
+    "fold_old_batch_norms": frozenset(),
+    "freeze_requantization_ranges": frozenset(
+        {"min_max_log_file", "min_percentile", "max_percentile"}
+    ),
+    "fuse_pad_and_conv": frozenset(),
+    "fuse_resize_and_conv": frozenset(),
+    "fuse_resize_pad_and_conv": frozenset(),
+    "insert_logging": frozenset(
+        {"op", "prefix", "show_op", "show_name", "message", "first_n", "summarize"}
+    ),
+    "merge_duplicate_nodes": frozenset(),
+    "obfuscate_names": frozenset(),
+    "quantize_nodes": frozenset(
+        {"input_min", "input_max", "fallback_min", "fallback_max"}
+    ),
+    "quantize_weights": frozenset({"minimum_size"}),
+    "remove_attribute": frozenset({"attribute_name", "op_name"}),
+    "remove_control_dependencies": frozenset(),
+    "remove_device": frozenset(),
+    "remove_nodes": frozenset({"op", "max_inputs"}),
+    "rename_attribute": frozenset({"old_attribute_name", "new_attribute_name", "op_name"}),
+    "rename_node": frozenset({"old_node_name", "new_node_name"}),
+    "rename_op": frozenset({"old_op_name", "new_op_name"}),
+    "round_weights": frozenset({"num_steps"}),
+    "set_device": frozenset({"device", "if_default"}),
+    "sort_by_execution_order": frozenset(),
+    "sparsify_gather": frozenset({"group_init_node", "input_checkpoint"}),
+    "strip_unused_nodes": frozenset(
+        {"type", "shape", "name", "type_for_name", "shape_for_name"}
+    ),
+}
+
+# Transforms that change numbers (or, for remove_control_dependencies/insert_logging,
+# semantics). Allowed, but flagged in the report; the parity gate decides.
+LOSSY_TRANSFORMS = frozenset({
+    "quantize_weights", "quantize_nodes", "round_weights", "freeze_requantization_ranges",
+    "remove_control_dependencies", "insert_logging", "sparsify_gather",
+})
+
+_INT_ARGS = frozenset({"num_steps", "minimum_size", "max_inputs", "first_n", "summarize"})
+_FLOAT_ARGS = frozenset({
+    "input_min", "input_max", "fallback_min", "fallback_max", "min_percentile", "max_percentile",
+})
+_BOOL_ARGS = frozenset({"ignore_errors", "clear_output_shapes", "show_op", "show_name",
+                        "if_default"})
+
+# Lossless and safe on any inference graph: the default preset.
+DEFAULT_TRANSFORMS = (
+    "strip_unused_nodes remove_nodes(op=Identity, op=CheckNumerics) "
+    "fold_constants(ignore_errors=true) fold_batch_norms fold_old_batch_norms "
+    "merge_duplicate_nodes strip_unused_nodes sort_by_execution_order"
+)
+
+
+@dataclass(frozen=True)
+class Transform:
+    """One parsed transform: ``name(arg=v, arg=w)`` keeps repeated args in order."""
+
+    name: str
+    args: tuple[tuple[str, str], ...] = ()
+
+    def spec(self) -> str:
+        if not self.args:
+            return self.name
+        rendered = ", ".join(f"{k}={_quote(v)}" for k, v in self.args)
+        return f"{self.name}({rendered})"
+
+    @property
+    def lossy(self) -> bool:
+        return self.name in LOSSY_TRANSFORMS
+
+
+def _quote(value: str) -> str:
+    return f'"{value}"' if re.search(r'[\s,()="]', value) or value == "" else value
+
+
+def parse_transforms(spec: str) -> tuple[Transform, ...]:
+    """Parses a Graph Transform Tool ``--transforms`` string and validates it.
+
+    Same syntax as the original tool: whitespace-separated names, optional
+    ``(arg=value, ...)``, repeated arguments allowed, values may be double-quoted.
+
+    Example:
+        >>> [t.spec() for t in parse_transforms(
+        ...     'remove_nodes(op=Identity, op=CheckNumerics) strip_unused_nodes(shape="1,2")')]
+        ['remove_nodes(op=Identity, op=CheckNumerics)', 'strip_unused_nodes(shape="1,2")']
+    """
+    transforms: list[Transform] = []
+    i, n = 0, len(spec)
+    while i < n:
+        if spec[i].isspace():
+            i += 1
+            continue
+        match = re.compile(r"[A-Za-z_][A-Za-z0-9_]*").match(spec, i)
+        if not match:
+            raise UsageError(
+                f"bad --transforms at character {i + 1}: {spec[i:i + 20]!r}",
+                "write transforms as name or name(arg=value, ...) separated by spaces",
+            )
+        name = match.group(0)
+        i = match.end()
+        args: list[tuple[str, str]] = []
+        if i < n and spec[i] == "(":
+            i, args = _parse_args(spec, i + 1, name)
+        transforms.append(Transform(name, tuple(args)))
+    for t in transforms:
+        _validate(t)
+    return tuple(transforms)
+
+
+def _parse_args(spec: str, i: int, name: str) -> tuple[int, list[tuple[str, str]]]:
+    args: list[tuple[str, str]] = []
+    n = len(spec)
+    while True:
+        while i < n and (spec[i].isspace() or spec[i] == ","):
+            i += 1
+        if i >= n:
+            raise UsageError(f"unclosed '(' after {name} in --transforms", "add the ')'")
+        if spec[i] == ")":
+            return i + 1, args
+        match = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*=\s*").match(spec, i)
+        if not match:
+            raise UsageError(
+                f"bad argument in {name}(...) at {spec[i:i + 20]!r}",
+                f"write arguments as {name}(arg=value, ...)",
+            )
+        key = match.group(1)
+        i = match.end()
+        if i < n and spec[i] == '"':
+            end = spec.find('"', i + 1)
+            if end < 0:
+                raise UsageError(f"unclosed quote in {name}(...)", 'close the "')
+            value = spec[i + 1:end]
+            i = end + 1
+        else:
+            value_match = re.compile(r"[^,)\s]*").match(spec, i)
+            value = value_match.group(0)
+            i = value_match.end()
+        args.append((key, value))
+
+
+def _validate(t: Transform) -> None:
+    if t.name not in KNOWN_TRANSFORMS:
+        close = [k for k in KNOWN_TRANSFORMS if k.startswith(t.name[:4])]
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise UsageError(
+            f"unknown transform {t.name!r} in --transforms",
+            f"{hint}valid transforms: {', '.join(sorted(KNOWN_TRANSFORMS))}",
+        )
+    allowed = KNOWN_TRANSFORMS[t.name]
+    for key, value in t.args:
+        if key not in allowed:
+            valid = ", ".join(sorted(allowed)) or "none"
+            raise UsageError(
+                f"transform {t.name} has no argument {key!r}",
+                f"its arguments are: {valid}",
+            )
+        if key in _INT_ARGS and not re.fullmatch(r"-?\d+", value):
+            raise UsageError(f"{t.name}({key}={value}) needs an integer", f"e.g. {key}=256")
+        if key in _FLOAT_ARGS:
+            try:
+                float(value)
+            except ValueError:
+                raise UsageError(
+                    f"{t.name}({key}={value}) needs a number", f"e.g. {key}=-1.0"
+                ) from None
+        if key in _BOOL_ARGS and value.lower() not in ("true", "false", "1", "0"):
+            raise UsageError(f"{t.name}({key}={value}) needs true or false", f"e.g. {key}=true")
+    if t.name == "remove_nodes" and not any(k == "op" for k, _ in t.args):
+        raise UsageError("remove_nodes needs at least one op argument",
+                         "e.g. remove_nodes(op=Identity)")
+    if t.name == "round_weights":
+        steps = [int(v) for k, v in t.args if k == "num_steps"]
+        if steps and steps[0] < 2:
+            raise UsageError("round_weights(num_steps) must be at least 2", "e.g. num_steps=256")
+
+
+def _pywrap():
+    try:
+        from tensorflow.python.util import _pywrap_transform_graph
+    except ImportError as e:  # private module: fail clearly if a TF build drops it
+        raise ServingOptError(
+            "this TensorFlow build does not ship the Graph Transform Tool "
+            "(tensorflow.python.util._pywrap_transform_graph)",
+            "use --transforms=none, or install tensorflow==2.21.* (see constraints.txt)",
+        ) from e
+    return _pywrap_transform_graph
+
+
+def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...]) -> ServingGraph:
+    """Runs TF's C++ Graph Transform Tool on the graph, protecting what serving needs.
+
+    Example:
+        >>> out = apply_transforms(frozen, parse_transforms("fold_constants fold_batch_norms"))
+        >>> out.node_count() < frozen.node_count()
+        True
+    """
+    from tensorflow.core.framework import graph_pb2
+
+    if not transforms:
+        return graph
+    node_ops = {n.name: n.op for n in graph.graph_def.node}
+    # Only true Placeholders go in as inputs: strip_unused_nodes turns any other input
+    # node into a float Placeholder. Other fed tensors are kept as outputs instead.
+    inputs = [n for n in graph.signature_input_nodes() if node_ops.get(n) == "Placeholder"]
+    outputs = [n for n in graph.must_keep() if n not in inputs]
+    spec = " ".join(t.spec() for t in transforms)
+    try:
+        out_bytes = _pywrap().TransformGraphWithStringInputs(
+            graph.graph_def.SerializeToString(),
+            ",".join(inputs),
+            ",".join(outputs),
+            spec,
+        )
+    except ServingOptError:
+        raise
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ServingOptError(
+            f"the Graph Transform Tool failed on {spec!r}: {first}",
+            "drop or fix the failing transform in --transforms",
+        ) from e
+    result = graph_pb2.GraphDef()
+    result.ParseFromString(out_bytes)
+    # The tool rebuilds the GraphDef from nodes only; keep the function library.
+    if graph.graph_def.library.function and not result.library.function:
+        result.library.CopyFrom(graph.graph_def.library)
+    result.versions.CopyFrom(graph.graph_def.versions)
+    return graph.replace(graph_def=result)
+
+
+def describe(transforms: tuple[Transform, ...]) -> str:
+    """Canonical one-line spec, for reports.
+
+    Example:
+        >>> describe(parse_transforms("fold_constants  fold_batch_norms"))
+        'fold_constants fold_batch_norms'
+    """
+    return " ".join(t.spec() for t in transforms)
+
+
+def resolve_spec(spec: str | None) -> tuple[Transform, ...]:
+    """``None``/"default" is the lossless preset, "none" (or empty) applies nothing.
+
+    Example:
+        >>> resolve_spec("none")
+        ()
+    """
+    if spec is None or spec.strip().lower() == "default":
+        return parse_transforms(DEFAULT_TRANSFORMS)
+    if spec.strip().lower() in ("", "none"):
+        return ()
+    return parse_transforms(spec)
