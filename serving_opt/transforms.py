@@ -217,6 +217,49 @@ def _pywrap():
     return _pywrap_transform_graph
 
 
+_FUSED_BN_V2_V3 = frozenset({"FusedBatchNormV2", "FusedBatchNormV3"})
+
+
+def downgrade_foldable_batch_norms(graph_def, protected: set[str]):
+    """Rewrites inference FusedBatchNormV2/V3 after a Conv2D as FusedBatchNorm (V1).
+
+    The tool's ``fold_old_batch_norms`` only matches the V1 op, while Keras and
+    ``tf.compat.v1.nn.fused_batch_norm`` have emitted V3 since TF 1.15; for inference
+    (``is_training=false``, float, only the normalized output used) the three ops
+    compute the same thing, so the rename lets the fold happen. Returns the count.
+
+    Example:
+        >>> downgrade_foldable_batch_norms(graph_def, set())
+        2
+    """
+    from tensorflow.python.framework import dtypes
+
+    nodes = {n.name: n for n in graph_def.node}
+    used_outputs: dict[str, set[int]] = {}
+    for node in graph_def.node:
+        for inp in node.input:
+            if inp.startswith("^"):
+                continue
+            name, _, index = inp.partition(":")
+            used_outputs.setdefault(name, set()).add(int(index or 0))
+    count = 0
+    for node in graph_def.node:
+        if node.op not in _FUSED_BN_V2_V3 or node.name in protected:
+            continue
+        producer = nodes.get(node.input[0].split(":")[0])
+        if producer is None or producer.op != "Conv2D":
+            continue
+        if node.attr["is_training"].b or used_outputs.get(node.name, {0}) - {0}:
+            continue
+        if node.attr["T"].type != dtypes.float32.as_datatype_enum:
+            continue
+        node.op = "FusedBatchNorm"
+        node.attr.pop("U", None)
+        node.attr.pop("exponential_avg_factor", None)
+        count += 1
+    return count
+
+
 def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...]) -> ServingGraph:
     """Runs TF's C++ Graph Transform Tool on the graph, protecting what serving needs.
 
@@ -235,9 +278,14 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...]) -> 
     inputs = [n for n in graph.signature_input_nodes() if node_ops.get(n) == "Placeholder"]
     outputs = [n for n in graph.must_keep() if n not in inputs]
     spec = " ".join(t.spec() for t in transforms)
+    graph_def = graph.graph_def
+    if any(t.name == "fold_old_batch_norms" for t in transforms):
+        graph_def = type(graph_def)()
+        graph_def.CopyFrom(graph.graph_def)
+        downgrade_foldable_batch_norms(graph_def, set(outputs))
     try:
         out_bytes = _pywrap().TransformGraphWithStringInputs(
-            graph.graph_def.SerializeToString(),
+            graph_def.SerializeToString(),
             ",".join(inputs),
             ",".join(outputs),
             spec,

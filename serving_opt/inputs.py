@@ -1,0 +1,436 @@
+"""Inputs to run a signature on: read from the user's files, or synthesized from the graph.
+
+Synthesized tf.Examples follow the parsing spec found in the graph itself
+(ParseExample / ParseExampleV2 / ParseSingleExample: keys, dtypes, dense shapes,
+which features are required), and string features are drawn from the model's
+vocabulary assets so lookups hit real table entries, plus out-of-vocabulary words
+so the OOV path is exercised too.
+
+``--examples`` files:
+  * a TFRecord of serialized ``tf.Example`` protos, used for signatures whose input
+    is a batch of serialized examples (classify, regress, Estimator predict);
+  * JSON lines, one request per line: ``{"alias": value, ...}`` with the batch
+    dimension included, exactly what a Predict request carries. Strings may be
+    given as ``{"b64": "..."}``, like TF Serving's REST API.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from serving_opt.errors import ServingOptError
+from serving_opt.graph import node_name
+
+_PARSE_OPS = frozenset({"ParseExample", "ParseExampleV2", "ParseSingleExample"})
+_PASS_THROUGH_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "IdentityN"})
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """One feature of a tf.Example parsing spec."""
+
+    key: str
+    dtype: str  # "string" | "int64" | "float"
+    kind: str  # "dense" | "sparse" | "ragged"
+    shape: tuple[int, ...] = ()
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class ExampleSpec:
+    """The features a model's parsing op reads from each serialized tf.Example."""
+
+    features: tuple[FeatureSpec, ...] = field(default_factory=tuple)
+
+
+def _const_value(nodes: dict, name: str):
+    from tensorflow.python.framework import tensor_util
+
+    node = nodes.get(node_name(name))
+    while node is not None and node.op == "Identity":
+        node = nodes.get(node_name(node.input[0]))
+    if node is None or node.op != "Const":
+        return None
+    return tensor_util.MakeNdarray(node.attr["value"].tensor)
+
+
+def _dtype_name(enum: int) -> str:
+    from tensorflow.python.framework import dtypes
+
+    dtype = dtypes.as_dtype(enum)
+    return {"string": "string", "int64": "int64", "float32": "float"}.get(dtype.name, dtype.name)
+
+
+def _shape_tuple(shape_proto) -> tuple[int, ...]:
+    if shape_proto.unknown_rank:
+        return (-1,)
+    return tuple(d.size for d in shape_proto.dim)
+
+
+def _as_str(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _spec_from_parse_node(node, nodes: dict) -> ExampleSpec | None:
+    attr = node.attr
+    features: list[FeatureSpec] = []
+    if node.op == "ParseExampleV2":
+        # inputs: serialized, names, sparse_keys, dense_keys, ragged_keys, dense_defaults...
+        sparse_keys = _const_value(nodes, node.input[2])
+        dense_keys = _const_value(nodes, node.input[3])
+        ragged_keys = _const_value(nodes, node.input[4])
+        if sparse_keys is None or dense_keys is None or ragged_keys is None:
+            return None
+        dense_defaults = [_const_value(nodes, i) for i in node.input[5:5 + len(dense_keys)]]
+        sparse_keys, dense_keys = list(sparse_keys.ravel()), list(dense_keys.ravel())
+        ragged_keys = list(ragged_keys.ravel())
+        ragged_types = list(attr["ragged_value_types"].list.type)
+    elif node.op == "ParseExample":
+        n_sparse, n_dense = attr["Nsparse"].i, attr["Ndense"].i
+        sparse_keys = [_const_value(nodes, i) for i in node.input[2:2 + n_sparse]]
+        dense_keys = [_const_value(nodes, i) for i in node.input[2 + n_sparse:2 + n_sparse + n_dense]]
+        if any(k is None for k in sparse_keys + dense_keys):
+            return None
+        sparse_keys = [k.item() for k in sparse_keys]
+        dense_keys = [k.item() for k in dense_keys]
+        dense_defaults = [
+            _const_value(nodes, i) for i in node.input[2 + n_sparse + n_dense:]
+        ]
+        ragged_keys, ragged_types = [], []
+    else:  # ParseSingleExample keeps its keys in attributes
+        sparse_keys = list(attr["sparse_keys"].list.s)
+        dense_keys = list(attr["dense_keys"].list.s)
+        dense_defaults = [_const_value(nodes, i) for i in node.input[1:]]
+        ragged_keys, ragged_types = [], []
+    sparse_types = list(attr["sparse_types"].list.type)
+    dense_types = list(attr["Tdense"].list.type)
+    dense_shapes = [_shape_tuple(s) for s in attr["dense_shapes"].list.shape]
+    for key, dtype in zip(sparse_keys, sparse_types):
+        features.append(FeatureSpec(_as_str(key), _dtype_name(dtype), "sparse"))
+    for key, dtype in zip(ragged_keys, ragged_types):
+        features.append(FeatureSpec(_as_str(key), _dtype_name(dtype), "ragged"))
+    for i, (key, dtype) in enumerate(zip(dense_keys, dense_types)):
+        default = dense_defaults[i] if i < len(dense_defaults) else None
+        required = default is None or np.size(default) == 0
+        shape = dense_shapes[i] if i < len(dense_shapes) else ()
+        features.append(FeatureSpec(_as_str(key), _dtype_name(dtype), "dense", shape, required))
+    return ExampleSpec(tuple(features))
+
+
+def find_example_spec(graph_def, input_tensor_name: str) -> ExampleSpec | None:
+    """The tf.Example parsing spec of the parse op fed by ``input_tensor_name``, if any.
+
+    Looks at the top-level graph first, then inside library functions (TF2 models
+    parse inside the serving function).
+
+    Example:
+        >>> [f.key for f in find_example_spec(graph_def, "input_example_tensor:0").features]
+        ['city', 'word', 'age', 'clicks']
+    """
+    nodes = {n.name: n for n in graph_def.node}
+    consumers: dict[str, list] = {}
+    for node in graph_def.node:
+        for inp in node.input:
+            consumers.setdefault(node_name(inp), []).append(node)
+    frontier, seen = [node_name(input_tensor_name)], set()
+    while frontier:
+        name = frontier.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for consumer in consumers.get(name, []):
+            if consumer.op in _PARSE_OPS and node_name(consumer.input[0]) == name:
+                spec = _spec_from_parse_node(consumer, nodes)
+                if spec is not None:
+                    return spec
+            elif consumer.op in _PASS_THROUGH_OPS:
+                frontier.append(consumer.name)
+            elif consumer.op in ("StatefulPartitionedCall", "PartitionedCall"):
+                spec = _spec_in_functions(graph_def)
+                if spec is not None:
+                    return spec
+    return None
+
+
+def _spec_in_functions(graph_def) -> ExampleSpec | None:
+    for function in graph_def.library.function:
+        nodes = {n.name: n for n in function.node_def}
+        for node in function.node_def:
+            if node.op in _PARSE_OPS:
+                spec = _spec_from_parse_node(node, nodes)
+                if spec is not None:
+                    return spec
+    return None
+
+
+def vocabulary_words(asset_paths: Sequence[str], limit: int = 2000) -> list[str]:
+    """Words from text assets (first column of each line), to make lookups hit.
+
+    Example:
+        >>> vocabulary_words(["build/sample/1/assets/vocab.txt"])[:2]
+        ['apple', 'banana']
+    """
+    words: list[str] = []
+    for path in asset_paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    token = line.rstrip("\n").split("\t")[0].strip()
+                    if token:
+                        words.append(token)
+                    if len(words) >= limit:
+                        return words
+        except (OSError, UnicodeDecodeError):
+            continue  # binary assets are not vocabularies
+    return words
+
+
+class InputSynthesizer:
+    """Deterministic random inputs shaped like a signature wants them.
+
+    Example:
+        >>> synth = InputSynthesizer(vocabulary=["apple"], seed=0)
+        >>> len(synth.examples(spec, 4))
+        4
+    """
+
+    def __init__(self, vocabulary: Sequence[str] = (), seed: int = 0) -> None:
+        self.vocabulary = list(vocabulary)
+        self.rng = np.random.default_rng(seed)
+
+    def _words(self, count: int) -> list[bytes]:
+        out = []
+        for _ in range(count):
+            if self.vocabulary and self.rng.random() < 0.8:
+                out.append(self.vocabulary[self.rng.integers(len(self.vocabulary))].encode())
+            else:
+                out.append(f"oov-{self.rng.integers(1000)}".encode())
+        return out
+
+    def _feature(self, spec: FeatureSpec):
+        import tensorflow as tf
+
+        if spec.kind == "dense":
+            count = int(np.prod([d for d in spec.shape if d > 0])) if spec.shape else 1
+            if any(d < 0 for d in spec.shape):
+                count *= int(self.rng.integers(1, 4))
+        else:
+            count = int(self.rng.integers(0, 4))
+        if spec.dtype == "string":
+            return tf.train.Feature(bytes_list=tf.train.BytesList(value=self._words(count)))
+        if spec.dtype == "int64":
+            values = self.rng.integers(0, 10, size=count).tolist()
+            return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+        values = self.rng.normal(size=count).astype(np.float32).tolist()
+        return tf.train.Feature(float_list=tf.train.FloatList(value=values))
+
+    def examples(self, spec: ExampleSpec, count: int) -> list[bytes]:
+        import tensorflow as tf
+
+        out = []
+        for _ in range(count):
+            feature = {}
+            for f in spec.features:
+                if not f.required and self.rng.random() < 0.15:
+                    continue  # exercise defaults and empty sparse features
+                feature[f.key] = self._feature(f)
+            example = tf.train.Example(features=tf.train.Features(feature=feature))
+            out.append(example.SerializeToString())
+        return out
+
+    def tensor(self, dtype_enum: int, shape: tuple[int, ...] | None, batch: int) -> np.ndarray:
+        from tensorflow.python.framework import dtypes
+
+        dtype = dtypes.as_dtype(dtype_enum)
+        if shape is None:
+            dims = [batch]
+        else:
+            dims = [batch if (i == 0 and d < 0) else (3 if d < 0 else d)
+                    for i, d in enumerate(shape)]
+        size = int(np.prod(dims)) if dims else 1
+        if dtype == dtypes.string:
+            return np.array(self._words(size), dtype=object).reshape(dims)
+        if dtype == dtypes.bool:
+            return (self.rng.random(size) < 0.5).reshape(dims)
+        if dtype.is_integer:
+            return self.rng.integers(0, 10, size=size).astype(dtype.as_numpy_dtype).reshape(dims)
+        if dtype.is_floating:
+            return self.rng.normal(size=size).astype(dtype.as_numpy_dtype).reshape(dims)
+        raise ServingOptError(
+            f"cannot synthesize inputs of dtype {dtype.name}",
+            "pass real inputs with --examples",
+        )
+
+
+def tensor_info_shape(info) -> tuple[int, ...] | None:
+    if info.tensor_shape.unknown_rank:
+        return None
+    return tuple(d.size for d in info.tensor_shape.dim)
+
+
+def example_input_alias(graph_def, signature_def) -> tuple[str, ExampleSpec] | None:
+    """(alias, spec) when the signature takes one batch of serialized tf.Examples.
+
+    Example:
+        >>> example_input_alias(graph_def, signature_defs["predict"])[0]
+        'examples'
+    """
+    from tensorflow.python.framework import dtypes
+
+    if len(signature_def.inputs) != 1:
+        return None
+    alias, info = next(iter(signature_def.inputs.items()))
+    if info.dtype != dtypes.string.as_datatype_enum or not info.name:
+        return None
+    spec = find_example_spec(graph_def, info.name)
+    return (alias, spec) if spec is not None else None
+
+
+@dataclass(frozen=True)
+class UserInputs:
+    """What ``--examples`` provided: serialized tf.Examples and/or JSON requests."""
+
+    examples: tuple[bytes, ...] = ()
+    requests: tuple[dict, ...] = ()
+    path: str = ""
+
+
+def read_examples_file(path: str) -> UserInputs:
+    """Reads ``--examples``: a TFRecord of tf.Example, or JSON lines of requests.
+
+    Example:
+        >>> len(read_examples_file("build/examples.tfrecord").examples)
+        8
+    """
+    if not os.path.isfile(path):
+        raise ServingOptError(f"--examples file {path} does not exist", "check the path")
+    with open(path, "rb") as f:
+        head = f.read(64).lstrip()
+    if head.startswith(b"{"):
+        return UserInputs(requests=tuple(_read_json_lines(path)), path=path)
+    import tensorflow as tf
+
+    records = []
+    try:
+        for record in tf.compat.v1.io.tf_record_iterator(path):
+            example = tf.train.Example()
+            example.ParseFromString(record)
+            records.append(record)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ServingOptError(
+            f"--examples {path} is neither JSON lines nor a TFRecord of tf.Example ({first})",
+            "write a TFRecord of serialized tf.Example, or one JSON request per line",
+        ) from e
+    if not records:
+        raise ServingOptError(f"--examples {path} holds no records", "give at least one example")
+    return UserInputs(examples=tuple(records), path=path)
+
+
+def _decode_json_value(value):
+    if isinstance(value, dict) and set(value) == {"b64"}:
+        return base64.b64decode(value["b64"])
+    if isinstance(value, list):
+        return [_decode_json_value(v) for v in value]
+    if isinstance(value, str):
+        return value.encode()
+    return value
+
+
+def _read_json_lines(path: str) -> list[dict]:
+    requests = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                request = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ServingOptError(
+                    f"--examples {path} line {number} is not valid JSON ({e.msg})",
+                    'write one JSON object per line, e.g. {"images": [[...]]}',
+                ) from None
+            if not isinstance(request, dict):
+                raise ServingOptError(
+                    f"--examples {path} line {number} is not a JSON object",
+                    'write one {"alias": value} object per line',
+                )
+            requests.append({k: _decode_json_value(v) for k, v in request.items()})
+    if not requests:
+        raise ServingOptError(f"--examples {path} holds no requests", "give at least one line")
+    return requests
+
+
+@dataclass(frozen=True)
+class SignatureInputs:
+    """The batches (feeds keyed by alias) to run one signature on, and where they came from."""
+
+    signature: str
+    batches: tuple[dict, ...]
+    source: str  # "synthesized" | "examples:<path>" | "json:<path>"
+
+
+def inputs_for_signature(
+    graph_def,
+    key: str,
+    signature_def,
+    synthesizer: InputSynthesizer,
+    user: UserInputs | None = None,
+    batch_size: int = 16,
+    num_batches: int = 2,
+) -> SignatureInputs:
+    """Feeds for a signature: the user's where they fit, synthesized otherwise.
+
+    Example:
+        >>> inputs_for_signature(graph_def, "predict", sig, InputSynthesizer()).source
+        'synthesized'
+    """
+    from tensorflow.python.framework import dtypes
+
+    example_input = example_input_alias(graph_def, signature_def)
+    if example_input is not None:
+        alias, spec = example_input
+        if user is not None and user.examples:
+            records = list(user.examples)
+            batches = tuple(
+                {alias: np.array(records[i:i + batch_size], dtype=object)}
+                for i in range(0, len(records), batch_size)
+            )
+            return SignatureInputs(key, batches, f"examples:{user.path}")
+        batches = tuple(
+            {alias: np.array(synthesizer.examples(spec, batch_size), dtype=object)}
+            for _ in range(num_batches)
+        )
+        return SignatureInputs(key, batches, "synthesized")
+
+    aliases = set(signature_def.inputs)
+    if user is not None and user.requests:
+        matching = [r for r in user.requests if set(r) <= aliases and r]
+        if matching:
+            batches = []
+            for request in matching:
+                feed = {}
+                for alias, value in request.items():
+                    info = signature_def.inputs[alias]
+                    np_dtype = dtypes.as_dtype(info.dtype).as_numpy_dtype
+                    feed[alias] = np.array(value, dtype=object if np_dtype is object else np_dtype)
+                batches.append(feed)
+            return SignatureInputs(key, tuple(batches), f"json:{user.path}")
+    batches = []
+    for _ in range(num_batches):
+        feed = {}
+        for alias, info in sorted(signature_def.inputs.items()):
+            if info.WhichOneof("encoding") != "name":
+                raise ServingOptError(
+                    f"signature {key} input {alias} is sparse/composite; cannot synthesize it",
+                    "pass real inputs with --examples (JSON lines)",
+                )
+            feed[alias] = synthesizer.tensor(info.dtype, tensor_info_shape(info), batch_size)
+        batches.append(feed)
+    return SignatureInputs(key, tuple(batches), "synthesized")
