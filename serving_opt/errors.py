@@ -27,6 +27,12 @@ class ServingOptError(Exception):
         self.fix = fix
         super().__init__(self.one_line())
 
+    report = None  # the partial report of the run that failed, when there is one
+
+    def with_report(self, report) -> ServingOptError:
+        self.report = report
+        return self
+
     def one_line(self) -> str:
         return f"{self.problem}; {self.fix}" if self.fix else self.problem
 

@@ -325,3 +325,77 @@ def freeze_session_model(
         kept_init_ops=tuple(kept_init),
     )
     return serving_graph, info
+
+
+def load_unfrozen(
+    saved_model_dir: str, tags: frozenset[str], signature_keys: Sequence[str]
+) -> ServingGraph:
+    """The serving graph with its variables kept (``--freeze=never`` or a fallback).
+
+    Transforms and Grappler still run, but cannot fold through weights; the saver
+    and the checkpoint are carried over unchanged.
+
+    Example:
+        >>> load_unfrozen("build/sample/1", frozenset({"serve"}), ["predict"]).variables_dir
+        'build/sample/1/variables'
+    """
+    import os
+
+    saved_model = loader.read_saved_model(saved_model_dir)
+    meta_graph = loader.find_meta_graph(saved_model, tags, saved_model_dir)
+    # Load once, so a model that cannot load fails here with the loader's message.
+    sess, _ = loader.load_session(saved_model_dir, tags)
+    sess.close()
+    graph_def = meta_graph.graph_def
+    signatures = {k: meta_graph.signature_def[k] for k in signature_keys}
+    init_op = loader.init_op_name(meta_graph)
+    assets = _asset_defs(meta_graph, saved_model_dir)
+    saver_nodes = []
+    if meta_graph.HasField("saver_def"):
+        saver = meta_graph.saver_def
+        saver_nodes = [node_name(n) for n in (saver.restore_op_name, saver.filename_tensor_name,
+                                              saver.save_tensor_name) if n]
+    collection_defs = {}
+    for key, col in meta_graph.collection_def.items():
+        if key in (loader.MAIN_OP_COLLECTION, loader.LEGACY_INIT_OP_COLLECTION,
+                   loader.ASSET_FILEPATHS_COLLECTION, loader.SAVED_MODEL_ASSETS_COLLECTION):
+            continue  # the writer recreates these from the fields above
+        collection_defs[key] = col
+    names = {n.name for n in graph_def.node}
+    protected = list(dict.fromkeys(
+        ([init_op] if init_op else []) + [node_name(a.tensor_info.name) for a in assets]
+        + saver_nodes + stateful_nodes(graph_def)
+        + _collection_nodes(meta_graph)
+    ))
+    variables_dir = os.path.join(saved_model_dir, "variables")
+    return ServingGraph(
+        graph_def=graph_def,
+        signature_defs=signatures,
+        tags=frozenset(tags),
+        init_op=init_op,
+        init_op_source=_init_op_source(meta_graph),
+        asset_file_defs=assets,
+        protected_nodes=tuple(n for n in protected if n in names),
+        source_dir=saved_model_dir,
+        saver_def=meta_graph.saver_def if meta_graph.HasField("saver_def") else None,
+        variables_dir=variables_dir if os.path.isdir(variables_dir) else None,
+        collection_defs=collection_defs,
+    )
+
+
+def _collection_nodes(meta_graph) -> list[str]:
+    """Nodes named by node_list collections and VariableDefs: kept when variables are."""
+    from tensorflow.core.framework import variable_pb2
+
+    out = []
+    for col in meta_graph.collection_def.values():
+        out.extend(node_name(v) for v in col.node_list.value)
+        for raw in col.bytes_list.value:
+            var = variable_pb2.VariableDef()
+            try:
+                var.ParseFromString(raw)
+            except Exception:  # not a VariableDef collection
+                break
+            out.extend(node_name(n) for n in (var.variable_name, var.initializer_name,
+                                              var.snapshot_name, var.initial_value_name) if n)
+    return out

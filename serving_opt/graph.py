@@ -46,6 +46,52 @@ def tensor_info_nodes(tensor_info) -> list[str]:
     return []
 
 
+def _function_refs(nodes) -> set[str]:
+    refs: set[str] = set()
+    for node in nodes:
+        for value in node.attr.values():
+            if value.HasField("func"):
+                refs.add(value.func.name)
+            refs.update(f.name for f in value.list.func)
+        # Some ops name a function by op type (a call through the function library).
+        refs.add(node.op)
+    return refs
+
+
+def prune_library(graph_def) -> int:
+    """Drops library functions no node can call (saver and training leftovers).
+
+    Freezing inlines or rewrites the serving functions, but the library still holds
+    the originals, the save/restore functions, and their variable reads. Returns the
+    number of functions removed.
+
+    Example:
+        >>> prune_library(frozen_graph_def)
+        6
+    """
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    if not functions:
+        return 0
+    reachable: set[str] = set()
+    frontier = [n for n in _function_refs(graph_def.node) if n in functions]
+    while frontier:
+        name = frontier.pop()
+        if name in reachable:
+            continue
+        reachable.add(name)
+        frontier.extend(n for n in _function_refs(functions[name].node_def)
+                        if n in functions and n not in reachable)
+    keep = [f for f in graph_def.library.function if f.signature.name in reachable]
+    removed = len(functions) - len(keep)
+    if removed:
+        del graph_def.library.function[:]
+        graph_def.library.function.extend(keep)
+        kept_grads = [g for g in graph_def.library.gradient if g.function_name in reachable]
+        del graph_def.library.gradient[:]
+        graph_def.library.gradient.extend(kept_grads)
+    return removed
+
+
 @dataclass(frozen=True)
 class ServingGraph:
     """A frozen serving graph and everything needed to write it back as a SavedModel.
@@ -67,6 +113,11 @@ class ServingGraph:
     collections: dict = field(default_factory=dict)
     protected_nodes: tuple[str, ...] = ()
     source_dir: str = ""
+    # Only when variables are kept (--freeze=never, or auto fallback): the saver that
+    # restores them, the checkpoint to copy, and collections copied verbatim.
+    saver_def: object | None = None
+    variables_dir: str | None = None
+    collection_defs: dict = field(default_factory=dict)
 
     def replace(self, **changes) -> ServingGraph:
         return dataclasses.replace(self, **changes)

@@ -114,6 +114,10 @@ def build_meta_graph(graph: ServingGraph):
             key = (loader.LEGACY_INIT_OP_COLLECTION if graph.init_op_source == "legacy_init_op"
                    else loader.MAIN_OP_COLLECTION)
             mg.collection_def[key].node_list.value.append(graph.init_op)
+    if graph.saver_def is not None:
+        mg.saver_def.CopyFrom(graph.saver_def)
+    for key, col in graph.collection_defs.items():
+        mg.collection_def[key].CopyFrom(col)
     for key, names in graph.collections.items():
         if names:
             mg.collection_def[key].node_list.value.extend(names)
@@ -157,7 +161,10 @@ def write_saved_model(graph: ServingGraph, export_dir: str) -> str:
                 f"{os.path.join(graph.source_dir, 'assets')}",
                 "restore the asset file in the source model",
             )
-    os.makedirs(os.path.join(export_dir, "variables"), exist_ok=True)
+    variables = os.path.join(export_dir, "variables")
+    if graph.variables_dir:
+        shutil.copytree(graph.variables_dir, variables, dirs_exist_ok=True)
+    os.makedirs(variables, exist_ok=True)
     saved_model = saved_model_pb2.SavedModel(saved_model_schema_version=1)
     saved_model.meta_graphs.add().CopyFrom(meta_graph)
     tmp = os.path.join(export_dir, "saved_model.pb.tmp")

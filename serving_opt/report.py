@@ -1,0 +1,156 @@
+"""Reports as people read them (aligned tables) and as pipelines read them (JSON).
+
+Example:
+    >>> print(format_optimize_report(report))
+    >>> write_json(report, "build/report.json")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+
+
+def human_bytes(n: int | None) -> str:
+    """1536 -> '1.5 KiB'.
+
+    Example:
+        >>> human_bytes(1536)
+        '1.5 KiB'
+    """
+    if n is None or n < 0:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def ratio(before: float | None, after: float | None) -> str:
+    """'after/before' as a multiplier, e.g. '0.42x'.
+
+    Example:
+        >>> ratio(100, 42)
+        '0.42x'
+    """
+    if not before or after is None:
+        return "-"
+    return f"{after / before:.2f}x"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain aligned text table.
+
+    Example:
+        >>> print(table(["a", "b"], [[1, 2]]))
+        a  b
+        -  -
+        1  2
+    """
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cells[0], widths)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    for row in cells[1:]:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    return "\n".join(lines)
+
+
+def to_jsonable(value):
+    """Dataclasses, tuples and numpy scalars into plain JSON types."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value) if isinstance(value, (set, frozenset)) else value
+        return [to_jsonable(v) for v in items]
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    return value
+
+
+def write_json(report, path: str) -> str:
+    """Writes a report as JSON atomically (a reader never sees half a file).
+
+    Example:
+        >>> write_json(report, "build/report.json")
+        'build/report.json'
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".report-", dir=directory)
+    with os.fdopen(fd, "w") as f:
+        json.dump(to_jsonable(report), f, indent=2, sort_keys=False)
+        f.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def format_optimize_report(report) -> str:
+    """The optimize report as aligned tables: outcome, sizes, stages, parity, latency.
+
+    Example:
+        >>> "parity" in format_optimize_report(report)
+        True
+    """
+    out = []
+    verdict = f"published {report.output_dir}" if report.published else "NOT published"
+    out.append(f"serving-opt optimize: {verdict}")
+    out.append(f"  input      {report.input_dir} ({report.model_kind}, "
+               f"{'frozen' if report.frozen else 'variables kept'}: {report.freeze_note})")
+    out.append(f"  signatures {', '.join(report.signatures)}")
+    out.append(f"  transforms {report.transforms or 'none'}")
+    out.append(f"  grappler   {','.join(report.grappler_passes) or 'none'} "
+               f"x{report.grappler_rounds}")
+    for w in report.warnings:
+        out.append(f"  warning    {w}")
+    out.append("")
+    before, after = report.size_before, report.size_after
+    rows = []
+    for label, attr in (("total", "total"), ("saved_model.pb", "saved_model_pb"),
+                        ("variables", "variables"), ("assets", "assets")):
+        b = getattr(before, attr)
+        a = getattr(after, attr) if after else None
+        rows.append([label, human_bytes(b), human_bytes(a), ratio(b, a)])
+    rows.append(["nodes", report.nodes_before, report.nodes_after,
+                 ratio(report.nodes_before, report.nodes_after)])
+    out.append(table(["size", "before", "after", "after/before"], rows))
+    out.append("")
+    out.append(table(["stage", "seconds", "nodes", "note"],
+                     [[s.name, f"{s.seconds:.2f}", s.nodes, s.note] for s in report.stages]))
+    if report.ops_removed or report.ops_added:
+        out.append("")
+        changes = [f"-{n} {op}" for op, n in report.ops_removed.items()]
+        changes += [f"+{n} {op}" for op, n in report.ops_added.items()]
+        out.append("op changes: " + ", ".join(changes))
+    if report.parity is not None:
+        out.append("")
+        p = report.parity
+        out.append(f"parity (atol={p.atol:g}, rtol={p.rtol:g}, {p.batches_run} batches; "
+                   f"inputs: {', '.join(sorted(set(p.input_sources.values()))) or '-'})")
+        out.append(table(
+            ["signature", "output", "dtype", "elements", "mismatches", "max abs diff",
+             "max rel diff", "ok"],
+            [[o.signature, o.output, o.dtype, o.elements, o.mismatches, f"{o.max_abs_diff:.3g}",
+              f"{o.max_rel_diff:.3g}", "yes" if o.ok else f"NO {o.detail}".strip()]
+             for o in p.outputs],
+        ))
+    if report.benchmark is not None:
+        b = report.benchmark
+        out.append("")
+        out.append(f"benchmark of {b.signature} (same process, interleaved, Grappler on at load)")
+        rows = [["load time (s)", f"{b.load_seconds_before:.3f}", f"{b.load_seconds_after:.3f}",
+                 ratio(b.load_seconds_before, b.load_seconds_after)]]
+        for lb, la in zip(b.before, b.after):
+            rows.append([f"p50 batch {lb.batch_size} (ms)", f"{lb.p50_ms:.3f}",
+                         f"{la.p50_ms:.3f}", ratio(lb.p50_ms, la.p50_ms)])
+            rows.append([f"p99 batch {lb.batch_size} (ms)", f"{lb.p99_ms:.3f}",
+                         f"{la.p99_ms:.3f}", ratio(lb.p99_ms, la.p99_ms)])
+        out.append(table(["measure", "before", "after", "after/before"], rows))
+    return "\n".join(out)
