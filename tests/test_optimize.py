@@ -1,0 +1,255 @@
+"""Specification of `optimize` on TF1-graph (Estimator-style) SavedModels.
+
+Every expectation is computed independently of the code under test: outputs
+from the original model run in its own session, vocabulary ids from the
+vocabulary list the sample was built with, signature maps from the source proto.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from conftest import tree_snapshot
+
+from serving_opt import loader, samples
+from serving_opt.errors import ParityError, ServingOptError, UsageError
+from serving_opt.optimizer import OptimizeOptions, optimize
+
+FAST = OptimizeOptions(benchmark_runs=0)
+
+
+def _signature_map(path: str) -> dict:
+    meta_graph = loader.find_meta_graph(loader.read_saved_model(path), {"serve"})
+    return {k: v.SerializeToString(deterministic=True)
+            for k, v in loader.serving_signatures(meta_graph).items()}
+
+
+def _run(path: str, key: str, feed: dict) -> dict:
+    sess, meta_graph = loader.load_session(path)
+    try:
+        sig = meta_graph.signature_def[key]
+        fetch = {a: t.name for a, t in sig.outputs.items()}
+        return sess.run(fetch, {sig.inputs[a].name: v for a, v in feed.items()})
+    finally:
+        sess.close()
+
+
+@pytest.fixture(scope="module")
+def optimized_classifier(classifier_dir, tmp_path_factory):
+    base = str(tmp_path_factory.mktemp("optimized_classifier"))
+    return optimize(classifier_dir, base, FAST)
+
+
+@pytest.mark.parametrize("fixture", ["classifier_dir", "regressor_dir", "convnet_dir"])
+def test_optimized_model_keeps_the_exact_signature_map(fixture, request, tmp_path):
+    src = request.getfixturevalue(fixture)
+    report = optimize(src, str(tmp_path / "out"), FAST)
+    assert _signature_map(report.output_dir) == _signature_map(src)
+
+
+@pytest.mark.parametrize("fixture", ["classifier_dir", "regressor_dir", "convnet_dir"])
+def test_optimized_model_passes_parity_and_is_smaller(fixture, request, tmp_path):
+    src = request.getfixturevalue(fixture)
+    report = optimize(src, str(tmp_path / "out"), FAST)
+    assert report.published and report.parity.ok
+    assert report.nodes_after < report.nodes_before
+    assert report.size_after.total < report.size_before.total
+
+
+def test_classifier_answers_real_examples_like_the_original(optimized_classifier,
+                                                            classifier_dir):
+    examples = np.array(samples.sample_examples(32, seed=7), dtype=object)
+    for key in ("serving_default", "predict"):
+        input_alias = "inputs" if key == "serving_default" else "examples"
+        expected = _run(classifier_dir, key, {input_alias: examples})
+        actual = _run(optimized_classifier.output_dir, key, {input_alias: examples})
+        for alias, value in expected.items():
+            if value.dtype.kind == "f":
+                np.testing.assert_allclose(actual[alias], value, rtol=1e-4, atol=1e-5)
+            else:
+                np.testing.assert_array_equal(actual[alias], value)
+
+
+def test_vocabulary_table_resolves_known_and_unknown_words(optimized_classifier):
+    sess, meta_graph = loader.load_session(optimized_classifier.output_dir)
+    try:
+        finds = [n for n in sess.graph.as_graph_def().node if n.op == "LookupTableFindV2"]
+        assert len(finds) == 1
+        find = sess.graph.get_operation_by_name(finds[0].name)
+        words = ["apple", "grape", "not-a-fruit"]
+        ids = sess.run(find.outputs[0], {find.inputs[1]: np.array(words, dtype=object)})
+    finally:
+        sess.close()
+    # The vocabulary file lists VOCABULARY in order; the table answers -1 for a miss
+    # (feature columns hash misses into the OOV bucket after the lookup).
+    expected = [samples.VOCABULARY.index("apple"), samples.VOCABULARY.index("grape"), -1]
+    np.testing.assert_array_equal(ids, expected)
+
+
+def test_assets_are_copied_and_wired(optimized_classifier, classifier_dir):
+    out = optimized_classifier.output_dir
+    with open(os.path.join(classifier_dir, "assets", "vocab.txt"), "rb") as f:
+        original = f.read()
+    with open(os.path.join(out, "assets", "vocab.txt"), "rb") as f:
+        assert f.read() == original
+    meta_graph = loader.find_meta_graph(loader.read_saved_model(out), {"serve"})
+    assert [a.filename for a in meta_graph.asset_file_def] == ["vocab.txt"]
+
+
+def test_init_op_survives_and_variables_are_gone(optimized_classifier, classifier_dir):
+    src_mg = loader.find_meta_graph(loader.read_saved_model(classifier_dir), {"serve"})
+    out_mg = loader.find_meta_graph(
+        loader.read_saved_model(optimized_classifier.output_dir), {"serve"})
+    assert loader.init_op_name(out_mg) == loader.init_op_name(src_mg)
+    ops = {n.op for n in out_mg.graph_def.node}
+    assert not ops & {"VarHandleOp", "VariableV2", "SaveV2", "RestoreV2"}
+    assert "InitializeTableFromTextFileV2" in ops
+
+
+def test_signature_output_identity_survives_remove_nodes(optimized_classifier):
+    # The classifier's "logits" output is an Identity node; the default preset
+    # removes Identity nodes everywhere else.
+    out_mg = loader.find_meta_graph(
+        loader.read_saved_model(optimized_classifier.output_dir), {"serve"})
+    nodes = {n.name: n.op for n in out_mg.graph_def.node}
+    assert nodes["logits"] == "Identity"
+    assert list(nodes.values()).count("Identity") < 5
+
+
+def test_batch_norm_folding_removes_batch_norm_ops(convnet_dir, tmp_path):
+    src_mg = loader.find_meta_graph(loader.read_saved_model(convnet_dir), {"serve"})
+    assert any(n.op.startswith("FusedBatchNorm") for n in src_mg.graph_def.node)
+    report = optimize(convnet_dir, str(tmp_path / "out"), FAST)
+    out_mg = loader.find_meta_graph(loader.read_saved_model(report.output_dir), {"serve"})
+    assert not [n.op for n in out_mg.graph_def.node if "BatchNorm" in n.op]
+    assert report.parity.ok
+
+
+def test_lossy_transform_is_caught_and_nothing_is_published(classifier_dir, tmp_path):
+    base = tmp_path / "out"
+    with pytest.raises(ParityError) as failure:
+        optimize(classifier_dir, str(base),
+                 OptimizeOptions(transforms="round_weights(num_steps=2)", benchmark_runs=0))
+    assert "parity failed" in failure.value.problem
+    assert "nothing was published" in failure.value.problem
+    assert failure.value.report is not None and not failure.value.report.published
+    assert os.listdir(base) == []  # no version, no staging leftovers
+
+
+def test_source_directory_is_byte_for_byte_unchanged(classifier_dir, tmp_path):
+    before = tree_snapshot(classifier_dir)
+    optimize(classifier_dir, str(tmp_path / "out"), FAST)
+    assert tree_snapshot(classifier_dir) == before
+
+
+def test_default_version_is_one_above_the_highest(classifier_dir, tmp_path):
+    base = tmp_path / "out"
+    os.makedirs(base / "3")
+    os.makedirs(base / "not-a-version")
+    report = optimize(classifier_dir, str(base), FAST)
+    assert report.version == 4 and report.output_dir == str(base / "4")
+
+
+def test_existing_version_is_refused_before_any_work(classifier_dir, tmp_path):
+    base = tmp_path / "out"
+    os.makedirs(base / "2")
+    with pytest.raises(ServingOptError, match="already exists.*--overwrite"):
+        optimize(classifier_dir, str(base), OptimizeOptions(version=2, benchmark_runs=0))
+    assert os.listdir(base / "2") == []
+
+
+def test_overwrite_replaces_an_existing_version(classifier_dir, tmp_path):
+    base = tmp_path / "out"
+    os.makedirs(base / "2")
+    report = optimize(classifier_dir, str(base),
+                      OptimizeOptions(version=2, overwrite=True, benchmark_runs=0))
+    assert os.path.exists(os.path.join(report.output_dir, "saved_model.pb"))
+    assert sorted(os.listdir(base)) == ["2"]
+
+
+def test_unknown_transform_is_rejected_with_the_valid_names(classifier_dir, tmp_path):
+    with pytest.raises(UsageError) as failure:
+        optimize(classifier_dir, str(tmp_path / "out"),
+                 OptimizeOptions(transforms="fold_constants fold_batchnorms"))
+    message = failure.value.one_line()
+    assert "fold_batchnorms" in message and "fold_batch_norms" in message
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_bad_transform_argument_is_rejected(classifier_dir, tmp_path):
+    with pytest.raises(UsageError, match="round_weights has no argument 'steps'"):
+        optimize(classifier_dir, str(tmp_path / "out"),
+                 OptimizeOptions(transforms="round_weights(steps=3)"))
+
+
+def test_unknown_signature_is_rejected(classifier_dir, tmp_path):
+    with pytest.raises(ServingOptError, match="nope not in the model"):
+        optimize(classifier_dir, str(tmp_path / "out"),
+                 OptimizeOptions(signatures=("nope",), benchmark_runs=0))
+
+
+def test_selected_signatures_only_are_kept(classifier_dir, tmp_path):
+    report = optimize(classifier_dir, str(tmp_path / "out"),
+                      OptimizeOptions(signatures=("predict",), benchmark_runs=0))
+    assert sorted(_signature_map(report.output_dir)) == ["predict"]
+
+
+def test_output_inside_input_is_refused(model_copy, classifier_dir):
+    src = model_copy(classifier_dir)
+    with pytest.raises(UsageError, match="inside --input_dir"):
+        optimize(src, os.path.join(src, "out"), FAST)
+
+
+def test_freeze_never_keeps_variables_and_still_matches(classifier_dir, tmp_path):
+    report = optimize(classifier_dir, str(tmp_path / "out"),
+                      OptimizeOptions(freeze="never", benchmark_runs=0))
+    assert not report.frozen and report.parity.ok
+    assert os.path.exists(os.path.join(report.output_dir, "variables", "variables.index"))
+
+
+def test_json_examples_drive_the_parity_check(convnet_dir, tmp_path):
+    rng = np.random.default_rng(3)
+    path = tmp_path / "requests.jsonl"
+    with open(path, "w") as f:
+        for _ in range(3):
+            f.write(json.dumps({"images": rng.normal(size=(2, 16, 16, 3)).tolist()}) + "\n")
+    report = optimize(convnet_dir, str(tmp_path / "out"),
+                      OptimizeOptions(examples=str(path), benchmark_runs=0))
+    assert report.parity.input_sources == {"serving_default": f"json:{path}"}
+    assert report.parity.batches_run == 3
+
+
+def test_tfrecord_examples_drive_the_parity_check(classifier_dir, tmp_path):
+    import tensorflow as tf
+
+    path = str(tmp_path / "examples.tfrecord")
+    with tf.io.TFRecordWriter(path) as w:
+        for record in samples.sample_examples(20, seed=1):
+            w.write(record)
+    report = optimize(classifier_dir, str(tmp_path / "out"),
+                      OptimizeOptions(examples=path, benchmark_runs=0, parity_batch_size=8))
+    assert set(report.parity.input_sources.values()) == {f"examples:{path}"}
+    assert report.parity.batches_run == 3 * 3  # 20 examples in batches of 8, 3 signatures
+
+
+def test_report_has_sizes_stages_and_side_by_side_latency(classifier_dir, tmp_path):
+    report = optimize(classifier_dir, str(tmp_path / "out"),
+                      OptimizeOptions(benchmark_runs=5))
+    assert [s.name for s in report.stages] == [
+        "read", "freeze", "transforms", "grappler", "write", "parity", "benchmark"]
+    assert [lat.batch_size for lat in report.benchmark.after] == [1, 32]
+    assert report.benchmark.load_seconds_after > 0
+    assert report.size_before.variables > 0 and report.size_after.variables == 0
+    assert report.ops_removed.get("VarHandleOp", 0) > 0
+
+
+def test_optimized_model_loads_with_the_tf2_loader(optimized_classifier):
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(optimized_classifier.output_dir)
+    examples = tf.constant(samples.sample_examples(4))
+    outputs = loaded.signatures["predict"](examples=examples)
+    assert outputs["probabilities"].shape == (4, len(samples.CLASS_NAMES))
