@@ -15,6 +15,17 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
+# The sample is built once; optimizing it again replaces version 1 (--overwrite).
+demo: $(STAMP)
+	@$(PY) -m serving_opt.samples --kind=classifier --output_dir=build/sample/1
+	@echo; echo "== serving-opt inspect build/sample/1"
+	@$(VENV)/bin/serving-opt inspect --saved_model_dir=build/sample/1
+	@echo; echo "== serving-opt optimize build/sample/1 -> build/models/classifier"
+	@$(VENV)/bin/serving-opt optimize --input_dir=build/sample/1 \
+	  --output_base=build/models/classifier --version=1 --overwrite \
+	  --report=build/optimize-report.json
+	@echo; echo "JSON report: build/optimize-report.json"
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check serving_opt tests
 
