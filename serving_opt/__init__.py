@@ -1,0 +1,27 @@
+"""serving_opt: smaller, faster, proven-equivalent TensorFlow SavedModels for TF Serving.
+
+Example:
+    >>> from serving_opt import OptimizeOptions, optimize
+    >>> report = optimize("exports/1700000000", "/models/clf", OptimizeOptions())
+    >>> report.output_dir
+    '/models/clf/1'
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["OptimizeOptions", "OptimizeReport", "ServingOptError", "optimize", "__version__"]
+
+
+def __getattr__(name: str):
+    # Lazy, so `import serving_opt` (and the CLI's --help) does not import TensorFlow.
+    if name in ("OptimizeOptions", "OptimizeReport", "optimize"):
+        from serving_opt import optimizer
+
+        return getattr(optimizer, name)
+    if name == "ServingOptError":
+        from serving_opt.errors import ServingOptError
+
+        return ServingOptError
+    raise AttributeError(f"module 'serving_opt' has no attribute {name!r}")
