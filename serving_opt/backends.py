@@ -1,0 +1,278 @@
+"""Model server backends: the real TF Serving (Docker or binary) or the local stand-in.
+
+All three are a child process serving gRPC on a loopback port, so one small class
+handles starting, log capture and stopping (always, also on Ctrl-C): only the
+command line differs. TFX's InfraValidator splits it the same way (a serving
+binary + a runner); here the runner is always a local process.
+
+  * ``docker``: ``docker run tensorflow/serving:<tag>`` with the model base mounted
+    read-only at ``/models/<name>`` and a free host port mapped to 8500.
+  * ``binary``: ``tensorflow_model_server`` from PATH.
+  * ``local``: ``serving-opt serve``, this project's TF-Serving-compatible server
+    (same flags, same gRPC API) for machines where neither of the above runs.
+  * ``auto``: docker if a Docker engine answers, else the binary if on PATH, else local.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from serving_opt.errors import ServingOptError, UsageError
+
+BACKENDS = ("auto", "docker", "binary", "local")
+DEFAULT_IMAGE = "tensorflow/serving:2.18.0"
+BINARY_NAME = "tensorflow_model_server"
+CONTAINER_GRPC_PORT = 8500
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """What to serve and how; the same for every backend.
+
+    Example:
+        >>> ServerSpec(model_name="clf", model_base="/models/clf")
+    """
+
+    model_name: str
+    model_base: str
+    port: int = 0  # 0 = pick a free loopback port
+    image: str = DEFAULT_IMAGE
+    saved_model_tags: str = "serve"
+    enable_model_warmup: bool = True
+    file_system_poll_wait_seconds: int = 1
+    extra_flags: tuple[str, ...] = field(default_factory=tuple)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now.
+
+    Example:
+        >>> 1024 < free_port() < 65536
+        True
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _server_flags(spec: ServerSpec, port: int, base: str) -> list[str]:
+    return [
+        f"--port={port}",
+        "--rest_api_port=0",
+        f"--model_name={spec.model_name}",
+        f"--model_base_path={base}",
+        f"--file_system_poll_wait_seconds={spec.file_system_poll_wait_seconds}",
+        f"--saved_model_tags={spec.saved_model_tags}",
+        f"--enable_model_warmup={'true' if spec.enable_model_warmup else 'false'}",
+        *spec.extra_flags,
+    ]
+
+
+def docker_command(spec: ServerSpec, host_port: int, container_name: str) -> list[str]:
+    """``docker run`` for tensorflow/serving: read-only model mount, loopback-only port.
+
+    Example:
+        >>> docker_command(ServerSpec("clf", "/m/clf"), 9000, "so-1")[:4]
+        ['docker', 'run', '--rm', '--name']
+    """
+    container_base = f"/models/{spec.model_name}"
+    # The image's entrypoint passes MODEL_NAME/MODEL_BASE_PATH and then any extra args.
+    args = [
+        "docker", "run", "--rm", "--name", container_name,
+        "-p", f"127.0.0.1:{host_port}:{CONTAINER_GRPC_PORT}",
+        "-v", f"{os.path.abspath(spec.model_base)}:{container_base}:ro",
+        "-e", f"MODEL_NAME={spec.model_name}",
+        "-e", f"MODEL_BASE_PATH=/models",
+        spec.image,
+        f"--file_system_poll_wait_seconds={spec.file_system_poll_wait_seconds}",
+        f"--saved_model_tags={spec.saved_model_tags}",
+        f"--enable_model_warmup={'true' if spec.enable_model_warmup else 'false'}",
+        *spec.extra_flags,
+    ]
+    return args
+
+
+def binary_command(spec: ServerSpec, port: int, binary: str = BINARY_NAME) -> list[str]:
+    """``tensorflow_model_server`` with the usual flags.
+
+    Example:
+        >>> binary_command(ServerSpec("clf", "/m/clf"), 9000)[1]
+        '--port=9000'
+    """
+    return [binary, *_server_flags(spec, port, os.path.abspath(spec.model_base))]
+
+
+def local_command(spec: ServerSpec, port: int) -> list[str]:
+    """``serving-opt serve`` (this project's TF-Serving-compatible server), same flags.
+
+    Example:
+        >>> local_command(ServerSpec("clf", "/m/clf"), 9000)[-8]
+        '--port=9000'
+    """
+    return [sys.executable, "-m", "serving_opt.cli", "serve",
+            *_server_flags(spec, port, os.path.abspath(spec.model_base))]
+
+
+class ServerProcess:
+    """A model server child process: started, logged to a file, always stopped.
+
+    Example:
+        >>> with ServerProcess("local", local_command(spec, 9000), 9000) as server:
+        ...     server.address
+        '127.0.0.1:9000'
+    """
+
+    def __init__(self, backend: str, command: Sequence[str], port: int,
+                 cleanup: Sequence[str] | None = None, env: dict | None = None) -> None:
+        self.backend = backend
+        self.command = list(command)
+        self.port = port
+        self.cleanup = list(cleanup) if cleanup else None
+        self.env = env
+        self._process: subprocess.Popen | None = None
+        self._log = tempfile.NamedTemporaryFile(prefix=f"serving-opt-{backend}-", suffix=".log",
+                                                delete=False)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> str:
+        return self._log.name
+
+    def start(self) -> ServerProcess:
+        try:
+            self._process = subprocess.Popen(
+                self.command, stdout=self._log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True, env=self.env,
+            )
+        except FileNotFoundError as e:
+            raise ServingOptError(
+                f"cannot start the {self.backend} server: {self.command[0]} not found",
+                "install it, or pick another --server (local always works)",
+            ) from e
+        return self
+
+    def exit_code(self) -> int | None:
+        return None if self._process is None else self._process.poll()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            with open(self._log.name, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout``; runs the backend's cleanup command."""
+        if self.cleanup:
+            # docker: the client process dying does not stop the container; remove it.
+            subprocess.run(self.cleanup, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           check=False, timeout=30)
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def close(self) -> None:
+        self.stop()
+        self._log.close()
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def docker_available(timeout: float = 5.0) -> bool:
+    """True when a Docker engine answers (not just the client being installed).
+
+    Example:
+        >>> docker_available()
+        False
+    """
+    if shutil.which("docker") is None:
+        return False
+    try:
+        result = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"],
+                                capture_output=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return result.returncode == 0 and bool(result.stdout.strip())
+
+
+def resolve_backend(name: str) -> str:
+    """``auto`` -> the first of docker, binary, local that can run here.
+
+    Example:
+        >>> resolve_backend("auto")
+        'local'
+    """
+    if name not in BACKENDS:
+        raise UsageError(f"--server={name} is not one of {', '.join(BACKENDS)}",
+                         "use --server=auto, docker, binary or local")
+    if name != "auto":
+        return name
+    if docker_available():
+        return "docker"
+    if shutil.which(BINARY_NAME):
+        return "binary"
+    return "local"
+
+
+def make_server(backend: str, spec: ServerSpec) -> ServerProcess:
+    """Builds (does not start) the server process for a concrete backend.
+
+    Example:
+        >>> make_server("local", ServerSpec("clf", "/m/clf")).backend
+        'local'
+    """
+    port = spec.port or free_port()
+    if backend == "docker":
+        name = f"serving-opt-{uuid.uuid4().hex[:10]}"
+        return ServerProcess("docker", docker_command(spec, port, name), port,
+                             cleanup=["docker", "rm", "-f", name])
+    if backend == "binary":
+        binary = shutil.which(BINARY_NAME)
+        if binary is None:
+            raise ServingOptError(f"{BINARY_NAME} is not on PATH",
+                                  "install TF Serving, or use --server=docker or local")
+        return ServerProcess("binary", binary_command(spec, port, binary), port)
+    if backend == "local":
+        env = dict(os.environ)
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        return ServerProcess("local", local_command(spec, port), port, env=env)
+    raise UsageError(f"unknown backend {backend}", f"use one of {', '.join(BACKENDS)}")
+
+
+def wait_for_port(server: ServerProcess, timeout: float) -> None:
+    """Blocks until the server accepts TCP connections, exits, or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.exit_code() is not None:
+            return
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(0.5)
+            if s.connect_ex(("127.0.0.1", server.port)) == 0:
+                return
+        time.sleep(0.2)

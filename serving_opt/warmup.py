@@ -1,0 +1,56 @@
+"""Warmup files: the requests TF Serving replays at load so first requests are fast.
+
+TF Serving reads ``assets.extra/tf_serving_warmup_requests``, a TFRecord of
+``PredictionLog`` (at most 1000 records), and replays each before marking the
+version AVAILABLE; any failing record fails the load. The validation requests are
+the natural warmup set: one per signature and request kind, already proven to
+answer correctly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+WARMUP_FILENAME = "tf_serving_warmup_requests"
+MAX_RECORDS = 1000  # TF Serving refuses more (servables/tensorflow/saved_model_warmup_util)
+
+
+def prediction_log(method: str, request):
+    """Wraps a request in the PredictionLog field TF Serving expects for its method.
+
+    Example:
+        >>> prediction_log("Predict", predict_request).WhichOneof("log_type")
+        'predict_log'
+    """
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    log = prediction_log_pb2.PredictionLog()
+    field = {"Predict": log.predict_log, "Classify": log.classify_log,
+             "Regress": log.regress_log, "MultiInference": log.multi_inference_log}.get(method)
+    if field is None:
+        raise ValueError(f"no PredictionLog type for {method}")
+    field.request.CopyFrom(request)
+    return log
+
+
+def write_warmup_file(model_dir: str, probes: Sequence, repeat: int = 1) -> str:
+    """Writes the probes' requests as the model's warmup file (atomically).
+
+    Example:
+        >>> write_warmup_file("build/models/classifier/1", probes)
+        'build/models/classifier/1/assets.extra/tf_serving_warmup_requests'
+    """
+    import tensorflow as tf
+
+    logs = [prediction_log(p.method, p.request) for p in probes for _ in range(repeat)]
+    logs = logs[:MAX_RECORDS]
+    directory = os.path.join(model_dir, "assets.extra")
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, WARMUP_FILENAME)
+    tmp = path + ".tmp"
+    with tf.io.TFRecordWriter(tmp) as writer:
+        for log in logs:
+            writer.write(log.SerializeToString())
+    os.replace(tmp, path)
+    return path
