@@ -8,6 +8,7 @@ one clear :class:`~serving_opt.errors.ServingOptError` in one place.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -24,6 +25,33 @@ SAVED_MODEL_ASSETS_COLLECTION = "saved_model_assets"
 METHOD_CLASSIFY = "tensorflow/serving/classify"
 METHOD_REGRESS = "tensorflow/serving/regress"
 METHOD_PREDICT = "tensorflow/serving/predict"
+
+
+def quiet_tensorflow_import() -> None:
+    """Imports TensorFlow with the process's stderr (file descriptor 2) silenced.
+
+    TF 2.19+ logs CUDA and CPU-feature INFO lines from C++ while importing, before absl
+    logging is initialised, so TF_CPP_MIN_LOG_LEVEL does not stop them (tensorflow#100442);
+    they would bury the CLI's one-line errors. Python exceptions still propagate. A no-op
+    once TensorFlow is imported.
+
+    Example:
+        >>> quiet_tensorflow_import()
+        >>> "tensorflow" in sys.modules
+        True
+    """
+    if "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def parse_tags(tags: str | Iterable[str]) -> frozenset[str]:
@@ -147,6 +175,39 @@ def is_tf2(meta_graph) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class InitOp:
+    """The init op of a MetaGraph and where it was declared.
+
+    ``source`` is ``"__saved_model_init_op"`` (the TF2 pseudo signature), ``"main_op"``
+    (the ``saved_model_main_op`` collection) or ``"legacy_init_op"``.
+    """
+
+    name: str
+    source: str
+
+
+def find_init_op(meta_graph) -> InitOp | None:
+    """The node TF Serving runs after restoring, and where it was declared; None if none.
+
+    The precedence is the C++ loader's (``GetInitOp`` in loader_util.cc): the init-op
+    signature, then the main_op collection, then legacy_init_op.
+
+    Example:
+        >>> find_init_op(find_meta_graph(read_saved_model("build/sample/1"), {"serve"}))
+        InitOp(name='group_deps', source='main_op')
+    """
+    sig = meta_graph.signature_def.get(INIT_OP_SIGNATURE_KEY)
+    if sig is not None and sig.outputs:
+        return InitOp(next(iter(sig.outputs.values())).name.split(":")[0], INIT_OP_SIGNATURE_KEY)
+    for key, source in ((MAIN_OP_COLLECTION, "main_op"), (LEGACY_INIT_OP_COLLECTION,
+                                                          "legacy_init_op")):
+        col = meta_graph.collection_def.get(key)
+        if col is not None and col.node_list.value:
+            return InitOp(col.node_list.value[0].split(":")[0], source)
+    return None
+
+
 def init_op_name(meta_graph) -> str | None:
     """The node TF Serving runs after restoring: init-op signature, main_op, or legacy_init_op.
 
@@ -156,14 +217,8 @@ def init_op_name(meta_graph) -> str | None:
         >>> init_op_name(find_meta_graph(read_saved_model("build/sample/1"), {"serve"}))
         'group_deps'
     """
-    sig = meta_graph.signature_def.get(INIT_OP_SIGNATURE_KEY)
-    if sig is not None and sig.outputs:
-        return next(iter(sig.outputs.values())).name.split(":")[0]
-    for key in (MAIN_OP_COLLECTION, LEGACY_INIT_OP_COLLECTION):
-        col = meta_graph.collection_def.get(key)
-        if col is not None and col.node_list.value:
-            return col.node_list.value[0].split(":")[0]
-    return None
+    init_op = find_init_op(meta_graph)
+    return init_op.name if init_op else None
 
 
 def serving_signatures(meta_graph) -> dict:
