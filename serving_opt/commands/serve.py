@@ -71,8 +71,7 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 
 def _options(fv: flags.FlagValues):
-    from serving_opt.model_server import ServerOptions
-
+    # Flag mistakes are reported before importing TensorFlow (seconds) for the server.
     if fv.rest_api_port:
         raise UsageError(
             f"--rest_api_port={fv.rest_api_port} is not supported by the local server "
@@ -100,6 +99,8 @@ def _options(fv: flags.FlagValues):
         )
     if not 0 <= fv.port <= 65535:
         raise UsageError(f"--port={fv.port} is not a TCP port", "pass 0..65535 (0: any)")
+    from serving_opt.model_server import ServerOptions
+
     return ServerOptions(
         model_name=fv.model_name,
         model_base_path=fv.model_base_path,

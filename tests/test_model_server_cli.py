@@ -1,0 +1,150 @@
+"""`serving-opt serve` as users run it: a subprocess, a ready line, requests, SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    prediction_service_pb2_grpc,
+)
+
+from serving_opt import samples
+
+READY = re.compile(r"^serving-opt serve: model 'm' version 1 AVAILABLE on 127\.0\.0\.1:(\d+) ")
+
+
+def start_serve(*flags: str) -> subprocess.Popen:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "serving_opt.cli", "serve", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def read_line(process: subprocess.Popen, timeout: float) -> str:
+    """The next stdout line, or '' if the process exits or the time runs out."""
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ)
+    try:
+        if not selector.select(timeout):
+            return ""
+        return process.stdout.readline()
+    finally:
+        selector.close()
+
+
+@pytest.fixture
+def processes():
+    started: list[subprocess.Popen] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+
+
+def test_serve_prints_one_ready_line_answers_and_exits_cleanly_on_sigterm(
+    processes, classifier_base
+):
+    process = start_serve("--port=0", "--model_name=m", f"--model_base_path={classifier_base}")
+    processes.append(process)
+
+    line = read_line(process, timeout=120)
+    match = READY.match(line)
+    assert match, f"no ready line; got {line!r}; stderr: {process.stderr.read()[-2000:]}"
+    with grpc.insecure_channel(f"127.0.0.1:{match.group(1)}") as channel:
+        status = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(
+            get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "m"}), timeout=30
+        )
+        request = classification_pb2.ClassificationRequest(model_spec={"name": "m"})
+        for serialized in samples.sample_examples(2):
+            request.input.example_list.examples.add().ParseFromString(serialized)
+        reply = prediction_service_pb2_grpc.PredictionServiceStub(channel).Classify(
+            request, timeout=30
+        )
+    process.send_signal(signal.SIGTERM)
+    returncode = process.wait(timeout=60)
+
+    assert status.model_version_status[0].state == get_model_status_pb2.ModelVersionStatus.AVAILABLE
+    assert len(reply.result.classifications) == 2
+    assert returncode == 0
+    assert process.stdout.read() == ""  # exactly one line on stdout
+
+
+def test_serve_exits_non_zero_when_the_model_does_not_load(processes, model_copy, classifier_base):
+    base = model_copy(classifier_base)
+    with open(os.path.join(base, "1", "saved_model.pb"), "wb") as f:
+        f.write(b"\x0fgarbage")
+    process = start_serve(
+        "--port=0", "--model_name=m", f"--model_base_path={base}", "--max_num_load_retries=0"
+    )
+    processes.append(process)
+
+    stdout, stderr = process.communicate(timeout=120)
+
+    assert process.returncode == 1
+    assert stdout == ""
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("serving-opt serve: error: Failed to start server. Error: UNKNOWN: ")
+    assert f"Can't parse {base}/1/saved_model.pb as binary proto" in last
+
+
+def test_serve_refuses_a_rest_port_with_a_usage_error(processes):
+    process = start_serve("--rest_api_port=8501", "--model_base_path=/models/m")
+    processes.append(process)
+
+    stdout, stderr = process.communicate(timeout=60)
+
+    assert process.returncode == 2
+    assert "--rest_api_port=8501 is not supported by the local server" in stderr
+
+
+def test_serve_refuses_a_relative_base_path_like_tf_serving(processes):
+    process = start_serve("--model_base_path=models/m")
+    processes.append(process)
+
+    stdout, stderr = process.communicate(timeout=60)
+
+    assert process.returncode == 2
+    assert "is relative; TF Serving requires an absolute path" in stderr
+
+
+def wait_for_stderr(process: subprocess.Popen, text: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    selector = selectors.DefaultSelector()
+    selector.register(process.stderr, selectors.EVENT_READ)
+    try:
+        while time.monotonic() < deadline and process.poll() is None:
+            if selector.select(1.0) and text in process.stderr.readline():
+                return True
+        return False
+    finally:
+        selector.close()
+
+
+def test_serve_stops_on_sigterm_while_still_waiting_for_a_first_version(processes, tmp_path):
+    empty_base = tmp_path / "m"
+    empty_base.mkdir()  # no version directory yet: the real server waits, and so do we
+    process = start_serve("--port=0", f"--model_base_path={empty_base}")
+    processes.append(process)
+    assert wait_for_stderr(process, "No versions of servable default found", timeout=120)
+
+    process.send_signal(signal.SIGTERM)
+    returncode = process.wait(timeout=60)
+
+    assert returncode == 128 + signal.SIGTERM
+    assert process.stdout.read() == ""  # never announced ready
