@@ -50,6 +50,9 @@ class ServerSpec:
     saved_model_tags: str = "serve"
     enable_model_warmup: bool = True
     file_system_poll_wait_seconds: int = 1
+    # TF Serving retries a failed initial load 5 times, 60 s apart, before exiting; a
+    # validation run wants the failure now. Real tensorflow_model_server flag.
+    max_num_load_retries: int = 0
     extra_flags: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -74,6 +77,7 @@ def _server_flags(spec: ServerSpec, port: int, base: str) -> list[str]:
         f"--file_system_poll_wait_seconds={spec.file_system_poll_wait_seconds}",
         f"--saved_model_tags={spec.saved_model_tags}",
         f"--enable_model_warmup={'true' if spec.enable_model_warmup else 'false'}",
+        f"--max_num_load_retries={spec.max_num_load_retries}",
         *spec.extra_flags,
     ]
 
@@ -92,11 +96,12 @@ def docker_command(spec: ServerSpec, host_port: int, container_name: str) -> lis
         "-p", f"127.0.0.1:{host_port}:{CONTAINER_GRPC_PORT}",
         "-v", f"{os.path.abspath(spec.model_base)}:{container_base}:ro",
         "-e", f"MODEL_NAME={spec.model_name}",
-        "-e", f"MODEL_BASE_PATH=/models",
+        "-e", "MODEL_BASE_PATH=/models",
         spec.image,
         f"--file_system_poll_wait_seconds={spec.file_system_poll_wait_seconds}",
         f"--saved_model_tags={spec.saved_model_tags}",
         f"--enable_model_warmup={'true' if spec.enable_model_warmup else 'false'}",
+        f"--max_num_load_retries={spec.max_num_load_retries}",
         *spec.extra_flags,
     ]
     return args

@@ -94,7 +94,8 @@ def _spec_from_parse_node(node, nodes: dict) -> ExampleSpec | None:
     elif node.op == "ParseExample":
         n_sparse, n_dense = attr["Nsparse"].i, attr["Ndense"].i
         sparse_keys = [_const_value(nodes, i) for i in node.input[2:2 + n_sparse]]
-        dense_keys = [_const_value(nodes, i) for i in node.input[2 + n_sparse:2 + n_sparse + n_dense]]
+        dense_inputs = node.input[2 + n_sparse:2 + n_sparse + n_dense]
+        dense_keys = [_const_value(nodes, i) for i in dense_inputs]
         if any(k is None for k in sparse_keys + dense_keys):
             return None
         sparse_keys = [k.item() for k in sparse_keys]

@@ -24,7 +24,7 @@ from serving_opt import inputs as inputs_lib
 from serving_opt import loader, parity, writer
 from serving_opt import transforms as transforms_lib
 from serving_opt.benchmark import BenchmarkReport, benchmark
-from serving_opt.errors import ParityError, ServingOptError, UsageError
+from serving_opt.errors import ParityError, ServingOptError, UsageError, ValidationError
 from serving_opt.graph import ServingGraph, prune_library
 
 FREEZE_MODES = ("auto", "always", "never")
@@ -54,6 +54,8 @@ class OptimizeOptions:
     benchmark_runs: int = 100  # 0 skips the benchmark
     benchmark_batch_sizes: tuple[int, ...] = (1, 32)
     seed: int = 0
+    # Serve the result over gRPC before publishing (serving-opt validate); None = skip.
+    validate: object | None = None  # a serving_opt.validate.ValidateOptions
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,7 @@ class OptimizeReport:
     parity: parity.ParityReport | None
     benchmark: BenchmarkReport | None
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    validation: object | None = None  # a serving_opt.validate.ValidationReport
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -266,6 +269,25 @@ def optimize(
                 f"{parity_report.summary()}; nothing was published",
                 "drop the lossy transform, or loosen --atol/--rtol if the drift is acceptable",
             ).with_report(report)
+        validation = None
+        if options.validate is not None:
+            say("[6/7] serving the result over gRPC before publishing (validate)")
+            start = time.perf_counter()
+            validation = _validate_staged(staging, input_dir, output_base, version,
+                                          options.validate, say)
+            stages.append(StageReport("validate", time.perf_counter() - start, graph.node_count(),
+                                      f"{validation.backend}: "
+                                      + ("ok" if validation.ok else validation.failures[0])))
+            if not validation.ok:
+                report = _report(input_dir, output_base, None, version, False, kind, frozen,
+                                 freeze_note, keys, transforms, lossy, passes, options, stages,
+                                 size_before, SizeReport.of(staging), meta_graph, graph,
+                                 parity_report, None, warnings, validation)
+                raise ValidationError(
+                    f"serving validation failed ({validation.failures[0]}); nothing was published",
+                    "see the validation table; rerun with --novalidate to publish anyway",
+                ).with_report(report)
+            size_after = SizeReport.of(staging)
         published_dir = writer.publish(staging, output_base, version, options.overwrite)
         staging = None
     finally:
@@ -285,7 +307,46 @@ def optimize(
         say("[7/7] benchmark skipped")
     return _report(input_dir, output_base, published_dir, version, True, kind, frozen,
                    freeze_note, keys, transforms, lossy, passes, options, stages, size_before,
-                   size_after, meta_graph, graph, parity_report, bench, warnings)
+                   size_after, meta_graph, graph, parity_report, bench, warnings, validation)
+
+
+def _validate_staged(staging: str, input_dir: str, output_base: str, version: int,
+                     validate_options, say: Progress):
+    """Serves the staged model from a hidden model base, so nothing unproven is published.
+
+    TF Serving only loads integer version directories, so the staging directory is
+    moved into ``<base>/.serving-opt-validate-*/<version>`` (same filesystem: a
+    rename), served from there, and moved back.
+    """
+    import dataclasses
+    import tempfile
+
+    from serving_opt import validate as validate_lib
+
+    hidden_base = tempfile.mkdtemp(prefix=f"{writer.STAGING_PREFIX}validate-", dir=output_base)
+    os.chmod(hidden_base, 0o755)
+    served = os.path.join(hidden_base, str(version))
+    os.rename(staging, served)
+    try:
+        opts = dataclasses.replace(
+            validate_options,
+            model_name=validate_options.model_name or os.path.basename(
+                os.path.abspath(output_base)),
+            version=version,
+            reference_dir=input_dir,
+        )
+        result = validate_lib.validate(hidden_base, opts, progress=say)
+        # Report the paths the model is published under, not the hidden serving base.
+        final = os.path.join(output_base, str(version))
+        return dataclasses.replace(
+            result,
+            model_base=os.path.abspath(output_base),
+            warmup_file=result.warmup_file.replace(served, final) if result.warmup_file
+            else None,
+        )
+    finally:
+        os.rename(served, staging)
+        os.rmdir(hidden_base)
 
 
 def _freeze(input_dir: str, tags: frozenset[str], keys: Sequence[str],
@@ -308,7 +369,7 @@ def _freeze(input_dir: str, tags: frozenset[str], keys: Sequence[str],
 
 def _report(input_dir, output_base, output_dir, version, published, kind, frozen, freeze_note,
             keys, transforms, lossy, passes, options, stages, size_before, size_after,
-            meta_graph, graph, parity_report, bench, warnings) -> OptimizeReport:
+            meta_graph, graph, parity_report, bench, warnings, validation=None) -> OptimizeReport:
     import collections
 
     before = collections.Counter(n.op for n in meta_graph.graph_def.node)
@@ -341,4 +402,5 @@ def _report(input_dir, output_base, output_dir, version, published, kind, frozen
         parity=parity_report,
         benchmark=bench,
         warnings=tuple(warnings),
+        validation=validation,
     )

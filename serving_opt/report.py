@@ -153,4 +153,41 @@ def format_optimize_report(report) -> str:
             rows.append([f"p99 batch {lb.batch_size} (ms)", f"{lb.p99_ms:.3f}",
                          f"{la.p99_ms:.3f}", ratio(lb.p99_ms, la.p99_ms)])
         out.append(table(["measure", "before", "after", "after/before"], rows))
+    if getattr(report, "validation", None) is not None:
+        out.append("")
+        out.append(format_validation_report(report.validation))
+    return "\n".join(out)
+
+
+def format_validation_report(report) -> str:
+    """The validation report as a table of checks plus the load phase.
+
+    Example:
+        >>> format_validation_report(report).splitlines()[0]
+        'serving-opt validate: VALIDATED clf version 1 (local: ...)'
+    """
+    verdict = "VALIDATED" if report.ok else "NOT VALIDATED"
+    out = [f"serving-opt validate: {verdict} {report.model_name} version {report.version} "
+           f"({report.backend}: {report.backend_note})",
+           f"  model base {report.model_base}",
+           f"  reference  {report.reference_dir}"]
+    if report.warmup_file:
+        out.append(f"  warmup     {report.warmup_file}")
+    out.append("")
+    out.append(table(["check", "ok", "detail"],
+                     [[c.name, "yes" if c.ok else "NO", c.detail] for c in report.checks]))
+    if report.load_test is not None:
+        lt = report.load_test
+        out.append("")
+        out.append(table(
+            ["load phase", "clients", "seconds", "requests", "errors", "req/s", "p50 ms",
+             "p99 ms"],
+            [["gRPC", lt.concurrency, f"{lt.seconds:.1f}", lt.requests, lt.errors,
+              f"{lt.requests_per_second:.0f}", f"{lt.p50_ms:.2f}", f"{lt.p99_ms:.2f}"]]))
+    if report.failures:
+        out.append("")
+        out.extend(f"FAILED: {f}" for f in report.failures)
+        if report.server_log_tail:
+            out.append("server log (last lines):")
+            out.extend("  " + line for line in report.server_log_tail.rstrip().splitlines())
     return "\n".join(out)

@@ -21,7 +21,7 @@ import numpy as np
 VOCABULARY = ("apple", "banana", "cherry", "date", "elderberry", "fig", "grape", "honeydew")
 CLASS_NAMES = ("negative", "neutral", "positive")
 
-_KINDS = ("classifier", "regressor", "convnet", "keras")
+_KINDS = ("classifier", "multihead", "regressor", "convnet", "keras")
 
 
 def _tf():
@@ -51,7 +51,8 @@ def _feature_columns(vocab_path: str):
         # so parity checks compare meaningful probabilities.
         fc.numeric_column("age", normalizer_fn=lambda x: (x - 45.0) / 15.0),
         fc.numeric_column(
-            "clicks", dtype=_tf().int64, normalizer_fn=lambda x: (_tf().cast(x, "float32") - 25.0) / 15.0
+            "clicks", dtype=_tf().int64,
+            normalizer_fn=lambda x: (_tf().cast(x, "float32") - 25.0) / 15.0,
         ),
     ]
 
@@ -127,13 +128,15 @@ def _fused_batch_norm(x, name: str, seed: int):
     return y
 
 
-def build_classifier(export_dir: str, seed: int = 0) -> str:
+def build_classifier(export_dir: str, seed: int = 0, with_regression: bool = False) -> str:
     """Writes an Estimator-like DNN classifier SavedModel to ``export_dir``.
 
     Features parsed from serialized tf.Examples: ``word`` (vocabulary-file
     embedding), ``city`` (hashed embedding), ``age`` (float), ``clicks`` (int64).
     A hidden layer with batch norm in inference mode feeds three classes.
-    Signatures: ``serving_default`` and ``classification`` (classify), ``predict``.
+    Signatures: ``serving_default`` and ``classification`` (classify), ``predict``;
+    with ``with_regression`` also ``positive_score`` (regress: P(positive)), a model
+    TF Serving's MultiInference can query with both kinds at once.
 
     Example:
         >>> build_classifier("/tmp/models/clf/1")
@@ -166,15 +169,15 @@ def build_classifier(export_dir: str, seed: int = 0) -> str:
             {"examples": serialized},
             {"probabilities": probabilities, "class_ids": class_ids, "logits": logits},
         )
+        signatures = {"serving_default": classify, "classification": classify,
+                      "predict": predict}
+        if with_regression:
+            positive = tf.identity(probabilities[:, 2:3], name="positive_score")
+            signatures["positive_score"] = sigs.regression_signature_def(serialized, positive)
         main_op = tf.group(v1.local_variables_initializer(), v1.tables_initializer())
         with v1.Session(graph=graph) as sess:
             sess.run(v1.global_variables_initializer())
-            _save_tf1(
-                sess,
-                export_dir,
-                {"serving_default": classify, "classification": classify, "predict": predict},
-                main_op,
-            )
+            _save_tf1(sess, export_dir, signatures, main_op)
     return export_dir
 
 
@@ -268,6 +271,7 @@ def build_keras(export_dir: str, seed: int = 0) -> str:
 
 _BUILDERS = {
     "classifier": build_classifier,
+    "multihead": lambda export_dir, seed=0: build_classifier(export_dir, seed, True),
     "regressor": build_regressor,
     "convnet": build_convnet,
     "keras": build_keras,

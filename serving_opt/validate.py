@@ -96,6 +96,7 @@ class ValidationReport:
     ok: bool
     backend: str
     backend_note: str
+    address: str
     model_name: str
     model_base: str
     version: int
@@ -151,9 +152,16 @@ def wait_until_available(address: str, model_name: str, version: int,
     try:
         while time.monotonic() < deadline:
             if server is not None and server.exit_code() is not None:
+                log = server.log_tail(200)
+                failure = load_failure(log)
+                if failure:
+                    raise ServingOptError(
+                        f"the server failed to load {model_name} version {version}: {failure}",
+                        f"fix the model; full server log: {server.log_path}",
+                    )
                 raise ServingOptError(
                     f"the {server.backend} server exited with code {server.exit_code()} "
-                    f"before version {version} became AVAILABLE: {_last_line(server.log_tail())}",
+                    f"before version {version} became AVAILABLE: {_last_line(log)}",
                     f"see its log: {server.log_path}",
                 )
             request = status_pb2.GetModelStatusRequest()
@@ -185,6 +193,26 @@ def wait_until_available(address: str, model_name: str, version: int,
         "raise --load_deadline, or check the server log"
         + (f" ({server.log_path})" if server else ""),
     )
+
+
+def load_failure(log: str) -> str | None:
+    """The load error in a TF Serving log ("Loading servable: {...} failed: ..."), one line.
+
+    Example:
+        >>> load_failure("E Loading servable: {name: m version: 1} failed: NOT_FOUND: x")
+        'NOT_FOUND: x'
+    """
+    lines = log.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i]
+        if "Loading servable" in line and "failed:" in line:
+            head = line.split("failed:", 1)[1].strip()
+            tail = [ln.strip() for ln in lines[i + 1:i + 12]
+                    if ln.strip() and not ln.strip().startswith(("[[", "Detected at", "Node:"))
+                    and "serving-opt serve:" not in ln]
+            cause = tail[-1] if tail else ""
+            return f"{head} {cause}".strip() if cause and cause not in head else head
+    return None
 
 
 def _last_line(text: str) -> str:
@@ -366,7 +394,8 @@ def _multi_inference_probe(sess, ref_mg, classify_key, regress_key, records, mod
     def check(response) -> str:
         if len(response.results) != 2:
             return f"{len(response.results)} results for 2 tasks"
-        problems = [c(r) for c, r in zip(checks, response.results)]
+        problems = [c(getattr(r, r.WhichOneof("result") or "classification_result"))
+                    for c, r in zip(checks, response.results)]
         return "; ".join(p for p in problems if p)
 
     return _Probe(f"MultiInference {classify_key}+{regress_key}", "MultiInference", request,
@@ -576,6 +605,7 @@ def _finish(backend, model_name, model_base, version, reference_dir, checks, loa
         ok=not failures,
         backend=backend,
         backend_note=_BACKEND_NOTES[backend],
+        address=server.address,
         model_name=model_name,
         model_base=model_base,
         version=version,

@@ -35,6 +35,12 @@ def classifier_dir(classifier_base) -> str:
 
 
 @pytest.fixture(scope="session")
+def multihead_base(tmp_path_factory) -> str:
+    """The classifier plus a regress signature: classify + regress in one model."""
+    return _build(tmp_path_factory, "multihead")
+
+
+@pytest.fixture(scope="session")
 def regressor_base(tmp_path_factory) -> str:
     """TF1 linear regressor: regress + predict signatures over tf.Examples."""
     return _build(tmp_path_factory, "regressor")

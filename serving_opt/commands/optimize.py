@@ -63,6 +63,21 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_bool("json", False, "Print the report as JSON instead of a table.",
                       flag_values=fv)
     flags.DEFINE_bool("progress", True, "Print stage progress on stderr.", flag_values=fv)
+    flags.DEFINE_bool("validate", False,
+                      "Before publishing, serve the result over gRPC and compare every "
+                      "signature's answers with the input model (see serving-opt validate).",
+                      flag_values=fv)
+    flags.DEFINE_enum("server", "auto", ["auto", "docker", "binary", "local"],
+                      "Model server for --validate.", flag_values=fv)
+    flags.DEFINE_string("image", None, "Docker image for --server=docker.", flag_values=fv)
+    flags.DEFINE_bool("write_warmup", False,
+                      "With --validate: write the validation requests as "
+                      "assets.extra/tf_serving_warmup_requests into the published model.",
+                      flag_values=fv)
+    flags.DEFINE_integer("concurrency", 8, "With --validate: clients in the load phase.",
+                         flag_values=fv)
+    flags.DEFINE_float("duration", 5.0, "With --validate: seconds of the load phase.",
+                       flag_values=fv)
     cli.required("input_dir", fv)
     cli.required("output_base", fv)
 
@@ -86,6 +101,22 @@ def main(fv: flags.FlagValues) -> int:
         rtol=fv.rtol,
         benchmark_runs=fv.benchmark_runs,
     )
+    if fv.write_warmup and not fv.validate:
+        raise UsageError("--write_warmup needs --validate",
+                         "add --validate (warmup requests are the validated requests)")
+    if fv.validate:
+        import dataclasses
+
+        from serving_opt.validate import ValidateOptions
+
+        validate_options = ValidateOptions(
+            server=fv.server, examples=fv.examples, saved_model_tags=fv.saved_model_tags,
+            concurrency=fv.concurrency, duration=fv.duration, atol=fv.atol, rtol=fv.rtol,
+            write_warmup=fv.write_warmup,
+        )
+        if fv.image:
+            validate_options = dataclasses.replace(validate_options, image=fv.image)
+        options = dataclasses.replace(options, validate=validate_options)
     progress = (lambda m: print(m, file=sys.stderr, flush=True)) if fv.progress else None
     try:
         result = optimize(fv.input_dir, fv.output_base, options, progress)
