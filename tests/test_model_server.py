@@ -24,12 +24,13 @@ from tensorflow_serving.apis import (  # noqa: E402
     inference_pb2,
     model_service_pb2_grpc,
     predict_pb2,
+    prediction_log_pb2,
     prediction_service_pb2_grpc,
     regression_pb2,
 )
 
 from serving_opt import samples  # noqa: E402
-from serving_opt.model_server import ServerOptions, serve  # noqa: E402
+from serving_opt.model_server import ServerOptions, ServerStartError, serve  # noqa: E402
 from serving_opt.model_server.prediction_service import PredictionService  # noqa: E402
 from serving_opt.model_server.request_options import RequestOptions  # noqa: E402
 
@@ -81,6 +82,15 @@ def build_slow(export_dir: str) -> str:
                 sess, ["serve"], signature_def_map={"serving_default": signature}
             )
             builder.save()
+    # SignatureDef.defaults has no Python builder API: add n=7 to the saved proto.
+    pb_path = os.path.join(export_dir, "saved_model.pb")
+    saved_model = saved_model_pb2.SavedModel()
+    with open(pb_path, "rb") as f:
+        saved_model.ParseFromString(f.read())
+    defaults = saved_model.meta_graphs[0].signature_def["serving_default"].defaults
+    defaults["n"].CopyFrom(tf.make_tensor_proto(np.int64(7)))
+    with open(pb_path, "wb") as f:
+        f.write(saved_model.SerializeToString())
     return export_dir
 
 
@@ -365,6 +375,12 @@ def test_predict_with_a_scalar_input_returns_a_scalar(predictions):
     assert count.tensor_shape.dim == [] and list(count.int64_val) == [5]
 
 
+def test_predict_uses_signature_defaults_for_missing_inputs(predictions):
+    response = predictions.Predict(predict_request("slow"), timeout=30)
+
+    assert list(response.outputs["count"].int64_val) == [7]
+
+
 def test_predict_output_filter_returns_only_the_requested_aliases(predictions):
     request = predict_request("cnn", images=np.zeros((1, 16, 16, 3), np.float32))
     request.output_filter.append("label")
@@ -603,3 +619,52 @@ def test_get_model_status_unknown_model_is_not_found(models):
 
     assert error.code() == grpc.StatusCode.NOT_FOUND
     assert error.details() == "Could not find any versions of model nope"
+
+
+# ------------------------------------------------------------------------- warmup
+
+
+def write_warmup(version_dir: str, logs) -> None:
+    extra = os.path.join(version_dir, "assets.extra")
+    os.makedirs(extra, exist_ok=True)
+    with tf.io.TFRecordWriter(os.path.join(extra, "tf_serving_warmup_requests")) as writer:
+        for log in logs:
+            writer.write(log.SerializeToString())
+
+
+def test_warmup_replays_classify_regress_and_multi_inference_logs(bases, model_copy):
+    base = model_copy(bases["multi"])
+    examples = [x_example([1, 2]), x_example([3, 4])]
+    classify = prediction_log_pb2.PredictionLog()
+    classify.classify_log.request.CopyFrom(classification_request("any", examples, "classify"))
+    regress = prediction_log_pb2.PredictionLog()
+    regress.regress_log.request.model_spec.signature_name = "regress"
+    regress.regress_log.request.input.CopyFrom(classify.classify_log.request.input)
+    multi = prediction_log_pb2.PredictionLog()
+    multi.multi_inference_log.request.CopyFrom(
+        multi_request(("any", "classify", CLASSIFY), ("any", "regress", REGRESS),
+                      examples=examples)
+    )
+    write_warmup(os.path.join(base, "1"), [classify, regress, multi])
+
+    server = serve(ServerOptions(model_name="m", model_base_path=base, port=0,
+                                 max_num_load_retries=0))  # raises if any replay fails
+    try:
+        assert server.available_versions() == {"m": [1]}
+    finally:
+        server.stop()
+
+
+def test_a_failing_classify_warmup_log_fails_the_load(bases, model_copy):
+    base = model_copy(bases["multi"])
+    classify = prediction_log_pb2.PredictionLog()
+    classify.classify_log.request.CopyFrom(
+        classification_request("any", [x_example([1, 2])], "nope")
+    )
+    write_warmup(os.path.join(base, "1"), [classify])
+
+    with pytest.raises(ServerStartError) as info:
+        serve(ServerOptions(model_name="m", model_base_path=base, port=0,
+                            max_num_load_retries=0))
+
+    assert "INVALID_ARGUMENT: No signature was found with the name: nope" in str(info.value)
