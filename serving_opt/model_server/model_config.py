@@ -15,11 +15,7 @@ from __future__ import annotations
 import os
 import re
 
-from serving_opt.model_server.status import (
-    ServingStatusError,
-    invalid_argument,
-    not_found,
-)
+from serving_opt.model_server.status import invalid_argument, not_found
 
 TENSORFLOW_PLATFORM = "tensorflow"
 _URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -157,13 +153,3 @@ def model_configs(config) -> list:
         return []
     return list(config.model_config_list.config)
 
-
-__all__ = [
-    "ServingStatusError",
-    "model_configs",
-    "parse_config_text",
-    "platform_of",
-    "read_config_file",
-    "single_model_config",
-    "validate",
-]

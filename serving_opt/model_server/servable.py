@@ -32,6 +32,7 @@ from serving_opt.model_server.status import (
     ServingStatusError,
     from_tf_error,
     not_found,
+    unimplemented,
 )
 
 SAVED_MODEL_PB = "saved_model.pb"
@@ -178,12 +179,18 @@ class Servable:
         meta_graph_def = find_meta_graph(read_saved_model(path), options.tags)
         graph = tf.Graph()
         session = tf.compat.v1.Session(graph=graph, config=options.session_config)
+        if not all(hasattr(session, a) for a in ("_call_tf_sessionrun", "_extend_graph")):
+            session.close()
+            raise unimplemented(
+                f"TensorFlow {tf.__version__} lacks the Session internals the local server "
+                "runs requests through (Session._call_tf_sessionrun); use TensorFlow 2.15-2.21"
+            )
         try:
             with graph.as_default():
                 tf.compat.v1.saved_model.loader.load(session, list(options.tags), path)
             # The loader built the graph after the session was created: push it to the C
             # session once, then freeze it so request threads never mutate it.
-            session._extend_graph()  # noqa: SLF001 - the C-API path needs the full graph
+            session._extend_graph()  # the C-API path needs the full graph
             graph.finalize()
         except BaseException as e:
             session.close()
@@ -204,7 +211,7 @@ class Servable:
             if feed:
                 raise not_found(f"FeedInputs: unable to find feed output {name}") from None
             raise not_found(f"FetchOutputs node {name}: not found") from None
-        entry = (tensor._as_tf_output(), tensor.dtype.as_datatype_enum)  # noqa: SLF001
+        entry = (tensor._as_tf_output(), tensor.dtype.as_datatype_enum)
         with self._outputs_lock:
             self._outputs[key] = entry
         return entry
@@ -234,7 +241,7 @@ class Servable:
             run_options = tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_ms))
             options = pywrap_tf_session.TF_NewBufferFromString(run_options.SerializeToString())
         try:
-            values = self._session._call_tf_sessionrun(  # noqa: SLF001 - see module doc
+            values = self._session._call_tf_sessionrun(  # private on purpose: see module doc
                 options, feed_dict, [out for out, _ in outputs], [], None
             )
         except tf.errors.OpError as e:
