@@ -58,6 +58,10 @@ def _quiet_tensorflow(verbosity: int) -> None:
         from absl import logging as absl_logging
 
         absl_logging.set_verbosity(absl_logging.ERROR)
+        # TF 2.19+ prints CUDA/CPU-feature lines from C++ at import, before logging is set up.
+        from serving_opt import loader
+
+        loader.quiet_tensorflow_import()
 
 
 def run(argv: Sequence[str] | None = None, default_command: str | None = None) -> int:
@@ -99,10 +103,16 @@ def main(argv: Sequence[str] | None = None, default_command: str | None = None) 
         )
         return EXIT_USAGE
 
-    module = _command_module(command)
+    try:
+        module = _command_module(command)
+    except ImportError as e:
+        print(f"{PROG} {command}: internal error: cannot import the command ({e}); "
+              "reinstall with `make venv`", file=sys.stderr)
+        return EXIT_FAILURE
     fv = flags.FlagValues()
     flags.DEFINE_integer(
-        "verbosity", 0, "0: one-line errors; 1: tracebacks and TensorFlow logs.", flag_values=fv
+        "verbosity", 0, "0: one-line errors; 1: tracebacks and TensorFlow logs.", flag_values=fv,
+        module_name=module.__name__,
     )
     module.define_flags(fv)
     if any(a in ("-h", "--help", "-help", "--helpfull") for a in args):

@@ -76,9 +76,6 @@ def read_saved_model(path: str):
         >>> [sorted(m.meta_info_def.tags) for m in sm.meta_graphs]
         [['serve']]
     """
-    from google.protobuf import message, text_format
-    from tensorflow.core.protobuf import saved_model_pb2
-
     if not os.path.exists(path):
         raise ServingOptError(
             f"SavedModel directory {path} does not exist",
@@ -91,6 +88,17 @@ def read_saved_model(path: str):
         )
     pb_path = os.path.join(path, "saved_model.pb")
     pbtxt_path = os.path.join(path, "saved_model.pbtxt")
+    if not os.path.exists(pb_path) and not os.path.exists(pbtxt_path):
+        hint = _version_dir_hint(path)
+        raise ServingOptError(
+            f"no saved_model.pb in {path}",
+            hint or "point at the directory written by tf.saved_model.save / "
+            "Estimator.export_saved_model / model.export",
+        )
+    # Imported only now: a typo in the path fails instantly, without TensorFlow's 3 s import.
+    from google.protobuf import message, text_format
+    from tensorflow.core.protobuf import saved_model_pb2
+
     saved_model = saved_model_pb2.SavedModel()
     if os.path.exists(pb_path):
         with open(pb_path, "rb") as f:
@@ -198,13 +206,19 @@ def find_init_op(meta_graph) -> InitOp | None:
         InitOp(name='group_deps', source='main_op')
     """
     sig = meta_graph.signature_def.get(INIT_OP_SIGNATURE_KEY)
-    if sig is not None and sig.outputs:
-        return InitOp(next(iter(sig.outputs.values())).name.split(":")[0], INIT_OP_SIGNATURE_KEY)
+    if sig is not None and INIT_OP_SIGNATURE_KEY in sig.outputs:
+        return InitOp(sig.outputs[INIT_OP_SIGNATURE_KEY].name.split(":")[0],
+                      INIT_OP_SIGNATURE_KEY)
+    # Like the C++ loader: a main_op collection, when present, wins even if empty;
+    # legacy_init_op is consulted only without one.
     for key, source in ((MAIN_OP_COLLECTION, "main_op"), (LEGACY_INIT_OP_COLLECTION,
                                                           "legacy_init_op")):
         col = meta_graph.collection_def.get(key)
-        if col is not None and col.node_list.value:
-            return InitOp(col.node_list.value[0].split(":")[0], source)
+        if col is None:
+            continue
+        if len(col.node_list.value) != 1:
+            return None
+        return InitOp(col.node_list.value[0].split(":")[0], source)
     return None
 
 
@@ -257,6 +271,23 @@ def select_signatures(meta_graph, keys: Sequence[str] | None) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
+def safe_asset_path(saved_model_dir: str, filename: str) -> str:
+    """``<dir>/assets/<filename>``, or "" when the name escapes the assets directory.
+
+    An absolute name or ``..`` would make the loader feed a path outside the model;
+    such a path is never opened or fed here.
+
+    Example:
+        >>> safe_asset_path("/m/1", "../../etc/passwd")
+        ''
+    """
+    assets = os.path.normpath(os.path.join(saved_model_dir, "assets"))
+    if os.path.isabs(filename):
+        return ""
+    path = os.path.normpath(os.path.join(assets, filename))
+    return path if path.startswith(assets + os.sep) else ""
+
+
 @dataclass(frozen=True)
 class AssetFile:
     """One asset wired into the graph: the tensor fed with its path at load time."""
@@ -287,8 +318,8 @@ def asset_files(meta_graph, saved_model_dir: str) -> list[AssetFile]:
                 defs.append(asset)
     out = []
     for asset in defs:
-        path = os.path.join(saved_model_dir, "assets", asset.filename)
-        size = os.path.getsize(path) if os.path.isfile(path) else -1
+        path = safe_asset_path(saved_model_dir, asset.filename)
+        size = os.path.getsize(path) if path and os.path.isfile(path) else -1
         out.append(AssetFile(asset.filename, asset.tensor_info.name, path, size))
     return out
 

@@ -154,7 +154,12 @@ def write_saved_model(graph: ServingGraph, export_dir: str) -> str:
         if os.path.isdir(src):
             shutil.copytree(src, os.path.join(export_dir, sub), dirs_exist_ok=True)
     for asset in graph.asset_file_defs:
-        copied = os.path.join(export_dir, "assets", asset.filename)
+        copied = loader.safe_asset_path(export_dir, asset.filename)
+        if not copied:
+            raise ServingOptError(
+                f"asset filename {asset.filename!r} escapes the assets directory",
+                "re-export the model; asset filenames must be relative names inside assets/",
+            )
         if not os.path.isfile(copied):
             raise ServingOptError(
                 f"asset {asset.filename} is declared by the model but missing from "

@@ -15,6 +15,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -227,10 +228,13 @@ def test_docker_backend_removes_its_container_on_stop(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ["PATH"])
     server = backends.make_server("docker", backends.ServerSpec("clf", str(tmp_path)))
     server.start()
+    deadline = time.monotonic() + 10
+    while not (calls.exists() and calls.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert server.exit_code() is None
     server.stop(timeout=5)
     lines = calls.read_text().splitlines()
-    name = lines[0].split("--name ")[1].split()[0]
     assert lines[0].startswith("run --rm --name serving-opt-")
+    name = lines[0].split("--name ")[1].split()[0]
     assert f"rm -f {name}" in lines
     assert server.exit_code() is not None
