@@ -20,11 +20,12 @@ demo: $(STAMP)
 	@$(PY) -m serving_opt.samples --kind=classifier --output_dir=build/sample/1
 	@echo; echo "== serving-opt inspect build/sample/1"
 	@$(VENV)/bin/serving-opt inspect --saved_model_dir=build/sample/1
-	@echo; echo "== serving-opt optimize build/sample/1 -> build/models/classifier"
+	@echo; echo "== serving-opt optimize --validate build/sample/1 -> build/models/classifier"
 	@$(VENV)/bin/serving-opt optimize --input_dir=build/sample/1 \
 	  --output_base=build/models/classifier --version=1 --overwrite \
-	  --report=build/optimize-report.json
-	@echo; echo "JSON report: build/optimize-report.json"
+	  --validate --server=auto --write_warmup --duration=3 \
+	  --report=build/report/optimize.json
+	@echo; echo "JSON report: build/report/optimize.json (marker: build/report/VALIDATED)"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check serving_opt tests

@@ -51,7 +51,9 @@ def _command_usage(name: str, fv: flags.FlagValues) -> str:
 def _quiet_tensorflow(verbosity: int) -> None:
     # TF's C++ and Python loggers bury the one line that matters; keep them quiet by default.
     if verbosity <= 0:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        # 3: TF's C++ errors too (cuInit on GPU-less machines, ignored transform errors);
+        # real failures still reach us as Python exceptions.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         import logging
 
         logging.getLogger("tensorflow").setLevel(logging.ERROR)

@@ -151,6 +151,15 @@ class ServingGraph:
                 out.extend(tensor_info_nodes(info))
         return list(dict.fromkeys(out))
 
+    def fed_nodes(self) -> list[str]:
+        """Nodes whose value is fed at run time: signature inputs, asset paths, the saver's
+        checkpoint path. Nothing downstream of them may be folded into a constant."""
+        fed = self.signature_input_nodes() + [node_name(a.tensor_info.name)
+                                              for a in self.asset_file_defs]
+        if self.saver_def is not None and self.saver_def.filename_tensor_name:
+            fed.append(node_name(self.saver_def.filename_tensor_name))
+        return list(dict.fromkeys(fed))
+
     def must_keep(self) -> list[str]:
         """Every node a stage must keep: signature tensors plus the protected set."""
         return list(dict.fromkeys(

@@ -76,6 +76,7 @@ class SizeReport:
     saved_model_pb: int
     variables: int
     assets: int
+    assets_extra: int = 0  # warmup requests and other serving extras
 
     @staticmethod
     def of(path: str) -> SizeReport:
@@ -89,7 +90,8 @@ class SizeReport:
             total=loader.dir_size(path),
             saved_model_pb=size("saved_model.pb"),
             variables=size("variables"),
-            assets=size("assets") + size("assets.extra"),
+            assets=size("assets"),
+            assets_extra=size("assets.extra"),
         )
 
 

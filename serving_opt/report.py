@@ -114,7 +114,8 @@ def format_optimize_report(report) -> str:
     before, after = report.size_before, report.size_after
     rows = []
     for label, attr in (("total", "total"), ("saved_model.pb", "saved_model_pb"),
-                        ("variables", "variables"), ("assets", "assets")):
+                        ("variables", "variables"), ("assets", "assets"),
+                        ("assets.extra", "assets_extra")):
         b = getattr(before, attr)
         a = getattr(after, attr) if after else None
         rows.append([label, human_bytes(b), human_bytes(a), ratio(b, a)])

@@ -217,6 +217,21 @@ def _pywrap():
     return _pywrap_transform_graph
 
 
+_ANCHOR = "serving_opt/keep_anchor"
+# Transforms that build a session and fetch the outputs by tensor name.
+_FETCHING_TRANSFORMS = frozenset({"fold_constants", "quantize_nodes",
+                                  "freeze_requantization_ranges"})
+
+
+def _has_no_outputs(op: str) -> bool:
+    from tensorflow.python.framework import op_def_registry
+
+    if op == "NoOp":
+        return True
+    op_def = op_def_registry.get(op)
+    return op_def is not None and not op_def.output_arg
+
+
 _FUSED_BN_V2_V3 = frozenset({"FusedBatchNormV2", "FusedBatchNormV3"})
 
 
@@ -277,29 +292,50 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...]) -> 
     # node into a float Placeholder. Other fed tensors are kept as outputs instead.
     inputs = [n for n in graph.signature_input_nodes() if node_ops.get(n) == "Placeholder"]
     outputs = [n for n in graph.must_keep() if n not in inputs]
-    spec = " ".join(t.spec() for t in transforms)
-    graph_def = graph.graph_def
+    graph_def = type(graph.graph_def)()
+    graph_def.CopyFrom(graph.graph_def)
     if any(t.name == "fold_old_batch_norms" for t in transforms):
-        graph_def = type(graph_def)()
-        graph_def.CopyFrom(graph.graph_def)
         downgrade_foldable_batch_norms(graph_def, set(outputs))
-    try:
-        out_bytes = _pywrap().TransformGraphWithStringInputs(
-            graph_def.SerializeToString(),
-            ",".join(inputs),
-            ",".join(outputs),
-            spec,
-        )
-    except ServingOptError:
-        raise
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ServingOptError(
-            f"the Graph Transform Tool failed on {spec!r}: {first}",
-            "drop or fix the failing transform in --transforms",
-        ) from e
+    # Transforms that run the graph (fold_constants) fetch every output by tensor, and a
+    # NoOp init op or a table initializer has no tensor: the tool then fails, or with
+    # ignore_errors=true silently skips the whole transform. Those nodes hang off one
+    # anchor Const instead (control inputs keep them alive), removed afterwards.
+    silent = [n for n in outputs if _has_no_outputs(node_ops.get(n, ""))]
+    tensor_outputs = [n for n in outputs if n not in silent]
+    if silent:
+        anchor = graph_def.node.add()
+        anchor.name, anchor.op = _ANCHOR, "Const"
+        anchor.attr["dtype"].type = 3  # DT_INT32
+        anchor.attr["value"].tensor.dtype = 3
+        anchor.attr["value"].tensor.int_val.append(0)
+        anchor.input.extend("^" + n for n in silent)
+    data = graph_def.SerializeToString()
+    # Folding treats its inputs as feeds: every fed node (asset paths fed at load, the
+    # saver's checkpoint path, non-Placeholder signature inputs) goes in, or its consumer
+    # would be folded with the export-time value baked in.
+    fed = [n for n in graph.fed_nodes() if n in node_ops]
+    for transform in transforms:
+        fetching = transform.name in _FETCHING_TRANSFORMS
+        these_inputs = fed if fetching else inputs
+        keep = [n for n in tensor_outputs if not (fetching and n in fed)]
+        keep += ([_ANCHOR] if silent else []) + ([] if fetching else silent)
+        try:
+            data = _pywrap().TransformGraphWithStringInputs(
+                data, ",".join(these_inputs), ",".join(keep), transform.spec())
+        except ServingOptError:
+            raise
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ServingOptError(
+                f"the Graph Transform Tool failed on {transform.spec()!r}: {first}",
+                "drop or fix the failing transform in --transforms",
+            ) from e
+    out_bytes = data
     result = graph_pb2.GraphDef()
     result.ParseFromString(out_bytes)
+    kept = [n for n in result.node if n.name != _ANCHOR]
+    del result.node[:]
+    result.node.extend(kept)
     # The tool rebuilds the GraphDef from nodes only; keep the function library.
     if graph.graph_def.library.function and not result.library.function:
         result.library.CopyFrom(graph.graph_def.library)

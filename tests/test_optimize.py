@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -253,3 +254,20 @@ def test_optimized_model_loads_with_the_tf2_loader(optimized_classifier):
     examples = tf.constant(samples.sample_examples(4))
     outputs = loaded.signatures["predict"](examples=examples)
     assert outputs["probabilities"].shape == (4, len(samples.CLASS_NAMES))
+
+
+def test_optimized_model_works_after_moving_it_and_deleting_the_source(
+        classifier_dir, model_copy, tmp_path):
+    # Catches asset paths baked in at export or optimize time: the table must be fed
+    # the path of the vocabulary inside the optimized model, wherever it lives.
+    src = model_copy(classifier_dir, "source")
+    report = optimize(src, str(tmp_path / "out"), FAST)
+    shutil.rmtree(src)
+    moved = str(tmp_path / "elsewhere" / "1")
+    shutil.move(report.output_dir, moved)
+    examples = np.array(samples.sample_examples(16, seed=3), dtype=object)
+    expected = _run(classifier_dir, "predict", {"examples": examples})
+    actual = _run(moved, "predict", {"examples": examples})
+    np.testing.assert_array_equal(actual["class_ids"], expected["class_ids"])
+    np.testing.assert_allclose(actual["probabilities"], expected["probabilities"],
+                               rtol=1e-4, atol=1e-5)

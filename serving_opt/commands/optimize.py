@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import sys
 
 from absl import flags
@@ -131,6 +132,10 @@ def main(fv: flags.FlagValues) -> int:
 def _emit(result, fv: flags.FlagValues) -> None:
     if fv.report:
         report.write_json(result, fv.report)
+        if getattr(result, "validation", None) is not None:
+            from serving_opt.validate import write_marker
+
+            write_marker(result.validation, os.path.dirname(os.path.abspath(fv.report)))
     if fv.json:
         import json
 
