@@ -87,7 +87,7 @@ def check_protobuf_limit(sizes: dict[str, int], limit_bytes: int = PROTOBUF_LIMI
         Traceback (most recent call last):
         ServingOptError: variable emb is 3.00 GiB as a constant, ...
     """
-    budget = limit_bytes - _GRAPH_MARGIN_BYTES
+    budget = limit_bytes - min(_GRAPH_MARGIN_BYTES, limit_bytes // 32)
     for name, size in sorted(sizes.items(), key=lambda kv: -kv[1]):
         if size > budget:
             raise ServingOptError(
