@@ -66,6 +66,21 @@ def _quiet_tensorflow(verbosity: int) -> None:
         loader.quiet_tensorflow_import()
 
 
+def _terminate_like_interrupt() -> None:
+    """SIGTERM (a cancelled pipeline step, `docker stop`) unwinds like Ctrl-C, so the
+    `finally` blocks run: servers we started are stopped, staging dirs removed."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def run(argv: Sequence[str] | None = None, default_command: str | None = None) -> int:
     """Parses ``argv`` (default ``sys.argv``) and runs one command; exits the process.
 
@@ -144,6 +159,7 @@ def main(argv: Sequence[str] | None = None, default_command: str | None = None) 
 
     verbosity = fv.verbosity
     _quiet_tensorflow(verbosity)
+    _terminate_like_interrupt()
     try:
         return int(module.main(fv) or 0)
     except ServingOptError as e:
@@ -152,7 +168,8 @@ def main(argv: Sequence[str] | None = None, default_command: str | None = None) 
         print(f"{PROG} {command}: error: {e.one_line()}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print(f"{PROG} {command}: interrupted", file=sys.stderr)
+        print(f"{PROG} {command}: interrupted; stopped the servers and removed the "
+              "staging directories it had started", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - the last line of defence for a one-line error
         if verbosity > 0:

@@ -238,3 +238,22 @@ def test_docker_backend_removes_its_container_on_stop(tmp_path, monkeypatch):
     name = lines[0].split("--name ")[1].split()[0]
     assert f"rm -f {name}" in lines
     assert server.exit_code() is not None
+
+
+def test_sigterm_during_validation_stops_the_server_it_started(regressor_base):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "serving_opt.cli", "validate", f"--model_base={regressor_base}",
+         "--server=local", "--concurrency=2", "--duration=60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    address = None
+    for line in process.stderr:
+        if "starting the local server on " in line:
+            address = line.split(" on ")[1].strip()
+        if line.startswith("load phase"):
+            break
+    assert address, "validate never started a server"
+    process.terminate()
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert "interrupted" in stderr
+    assert _port_closed(address)
