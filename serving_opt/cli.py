@@ -167,6 +167,11 @@ def main(argv: Sequence[str] | None = None, default_command: str | None = None) 
             traceback.print_exc()
         print(f"{PROG} {command}: error: {e.one_line()}", file=sys.stderr)
         return e.exit_code
+    except BrokenPipeError:
+        # `serving-opt inspect ... | head`: the reader left; stop quietly like Unix tools.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         print(f"{PROG} {command}: interrupted; stopped the servers and removed the "
               "staging directories it had started", file=sys.stderr)

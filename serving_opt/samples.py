@@ -71,6 +71,26 @@ def _save_tf1(sess, export_dir: str, signature_def_map: dict, main_op) -> None:
     builder.save()
 
 
+def _parsed_features(scratch: str):
+    """The Estimator parsing receiver: serialized tf.Examples in, the input layer out."""
+    tf = _tf()
+    v1 = tf.compat.v1
+    columns = _feature_columns(_write_vocabulary(scratch))
+    serialized = v1.placeholder(tf.string, [None], name="input_example_tensor")
+    features = v1.io.parse_example(serialized, tf.feature_column.make_parse_example_spec(columns))
+    return serialized, v1.feature_column.input_layer(features, columns)
+
+
+def _save_with_tables(graph, export_dir: str, signatures: dict) -> None:
+    """Saves with Estimator's init op: local variables and tables initialized at load."""
+    v1 = _tf().compat.v1
+    with graph.as_default():
+        main_op = _tf().group(v1.local_variables_initializer(), v1.tables_initializer())
+        with v1.Session(graph=graph) as sess:
+            sess.run(v1.global_variables_initializer())
+            _save_tf1(sess, export_dir, signatures, main_op)
+
+
 def _random_initializer(seed: int, stddev: float = 0.5):
     return _tf().compat.v1.random_normal_initializer(stddev=stddev, seed=seed)
 
@@ -147,13 +167,7 @@ def build_classifier(export_dir: str, seed: int = 0, with_regression: bool = Fal
     sigs = v1.saved_model.signature_def_utils
     with tf.Graph().as_default() as graph, tempfile.TemporaryDirectory() as scratch:
         v1.set_random_seed(seed)
-        vocab_path = _write_vocabulary(scratch)
-        columns = _feature_columns(vocab_path)
-        serialized = v1.placeholder(tf.string, [None], name="input_example_tensor")
-        features = v1.io.parse_example(
-            serialized, tf.feature_column.make_parse_example_spec(columns)
-        )
-        net = v1.feature_column.input_layer(features, columns)
+        serialized, net = _parsed_features(scratch)
         net = _dense(net, 16, "hidden", seed + 1)
         net = tf.nn.relu(_batch_norm(net, "hidden_bn", seed + 3))
         logits = _dense(net, len(CLASS_NAMES), "logits_layer", seed + 7)
@@ -174,10 +188,7 @@ def build_classifier(export_dir: str, seed: int = 0, with_regression: bool = Fal
         if with_regression:
             positive = tf.identity(probabilities[:, 2:3], name="positive_score")
             signatures["positive_score"] = sigs.regression_signature_def(serialized, positive)
-        main_op = tf.group(v1.local_variables_initializer(), v1.tables_initializer())
-        with v1.Session(graph=graph) as sess:
-            sess.run(v1.global_variables_initializer())
-            _save_tf1(sess, export_dir, signatures, main_op)
+        _save_with_tables(graph, export_dir, signatures)
     return export_dir
 
 
@@ -195,28 +206,17 @@ def build_regressor(export_dir: str, seed: int = 0) -> str:
     sigs = v1.saved_model.signature_def_utils
     with tf.Graph().as_default() as graph, tempfile.TemporaryDirectory() as scratch:
         v1.set_random_seed(seed)
-        vocab_path = _write_vocabulary(scratch)
-        columns = _feature_columns(vocab_path)
-        serialized = v1.placeholder(tf.string, [None], name="input_example_tensor")
-        features = v1.io.parse_example(
-            serialized, tf.feature_column.make_parse_example_spec(columns)
-        )
-        net = v1.feature_column.input_layer(features, columns)
+        serialized, net = _parsed_features(scratch)
         predictions = _dense(net, 1, "linear", seed + 1)
         predictions = tf.identity(predictions, name="predictions")
         regress = sigs.regression_signature_def(serialized, predictions)
         predict = sigs.predict_signature_def(
             {"examples": serialized}, {"predictions": predictions}
         )
-        main_op = tf.group(v1.local_variables_initializer(), v1.tables_initializer())
-        with v1.Session(graph=graph) as sess:
-            sess.run(v1.global_variables_initializer())
-            _save_tf1(
-                sess,
-                export_dir,
-                {"serving_default": regress, "regression": regress, "predict": predict},
-                main_op,
-            )
+        _save_with_tables(
+            graph, export_dir,
+            {"serving_default": regress, "regression": regress, "predict": predict},
+        )
     return export_dir
 
 
