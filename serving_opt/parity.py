@@ -21,6 +21,7 @@ import numpy as np
 
 from serving_opt import inputs as inputs_lib
 from serving_opt import loader
+from serving_opt.errors import ServingOptError
 
 DEFAULT_ATOL = 1e-5
 DEFAULT_RTOL = 1e-4
@@ -172,12 +173,29 @@ def check_parity(
             )
             sources[key] = sig_inputs.source
             per_output: dict[str, list] = {a: [] for a in sorted(ref_sig.outputs)}
+            failure = ""
             for feed in sig_inputs.batches:
-                expected = run_signature(ref_sess, ref_sig, feed)
-                actual = run_signature(cand_sess, cand_sig, feed)
+                try:
+                    expected = run_signature(ref_sess, ref_sig, feed)
+                except Exception as e:  # the original itself rejects these inputs
+                    raise ServingOptError(
+                        f"the original model fails on {sig_inputs.source} inputs for "
+                        f"signature {key}: {_first_line(e)}",
+                        "pass real inputs with --examples (TFRecord of tf.Example or JSON "
+                        "lines)",
+                    ) from e
+                try:
+                    actual = run_signature(cand_sess, cand_sig, feed)
+                except Exception as e:
+                    failure = f"the optimized model fails where the original answers: " \
+                              f"{_first_line(e)}"
+                    break
                 batches_run += 1
                 for alias in per_output:
                     per_output[alias].append((expected[alias], actual.get(alias)))
+            if failure:
+                results.append(OutputParity(key, "*", "", (), 0, 1, 0.0, 0.0, False, failure))
+                continue
             for alias, pairs in per_output.items():
                 results.append(_summarize(key, alias, pairs, atol, rtol))
     finally:
@@ -191,6 +209,10 @@ def check_parity(
         input_sources=sources,
         batches_run=batches_run,
     )
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _summarize(signature: str, alias: str, pairs: list, atol: float, rtol: float) -> OutputParity:

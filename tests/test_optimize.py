@@ -271,3 +271,12 @@ def test_optimized_model_works_after_moving_it_and_deleting_the_source(
     np.testing.assert_array_equal(actual["class_ids"], expected["class_ids"])
     np.testing.assert_allclose(actual["probabilities"], expected["probabilities"],
                                rtol=1e-4, atol=1e-5)
+
+
+def test_inputs_the_original_rejects_are_a_clear_error(convnet_dir, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"images": [[1.0, 2.0]]}) + "\n")  # wrong rank
+    with pytest.raises(ServingOptError, match="the original model fails on json:.*--examples"):
+        optimize(convnet_dir, str(tmp_path / "out"),
+                 OptimizeOptions(examples=str(path), benchmark_runs=0))
+    assert os.listdir(tmp_path / "out") == []
