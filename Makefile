@@ -30,7 +30,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check serving_opt tests
 
-pytest: $(STAMP)
+pytest: $(STAMP) bazel-setup  # tests/test_bazel.py calls bazel
 	$(PY) -m pytest -q tests
 
 test: $(STAMP) lint pytest bazel-test
