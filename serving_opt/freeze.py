@@ -53,6 +53,8 @@ class FreezeInfo:
     init_op: str | None
     dropped_variable_initializers: tuple[str, ...]
     kept_init_ops: tuple[str, ...]
+    # Variables deliberately left variables (TF2 asset paths, assigned by the init op).
+    variables_kept: tuple[str, ...] = ()
 
 
 def variable_sizes(graph_def) -> dict[str, int]:
@@ -77,6 +79,59 @@ def variable_sizes(graph_def) -> dict[str, int]:
         itemsize = dtype.size if dtype != dtypes.string else 0
         sizes[node.name] = elements * itemsize
     return sizes
+
+
+def reachable_nodes(graph_def, roots) -> set[str]:
+    """Names of the nodes ``roots`` depend on (data and control inputs), roots included.
+
+    Freezing only touches what the signatures and the init op reach; a TF2 SavedModel
+    holds every variable up to three times (the object, its checkpoint alias, the
+    saver's copy), so counting all of them would triple the frozen size.
+
+    Example:
+        >>> sorted(reachable_nodes(graph_def, ["logits"]))[:2]
+        ['hidden/MatMul', 'hidden/kernel']
+    """
+    inputs = {n.name: [node_name(i) for i in n.input] for n in graph_def.node}
+    seen: set[str] = set()
+    stack = [node_name(r) for r in roots]
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in inputs:
+            continue
+        seen.add(name)
+        stack.extend(inputs[name])
+    return seen
+
+
+_PASS_THROUGH = frozenset({"Identity", "IdentityN", "ReadVariableOp"})
+
+
+def asset_variables(graph_def, asset_nodes) -> frozenset[str]:
+    """Variables assigned from an asset tensor: TF2's way of holding an asset's path.
+
+    ``tf.saved_model.save`` stores each asset path in a string variable that the init
+    op assigns from the asset placeholder the loader feeds. Frozen, it would hold the
+    path the *source* was loaded from; kept, it keeps following the model's own assets.
+
+    Example:
+        >>> asset_variables(graph_def, ["asset_path_initializer"])
+        frozenset({'Variable'})
+    """
+    nodes = {n.name: n for n in graph_def.node}
+    assets = set(asset_nodes)
+    out = set()
+    for node in graph_def.node:
+        if node.op not in _VARIABLE_WRITE_OPS or len(node.input) < 2:
+            continue
+        target = nodes.get(node_name(node.input[0]))
+        source = nodes.get(node_name(node.input[1]))
+        while source is not None and source.op in _PASS_THROUGH and source.name not in assets:
+            source = nodes.get(node_name(source.input[0])) if source.input else None
+        if target is not None and target.op in _VARIABLE_OPS and source is not None \
+                and source.name in assets:
+            out.add(target.name)
+    return frozenset(out)
 
 
 def check_protobuf_limit(sizes: dict[str, int], limit_bytes: int = PROTOBUF_LIMIT_BYTES) -> None:
@@ -123,16 +178,20 @@ def _control_leaves(nodes: dict, root: str) -> list[str]:
     return leaves
 
 
-def _writes_variable(node, nodes: dict) -> bool:
+def _writes_variable(node, nodes: dict, keep: frozenset[str] = frozenset()) -> bool:
     if node.op not in _VARIABLE_WRITE_OPS or not node.input:
         return False
     target = nodes.get(node_name(node.input[0]))
-    return target is not None and target.op in _VARIABLE_OPS
+    return target is not None and target.op in _VARIABLE_OPS and target.name not in keep
 
 
-def rewrite_init_op(graph_def, init_op: str) -> tuple[object, list[str], list[str]]:
+def rewrite_init_op(graph_def, init_op: str,
+                    keep_variables: frozenset[str] = frozenset()) -> tuple[object, list[str],
+                                                                           list[str]]:
     """Drops variable initializers from the init op; keeps the rest (tables, ...).
 
+    Writes to ``keep_variables`` (variables that stay variables, such as the TF2
+    asset-path variables the init op assigns from the fed asset tensor) are kept.
     Returns ``(graph_def, kept_ops, dropped_ops)``; the init op keeps its name so
     the SavedModel's main_op / ``__saved_model_init_op`` still point at it.
 
@@ -151,7 +210,7 @@ def rewrite_init_op(graph_def, init_op: str) -> tuple[object, list[str], list[st
         )
     root = nodes[init_op]
     if root.op != "NoOp":
-        if _writes_variable(root, nodes):
+        if _writes_variable(root, nodes, keep_variables):
             root_copy = graph_pb2.GraphDef()
             root_copy.CopyFrom(graph_def)
             for node in root_copy.node:
@@ -162,7 +221,7 @@ def rewrite_init_op(graph_def, init_op: str) -> tuple[object, list[str], list[st
             return root_copy, [], [init_op]
         return graph_def, [init_op], []
     leaves = _control_leaves(nodes, init_op)
-    kept = [n for n in leaves if not _writes_variable(nodes[n], nodes)]
+    kept = [n for n in leaves if not _writes_variable(nodes[n], nodes, keep_variables)]
     dropped = [n for n in leaves if n not in kept]
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
@@ -233,6 +292,81 @@ def _drop_dangling_colocation(graph_def) -> None:
             del node.attr["_class"]
 
 
+def rewrite_resource_reads_in_functions(graph_def) -> int:
+    """Spells ``ResourceGather``/``VariableShape`` inside functions as a read plus the op.
+
+    TF's converter turns ``ReadVariableOp`` of a frozen variable into ``Identity``
+    everywhere, but leaves a ``ResourceGather`` (an embedding lookup) inside a function
+    untouched while its argument becomes a float tensor: the frozen graph is invalid
+    (tensorflow#53569, the embedding-model freezing failure). ``ReadVariableOp`` +
+    ``GatherV2`` computes the same, and freezes. Changes ``graph_def`` in place and
+    returns the number of nodes rewritten.
+
+    Example:
+        >>> rewrite_resource_reads_in_functions(keras_embedding_graph_def)
+        2
+    """
+    from tensorflow.core.framework import node_def_pb2
+
+    count = 0
+    for function in graph_def.library.function:
+        names = {n.name for n in function.node_def}
+        added = []
+        for node in function.node_def:
+            if node.op == "ResourceGather" and node.attr["batch_dims"].i == 0:
+                read, axis = f"{node.name}/serving_opt_read", f"{node.name}/serving_opt_axis"
+                if read in names or axis in names:
+                    continue
+                data = [i for i in node.input if not i.startswith("^")]
+                control = [i for i in node.input if i.startswith("^")]
+                dtype, tindices = node.attr["dtype"].type, node.attr["Tindices"].type
+                read_node = node_def_pb2.NodeDef(name=read, op="ReadVariableOp")
+                read_node.input.extend([data[0]] + control)
+                read_node.attr["dtype"].type = dtype
+                axis_node = node_def_pb2.NodeDef(name=axis, op="Const")
+                axis_node.attr["dtype"].type = 3  # DT_INT32
+                axis_node.attr["value"].tensor.dtype = 3
+                axis_node.attr["value"].tensor.int_val.append(0)
+                node.ClearField("attr")
+                node.op = "GatherV2"
+                del node.input[:]
+                # Function-body tensor names: node:output_arg:index.
+                node.input.extend([f"{read}:value:0", data[1], f"{axis}:output:0"] + control)
+                node.attr["Tparams"].type = dtype
+                node.attr["Tindices"].type = tindices
+                node.attr["Taxis"].type = 3
+                added.extend([read_node, axis_node])
+                count += 1
+            elif node.op == "VariableShape":
+                read = f"{node.name}/serving_opt_read"
+                if read in names:
+                    continue
+                out_type = node.attr["out_type"].type or 3
+                read_node = node_def_pb2.NodeDef(name=read, op="ReadVariableOp")
+                read_node.input.append(node.input[0])
+                read_node.attr["dtype"].type = _resource_dtype(function, node.input[0])
+                if not read_node.attr["dtype"].type:
+                    continue
+                node.ClearField("attr")
+                node.op = "Shape"
+                node.input[0] = f"{read}:value:0"
+                node.attr["T"].type = read_node.attr["dtype"].type
+                node.attr["out_type"].type = out_type
+                added.append(read_node)
+                count += 1
+        function.node_def.extend(added)
+    return count
+
+
+def _resource_dtype(function, resource_input: str) -> int:
+    """The value dtype of a resource argument/tensor, from the function's own reads."""
+    arg = resource_input.split(":")[0]
+    for node in function.node_def:
+        if node.op == "ReadVariableOp" and node.input and node.input[0].split(":")[0] == arg:
+            return node.attr["dtype"].type
+    return 0
+
+
 def freeze_session_model(
     saved_model_dir: str,
     tags: frozenset[str],
@@ -253,16 +387,17 @@ def freeze_session_model(
     sess, meta_graph = loader.load_session(saved_model_dir, tags)
     try:
         graph_def = sess.graph.as_graph_def()
-        sizes = variable_sizes(graph_def)
-        check_protobuf_limit(sizes, limit_bytes)
         signatures = {k: meta_graph.signature_def[k] for k in signature_keys}
         init_op = loader.init_op_name(meta_graph)
+        assets = _asset_defs(meta_graph, saved_model_dir)
+        asset_nodes = [node_name(a.tensor_info.name) for a in assets]
+        keep_variables = asset_variables(graph_def, asset_nodes)
         kept_init: list[str] = []
         dropped_init: list[str] = []
         if init_op:
-            graph_def, kept_init, dropped_init = rewrite_init_op(graph_def, init_op)
-        assets = _asset_defs(meta_graph, saved_model_dir)
-        asset_nodes = [node_name(a.tensor_info.name) for a in assets]
+            graph_def, kept_init, dropped_init = rewrite_init_op(graph_def, init_op,
+                                                                 keep_variables)
+        rewrite_resource_reads_in_functions(graph_def)
         present = {n.name for n in graph_def.node}
         table_init = [
             node_name(n) for n in meta_graph.collection_def[
@@ -282,9 +417,14 @@ def freeze_session_model(
         outputs = list(dict.fromkeys(
             sig_nodes + ([init_op] if init_op else []) + asset_nodes + table_init
         ))
+        reached = reachable_nodes(graph_def, outputs)
+        sizes = {name: size for name, size in variable_sizes(graph_def).items()
+                 if name in reached and name not in keep_variables}
+        check_protobuf_limit(sizes, limit_bytes)
         try:
             frozen = tf.compat.v1.graph_util.convert_variables_to_constants(
-                sess, graph_def, outputs
+                sess, graph_def, outputs,
+                variable_names_blacklist=sorted(keep_variables) or None,
             )
         except Exception as e:  # TF raises many types here; name the cause in one line
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -306,12 +446,19 @@ def freeze_session_model(
         ([init_op] if init_op else []) + asset_nodes + table_init + kept_init
         + stateful_nodes(frozen)
     ))
+    init_source = _init_op_source(meta_graph)
+    if init_source == "signature" and init_op in frozen_names and \
+            meta_graph.collection_def.get(loader.MAIN_OP_COLLECTION) is not None:
+        # tf.saved_model.save declares the init op twice (signature for TF2 loaders,
+        # main_op collection for older ones); keep both declarations.
+        collections[loader.MAIN_OP_COLLECTION] = [init_op]
     serving_graph = ServingGraph(
         graph_def=frozen,
         signature_defs=signatures,
         tags=frozenset(tags),
         init_op=init_op,
-        init_op_source=_init_op_source(meta_graph),
+        init_op_source=init_source,
+        init_op_signature=meta_graph.signature_def.get(loader.INIT_OP_SIGNATURE_KEY),
         asset_file_defs=assets,
         collections=collections,
         protected_nodes=tuple(n for n in protected if n in frozen_names),
@@ -323,6 +470,7 @@ def freeze_session_model(
         init_op=init_op,
         dropped_variable_initializers=tuple(dropped_init),
         kept_init_ops=tuple(kept_init),
+        variables_kept=tuple(sorted(keep_variables)),
     )
     return serving_graph, info
 
@@ -374,6 +522,7 @@ def load_unfrozen(
         tags=frozenset(tags),
         init_op=init_op,
         init_op_source=_init_op_source(meta_graph),
+        init_op_signature=meta_graph.signature_def.get(loader.INIT_OP_SIGNATURE_KEY),
         asset_file_defs=assets,
         protected_nodes=tuple(n for n in protected if n in names),
         source_dir=saved_model_dir,

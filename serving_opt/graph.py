@@ -92,6 +92,19 @@ def prune_library(graph_def) -> int:
     return removed
 
 
+def total_node_count(graph_def) -> int:
+    """Nodes of a GraphDef including those inside its library functions.
+
+    A TF2 SavedModel's top-level graph is a few calls into functions, so counting only
+    top-level nodes would compare a handful of calls with an inlined graph.
+
+    Example:
+        >>> total_node_count(meta_graph.graph_def)
+        2367
+    """
+    return len(graph_def.node) + sum(len(f.node_def) for f in graph_def.library.function)
+
+
 @dataclass(frozen=True)
 class ServingGraph:
     """A frozen serving graph and everything needed to write it back as a SavedModel.
@@ -108,6 +121,9 @@ class ServingGraph:
     # Where the init op is declared, so it is written back the same way:
     # "signature" (__saved_model_init_op), "main_op" or "legacy_init_op".
     init_op_source: str | None = None
+    # The source's ``__saved_model_init_op`` SignatureDef, written back verbatim while it
+    # still names ``init_op`` (TF2 models declare its shape as unknown rank, for one).
+    init_op_signature: object | None = None
     asset_file_defs: tuple = ()  # AssetFileDef protos
     # TF1 collections that still mean something after freezing (table_initializer, ...).
     collections: dict = field(default_factory=dict)
@@ -123,7 +139,13 @@ class ServingGraph:
         return dataclasses.replace(self, **changes)
 
     def node_count(self) -> int:
-        return len(self.graph_def.node)
+        """Nodes in the graph and in its library functions (where TF2 models keep theirs).
+
+        Example:
+            >>> serving_graph.node_count()
+            57
+        """
+        return total_node_count(self.graph_def)
 
     def op_histogram(self) -> dict[str, int]:
         """Op type -> count, including nodes inside library functions.

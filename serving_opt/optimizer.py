@@ -25,7 +25,7 @@ from serving_opt import loader, parity, writer
 from serving_opt import transforms as transforms_lib
 from serving_opt.benchmark import BenchmarkReport, benchmark
 from serving_opt.errors import ParityError, ServingOptError, UsageError, ValidationError
-from serving_opt.graph import ServingGraph, prune_library
+from serving_opt.graph import ServingGraph, prune_library, total_node_count
 
 FREEZE_MODES = ("auto", "always", "never")
 
@@ -209,68 +209,20 @@ def optimize(
     meta_graph = loader.find_meta_graph(saved_model, tags, input_dir)
     keys = loader.select_signatures(meta_graph, options.signatures)
     kind = "tf2" if loader.is_tf2(meta_graph) else "tf1"
-    nodes_before = len(meta_graph.graph_def.node)
+    nodes_before = total_node_count(meta_graph.graph_def)
     size_before = SizeReport.of(input_dir)
     stages.append(StageReport("read", time.perf_counter() - start, nodes_before,
                               f"{kind} model, signatures: {', '.join(keys)}"))
 
-    say(f"[2/7] freezing variables ({options.freeze})")
-    start = time.perf_counter()
-    graph, frozen, freeze_note = _freeze(input_dir, tags, keys, options.freeze)
-    stages.append(StageReport("freeze", time.perf_counter() - start, graph.node_count(),
-                              freeze_note))
-    if not frozen:
-        warnings.append(f"variables kept: {freeze_note}")
-
-    say(f"[3/7] Graph Transform Tool: {transforms_lib.describe(transforms) or 'none'}")
-    start = time.perf_counter()
-    graph = transforms_lib.apply_transforms(graph, transforms)
-    stages.append(StageReport("transforms", time.perf_counter() - start, graph.node_count(),
-                              f"{len(transforms)} transforms"))
-
-    say(f"[4/7] Grappler: {','.join(passes) or 'none'} x{options.grappler_rounds}")
-    start = time.perf_counter()
-    graph = grappler_lib.run_grappler(graph, passes, options.grappler_rounds)
-    stages.append(StageReport("grappler", time.perf_counter() - start, graph.node_count(),
-                              ",".join(passes)))
-
-    say("[5/7] writing the SavedModel")
-    start = time.perf_counter()
-    if graph.variables_dir is None:
-        graph_def = type(graph.graph_def)()
-        graph_def.CopyFrom(graph.graph_def)
-        removed = prune_library(graph_def)
-        graph = graph.replace(graph_def=graph_def)
-    else:
-        removed = 0
-    staging = writer.make_staging_dir(output_base, version)
+    build = _CandidateBuilder(input_dir, output_base, version, tags, keys, kind, transforms,
+                              lossy, passes, options, user_inputs, size_before, meta_graph,
+                              warnings, list(stages), say)
+    candidate = build.with_fallback()
+    graph, frozen, freeze_note = candidate.graph, candidate.frozen, candidate.freeze_note
+    stages.extend(candidate.stages)
+    parity_report, size_after, staging = candidate.parity, candidate.size_after, candidate.staging
     published_dir = None
     try:
-        writer.write_saved_model(graph, staging)
-        stages.append(StageReport("write", time.perf_counter() - start, graph.node_count(),
-                                  f"{removed} unused library functions dropped" if removed
-                                  else ""))
-
-        say(f"[6/7] parity gate on {len(keys)} signature(s)")
-        start = time.perf_counter()
-        parity_report = parity.check_parity(
-            input_dir, staging, tags, keys,
-            user_inputs=user_inputs, atol=options.atol, rtol=options.rtol,
-            batch_size=options.parity_batch_size, num_batches=options.parity_batches,
-            seed=options.seed,
-        )
-        stages.append(StageReport("parity", time.perf_counter() - start, graph.node_count(),
-                                  parity_report.summary()))
-        size_after = SizeReport.of(staging)
-        if not parity_report.ok:
-            report = _report(input_dir, output_base, None, version, False, kind, frozen,
-                             freeze_note, keys, transforms, lossy, passes, options, stages,
-                             size_before, size_after, meta_graph, graph, parity_report, None,
-                             warnings)
-            raise ParityError(
-                f"{parity_report.summary()}; nothing was published",
-                "drop the lossy transform, or loosen --atol/--rtol if the drift is acceptable",
-            ).with_report(report)
         validation = None
         if options.validate is not None:
             say("[6/7] serving the result over gRPC before publishing (validate)")
@@ -351,22 +303,211 @@ def _validate_staged(staging: str, input_dir: str, output_base: str, version: in
         os.rmdir(hidden_base)
 
 
-def _freeze(input_dir: str, tags: frozenset[str], keys: Sequence[str],
-            mode: str) -> tuple[ServingGraph, bool, str]:
-    if mode == "never":
-        return freeze_lib.load_unfrozen(input_dir, tags, keys), False, "--freeze=never"
-    try:
-        graph, info = freeze_lib.freeze_session_model(input_dir, tags, keys)
-    except ServingOptError as e:
-        if mode == "always" or "could not freeze" not in e.problem and "GiB" not in e.problem:
-            raise
-        note = f"could not freeze ({e.problem}); optimizing with variables kept"
-        return freeze_lib.load_unfrozen(input_dir, tags, keys), False, note
+def _freeze_note(info: freeze_lib.FreezeInfo) -> str:
     note = f"{info.variables_frozen} variables ({info.variable_bytes} bytes) frozen"
     if info.dropped_variable_initializers:
         note += f", {len(info.dropped_variable_initializers)} variable initializers dropped " \
                 "from the init op"
-    return graph, True, note
+    if info.variables_kept:
+        note += f", {len(info.variables_kept)} asset-path variables kept for the init op"
+    return note
+
+
+def _first_line(e: BaseException) -> str:
+    if isinstance(e, ServingOptError):
+        return e.problem
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+@dataclass
+class _Candidate:
+    """A written, parity-checked SavedModel in a staging directory, not yet published."""
+
+    graph: ServingGraph
+    frozen: bool
+    freeze_note: str
+    stages: list
+    parity: parity.ParityReport
+    size_after: SizeReport
+    staging: str
+
+
+@dataclass
+class _CandidateBuilder:
+    """Runs freeze .. parity once (frozen, or with variables kept) into a staging dir."""
+
+    input_dir: str
+    output_base: str
+    version: int
+    tags: frozenset
+    keys: list
+    kind: str
+    transforms: tuple
+    lossy: tuple
+    passes: tuple
+    options: OptimizeOptions
+    user_inputs: object
+    size_before: SizeReport
+    meta_graph: object
+    warnings: list
+    stages: list  # the stages before this one (read), for a failure's report
+    say: Progress
+
+    def with_fallback(self) -> _Candidate:
+        """The frozen candidate; with --freeze=auto, any failure of it (freezing, inlining,
+        transforms on the frozen graph, loading, parity) falls back to keeping variables.
+
+        A parity failure with lossy transforms requested is the transforms' verdict,
+        not freezing's, so it is raised as it is.
+        """
+        mode = self.options.freeze
+        if mode == "never":
+            return self.build(frozen=False, note="--freeze=never")
+        try:
+            return self.build(frozen=True)
+        except UsageError:
+            raise
+        except Exception as e:  # noqa: BLE001 - auto must never crash on a freezing failure
+            if isinstance(e, ParityError) and self.lossy:
+                raise
+            reason = _first_line(e)
+            if mode == "always":
+                if isinstance(e, ServingOptError):
+                    raise
+                raise ServingOptError(
+                    f"could not freeze the variables of {self.input_dir}: {reason}",
+                    "rerun with --freeze=auto (falls back) or --freeze=never",
+                ) from e
+            self.say(f"      frozen graph unusable ({reason}); retrying with variables kept")
+            note = f"could not freeze ({reason}); optimizing with variables kept"
+            return self.build(frozen=False, note=note)
+
+    def build(self, frozen: bool, note: str = "") -> _Candidate:
+        options, say, stages = self.options, self.say, []
+        say(f"[2/7] freezing variables ({options.freeze})" if frozen
+            else "[2/7] loading with variables kept")
+        start = time.perf_counter()
+        if frozen:
+            graph, info = freeze_lib.freeze_session_model(self.input_dir, self.tags, self.keys)
+            note = _freeze_note(info)
+        else:
+            graph = freeze_lib.load_unfrozen(self.input_dir, self.tags, self.keys)
+        stages.append(StageReport("freeze", time.perf_counter() - start, graph.node_count(),
+                                  note))
+        if frozen and grappler_lib.function_calls(graph.graph_def):
+            # TF2: the work is inside library functions the transforms cannot see.
+            say("[2/7] inlining the signature functions")
+            start = time.perf_counter()
+            graph, inlined = grappler_lib.inline_functions(graph)
+            stages.append(StageReport("inline", time.perf_counter() - start,
+                                      graph.node_count(), f"{inlined} function calls inlined"))
+
+        say(f"[3/7] Graph Transform Tool: {transforms_lib.describe(self.transforms) or 'none'}")
+        start = time.perf_counter()
+        graph = transforms_lib.apply_transforms(graph, self.transforms)
+        stages.append(StageReport("transforms", time.perf_counter() - start, graph.node_count(),
+                                  f"{len(self.transforms)} transforms"))
+
+        say(f"[4/7] Grappler: {','.join(self.passes) or 'none'} x{options.grappler_rounds}")
+        start = time.perf_counter()
+        graph = grappler_lib.run_grappler(graph, self.passes, options.grappler_rounds)
+        stages.append(StageReport("grappler", time.perf_counter() - start, graph.node_count(),
+                                  ",".join(self.passes)))
+
+        say("[5/7] writing the SavedModel")
+        start = time.perf_counter()
+        removed = 0
+        if graph.variables_dir is None:
+            graph_def = type(graph.graph_def)()
+            graph_def.CopyFrom(graph.graph_def)
+            removed = prune_library(graph_def)
+            graph = graph.replace(graph_def=graph_def)
+        staging = writer.make_staging_dir(self.output_base, self.version)
+        try:
+            writer.write_saved_model(graph, staging)
+            stages.append(StageReport("write", time.perf_counter() - start, graph.node_count(),
+                                      f"{removed} unused library functions dropped" if removed
+                                      else ""))
+
+            say(f"[6/7] parity gate on {len(self.keys)} signature(s)")
+            start = time.perf_counter()
+            parity_report = parity.check_parity(
+                self.input_dir, staging, self.tags, self.keys,
+                user_inputs=self.user_inputs, atol=options.atol, rtol=options.rtol,
+                batch_size=options.parity_batch_size, num_batches=options.parity_batches,
+                seed=options.seed,
+            )
+            size_after = SizeReport.of(staging)
+            if not parity_report.ok:
+                stages.append(StageReport("parity", time.perf_counter() - start,
+                                          graph.node_count(), parity_report.summary()))
+                report = _report(self.input_dir, self.output_base, None, self.version, False,
+                                 self.kind, frozen, note, self.keys, self.transforms,
+                                 self.lossy, self.passes, options, self.stages + stages,
+                                 self.size_before,
+                                 size_after, self.meta_graph, graph, parity_report, None,
+                                 self.warnings + ([] if frozen else [f"variables kept: {note}"]))
+                raise ParityError(
+                    f"{parity_report.summary()}; nothing was published",
+                    "drop the lossy transform, or loosen --atol/--rtol if the drift is "
+                    "acceptable",
+                ).with_report(report)
+            # The session loader ran in the gate; TF2's loader must take the result too.
+            load_note = check_loads_in_tf2(staging, self.input_dir, self.tags, self.keys)
+            stages.append(StageReport("parity", time.perf_counter() - start,
+                                      graph.node_count(),
+                                      f"{parity_report.summary()}; {load_note}"))
+        except BaseException:
+            writer.discard(staging)
+            raise
+        if not frozen:
+            self.warnings.append(f"variables kept: {note}")
+        return _Candidate(graph, frozen, note, stages, parity_report, size_after, staging)
+
+
+def check_loads_in_tf2(candidate_dir: str, reference_dir: str, tags: frozenset[str],
+                       keys: Sequence[str]) -> str:
+    """Loads the candidate with ``tf.saved_model.load`` (TF2 Python serving, tf.function
+    users) and checks every kept signature and output alias is callable there too.
+
+    The session loader (TF Serving's) already ran in the parity gate. A model whose
+    source does not load this way either is not held to it.
+
+    Example:
+        >>> check_loads_in_tf2("models/clf/.staging", "exports/1", frozenset({"serve"}),
+        ...                    ["serving_default"])
+        'loads with tf.saved_model.load (1 signatures)'
+    """
+    import gc
+
+    import tensorflow as tf
+
+    def load(path: str):
+        loaded = tf.saved_model.load(path, tags=sorted(tags))
+        out = {k: sorted(loaded.signatures[k].structured_outputs)
+               for k in keys if k in loaded.signatures}
+        del loaded
+        gc.collect()
+        return out
+
+    try:
+        outputs = load(candidate_dir)
+    except Exception as e:  # noqa: BLE001 - judged against the source below
+        try:
+            load(reference_dir)
+        except Exception:  # noqa: BLE001
+            return "not loadable with tf.saved_model.load (neither is the source)"
+        raise ServingOptError(
+            f"the optimized model does not load with tf.saved_model.load: {_first_line(e)}",
+            "rerun with --freeze=never, and report this",
+        ) from e
+    missing = [k for k in keys if k not in outputs]
+    if missing:
+        raise ServingOptError(
+            f"tf.saved_model.load does not see signature(s) {', '.join(missing)} of the "
+            "optimized model", "rerun with --freeze=never, and report this")
+    return f"loads with tf.saved_model.load ({len(outputs)} signatures)"
 
 
 def _report(input_dir, output_base, output_dir, version, published, kind, frozen, freeze_note,
@@ -397,7 +538,7 @@ def _report(input_dir, output_base, output_dir, version, published, kind, frozen
         stages=tuple(stages),
         size_before=size_before,
         size_after=size_after,
-        nodes_before=len(meta_graph.graph_def.node),
+        nodes_before=total_node_count(meta_graph.graph_def),
         nodes_after=graph.node_count(),
         ops_removed=dict(sorted(removed.items())),
         ops_added=dict(sorted(added.items())),

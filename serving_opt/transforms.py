@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from serving_opt.errors import ServingOptError, UsageError
-from serving_opt.graph import ServingGraph
+from serving_opt.graph import ServingGraph, node_name
 
 # Transform name -> accepted argument names, as registered in TF's C++ tool
 # (tensorflow/tools/graph_transforms/*.cc). Checked before anything runs.
@@ -232,6 +232,210 @@ def _has_no_outputs(op: str) -> bool:
     return op_def is not None and not op_def.output_arg
 
 
+# What the tool's fold_batch_norms folds a following per-channel Mul into.
+_FOLD_TARGETS = frozenset({"Conv2D", "MatMul", "DepthwiseConv2dNative"})
+_BIAS_OPS = frozenset({"Add", "AddV2", "BiasAdd"})
+
+
+@dataclass(frozen=True)
+class FoldPreparation:
+    """What :func:`prepare_batch_norm_folds` changed, for the report and the tests."""
+
+    foldable: int = 0  # Muls the tool will fold into the weights before them
+    hoisted: int = 0  # of those, Muls moved in front of a bias add
+    weights_split: int = 0  # shared weight constants given one copy per consumer
+    disabled: int = 0  # Muls the tool would fold wrongly or fail on, left alone
+
+
+def _channel_vector(value, channels: int, rank: int):
+    """``value`` as a float32 [channels] vector when it scales/shifts per output channel.
+
+    Broadcasting a scalar, a [C] or a [1, ..., 1, C] constant over an output whose last
+    dimension is C is the same as broadcasting the [C] vector; anything else is not.
+    """
+    import numpy as np
+
+    if value is None or value.dtype != np.float32 or value.ndim > rank:
+        return None
+    if any(d != 1 for d in value.shape[:-1]):
+        return None
+    if value.ndim and value.shape[-1] not in (1, channels):
+        return None
+    return np.broadcast_to(value.reshape(-1), (channels,)).astype(np.float32)
+
+
+def _weight_columns(op: str, node, weights) -> tuple[int, int] | None:
+    """(output channels, output rank) the tool assumes, or None when its fold is wrong."""
+    if weights is None or weights.dtype.name != "float32":
+        return None
+    if op == "MatMul":
+        # The tool scales weight columns; with transpose_b the columns are inputs.
+        if node.attr["transpose_b"].b or weights.ndim != 2:
+            return None
+        return weights.shape[1], 2
+    if node.attr["data_format"].s not in (b"", b"NHWC") or weights.ndim != 4:
+        return None  # NCHW: channels are not the last dimension
+    if op == "Conv2D":
+        return weights.shape[3], 4
+    return weights.shape[2] * weights.shape[3], 4
+
+
+def prepare_batch_norm_folds(graph_def, protected: set[str]) -> FoldPreparation:
+    """Makes the tool's ``fold_batch_norms`` fold what it can, and only that.
+
+    The tool folds ``Mul(Conv2D|MatMul|DepthwiseConv2dNative(x, W), s)`` into ``W``
+    when ``s`` is a float32 [C] constant and nothing else uses ``W`` or ``s``. Keras 3
+    lowers batch norm to exactly that Mul (``tf.nn.batch_normalization``), but:
+
+    * inlined TF2 signatures share one weight constant between the copies of the
+      model (``serve`` and ``serving_default``), so the tool skips every fold: shared
+      constants are split, one copy per consumer (merge_duplicate_nodes re-merges
+      identical results);
+    * a conv with a bias (ResNet's) puts an Add between the conv and the Mul:
+      ``(conv + b) * s`` becomes ``conv * s + b * s``;
+    * a [1, 1, 1, C] or scalar constant is given the [C] shape the tool requires;
+    * a Mul the tool would fold wrongly (``transpose_b``, NCHW, non-float32) or fail
+      on (a constant of another shape) gets its inputs swapped, which the tool's
+      pattern does not match: the Mul stays as it was.
+
+    Changes ``graph_def`` in place.
+
+    Example:
+        >>> prepare_batch_norm_folds(inlined_graph_def, set())
+        FoldPreparation(foldable=104, hoisted=0, weights_split=52, disabled=0)
+    """
+    from tensorflow.python.framework import tensor_util
+
+    nodes = {n.name: n for n in graph_def.node}
+    # A control edge from a constant without inputs orders nothing, but the tool counts
+    # it as a use of the weights and refuses the fold. Inlined TF2 functions leave such
+    # edges behind (their control outputs were variable reads, now constants).
+    roots = {n.name for n in graph_def.node if n.op == "Const" and not n.input}
+    for node in graph_def.node:
+        if any(i.startswith("^") and i[1:] in roots for i in node.input):
+            kept = [i for i in node.input if not (i.startswith("^") and i[1:] in roots)]
+            del node.input[:]
+            node.input.extend(kept)
+    consumers: dict[str, list[str]] = {}
+    for node in graph_def.node:
+        for inp in node.input:
+            consumers.setdefault(node_name(inp), []).append(node.name)
+    names = set(nodes)
+
+    def unique(name: str) -> str:
+        candidate, i = name, 1
+        while candidate in names:
+            candidate, i = f"{name}_{i}", i + 1
+        names.add(candidate)
+        return candidate
+
+    def const(ref: str):
+        node = nodes.get(node_name(ref))
+        if node is None or node.op != "Const" or ref.startswith("^") or \
+                ref.partition(":")[2] not in ("", "0"):
+            return None
+        return tensor_util.MakeNdarray(node.attr["value"].tensor)
+
+    def add_const(name: str, value) -> str:
+        node = graph_def.node.add()
+        node.name, node.op = unique(name), "Const"
+        node.attr["dtype"].type = 1  # DT_FLOAT
+        node.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(value))
+        nodes[node.name] = node
+        return node.name
+
+    def sole_consumer(name: str, consumer: str) -> bool:
+        return consumers.get(name, []) == [consumer] and name not in protected
+
+    def target_of(ref: str):
+        node = nodes.get(node_name(ref))
+        if node is None or node.op not in _FOLD_TARGETS or ref.startswith("^") \
+                or len(node.input) < 2:
+            return None
+        return node
+
+    hoisted = split = enabled = disabled = 0
+    muls = [n for n in graph_def.node if n.op == "Mul" and len(n.input) == 2
+            and not any(i.startswith("^") for i in n.input) and n.name not in protected]
+    # (conv + b) * s  ->  conv * s + b * s, so the scale meets the conv.
+    for mul in list(muls):
+        for a_index in (0, 1):
+            add = nodes.get(node_name(mul.input[a_index]))
+            scale = const(mul.input[1 - a_index])
+            if add is None or add.op not in _BIAS_OPS or scale is None \
+                    or not sole_consumer(add.name, mul.name) or len(add.input) != 2:
+                continue
+            if add.op == "BiasAdd" and add.attr["data_format"].s not in (b"", b"NHWC"):
+                continue
+            c_index = 0 if target_of(add.input[0]) is not None else 1
+            conv = target_of(add.input[c_index])
+            bias = const(add.input[1 - c_index])
+            if conv is None or bias is None or not sole_consumer(conv.name, add.name):
+                continue
+            shape = _weight_columns(conv.op, conv, const(conv.input[1]))
+            if shape is None:
+                continue
+            s_vec = _channel_vector(scale, *shape)
+            b_vec = _channel_vector(bias, *shape)
+            if s_vec is None or b_vec is None:
+                continue
+            scaled = graph_def.node.add()
+            scaled.name, scaled.op = unique(f"{mul.name}/scaled"), "Mul"
+            scaled.attr["T"].CopyFrom(mul.attr["T"])
+            scale_name = add_const(f"{mul.name}/scale", s_vec)
+            scaled.input.extend([add.input[c_index], scale_name])
+            nodes[scaled.name] = scaled
+            shift = add_const(f"{mul.name}/shift", b_vec * s_vec)
+            consumers[scale_name], consumers[shift] = [scaled.name], [mul.name]
+            dtype = mul.attr["T"].type
+            mul.op = "AddV2"
+            del mul.input[:]
+            mul.input.extend([scaled.name, shift])
+            mul.ClearField("attr")
+            mul.attr["T"].type = dtype
+            consumers[conv.name] = [scaled.name]
+            consumers[scaled.name] = [mul.name]
+            graph_def.node.remove(add)
+            del nodes[add.name]
+            muls.append(scaled)
+            hoisted += 1
+            break
+    for mul in muls:
+        if mul.op != "Mul":
+            continue
+        c_index = 0 if target_of(mul.input[0]) is not None else 1
+        conv = target_of(mul.input[c_index])
+        if conv is None:
+            continue
+        conv_ref, scale_ref = mul.input[c_index], mul.input[1 - c_index]
+        weights_name = node_name(conv.input[1])
+        weights = const(conv.input[1])
+        scale = const(scale_ref)
+        shape = _weight_columns(conv.op, conv, weights) if scale is not None else None
+        s_vec = _channel_vector(scale, *shape) if shape is not None else None
+        foldable = (s_vec is not None and sole_consumer(conv.name, mul.name)
+                    and weights_name not in protected and node_name(scale_ref) not in protected)
+        if not foldable:
+            if c_index == 0:  # the tool's pattern: conv first; a swap keeps it away
+                mul.input[0], mul.input[1] = scale_ref, conv_ref
+                disabled += 1
+            continue
+        if consumers.get(weights_name, []) != [conv.name]:
+            copy = add_const(f"{conv.name}/weights", weights)
+            consumers[weights_name].remove(conv.name)
+            consumers[copy] = [conv.name]
+            conv.input[1] = copy
+            split += 1
+        if consumers.get(node_name(scale_ref), []) != [mul.name] or scale.shape != s_vec.shape:
+            consumers.get(node_name(scale_ref), [mul.name]).remove(mul.name)
+            scale_ref = add_const(f"{mul.name}/scale_vector", s_vec)
+            consumers[scale_ref] = [mul.name]
+        del mul.input[:]
+        mul.input.extend([conv_ref, scale_ref])
+        enabled += 1
+    return FoldPreparation(enabled, hoisted, split, disabled)
+
+
 _FUSED_BN_V2_V3 = frozenset({"FusedBatchNormV2", "FusedBatchNormV3"})
 
 
@@ -275,6 +479,20 @@ def downgrade_foldable_batch_norms(graph_def, protected: set[str]):
     return count
 
 
+def _call_groups(transforms: tuple[Transform, ...]) -> list[list[Transform]]:
+    """Consecutive transforms that can share one call of the tool (same inputs and
+    outputs); each call parses and serializes the whole GraphDef, weights included."""
+    groups: list[list[Transform]] = []
+    for t in transforms:
+        fetching = t.name in _FETCHING_TRANSFORMS
+        if groups and t.name != "fold_batch_norms" and \
+                (groups[-1][0].name in _FETCHING_TRANSFORMS) == fetching:
+            groups[-1].append(t)
+        else:
+            groups.append([t])
+    return groups
+
+
 def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...]) -> ServingGraph:
     """Runs TF's C++ Graph Transform Tool on the graph, protecting what serving needs.
 
@@ -314,20 +532,28 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...]) -> 
     # saver's checkpoint path, non-Placeholder signature inputs) goes in, or its consumer
     # would be folded with the export-time value baked in.
     fed = [n for n in graph.fed_nodes() if n in node_ops]
-    for transform in transforms:
-        fetching = transform.name in _FETCHING_TRANSFORMS
+    for group in _call_groups(transforms):
+        if group[0].name == "fold_batch_norms":
+            # Needs the constants fold_constants produced, so it runs in between.
+            staged = graph_pb2.GraphDef()
+            staged.ParseFromString(data)
+            preparation = prepare_batch_norm_folds(staged, set(outputs) | set(inputs))
+            if preparation != FoldPreparation():
+                data = staged.SerializeToString()
+        fetching = group[0].name in _FETCHING_TRANSFORMS
         these_inputs = fed if fetching else inputs
         keep = [n for n in tensor_outputs if not (fetching and n in fed)]
         keep += ([_ANCHOR] if silent else []) + ([] if fetching else silent)
+        spec = " ".join(t.spec() for t in group)
         try:
             data = _pywrap().TransformGraphWithStringInputs(
-                data, ",".join(these_inputs), ",".join(keep), transform.spec())
+                data, ",".join(these_inputs), ",".join(keep), spec)
         except ServingOptError:
             raise
         except Exception as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise ServingOptError(
-                f"the Graph Transform Tool failed on {transform.spec()!r}: {first}",
+                f"the Graph Transform Tool failed on {spec!r}: {first}",
                 "drop or fix the failing transform in --transforms",
             ) from e
     out_bytes = data

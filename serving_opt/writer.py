@@ -107,10 +107,22 @@ def build_meta_graph(graph: ServingGraph):
     for key, sig in graph.signature_defs.items():
         mg.signature_def[key].CopyFrom(sig)
     if graph.init_op:
-        if graph.init_op_source == "signature":
+        # tf.saved_model.load reads a model without an object graph (what is written
+        # here) through load_v1_in_v2, which turns every SignatureDef, the init-op one
+        # included, into a function of its inputs; an init op fed asset paths then fails
+        # to load ("depends on a placeholder which is not an input"). TF Serving and the
+        # session loader find the init op in the main_op collection just the same.
+        signature_form = graph.init_op_source == "signature" and not graph.asset_file_defs
+        if signature_form:
             init_sig = mg.signature_def[loader.INIT_OP_SIGNATURE_KEY]
-            init_sig.outputs[loader.INIT_OP_SIGNATURE_KEY].name = graph.init_op
-        else:
+            source = graph.init_op_signature
+            if source is not None and loader.INIT_OP_SIGNATURE_KEY in source.outputs and \
+                    source.outputs[loader.INIT_OP_SIGNATURE_KEY].name.split(":")[0] \
+                    == graph.init_op:
+                init_sig.CopyFrom(source)
+            else:
+                init_sig.outputs[loader.INIT_OP_SIGNATURE_KEY].name = graph.init_op
+        elif not graph.collections.get(loader.MAIN_OP_COLLECTION):
             key = (loader.LEGACY_INIT_OP_COLLECTION if graph.init_op_source == "legacy_init_op"
                    else loader.MAIN_OP_COLLECTION)
             mg.collection_def[key].node_list.value.append(graph.init_op)
