@@ -48,6 +48,8 @@ if [[ "$offline" == 1 ]]; then
 common --override_repository=rules_java=$rules_java
 common --override_repository=rules_cc=$here/rules_cc
 common --override_repository=remote_coverage_tools=$here/remote_coverage_tools
+# Debian's /etc/bazel/bazelrc turns on --sandbox_debug: ~60 lines per sandboxed action.
+build --nosandbox_debug
 RC
   what="offline stand-ins for rules_java, rules_cc, remote_coverage_tools"
 elif [[ -n "$major" && "$major" -ge 6 ]]; then
