@@ -53,7 +53,8 @@ def _const_value(nodes: dict, name: str):
     from tensorflow.python.framework import tensor_util
 
     node = nodes.get(node_name(name))
-    while node is not None and node.op == "Identity":
+    # tf.io.parse_example inside a tf.function reshapes its defaults; same values.
+    while node is not None and node.op in ("Identity", "Reshape"):
         node = nodes.get(node_name(node.input[0]))
     if node is None or node.op != "Const":
         return None
@@ -127,19 +128,41 @@ def _spec_from_parse_node(node, nodes: dict) -> ExampleSpec | None:
 def find_example_spec(graph_def, input_tensor_name: str) -> ExampleSpec | None:
     """The tf.Example parsing spec of the parse op fed by ``input_tensor_name``, if any.
 
-    Looks at the top-level graph first, then inside library functions (TF2 models
-    parse inside the serving function).
+    Follows the tensor through pass-through ops and into the functions it is passed
+    to (TF2 models parse inside the serving function), so each signature gets the
+    spec of its own parse op.
 
     Example:
         >>> [f.key for f in find_example_spec(graph_def, "input_example_tensor:0").features]
         ['city', 'word', 'age', 'clicks']
     """
-    nodes = {n.name: n for n in graph_def.node}
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    spec = _trace_to_parse(graph_def.node, node_name(input_tensor_name), functions, set())
+    if spec is None and functions and _feeds_a_call(graph_def.node,
+                                                    node_name(input_tensor_name)):
+        # A call the trace could not follow (no "f" attribute, say): any parse op.
+        spec = _any_spec_in_functions(graph_def)
+    return spec
+
+
+_CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
+
+
+def _feeds_a_call(node_defs, name: str) -> bool:
+    return any(n.op in _CALL_OPS and any(node_name(i) == name for i in n.input)
+               for n in node_defs)
+
+
+def _trace_to_parse(node_defs, start: str, functions: dict,
+                    visited: set) -> ExampleSpec | None:
+    """Follows ``start`` through pass-through ops and into called functions (TF2 models
+    parse inside the serving function, by argument position) to the parse op it feeds."""
+    nodes = {n.name: n for n in node_defs}
     consumers: dict[str, list] = {}
-    for node in graph_def.node:
+    for node in node_defs:
         for inp in node.input:
             consumers.setdefault(node_name(inp), []).append(node)
-    frontier, seen = [node_name(input_tensor_name)], set()
+    frontier, seen = [start], set()
     while frontier:
         name = frontier.pop()
         if name in seen:
@@ -152,14 +175,26 @@ def find_example_spec(graph_def, input_tensor_name: str) -> ExampleSpec | None:
                     return spec
             elif consumer.op in _PASS_THROUGH_OPS:
                 frontier.append(consumer.name)
-            elif consumer.op in ("StatefulPartitionedCall", "PartitionedCall"):
-                spec = _spec_in_functions(graph_def)
-                if spec is not None:
-                    return spec
+            elif consumer.op in _CALL_OPS and "f" in consumer.attr:
+                function = functions.get(consumer.attr["f"].func.name)
+                data = [i for i in consumer.input if not i.startswith("^")]
+                for index, inp in enumerate(data):
+                    if node_name(inp) != name or function is None or \
+                            index >= len(function.signature.input_arg):
+                        continue
+                    key = (function.signature.name, index)
+                    if key in visited:
+                        continue
+                    visited.add(key)
+                    spec = _trace_to_parse(function.node_def,
+                                           function.signature.input_arg[index].name,
+                                           functions, visited)
+                    if spec is not None:
+                        return spec
     return None
 
 
-def _spec_in_functions(graph_def) -> ExampleSpec | None:
+def _any_spec_in_functions(graph_def) -> ExampleSpec | None:
     for function in graph_def.library.function:
         nodes = {n.name: n for n in function.node_def}
         for node in function.node_def:

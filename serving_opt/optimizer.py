@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from serving_opt import freeze as freeze_lib
@@ -412,8 +412,14 @@ class _CandidateBuilder:
         say(f"[4/7] Grappler: {','.join(self.passes) or 'none'} x{options.grappler_rounds}")
         start = time.perf_counter()
         graph = grappler_lib.run_grappler(graph, self.passes, options.grappler_rounds)
+        grappler_note = ",".join(self.passes)
+        if self.transforms or self.passes:
+            # After Grappler, which merges the Adds folding leaves behind.
+            graph, bias_adds = transforms_lib.constant_adds_to_bias_adds(graph)
+            if bias_adds:
+                grappler_note += f"; {bias_adds} constant Adds after convs made BiasAdds"
         stages.append(StageReport("grappler", time.perf_counter() - start, graph.node_count(),
-                                  ",".join(self.passes)))
+                                  grappler_note))
 
         say("[5/7] writing the SavedModel")
         start = time.perf_counter()
@@ -454,7 +460,8 @@ class _CandidateBuilder:
                     "acceptable",
                 ).with_report(report)
             # The session loader ran in the gate; TF2's loader must take the result too.
-            load_note = check_loads_in_tf2(staging, self.input_dir, self.tags, self.keys)
+            load_note = check_loads_in_tf2(staging, self.input_dir, self.tags,
+                                           graph.signature_defs)
             stages.append(StageReport("parity", time.perf_counter() - start,
                                       graph.node_count(),
                                       f"{parity_report.summary()}; {load_note}"))
@@ -467,46 +474,58 @@ class _CandidateBuilder:
 
 
 def check_loads_in_tf2(candidate_dir: str, reference_dir: str, tags: frozenset[str],
-                       keys: Sequence[str]) -> str:
+                       signature_defs: dict) -> str:
     """Loads the candidate with ``tf.saved_model.load`` (TF2 Python serving, tf.function
-    users) and checks every kept signature and output alias is callable there too.
+    users) and checks every kept signature is there with the same output aliases.
 
-    The session loader (TF Serving's) already ran in the parity gate. A model whose
-    source does not load this way either is not held to it.
+    The session loader (TF Serving's) already ran in the parity gate, on the real
+    model. This check is about structure (signatures, init op, assets, saver), so it
+    loads a copy whose large constants are stored as one broadcast zero: a second
+    full load would cost as much as the parity gate. A model whose source does not
+    load this way either is not held to it.
 
     Example:
         >>> check_loads_in_tf2("models/clf/.staging", "exports/1", frozenset({"serve"}),
-        ...                    ["serving_default"])
+        ...                    {"serving_default": sig})
         'loads with tf.saved_model.load (1 signatures)'
     """
     import gc
+    import shutil
+    import tempfile
 
     import tensorflow as tf
 
-    def load(path: str):
+    def load(path: str) -> dict:
         loaded = tf.saved_model.load(path, tags=sorted(tags))
         out = {k: sorted(loaded.signatures[k].structured_outputs)
-               for k in keys if k in loaded.signatures}
+               for k in signature_defs if k in loaded.signatures}
         del loaded
         gc.collect()
         return out
 
+    scratch = tempfile.mkdtemp(prefix="serving-opt-tf2-load-")
     try:
-        outputs = load(candidate_dir)
-    except Exception as e:  # noqa: BLE001 - judged against the source below
+        copy = writer.structure_copy(candidate_dir, os.path.join(scratch, "1"))
         try:
-            load(reference_dir)
-        except Exception:  # noqa: BLE001
-            return "not loadable with tf.saved_model.load (neither is the source)"
+            outputs = load(copy)
+        except Exception as e:  # noqa: BLE001 - judged against the source below
+            try:
+                load(reference_dir)
+            except Exception:  # noqa: BLE001
+                return "not loadable with tf.saved_model.load (neither is the source)"
+            raise ServingOptError(
+                f"the optimized model does not load with tf.saved_model.load: "
+                f"{_first_line(e)}",
+                "rerun with --freeze=never, and report this",
+            ) from e
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    wrong = [k for k, sig in signature_defs.items()
+             if outputs.get(k) != sorted(sig.outputs)]
+    if wrong:
         raise ServingOptError(
-            f"the optimized model does not load with tf.saved_model.load: {_first_line(e)}",
-            "rerun with --freeze=never, and report this",
-        ) from e
-    missing = [k for k in keys if k not in outputs]
-    if missing:
-        raise ServingOptError(
-            f"tf.saved_model.load does not see signature(s) {', '.join(missing)} of the "
-            "optimized model", "rerun with --freeze=never, and report this")
+            f"tf.saved_model.load does not see signature(s) {', '.join(wrong)} of the "
+            "optimized model with their outputs", "rerun with --freeze=never, and report this")
     return f"loads with tf.saved_model.load ({len(outputs)} signatures)"
 
 

@@ -569,6 +569,56 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...]) -> 
     return graph.replace(graph_def=result)
 
 
+def constant_adds_to_bias_adds(graph: ServingGraph) -> tuple[ServingGraph, int]:
+    """Turns ``Add(Conv2D|DepthwiseConv2dNative|MatMul, per-channel constant)`` into BiasAdd.
+
+    What batch-norm folding leaves after a conv is an Add of a [C] constant, which
+    computes exactly what BiasAdd computes; but Grappler's remapper, when TF Serving
+    loads the model, fuses Conv2D + BiasAdd (+ Relu/Relu6) into one kernel and leaves
+    the Add alone (about 10% of MobileNetV2's latency here). Returns the new graph and
+    the number of Adds rewritten.
+
+    Example:
+        >>> constant_adds_to_bias_adds(folded)[1]
+        84
+    """
+    from tensorflow.python.framework import tensor_util
+
+    graph_def = type(graph.graph_def)()
+    graph_def.CopyFrom(graph.graph_def)
+    nodes = {n.name: n for n in graph_def.node}
+    protected = set(graph.must_keep())
+    count = 0
+    for node in graph_def.node:
+        if node.op not in ("Add", "AddV2") or node.name in protected or len(node.input) != 2 \
+                or any(i.startswith("^") for i in node.input):
+            continue
+        for x_index in (0, 1):
+            x_ref, c_ref = node.input[x_index], node.input[1 - x_index]
+            producer = nodes.get(node_name(x_ref))
+            constant = nodes.get(node_name(c_ref))
+            if producer is None or producer.op not in _FOLD_TARGETS or constant is None \
+                    or constant.op != "Const" or len(producer.input) < 2:
+                continue
+            weights = nodes.get(node_name(producer.input[1]))
+            if weights is None or weights.op != "Const":
+                continue
+            shape = _weight_columns(producer.op, producer,
+                                    tensor_util.MakeNdarray(weights.attr["value"].tensor))
+            value = tensor_util.MakeNdarray(constant.attr["value"].tensor)
+            if shape is None or value.dtype.name != "float32" or value.shape != (shape[0],):
+                continue
+            dtype = node.attr["T"].type
+            node.op = "BiasAdd"
+            del node.input[:]
+            node.input.extend([x_ref, c_ref])
+            node.ClearField("attr")
+            node.attr["T"].type = dtype
+            count += 1
+            break
+    return graph.replace(graph_def=graph_def), count
+
+
 def describe(transforms: tuple[Transform, ...]) -> str:
     """Canonical one-line spec, for reports.
 

@@ -216,3 +216,59 @@ def discard(staging_dir: str | None) -> None:
     """Removes a staging directory after a failure; never touches a published version."""
     if staging_dir and os.path.basename(staging_dir).startswith(STAGING_PREFIX):
         shutil.rmtree(staging_dir, ignore_errors=True)
+
+
+# Constants above this size are stored as one broadcast zero in a structure copy.
+_STRUCTURE_COPY_MIN_BYTES = 4096
+
+
+def structure_copy(saved_model_dir: str, copy_dir: str) -> str:
+    """A copy of a SavedModel with every large constant stored as one broadcast zero.
+
+    Same graph, signatures, init op, assets (linked) and checkpoint (linked), a few
+    kilobytes instead of the weights: for checks about loading, not about numbers.
+    A TensorProto holding fewer values than its shape repeats the last one, so shapes
+    and dtypes are unchanged.
+
+    Example:
+        >>> structure_copy("models/clf/1", "/tmp/check/1")
+        '/tmp/check/1'
+    """
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved_model = loader.read_saved_model(saved_model_dir)
+    for meta_graph in saved_model.meta_graphs:
+        nodes = list(meta_graph.graph_def.node)
+        for function in meta_graph.graph_def.library.function:
+            nodes.extend(function.node_def)
+        for node in nodes:
+            if node.op == "Const" and node.attr["value"].tensor.ByteSize() > \
+                    _STRUCTURE_COPY_MIN_BYTES:
+                _compact_zero(node.attr["value"].tensor)
+    os.makedirs(copy_dir)
+    for sub in ("assets", "assets.extra", "variables"):
+        src = os.path.join(saved_model_dir, sub)
+        if os.path.isdir(src):
+            os.symlink(os.path.abspath(src), os.path.join(copy_dir, sub))
+    with open(os.path.join(copy_dir, "saved_model.pb"), "wb") as f:
+        f.write(saved_model_pb2.SavedModel.SerializeToString(saved_model))
+    return copy_dir
+
+
+def _compact_zero(tensor) -> None:
+    from tensorflow.python.framework import dtypes
+
+    dtype = dtypes.as_dtype(tensor.dtype)
+    shape = type(tensor.tensor_shape)()
+    shape.CopyFrom(tensor.tensor_shape)
+    field = {dtypes.float32: "float_val", dtypes.float64: "double_val",
+             dtypes.int32: "int_val", dtypes.int64: "int64_val", dtypes.bool: "bool_val",
+             dtypes.string: "string_val", dtypes.float16: "half_val",
+             dtypes.bfloat16: "half_val", dtypes.int8: "int_val", dtypes.uint8: "int_val",
+             dtypes.int16: "int_val"}.get(dtype)
+    if field is None:
+        return  # rare dtypes keep their bytes
+    tensor.Clear()
+    tensor.dtype = dtype.as_datatype_enum
+    tensor.tensor_shape.CopyFrom(shape)
+    getattr(tensor, field).append(b"" if field == "string_val" else 0)
