@@ -265,7 +265,14 @@ def build_keras(export_dir: str, seed: int = 0) -> str:
     hidden = keras.layers.Dense(8, activation="relu")(inputs)
     outputs = keras.layers.Dense(2, name="scores")(hidden)
     model = keras.Model(inputs, outputs)
-    model.export(export_dir, verbose=False)
+    if keras.__version__.startswith("2."):  # Keras 2 (TF <= 2.15) has no verbose argument
+        import contextlib
+        import io
+
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints the endpoints instead
+            model.export(export_dir)
+    else:
+        model.export(export_dir, verbose=False)
     return export_dir
 
 
