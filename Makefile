@@ -33,7 +33,7 @@ lint: $(STAMP)
 pytest: $(STAMP) bazel-setup  # tests/test_bazel.py calls bazel
 	$(PY) -m pytest -q tests
 
-test: $(STAMP) lint pytest bazel-test
+test: $(STAMP) lint pytest test-estimator bazel-test
 
 # Bazel: Debian's bazel-bootstrap (4.2.3) when none is installed, then the offline
 # setup (.bazelrc.offline, gitignored; see tools/bazel/README.md).
@@ -47,3 +47,28 @@ bazel-test: $(STAMP) bazel-setup
 
 clean:
 	rm -rf build
+
+# The Estimator suite (tests/estimator) needs tf.estimator, gone from TF 2.16 on: it runs
+# in a second venv with TF 2.15, pinned in constraints-tf215.txt. tensorflow-serving-api
+# 2.15 requires the full `tensorflow`, which would install a second TF over tensorflow-cpu,
+# so it goes in without dependencies (its real ones, grpcio and protobuf, come with TF).
+VENV215 := .venv-tf215
+PY215 := $(VENV215)/bin/python
+STAMP215 := $(VENV215)/.installed
+PIP215 := $(PY215) -m pip install --quiet --disable-pip-version-check -c constraints-tf215.txt
+
+.PHONY: venv-tf215 test-estimator
+
+venv-tf215: $(STAMP215)
+
+$(STAMP215): pyproject.toml constraints-tf215.txt
+	@test -x $(PY215) || $(PYTHON) -m venv $(VENV215)
+	$(PIP215) tensorflow-cpu==2.15.1 tensorflow-estimator==2.15.0 pytest
+	$(PIP215) --no-deps tensorflow-serving-api==2.15.1
+	$(PIP215) --no-deps -e .
+	@touch $(STAMP215)
+
+# Also needs .venv: it checks that models optimized under TF 2.21 load under 2.15.
+# --confcutdir: the suite has its own fixtures, not the main suite's.
+test-estimator: $(STAMP) $(STAMP215)
+	$(PY215) -m pytest -q --confcutdir=tests/estimator tests/estimator

@@ -1,0 +1,67 @@
+"""export_optimized_saved_model: one optimized export of a trained Estimator."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from estimator_helpers import CLASSIFY, FAST, PREDICT, entries, method_names, signatures, versions
+
+from serving_opt import OptimizeOptions
+from serving_opt.errors import UsageError
+from serving_opt.estimator import (
+    ExportOptimizationError,
+    export_optimized_saved_model,
+    raw_export_base,
+)
+
+OPTIONS = OptimizeOptions(**FAST)
+
+
+def test_one_off_export_publishes_the_optimized_model(trained_classifier, tmp_path):
+    estimator, receiver = trained_classifier
+    base = str(tmp_path / "models" / "clf")
+
+    result = export_optimized_saved_model(estimator, base, receiver, OPTIONS)
+
+    assert result.optimized and result.report.parity.ok and result.report.frozen
+    assert result.export_dir == os.path.join(base, str(result.version))
+    assert entries(base) == [str(result.version)]
+    # The plain export sits outside the served base, under the same version number.
+    assert result.raw_export_dir == os.path.join(raw_export_base(base), str(result.version))
+    assert signatures(result.export_dir) == signatures(result.raw_export_dir)
+    assert method_names(result.export_dir) == {
+        "classification": CLASSIFY, "serving_default": CLASSIFY, "predict": PREDICT}
+
+    # A version newer than "now" already in the base (clock skew, a hand-made version):
+    # the next export still becomes the highest version, the one TF Serving serves.
+    ahead = int(time.time()) + 1000
+    os.rename(result.export_dir, os.path.join(base, str(ahead)))
+    second = export_optimized_saved_model(estimator, base, receiver, OPTIONS)
+    assert second.version == ahead + 1 and versions(base) == [str(ahead), str(ahead + 1)]
+
+
+def test_one_off_failure_raises_by_default_and_can_publish_plain(trained_classifier, tmp_path):
+    estimator, receiver = trained_classifier
+    base = str(tmp_path / "clf")
+    bad = OptimizeOptions(signatures=("no_such_signature",), **FAST)
+
+    with pytest.raises(ExportOptimizationError, match="no_such_signature"):
+        export_optimized_saved_model(estimator, base, receiver, bad)
+    assert versions(base) == [] and len(versions(raw_export_base(base))) == 1
+
+    result = export_optimized_saved_model(estimator, base, receiver, bad, fatal=False)
+    assert not result.optimized and "no_such_signature" in result.error
+    assert versions(base) == [str(result.version)]
+    assert signatures(result.export_dir) == signatures(result.raw_export_dir)
+
+
+def test_one_off_refuses_to_export_plain_models_into_the_served_base(trained_classifier,
+                                                                     tmp_path):
+    estimator, receiver = trained_classifier
+    base = str(tmp_path / "clf")
+    with pytest.raises(UsageError, match="TF Serving would serve the plain exports"):
+        export_optimized_saved_model(estimator, base, receiver, OPTIONS,
+                                     raw_export_dir_base=base)
+    assert not os.path.exists(base)
