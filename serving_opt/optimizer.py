@@ -380,7 +380,7 @@ class _CandidateBuilder:
                     "rerun with --freeze=auto (falls back) or --freeze=never",
                 ) from e
             self.say(f"      frozen graph unusable ({reason}); retrying with variables kept")
-            note = f"could not freeze ({reason}); optimizing with variables kept"
+            note = f"frozen graph unusable ({reason}); optimizing with variables kept"
             return self.build(frozen=False, note=note)
 
     def build(self, frozen: bool, note: str = "") -> _Candidate:

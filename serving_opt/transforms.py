@@ -588,8 +588,9 @@ def constant_adds_to_bias_adds(graph: ServingGraph) -> tuple[ServingGraph, int]:
     graph_def.CopyFrom(graph.graph_def)
     nodes = {n.name: n for n in graph_def.node}
     protected = set(graph.must_keep())
+    vectors: dict[str, str] = {}
     count = 0
-    for node in graph_def.node:
+    for node in list(graph_def.node):
         if node.op not in ("Add", "AddV2") or node.name in protected or len(node.input) != 2 \
                 or any(i.startswith("^") for i in node.input):
             continue
@@ -606,8 +607,23 @@ def constant_adds_to_bias_adds(graph: ServingGraph) -> tuple[ServingGraph, int]:
             shape = _weight_columns(producer.op, producer,
                                     tensor_util.MakeNdarray(weights.attr["value"].tensor))
             value = tensor_util.MakeNdarray(constant.attr["value"].tensor)
-            if shape is None or value.dtype.name != "float32" or value.shape != (shape[0],):
+            bias = _channel_vector(value, *shape) if shape is not None else None
+            if bias is None or value.size not in (1, shape[0]):
                 continue
+            if value.shape != bias.shape:
+                # Grappler merges constant Adds into a [1, 1, 1, C] constant; BiasAdd
+                # takes the same values as [C] (one copy per constant, shared as it was).
+                if c_ref not in vectors:
+                    name = f"{node_name(c_ref)}/as_bias"
+                    if name in nodes:
+                        continue
+                    vector = graph_def.node.add()
+                    vector.name, vector.op = name, "Const"
+                    vector.attr["dtype"].type = 1  # DT_FLOAT
+                    vector.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(bias))
+                    nodes[name] = vector
+                    vectors[c_ref] = name
+                c_ref = vectors[c_ref]
             dtype = node.attr["T"].type
             node.op = "BiasAdd"
             del node.input[:]
@@ -616,6 +632,12 @@ def constant_adds_to_bias_adds(graph: ServingGraph) -> tuple[ServingGraph, int]:
             node.attr["T"].type = dtype
             count += 1
             break
+    if vectors:  # the [1, 1, 1, C] originals nothing reads any more
+        used = {node_name(i) for n in graph_def.node for i in n.input}
+        orphans = {node_name(c) for c in vectors} - used - protected
+        kept = [n for n in graph_def.node if n.name not in orphans]
+        del graph_def.node[:]
+        graph_def.node.extend(kept)
     return graph.replace(graph_def=graph_def), count
 
 

@@ -94,3 +94,185 @@ def tree_snapshot(path: str) -> dict[str, bytes]:
             with open(full, "rb") as f:
                 out[os.path.relpath(full, path)] = f.read()
     return out
+
+
+# --- TF2 / Keras 3 models (tests/test_tf2_models.py) ---------------------------------
+
+# Small inputs keep the real architectures (every layer, every batch norm) but make
+# them fast: MobileNetV2 at 96x96, ResNet50 at 64x64.
+KERAS_APPLICATIONS = {"mobilenet_v2": ("MobileNetV2", 96), "resnet50": ("ResNet50", 64)}
+TEXT_VOCABULARY = ("the", "cat", "dog", "sat", "on", "mat", "a", "bird", "flew", "away")
+HOURS = (0, 6, 12, 18)
+FRUITS = ("apple", "banana", "cherry", "date", "fig")
+COLORS = ("red", "green", "blue")
+
+
+def build_keras_application(kind: str, export_dir: str, seed: int = 0) -> str:
+    """A ``keras.applications`` model (weights=None, fixed seed) exported with model.export.
+
+    Untrained batch norms are identities (mean 0, variance 1, scale 1, offset 0), so
+    folding them would change nothing measurable: they get trained-looking statistics.
+    The head outputs logits (``classifier_activation=None``): a parity check on
+    saturated probabilities would hide drift.
+    """
+    import keras
+    import numpy as np
+
+    name, size = KERAS_APPLICATIONS[kind]
+    keras.utils.set_random_seed(seed)
+    model = getattr(keras.applications, name)(
+        input_shape=(size, size, 3), weights=None, classes=10, classifier_activation=None)
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            channels = layer.moving_mean.shape[0]
+            layer.set_weights([rng.uniform(0.5, 1.5, channels), rng.normal(0, 0.2, channels),
+                               rng.normal(0, 0.2, channels), rng.uniform(0.5, 2.0, channels)])
+    model.export(export_dir, verbose=False)
+    return export_dir
+
+
+def build_text_lstm(export_dir: str, seed: int = 0) -> str:
+    """Keras 3: TextVectorization + Embedding + LSTM over text, IntegerLookup + Embedding
+    over an int feature, two inputs, one Dense head; exported with model.export."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    text = keras.Input(shape=(), dtype="string", name="text")
+    hour = keras.Input(shape=(), dtype="int64", name="hour")
+    tokens = keras.layers.TextVectorization(
+        max_tokens=20, output_sequence_length=6, vocabulary=list(TEXT_VOCABULARY))(text)
+    words = keras.layers.Embedding(20, 8, mask_zero=True)(tokens)
+    sequence = keras.layers.LSTM(6)(words)
+    hour_ids = keras.layers.IntegerLookup(vocabulary=list(HOURS))(hour)
+    hours = keras.layers.Flatten()(keras.layers.Embedding(len(HOURS) + 1, 3)(hour_ids))
+    merged = keras.layers.Concatenate()([sequence, hours])
+    scores = keras.layers.Dense(3, name="scores")(merged)
+    keras.Model({"text": text, "hour": hour}, scores).export(export_dir, verbose=False)
+    return export_dir
+
+
+def build_tf_module(export_dir: str, seed: int = 0) -> str:
+    """``tf.saved_model.save`` of a tf.Module with two signatures sharing its weights.
+
+    ``serving_default`` takes serialized tf.Examples (word, color, age), ``predict_raw``
+    the same features as tensors. ``word`` goes through a StaticHashTable over a
+    vocabulary *file* (an asset), ``color`` through a StaticVocabularyTable with OOV
+    buckets; a tf.cond and a tf.while_loop follow. Outputs are named (scores, class_ids,
+    word_ids).
+    """
+    import tempfile
+
+    import numpy as np
+    import tensorflow as tf
+
+    scratch = tempfile.mkdtemp()
+    vocab_path = os.path.join(scratch, "fruits.txt")
+    with open(vocab_path, "w") as f:
+        f.write("\n".join(FRUITS) + "\n")
+    rng = np.random.default_rng(seed)
+
+    class Model(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.words = tf.lookup.StaticHashTable(
+                tf.lookup.TextFileInitializer(
+                    vocab_path, tf.string, tf.lookup.TextFileIndex.WHOLE_LINE,
+                    tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER), default_value=-1)
+            self.colors = tf.lookup.StaticVocabularyTable(
+                tf.lookup.KeyValueTensorInitializer(list(COLORS), tf.range(3, dtype=tf.int64)),
+                num_oov_buckets=2)
+            self.word_embedding = tf.Variable(rng.normal(size=(6, 4)).astype("float32"))
+            self.color_embedding = tf.Variable(rng.normal(size=(5, 4)).astype("float32"))
+            self.kernel = tf.Variable(rng.normal(size=(5, 3)).astype("float32"))
+            self.bias = tf.Variable(rng.normal(size=(3,)).astype("float32"))
+
+        def _predict(self, word, color, age):
+            word_ids = self.words.lookup(word)
+            in_vocab = tf.where(word_ids < 0, tf.constant(len(FRUITS), tf.int64), word_ids)
+            features = tf.concat([
+                tf.nn.embedding_lookup(self.word_embedding, in_vocab)
+                + tf.nn.embedding_lookup(self.color_embedding, self.colors.lookup(color)),
+                age[:, None]], axis=1)
+            logits = tf.matmul(features, self.kernel) + self.bias
+            logits = tf.cond(tf.reduce_mean(age) > 0.0, lambda: logits * 2.0,
+                             lambda: logits - 1.0)
+            _, logits = tf.while_loop(lambda i, x: i < 3,
+                                      lambda i, x: (i + 1, x + 0.1 * tf.nn.relu(x)),
+                                      (tf.constant(0), logits))
+            return {"scores": tf.nn.softmax(logits), "class_ids": tf.argmax(logits, axis=1),
+                    "word_ids": word_ids}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+        def parse_and_predict(self, serialized):
+            features = tf.io.parse_example(serialized, {
+                "word": tf.io.FixedLenFeature([], tf.string, default_value=""),
+                "color": tf.io.FixedLenFeature([], tf.string, default_value="red"),
+                "age": tf.io.FixedLenFeature([], tf.float32),
+            })
+            return self._predict(features["word"], features["color"], features["age"])
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="word"),
+                                      tf.TensorSpec([None], tf.string, name="color"),
+                                      tf.TensorSpec([None], tf.float32, name="age")])
+        def predict(self, word, color, age):
+            return self._predict(word, color, age)
+
+    model = Model()
+    tf.saved_model.save(model, export_dir, signatures={
+        "serving_default": model.parse_and_predict, "predict_raw": model.predict})
+    shutil.rmtree(scratch)  # the model must work from its own assets/ copy
+    return export_dir
+
+
+def fruit_examples(count: int, seed: int = 0) -> list[bytes]:
+    """Serialized tf.Examples for build_tf_module's serving_default, OOV values included."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        feature = {
+            "word": tf.train.Feature(bytes_list=tf.train.BytesList(
+                value=[rng.choice(list(FRUITS) + ["kiwi"]).encode()])),
+            "color": tf.train.Feature(bytes_list=tf.train.BytesList(
+                value=[rng.choice(list(COLORS) + ["mauve"]).encode()])),
+            "age": tf.train.Feature(float_list=tf.train.FloatList(
+                value=[float(rng.normal())])),
+        }
+        out.append(tf.train.Example(features=tf.train.Features(feature=feature))
+                   .SerializeToString())
+    return out
+
+
+def _build_tf2(tmp_path_factory, name: str, builder, *args) -> str:
+    base = str(tmp_path_factory.mktemp(name))
+    builder(*args, os.path.join(base, "1"))
+    return base
+
+
+@pytest.fixture(scope="session")
+def mobilenet_v2_dir(tmp_path_factory) -> str:
+    """Keras 3 MobileNetV2 (96x96, 10 classes, logits), model.export: serve + serving_default."""
+    return os.path.join(_build_tf2(tmp_path_factory, "mobilenet_v2", build_keras_application,
+                                   "mobilenet_v2"), "1")
+
+
+@pytest.fixture(scope="session")
+def resnet50_dir(tmp_path_factory) -> str:
+    """Keras 3 ResNet50 (64x64, 10 classes, logits), model.export: serve + serving_default."""
+    return os.path.join(_build_tf2(tmp_path_factory, "resnet50", build_keras_application,
+                                   "resnet50"), "1")
+
+
+@pytest.fixture(scope="session")
+def text_lstm_dir(tmp_path_factory) -> str:
+    """Keras 3 TextVectorization + Embedding + LSTM and IntegerLookup, model.export."""
+    return os.path.join(_build_tf2(tmp_path_factory, "text_lstm", build_text_lstm), "1")
+
+
+@pytest.fixture(scope="session")
+def tf_module_dir(tmp_path_factory) -> str:
+    """tf.Module: tf.Example and tensor signatures, vocabulary-file table, cond, while."""
+    return os.path.join(_build_tf2(tmp_path_factory, "tf_module", build_tf_module), "1")
