@@ -35,7 +35,7 @@ def _quiet_tensorflow():
 
 @pytest.fixture(scope="session")
 def vocab_path(tmp_path_factory) -> str:
-    from estimator_helpers import write_vocabulary
+    from .estimator_helpers import write_vocabulary
 
     return write_vocabulary(str(tmp_path_factory.mktemp("vocab")))
 
@@ -43,7 +43,7 @@ def vocab_path(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def trained_classifier(tmp_path_factory, vocab_path):
     """A DNNClassifier trained a few steps (no exports): (estimator, receiver_fn)."""
-    from estimator_helpers import dnn_classifier, input_fn
+    from .estimator_helpers import dnn_classifier, input_fn
 
     estimator, receiver = dnn_classifier(str(tmp_path_factory.mktemp("trained")), vocab_path)
     estimator.train(input_fn("class", repeat=True), max_steps=10)

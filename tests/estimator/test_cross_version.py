@@ -14,9 +14,10 @@ import textwrap
 
 import pytest
 import tensorflow as tf
-from estimator_helpers import FAST, REPO, SERVE, signatures
 
 from serving_opt import loader, parity
+
+from .estimator_helpers import FAST, REPO, SERVE, signatures
 
 MAIN_PYTHON = REPO / ".venv" / "bin" / "python"
 

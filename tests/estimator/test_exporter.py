@@ -13,7 +13,16 @@ import os
 
 import pytest
 import tensorflow as tf
-from estimator_helpers import (
+
+from serving_opt import OptimizeOptions
+from serving_opt.errors import ServingOptError, UsageError
+from serving_opt.estimator import (
+    ExportOptimizationError,
+    OptimizingExporter,
+    raw_export_base,
+)
+
+from .estimator_helpers import (
     CLASSIFY,
     FAST,
     PREDICT,
@@ -29,14 +38,6 @@ from estimator_helpers import (
     train_and_evaluate,
     tree,
     versions,
-)
-
-from serving_opt import OptimizeOptions
-from serving_opt.errors import ServingOptError, UsageError
-from serving_opt.estimator import (
-    ExportOptimizationError,
-    OptimizingExporter,
-    raw_export_base,
 )
 
 OPTIONS = OptimizeOptions(**FAST)

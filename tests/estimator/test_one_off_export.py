@@ -6,7 +6,6 @@ import os
 import time
 
 import pytest
-from estimator_helpers import CLASSIFY, FAST, PREDICT, entries, method_names, signatures, versions
 
 from serving_opt import OptimizeOptions
 from serving_opt.errors import UsageError
@@ -15,6 +14,8 @@ from serving_opt.estimator import (
     export_optimized_saved_model,
     raw_export_base,
 )
+
+from .estimator_helpers import CLASSIFY, FAST, PREDICT, entries, method_names, signatures, versions
 
 OPTIONS = OptimizeOptions(**FAST)
 
