@@ -28,7 +28,7 @@ demo: $(STAMP)
 	@echo; echo "JSON report: build/report/optimize.json (marker: build/report/VALIDATED)"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check serving_opt tests
+	$(VENV)/bin/ruff check serving_opt tests examples
 
 pytest: $(STAMP) bazel-setup  # tests/test_bazel.py calls bazel
 	$(PY) -m pytest -q tests
