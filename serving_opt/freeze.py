@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from serving_opt import loader
 from serving_opt.errors import ServingOptError
-from serving_opt.graph import ServingGraph, node_name, tensor_info_nodes
+from serving_opt.graph import ServingGraph, node_name, prune_library, tensor_info_nodes
 
 # A serialized GraphDef must stay under 2 GiB (protobuf's limit). Keep a margin for
 # the non-constant nodes and the rest of the MetaGraphDef.
@@ -102,6 +102,17 @@ def reachable_nodes(graph_def, roots) -> set[str]:
         seen.add(name)
         stack.extend(inputs[name])
     return seen
+
+
+def _reachable_subgraph(graph_def, reached: set[str]):
+    from tensorflow.core.framework import graph_pb2
+
+    out = graph_pb2.GraphDef()
+    out.versions.CopyFrom(graph_def.versions)
+    out.library.CopyFrom(graph_def.library)
+    out.node.extend(n for n in graph_def.node if n.name in reached)
+    prune_library(out)
+    return out
 
 
 _PASS_THROUGH = frozenset({"Identity", "IdentityN", "ReadVariableOp"})
@@ -421,6 +432,9 @@ def freeze_session_model(
         sizes = {name: size for name, size in variable_sizes(graph_def).items()
                  if name in reached and name not in keep_variables}
         check_protobuf_limit(sizes, limit_bytes)
+        # The converter walks every node of every library function; a TF2 model's save
+        # and restore functions are most of them (2-4x the serving functions).
+        graph_def = _reachable_subgraph(graph_def, reached)
         try:
             frozen = tf.compat.v1.graph_util.convert_variables_to_constants(
                 sess, graph_def, outputs,

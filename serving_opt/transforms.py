@@ -238,12 +238,12 @@ _BIAS_OPS = frozenset({"Add", "AddV2", "BiasAdd"})
 
 
 @dataclass(frozen=True)
-class FoldPreparation:
-    """What :func:`prepare_batch_norm_folds` changed, for the report and the tests."""
+class FoldReport:
+    """What :func:`fold_batch_norm_scales` changed, for the report and the tests."""
 
-    foldable: int = 0  # Muls the tool will fold into the weights before them
-    hoisted: int = 0  # of those, Muls moved in front of a bias add
-    weights_split: int = 0  # shared weight constants given one copy per consumer
+    folded: int = 0  # per-channel Muls folded into the weights before them
+    hoisted: int = 0  # of those, Muls first moved in front of a bias add
+    shared: int = 0  # folds that reused weights another copy of the model folded
     disabled: int = 0  # Muls the tool would fold wrongly or fail on, left alone
 
 
@@ -280,29 +280,31 @@ def _weight_columns(op: str, node, weights) -> tuple[int, int] | None:
     return weights.shape[2] * weights.shape[3], 4
 
 
-def prepare_batch_norm_folds(graph_def, protected: set[str]) -> FoldPreparation:
-    """Makes the tool's ``fold_batch_norms`` fold what it can, and only that.
+def fold_batch_norm_scales(graph_def, protected: set[str]) -> FoldReport:
+    """Folds per-channel scales into the weights before them; disarms what the tool
+    would fold wrongly. Runs where the spec says ``fold_batch_norms``.
 
     The tool folds ``Mul(Conv2D|MatMul|DepthwiseConv2dNative(x, W), s)`` into ``W``
     when ``s`` is a float32 [C] constant and nothing else uses ``W`` or ``s``. Keras 3
-    lowers batch norm to exactly that Mul (``tf.nn.batch_normalization``), but:
+    lowers batch norm to exactly that Mul (``tf.nn.batch_normalization``), but the
+    tool misses most of it and breaks on some of the rest:
 
     * inlined TF2 signatures share one weight constant between the copies of the
-      model (``serve`` and ``serving_default``), so the tool skips every fold: shared
-      constants are split, one copy per consumer (merge_duplicate_nodes re-merges
-      identical results);
+      model (``serve`` and ``serving_default``), so the tool skips every fold; here
+      each (weights, scale) pair is folded once and the copies share the result;
     * a conv with a bias (ResNet's) puts an Add between the conv and the Mul:
-      ``(conv + b) * s`` becomes ``conv * s + b * s``;
-    * a [1, 1, 1, C] or scalar constant is given the [C] shape the tool requires;
-    * a Mul the tool would fold wrongly (``transpose_b``, NCHW, non-float32) or fail
-      on (a constant of another shape) gets its inputs swapped, which the tool's
-      pattern does not match: the Mul stays as it was.
+      ``(conv + b) * s`` becomes ``conv * s + b * s`` first;
+    * a scalar or [1, 1, 1, C] scale is the same as its [C] broadcast;
+    * a Mul the tool would fold wrongly (``transpose_b``, NCHW, non-float32: it reads
+      the weights as float32 and aborts the process on doubles) or fail on (a scale
+      of another shape) gets its inputs swapped, which the tool's pattern does not
+      match: the Mul stays as it was.
 
-    Changes ``graph_def`` in place.
+    Like the tool, the conv takes the Mul's name. Changes ``graph_def`` in place.
 
     Example:
-        >>> prepare_batch_norm_folds(inlined_graph_def, set())
-        FoldPreparation(foldable=104, hoisted=0, weights_split=52, disabled=0)
+        >>> fold_batch_norm_scales(inlined_graph_def, set())
+        FoldReport(folded=104, hoisted=0, shared=52, disabled=0)
     """
     from tensorflow.python.framework import tensor_util
 
@@ -354,7 +356,7 @@ def prepare_batch_norm_folds(graph_def, protected: set[str]) -> FoldPreparation:
             return None
         return node
 
-    hoisted = split = enabled = disabled = 0
+    hoisted = shared = enabled = disabled = 0
     muls = [n for n in graph_def.node if n.op == "Mul" and len(n.input) == 2
             and not any(i.startswith("^") for i in n.input) and n.name not in protected]
     # (conv + b) * s  ->  conv * s + b * s, so the scale meets the conv.
@@ -400,6 +402,8 @@ def prepare_batch_norm_folds(graph_def, protected: set[str]) -> FoldPreparation:
             muls.append(scaled)
             hoisted += 1
             break
+    folded_weights: dict[tuple[str, bytes], str] = {}
+    replaced: set[str] = set()
     for mul in muls:
         if mul.op != "Mul":
             continue
@@ -414,26 +418,39 @@ def prepare_batch_norm_folds(graph_def, protected: set[str]) -> FoldPreparation:
         shape = _weight_columns(conv.op, conv, weights) if scale is not None else None
         s_vec = _channel_vector(scale, *shape) if shape is not None else None
         foldable = (s_vec is not None and sole_consumer(conv.name, mul.name)
-                    and weights_name not in protected and node_name(scale_ref) not in protected)
+                    and weights_name not in protected and node_name(scale_ref) not in protected
+                    and conv_ref.partition(":")[2] in ("", "0"))
         if not foldable:
             if c_index == 0:  # the tool's pattern: conv first; a swap keeps it away
                 mul.input[0], mul.input[1] = scale_ref, conv_ref
                 disabled += 1
             continue
-        if consumers.get(weights_name, []) != [conv.name]:
-            copy = add_const(f"{conv.name}/weights", weights)
-            consumers[weights_name].remove(conv.name)
-            consumers[copy] = [conv.name]
-            conv.input[1] = copy
-            split += 1
-        if consumers.get(node_name(scale_ref), []) != [mul.name] or scale.shape != s_vec.shape:
-            consumers.get(node_name(scale_ref), [mul.name]).remove(mul.name)
-            scale_ref = add_const(f"{mul.name}/scale_vector", s_vec)
-            consumers[scale_ref] = [mul.name]
-        del mul.input[:]
-        mul.input.extend([conv_ref, scale_ref])
+        # The fold itself, as the tool does it (weights * scale per output channel), but
+        # once per (weights, scale): the copies of an inlined model share the result
+        # instead of each needing a private copy of the weights to fold into.
+        key = (weights_name, s_vec.tobytes())
+        if key in folded_weights:
+            shared += 1
+        else:
+            columns = s_vec.reshape(weights.shape[2:]) if conv.op == "DepthwiseConv2dNative" \
+                else s_vec
+            folded_weights[key] = add_const(f"{mul.name}/folded_weights",
+                                            (weights * columns).astype(weights.dtype))
+        conv.input[1] = folded_weights[key]
+        replaced.add(weights_name)
+        # The conv takes the Mul's name, so the Mul's consumers now read the conv.
+        graph_def.node.remove(mul)
+        del nodes[mul.name]
+        conv.name = mul.name
+        nodes[conv.name] = conv
         enabled += 1
-    return FoldPreparation(enabled, hoisted, split, disabled)
+    used = {node_name(i) for n in graph_def.node for i in n.input}
+    orphans = replaced - used - protected
+    if orphans:
+        kept = [n for n in graph_def.node if n.name not in orphans]
+        del graph_def.node[:]
+        graph_def.node.extend(kept)
+    return FoldReport(enabled, hoisted, shared, disabled)
 
 
 _FUSED_BN_V2_V3 = frozenset({"FusedBatchNormV2", "FusedBatchNormV3"})
@@ -534,11 +551,12 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...]) -> 
     fed = [n for n in graph.fed_nodes() if n in node_ops]
     for group in _call_groups(transforms):
         if group[0].name == "fold_batch_norms":
-            # Needs the constants fold_constants produced, so it runs in between.
+            # Needs the constants fold_constants produced, so it runs in between;
+            # the tool's own fold then finds nothing left it could get wrong.
             staged = graph_pb2.GraphDef()
             staged.ParseFromString(data)
-            preparation = prepare_batch_norm_folds(staged, set(outputs) | set(inputs))
-            if preparation != FoldPreparation():
+            folds = fold_batch_norm_scales(staged, set(outputs) | set(inputs))
+            if folds != FoldReport():
                 data = staged.SerializeToString()
         fetching = group[0].name in _FETCHING_TRANSFORMS
         these_inputs = fed if fetching else inputs

@@ -27,7 +27,7 @@ from serving_opt.transforms import apply_transforms, parse_transforms
 
 FAST = OptimizeOptions(benchmark_runs=0)
 SERVE = frozenset({"serve"})
-MODELS = ["mobilenet_v2", "resnet50", "text_lstm", "tf_module"]
+MODELS = ["tf_module", "text_lstm", "mobilenet_v2", "resnet50"]
 CALL_OPS = {"PartitionedCall", "StatefulPartitionedCall"}
 
 
@@ -90,7 +90,7 @@ def _feeds(model: str, src: str = "") -> dict:
     }
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=16)
 def _load_tf2(path: str):
     import tensorflow as tf
 
@@ -105,14 +105,16 @@ def _run_tf2(path: str, key: str, feed: dict) -> dict:
     return {k: v.numpy() for k, v in outputs.items()}
 
 
+@functools.lru_cache(maxsize=16)
+def _session(path: str):
+    return loader.load_session(path)  # a ResNet50 session costs seconds: load it once
+
+
 def _run_session(path: str, key: str, feed: dict) -> dict:
-    sess, meta_graph = loader.load_session(path)
-    try:
-        sig = meta_graph.signature_def[key]
-        fetch = {a: t.name for a, t in sig.outputs.items()}
-        return sess.run(fetch, {sig.inputs[a].name: v for a, v in feed.items()})
-    finally:
-        sess.close()
+    sess, meta_graph = _session(path)
+    sig = meta_graph.signature_def[key]
+    fetch = {a: t.name for a, t in sig.outputs.items()}
+    return sess.run(fetch, {sig.inputs[a].name: v for a, v in feed.items()})
 
 
 def _assert_same(actual: dict, expected: dict) -> None:
@@ -145,6 +147,8 @@ def test_outputs_match_the_source_through_both_loaders(model, request):
     for key, feed in _feeds(model, src).items():
         expected = _run_tf2(src, key, feed)
         _assert_same(_run_session(report.output_dir, key, feed), expected)
+        if model in KERAS_APPLICATIONS and key == "serve":
+            continue  # the same network as serving_default; seconds per call on ResNet50
         _assert_same(_run_tf2(report.output_dir, key, feed), expected)
 
 
