@@ -9,6 +9,15 @@ op, the table initializers, and the asset tensors it feeds with file paths.
 The init op itself is rewritten: variable initializers are dropped from it (the
 variables are constants now, and an ``Assign`` into a constant cannot run) and
 everything else it ran, table initialization above all, is kept.
+
+TF2 SavedModels (Keras ``model.export``, ``tf.saved_model.save``) load the same
+way, through the session loader, and freeze the same way, with three differences
+handled here: the variables live behind function arguments (TF's converter rewrites
+the function bodies; ``ResourceGather`` inside a function is first spelled as a read
+plus ``GatherV2``, which the converter can freeze), each asset path is held in a
+string variable the init op assigns from the fed asset tensor (kept a variable, so
+it follows the model's own ``assets/``), and only what the signatures and the init
+op reach is converted (a TF2 graph holds each variable up to three times).
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ through them. Grappler prunes whatever the MetaGraph does not ask for: every
 signature tensor goes in the signature map and every other protected node
 (init op, table initializers, asset tensors) in the ``train_op`` collection,
 which Grappler treats as fetch nodes.
+
+For TF2 models the same machinery, with only the ``function`` optimizer, first
+inlines the signature functions into the top level (:func:`inline_functions`), so
+the Graph Transform Tool and the passes here see the ops instead of calls.
 """
 
 from __future__ import annotations

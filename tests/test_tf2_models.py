@@ -349,6 +349,20 @@ def test_a_parity_failure_of_the_frozen_graph_falls_back(tf_module_dir, tmp_path
     assert os.listdir(tmp_path / "always") == []
 
 
+def test_freeze_never_keeps_the_functions_and_variables(text_lstm_dir, tmp_path):
+    report = optimize(text_lstm_dir, str(tmp_path / "out"),
+                      OptimizeOptions(freeze="never", benchmark_runs=0))
+    assert report.published and not report.frozen and report.parity.ok
+    assert [s.name for s in report.stages][:3] == ["read", "freeze", "transforms"]
+    out = _meta_graph(report.output_dir)
+    assert set(_ops(out.graph_def)) & CALL_OPS and out.HasField("saver_def")
+    assert _signature_map(report.output_dir) == _signature_map(text_lstm_dir)
+    feed = _feeds("text_lstm")["serving_default"]
+    expected = _run_tf2(text_lstm_dir, "serving_default", feed)
+    _assert_same(_run_session(report.output_dir, "serving_default", feed), expected)
+    _assert_same(_run_tf2(report.output_dir, "serving_default", feed), expected)
+
+
 def test_a_lossy_transform_still_fails_the_gate_on_tf2(tf_module_dir, tmp_path):
     # Keeping variables would make round_weights a no-op and pass; it must not be tried.
     with pytest.raises(ParityError) as failure:
