@@ -254,6 +254,7 @@ def test_vocabulary_file_asset_works_after_moving_the_model(tf_module_dir, model
                                                             tmp_path):
     src = model_copy(tf_module_dir, "source")
     report = optimize(src, str(tmp_path / "out"), FAST)
+    assert report.frozen, report.freeze_note
     with open(os.path.join(tf_module_dir, "assets", "fruits.txt"), "rb") as f:
         original = f.read()
     with open(os.path.join(report.output_dir, "assets", "fruits.txt"), "rb") as f:
