@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv lint pytest bazel-setup bazel-test clean
+.PHONY: demo test venv lint pytest pytest-bazel bazel-setup bazel-test clean
 
 venv: $(STAMP)
 
@@ -30,10 +30,17 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check serving_opt tests examples
 
+# Every test file, straight through pytest (what a developer runs while working).
 pytest: $(STAMP) bazel-setup  # tests/test_bazel.py calls bazel
 	$(PY) -m pytest -q tests
 
-test: $(STAMP) lint pytest test-estimator bazel-test
+# The whole suite, each test file once: every tests/test_*.py (and examples/) as a Bazel
+# py_test that runs it through pytest, two at a time; then the tests that drive Bazel
+# itself (they cannot run inside a Bazel test); then the Estimator suite on TF 2.15.
+test: $(STAMP) lint bazel-test pytest-bazel test-estimator
+
+pytest-bazel: $(STAMP) bazel-setup
+	$(PY) -m pytest -q tests/test_bazel.py
 
 # Bazel: Debian's bazel-bootstrap (4.2.3) when none is installed, then the offline
 # setup (.bazelrc.offline, gitignored; see tools/bazel/README.md).
@@ -43,7 +50,7 @@ bazel-setup:
 	@tools/bazel/offline_setup.sh
 
 bazel-test: $(STAMP) bazel-setup
-	bazel test //... --test_output=errors --noshow_progress
+	bazel test //... --test_output=errors --noshow_progress --test_summary=terse
 
 clean:
 	rm -rf build
