@@ -332,6 +332,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # The samples use deprecated-but-real TF1 APIs on purpose (that is what Estimators
+    # exported); their deprecation warnings and TF's C++ start-up lines are noise here.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    from serving_opt import loader
+
+    loader.quiet_tensorflow_import()
+    import logging
+
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
     parser.add_argument("--kind", choices=_KINDS, default="classifier")
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--seed", type=int, default=0)
