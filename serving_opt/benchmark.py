@@ -101,8 +101,7 @@ def benchmark(
     try:
         sig_a = mg_a.signature_def[signature_key]
         sig_b = mg_b.signature_def[signature_key]
-        assets = [a.path for a in loader.asset_files(mg_a, before_dir)]
-        synth = inputs_lib.InputSynthesizer(inputs_lib.vocabulary_words(assets), seed)
+        synth = inputs_lib.InputSynthesizer(inputs_lib.model_vocabulary(mg_a, before_dir), seed)
         before: list[Latency] = []
         after: list[Latency] = []
         for batch in batch_sizes:

@@ -155,8 +155,8 @@ def check_parity(
         ref_sess.close()
         raise
     try:
-        assets = [a.path for a in loader.asset_files(ref_mg, reference_dir)]
-        synthesizer = inputs_lib.InputSynthesizer(inputs_lib.vocabulary_words(assets), seed)
+        synthesizer = inputs_lib.InputSynthesizer(
+            inputs_lib.model_vocabulary(ref_mg, reference_dir), seed)
         results: list[OutputParity] = []
         sources = {}
         batches_run = 0

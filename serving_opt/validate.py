@@ -261,8 +261,8 @@ def build_probes(model_dir: str, reference_dir: str, model_name: str, version: i
     sess, ref_mg = loader.load_session(reference_dir, tags)
     probes: list[_Probe] = []
     try:
-        assets = [a.path for a in loader.asset_files(ref_mg, reference_dir)]
-        synth = inputs_lib.InputSynthesizer(inputs_lib.vocabulary_words(assets), options.seed)
+        synth = inputs_lib.InputSynthesizer(
+            inputs_lib.model_vocabulary(ref_mg, reference_dir), options.seed)
         keys = sorted(loader.serving_signatures(served_mg))
         example_batches: dict[str, list[bytes]] = {}
         for key in keys:

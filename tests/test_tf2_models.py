@@ -453,3 +453,15 @@ def test_scales_the_tool_would_fold_wrongly_or_fail_on_are_handled(case):
     value = np.random.default_rng(0).normal(size=(3, 8, 8, 2)).astype(np.float32)
     np.testing.assert_allclose(run(folded.graph_def, value), run(serving.graph_def, value),
                                rtol=1e-5, atol=1e-4)
+
+
+def test_synthesized_text_inputs_use_the_in_graph_vocabulary(text_lstm_dir):
+    # TextVectorization keeps its vocabulary in the graph, not in an asset file; the
+    # parity inputs must draw from it or every lookup would be out of vocabulary.
+    from conftest import TEXT_VOCABULARY
+
+    from serving_opt import inputs, loader
+
+    meta_graph = loader.find_meta_graph(loader.read_saved_model(text_lstm_dir), {"serve"})
+    words = inputs.model_vocabulary(meta_graph, text_lstm_dir)
+    assert set(TEXT_VOCABULARY) <= set(words)
