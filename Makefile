@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv lint pytest pytest-bazel bazel-setup bazel-test clean
+.PHONY: demo bench test venv lint pytest pytest-bazel bazel-setup bazel-test clean
 
 venv: $(STAMP)
 
@@ -27,8 +27,12 @@ demo: $(STAMP)
 	  --report=build/report/optimize.json
 	@echo; echo "JSON report: build/report/optimize.json (marker: build/report/VALIDATED)"
 
+# Before/after size, load time and latency of the sample models, side by side (slow).
+bench: $(STAMP)
+	$(PY) benchmarks/compare.py
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check serving_opt tests examples
+	$(VENV)/bin/ruff check serving_opt tests examples benchmarks
 
 # Every test file, straight through pytest (what a developer runs while working).
 pytest: $(STAMP) bazel-setup  # tests/test_bazel.py calls bazel

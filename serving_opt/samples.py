@@ -21,7 +21,8 @@ import numpy as np
 VOCABULARY = ("apple", "banana", "cherry", "date", "elderberry", "fig", "grape", "honeydew")
 CLASS_NAMES = ("negative", "neutral", "positive")
 
-_KINDS = ("classifier", "multihead", "regressor", "convnet", "keras")
+_KINDS = ("classifier", "multihead", "regressor", "convnet", "keras", "mobilenet_v2",
+          "resnet50")
 
 
 def _tf():
@@ -276,12 +277,48 @@ def build_keras(export_dir: str, seed: int = 0) -> str:
     return export_dir
 
 
+# Small inputs keep the real architectures (every layer, every batch norm) but make
+# them fast: MobileNetV2 at 96x96, ResNet50 at 64x64.
+KERAS_APPLICATIONS = {"mobilenet_v2": ("MobileNetV2", 96), "resnet50": ("ResNet50", 64)}
+
+
+def build_keras_application(kind: str, export_dir: str, seed: int = 0) -> str:
+    """A ``keras.applications`` model (weights=None, fixed seed) exported with model.export.
+
+    Untrained batch norms are identities (mean 0, variance 1, scale 1, offset 0), so
+    folding them would change nothing measurable: they get trained-looking statistics.
+    The head outputs logits (``classifier_activation=None``): a parity check on
+    saturated probabilities would hide drift.
+
+    Example:
+        >>> build_keras_application("mobilenet_v2", "/tmp/models/mnv2/1")
+        '/tmp/models/mnv2/1'
+    """
+    import keras
+
+    name, size = KERAS_APPLICATIONS[kind]
+    keras.utils.set_random_seed(seed)
+    model = getattr(keras.applications, name)(
+        input_shape=(size, size, 3), weights=None, classes=10, classifier_activation=None)
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            channels = layer.moving_mean.shape[0]
+            layer.set_weights([rng.uniform(0.5, 1.5, channels), rng.normal(0, 0.2, channels),
+                               rng.normal(0, 0.2, channels), rng.uniform(0.5, 2.0, channels)])
+    model.export(export_dir, verbose=False)
+    return export_dir
+
+
 _BUILDERS = {
     "classifier": build_classifier,
     "multihead": lambda export_dir, seed=0: build_classifier(export_dir, seed, True),
     "regressor": build_regressor,
     "convnet": build_convnet,
     "keras": build_keras,
+    "mobilenet_v2": lambda export_dir, seed=0: build_keras_application(
+        "mobilenet_v2", export_dir, seed),
+    "resnet50": lambda export_dir, seed=0: build_keras_application("resnet50", export_dir, seed),
 }
 
 

@@ -98,38 +98,12 @@ def tree_snapshot(path: str) -> dict[str, bytes]:
 
 # --- TF2 / Keras 3 models (tests/test_tf2_models.py) ---------------------------------
 
-# Small inputs keep the real architectures (every layer, every batch norm) but make
-# them fast: MobileNetV2 at 96x96, ResNet50 at 64x64.
-KERAS_APPLICATIONS = {"mobilenet_v2": ("MobileNetV2", 96), "resnet50": ("ResNet50", 64)}
 TEXT_VOCABULARY = ("the", "cat", "dog", "sat", "on", "mat", "a", "bird", "flew", "away")
 HOURS = (0, 6, 12, 18)
 FRUITS = ("apple", "banana", "cherry", "date", "fig")
 COLORS = ("red", "green", "blue")
-
-
-def build_keras_application(kind: str, export_dir: str, seed: int = 0) -> str:
-    """A ``keras.applications`` model (weights=None, fixed seed) exported with model.export.
-
-    Untrained batch norms are identities (mean 0, variance 1, scale 1, offset 0), so
-    folding them would change nothing measurable: they get trained-looking statistics.
-    The head outputs logits (``classifier_activation=None``): a parity check on
-    saturated probabilities would hide drift.
-    """
-    import keras
-    import numpy as np
-
-    name, size = KERAS_APPLICATIONS[kind]
-    keras.utils.set_random_seed(seed)
-    model = getattr(keras.applications, name)(
-        input_shape=(size, size, 3), weights=None, classes=10, classifier_activation=None)
-    rng = np.random.default_rng(seed)
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.BatchNormalization):
-            channels = layer.moving_mean.shape[0]
-            layer.set_weights([rng.uniform(0.5, 1.5, channels), rng.normal(0, 0.2, channels),
-                               rng.normal(0, 0.2, channels), rng.uniform(0.5, 2.0, channels)])
-    model.export(export_dir, verbose=False)
-    return export_dir
+KERAS_APPLICATIONS = samples.KERAS_APPLICATIONS
+build_keras_application = samples.build_keras_application
 
 
 def build_text_lstm(export_dir: str, seed: int = 0) -> str:
