@@ -410,7 +410,14 @@ class _CandidateBuilder:
 
         say(f"[3/7] Graph Transform Tool: {transforms_lib.describe(self.transforms) or 'none'}")
         start = time.perf_counter()
-        graph = transforms_lib.apply_transforms(graph, self.transforms)
+        # The default preset is a convenience: a transform of it that fails on this graph
+        # is left out with a warning. A spec the user wrote fails the run instead.
+        default_preset = options.transforms is None or \
+            options.transforms.strip().lower() == "default"
+        skipped: list[str] | None = [] if default_preset else None
+        graph = transforms_lib.apply_transforms(graph, self.transforms, skipped)
+        for message in skipped or ():
+            self.warnings.append(f"default transform left out: {message}")
         stages.append(StageReport("transforms", time.perf_counter() - start, graph.node_count(),
                                   f"{len(self.transforms)} transforms"))
 

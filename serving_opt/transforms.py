@@ -217,6 +217,59 @@ def _pywrap():
     return _pywrap_transform_graph
 
 
+_DEFAULT_SUFFIX = "/serving_opt_default"
+
+
+def _consts_to_placeholders(data: bytes, names: list[str]) -> tuple[bytes, dict]:
+    """Const ``n`` -> PlaceholderWithDefault ``n`` over a Const ``n/serving_opt_default``.
+
+    Returns the new graph and the original Const NodeDefs, to put back afterwards.
+    """
+    from tensorflow.core.framework import graph_pb2, node_def_pb2
+
+    graph_def = graph_pb2.GraphDef()
+    graph_def.ParseFromString(data)
+    wanted, originals = set(names), {}
+    for node in list(graph_def.node):
+        if node.name not in wanted or node.op != "Const":
+            continue
+        originals[node.name] = node_def_pb2.NodeDef()
+        originals[node.name].CopyFrom(node)
+        default = graph_def.node.add()
+        default.CopyFrom(node)
+        default.name = node.name + _DEFAULT_SUFFIX
+        value = node.attr["value"].tensor
+        node.op = "PlaceholderWithDefault"
+        node.attr["shape"].shape.CopyFrom(value.tensor_shape)
+        del node.attr["value"]
+        del node.input[:]
+        node.input.append(default.name)
+    return graph_def.SerializeToString(), originals
+
+
+def _placeholders_to_consts(data: bytes, originals: dict) -> bytes:
+    """Puts the original Consts back (the tool may have turned them into Placeholders)."""
+    from tensorflow.core.framework import graph_pb2
+
+    graph_def = graph_pb2.GraphDef()
+    graph_def.ParseFromString(data)
+    defaults = {name + _DEFAULT_SUFFIX for name in originals}
+    kept = []
+    for node in graph_def.node:
+        if node.name in defaults:
+            continue
+        if node.name in originals:
+            node.CopyFrom(originals[node.name])
+        kept.append(node)
+    del graph_def.node[:]
+    graph_def.node.extend(kept)
+    return graph_def.SerializeToString()
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
 _ANCHOR = "serving_opt/keep_anchor"
 # Transforms that build a session and fetch the outputs by tensor name.
 _FETCHING_TRANSFORMS = frozenset({"fold_constants", "quantize_nodes",
@@ -510,8 +563,13 @@ def _call_groups(transforms: tuple[Transform, ...]) -> list[list[Transform]]:
     return groups
 
 
-def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...]) -> ServingGraph:
+def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
+                     skipped: list[str] | None = None) -> ServingGraph:
     """Runs TF's C++ Graph Transform Tool on the graph, protecting what serving needs.
+
+    With ``skipped`` (a list), a transform the tool fails on is left out and its error
+    appended there instead of raised: the lossless default preset degrades instead of
+    failing a run on a graph one of its transforms cannot handle.
 
     Example:
         >>> out = apply_transforms(frozen, parse_transforms("fold_constants fold_batch_norms"))
@@ -548,7 +606,11 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...]) -> 
     # Folding treats its inputs as feeds: every fed node (asset paths fed at load, the
     # saver's checkpoint path, non-Placeholder signature inputs) goes in, or its consumer
     # would be folded with the export-time value baked in.
-    fed = [n for n in graph.fed_nodes() if n in node_ops]
+    fed = [n for n in graph.fed_nodes()
+           if node_ops.get(n) in ("Placeholder", "PlaceholderWithDefault", "Const")]
+    # The tool accepts only placeholders as feeds, but asset paths are Consts the loader
+    # overrides: they become PlaceholderWithDefault around the fetching transforms.
+    const_fed = [n for n in fed if node_ops[n] == "Const"]
     for group in _call_groups(transforms):
         if group[0].name == "fold_batch_norms":
             # Needs the constants fold_constants produced, so it runs in between;
@@ -560,6 +622,9 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...]) -> 
                 data = staged.SerializeToString()
         fetching = group[0].name in _FETCHING_TRANSFORMS
         these_inputs = fed if fetching else inputs
+        originals: dict = {}
+        if fetching and const_fed:
+            data, originals = _consts_to_placeholders(data, const_fed)
         keep = [n for n in tensor_outputs if not (fetching and n in fed)]
         keep += ([_ANCHOR] if silent else []) + ([] if fetching else silent)
         spec = " ".join(t.spec() for t in group)
@@ -569,11 +634,22 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...]) -> 
         except ServingOptError:
             raise
         except Exception as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise ServingOptError(
-                f"the Graph Transform Tool failed on {spec!r}: {first}",
-                "drop or fix the failing transform in --transforms",
-            ) from e
+            if skipped is None:
+                raise ServingOptError(
+                    f"the Graph Transform Tool failed on {spec!r}: {_first_line(e)}",
+                    "drop or fix the failing transform in --transforms",
+                ) from e
+            # One at a time, so only the transform that fails is left out.
+            for transform in group:
+                try:
+                    data = _pywrap().TransformGraphWithStringInputs(
+                        data, ",".join(these_inputs), ",".join(keep), transform.spec())
+                except ServingOptError:
+                    raise
+                except Exception as single:
+                    skipped.append(f"{transform.spec()}: {_first_line(single)}")
+        if originals:
+            data = _placeholders_to_consts(data, originals)
     out_bytes = data
     result = graph_pb2.GraphDef()
     result.ParseFromString(out_bytes)

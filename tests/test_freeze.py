@@ -85,3 +85,33 @@ def test_assets_extra_is_copied_to_the_optimized_model(classifier_dir, model_cop
     report = optimize(src, str(tmp_path / "out"), OptimizeOptions(benchmark_runs=0))
     with open(os.path.join(report.output_dir, "assets.extra", "notes.txt")) as f:
         assert f.read() == "kept"
+
+
+def test_a_failing_transform_is_left_out_only_when_asked(classifier_dir):
+    from serving_opt import transforms
+
+    graph, _ = freeze.freeze_session_model(classifier_dir, SERVE, ["predict"])
+    # A real tool error: rename_op needs new_op_name too.
+    spec = transforms.parse_transforms("rename_op(old_op_name=Foo) fold_constants")
+    with pytest.raises(ServingOptError, match="the Graph Transform Tool failed on"):
+        transforms.apply_transforms(graph, spec)
+    skipped: list[str] = []
+    result = transforms.apply_transforms(graph, spec, skipped)
+    assert len(skipped) == 1 and skipped[0].startswith("rename_op(old_op_name=Foo):")
+    assert "new_op_name" in skipped[0]
+    assert result.node_count() < graph.node_count()  # fold_constants still ran
+
+
+def test_strict_fold_constants_runs_on_a_model_with_assets(classifier_dir):
+    # The tool only takes placeholders as feeds, and the asset path is a Const the loader
+    # overrides: without care, fold_constants fails here (or, with ignore_errors=true,
+    # silently does nothing).
+    from serving_opt import transforms
+
+    graph, _ = freeze.freeze_session_model(classifier_dir, SERVE, ["predict"])
+    folded = transforms.apply_transforms(graph, transforms.parse_transforms("fold_constants"))
+    assert folded.node_count() < graph.node_count()
+    asset_node = graph.asset_file_defs[0].tensor_info.name.split(":")[0]
+    before = {n.name: n for n in graph.graph_def.node}[asset_node]
+    after = {n.name: n for n in folded.graph_def.node}[asset_node]
+    assert after.op == "Const" and after.attr["value"] == before.attr["value"]
