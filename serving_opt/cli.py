@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from serving_opt.errors import EXIT_FAILURE, EXIT_USAGE, ServingOptError
+from serving_opt.errors import EXIT_FAILURE, EXIT_USAGE, ServingOptError, first_line
 
 PROG = "serving-opt"
 COMMANDS = ("inspect", "optimize", "validate", "serve")
@@ -179,7 +179,7 @@ def main(argv: Sequence[str] | None = None, default_command: str | None = None) 
     except Exception as e:  # noqa: BLE001 - the last line of defence for a one-line error
         if verbosity > 0:
             traceback.print_exc()
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = first_line(e)
         print(
             f"{PROG} {command}: internal error: {type(e).__name__}: {first}; "
             "rerun with --verbosity=1 for the traceback and report it",

@@ -12,6 +12,16 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (TF's run a page long), or its type name.
+
+    Example:
+        >>> first_line(ValueError("bad shape\n  details..."))
+        'bad shape'
+    """
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
 class ServingOptError(Exception):
     """A failure with a user-facing explanation.
 

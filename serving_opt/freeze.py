@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from serving_opt import loader
-from serving_opt.errors import ServingOptError
+from serving_opt.errors import ServingOptError, first_line
 from serving_opt.graph import ServingGraph, node_name, prune_library, tensor_info_nodes
 
 # A serialized GraphDef must stay under 2 GiB (protobuf's limit). Keep a margin for
@@ -450,7 +450,7 @@ def freeze_session_model(
                 variable_names_blacklist=sorted(keep_variables) or None,
             )
         except Exception as e:  # TF raises many types here; name the cause in one line
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            first = first_line(e)
             raise ServingOptError(
                 f"could not freeze the variables of {saved_model_dir}: {first}",
                 "rerun with --freeze=never to optimize without freezing",

@@ -14,7 +14,7 @@ the Graph Transform Tool and the passes here see the ops instead of calls.
 
 from __future__ import annotations
 
-from serving_opt.errors import ServingOptError, UsageError
+from serving_opt.errors import ServingOptError, UsageError, first_line
 from serving_opt.graph import ServingGraph
 
 # The tfjs converter's choice: safe on inference graphs, and together they undo most
@@ -86,7 +86,7 @@ def run_grappler(
                 config, meta_graph, verbose=False, graph_id=b"serving_opt"
             )
         except Exception as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            first = first_line(e)
             raise ServingOptError(
                 f"Grappler failed with passes {','.join(passes)}: {first}",
                 "drop the failing pass from --grappler (or --grappler=none)",
@@ -188,7 +188,7 @@ def inline_functions(graph: ServingGraph) -> tuple[ServingGraph, int]:
         graph_def = tf_optimizer.OptimizeGraph(config, meta_graph, verbose=False,
                                                graph_id=b"serving_opt_inline")
     except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = first_line(e)
         raise ServingOptError(f"inlining the signature functions failed: {first}",
                               "rerun with --freeze=never to keep the functions") from e
     _restore_lowering(graph_def)

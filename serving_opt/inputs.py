@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from serving_opt.errors import ServingOptError
+from serving_opt.errors import ServingOptError, first_line
 from serving_opt.graph import node_name
 
 _PARSE_OPS = frozenset({"ParseExample", "ParseExampleV2", "ParseSingleExample"})
@@ -446,7 +446,7 @@ def read_examples_file(path: str) -> UserInputs:
             example.ParseFromString(record)
             records.append(record)
     except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = first_line(e)
         raise ServingOptError(
             f"--examples {path} is neither JSON lines nor a TFRecord of tf.Example ({first})",
             "write a TFRecord of serialized tf.Example, or one JSON request per line",

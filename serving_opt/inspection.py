@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from serving_opt import loader
+from serving_opt.errors import first_line
 
 SCHEMA_VERSION = 1
 
@@ -702,7 +703,7 @@ def _inspect_variables(path: str) -> tuple[VariablesReport, list[Risk]]:
             if key != OBJECT_GRAPH_KEY
         ]
     except Exception as e:  # noqa: BLE001 - TF raises many types for a damaged checkpoint
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = first_line(e)
         return VariablesReport("unreadable", None, 0, 0, (), PROTOBUF_LIMIT_BYTES), [Risk(
             "variables_unreadable", SEVERITY_ERROR,
             f"the variables checkpoint {prefix} cannot be read ({type(e).__name__}: {first}); "

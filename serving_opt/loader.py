@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from serving_opt.errors import ServingOptError
+from serving_opt.errors import ServingOptError, first_line
 
 SERVE_TAG = "serve"
 INIT_OP_SIGNATURE_KEY = "__saved_model_init_op"
@@ -346,15 +346,10 @@ def load_session(saved_model_dir: str, tags: Iterable[str] = (SERVE_TAG,), confi
     except Exception as e:
         sess.close()
         raise ServingOptError(
-            f"TensorFlow could not load {saved_model_dir}: {_first_line(e)}",
+            f"TensorFlow could not load {saved_model_dir}: {first_line(e)}",
             "check that the model loads with saved_model_cli show/run",
         ) from e
     return sess, meta_graph
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0]
 
 
 def dir_size(path: str) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 
 from serving_opt import inputs as inputs_lib
 from serving_opt import loader
-from serving_opt.errors import ServingOptError
+from serving_opt.errors import ServingOptError, first_line
 
 DEFAULT_ATOL = 1e-5
 DEFAULT_RTOL = 1e-4
@@ -180,7 +180,7 @@ def check_parity(
                 except Exception as e:  # the original itself rejects these inputs
                     raise ServingOptError(
                         f"the original model fails on {sig_inputs.source} inputs for "
-                        f"signature {key}: {_first_line(e)}",
+                        f"signature {key}: {first_line(e)}",
                         "pass real inputs with --examples (TFRecord of tf.Example or JSON "
                         "lines)",
                     ) from e
@@ -188,7 +188,7 @@ def check_parity(
                     actual = run_signature(cand_sess, cand_sig, feed)
                 except Exception as e:
                     failure = f"the optimized model fails where the original answers: " \
-                              f"{_first_line(e)}"
+                              f"{first_line(e)}"
                     break
                 batches_run += 1
                 for alias in per_output:
@@ -209,10 +209,6 @@ def check_parity(
         input_sources=sources,
         batches_run=batches_run,
     )
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _summarize(signature: str, alias: str, pairs: list, atol: float, rtol: float) -> OutputParity:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from serving_opt.errors import ServingOptError, UsageError
+from serving_opt.errors import ServingOptError, UsageError, first_line
 from serving_opt.graph import ServingGraph, node_name
 
 # Transform name -> accepted argument names, as registered in TF's C++ tool
@@ -264,10 +264,6 @@ def _placeholders_to_consts(data: bytes, originals: dict) -> bytes:
     del graph_def.node[:]
     graph_def.node.extend(kept)
     return graph_def.SerializeToString()
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 _ANCHOR = "serving_opt/keep_anchor"
@@ -636,7 +632,7 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
         except Exception as e:
             if skipped is None:
                 raise ServingOptError(
-                    f"the Graph Transform Tool failed on {spec!r}: {_first_line(e)}",
+                    f"the Graph Transform Tool failed on {spec!r}: {first_line(e)}",
                     "drop or fix the failing transform in --transforms",
                 ) from e
             # One at a time, so only the transform that fails is left out.
@@ -647,7 +643,7 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
                 except ServingOptError:
                     raise
                 except Exception as single:
-                    skipped.append(f"{transform.spec()}: {_first_line(single)}")
+                    skipped.append(f"{transform.spec()}: {first_line(single)}")
         if originals:
             data = _placeholders_to_consts(data, originals)
     out_bytes = data

@@ -215,6 +215,13 @@ def load_failure(log: str) -> str | None:
     return None
 
 
+def _prediction_channel(grpc, address: str):
+    """A channel with TF Serving's message limit (INT32_MAX) both ways, not gRPC's 4 MiB."""
+    return grpc.insecure_channel(address, options=[
+        ("grpc.max_receive_message_length", 2**31 - 1),
+        ("grpc.max_send_message_length", 2**31 - 1)])
+
+
 def _last_line(text: str) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1] if lines else "(no output)"
@@ -439,9 +446,7 @@ def run_load_test(address: str, probes: list[_Probe], concurrency: int, seconds:
     """
     grpc, *_rest = _grpc()
     prediction_grpc = _rest[6]
-    channel = grpc.insecure_channel(address, options=[
-        ("grpc.max_receive_message_length", 2**31 - 1),
-        ("grpc.max_send_message_length", 2**31 - 1)])
+    channel = _prediction_channel(grpc, address)
     stub = prediction_grpc.PredictionServiceStub(channel)
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
     errors = [0] * concurrency
@@ -525,10 +530,10 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),
     model_name = options.model_name or os.path.basename(model_base.rstrip("/")) or "model"
     reference_dir = options.reference_dir or model_dir
     tags = loader.parse_tags(options.saved_model_tags)
-    loader.find_meta_graph(loader.read_saved_model(model_dir), tags, model_dir)
-    backend = backends.resolve_backend(options.server)
     say(f"preparing requests from the reference model {reference_dir}")
+    # Reads and checks the served model too: a bad model fails before any server starts.
     probes, served = build_probes(model_dir, reference_dir, model_name, version, tags, options)
+    backend = backends.resolve_backend(options.server)
 
     warmup_file = None
     if options.write_warmup:
@@ -574,9 +579,7 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),
 
 def _answer_checks(address, model_name, version, served, probes, options) -> list[Check]:
     (grpc, _, get_model_metadata_pb2, _, _, _, _, prediction_grpc, _) = _grpc()
-    channel = grpc.insecure_channel(address, options=[
-        ("grpc.max_receive_message_length", 2**31 - 1),
-        ("grpc.max_send_message_length", 2**31 - 1)])
+    channel = _prediction_channel(grpc, address)
     stub = prediction_grpc.PredictionServiceStub(channel)
     checks = []
     try:
