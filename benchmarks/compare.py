@@ -26,8 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-    from serving_opt import loader, report, samples
+    from serving_opt import report, samples
     from serving_opt.optimizer import OptimizeOptions, optimize
+    from serving_opt.stages import loader
 
     loader.quiet_tensorflow_import()
     rows, summary = [], {}

@@ -18,7 +18,7 @@ import unittest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from serving_opt import loader, parity  # noqa: E402
+from serving_opt.stages import loader, parity  # noqa: E402
 
 ARGS = argparse.Namespace(source="", optimized="", report="")
 

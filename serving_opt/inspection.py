@@ -25,8 +25,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from serving_opt import loader
 from serving_opt.errors import first_line
+from serving_opt.stages import loader
 
 SCHEMA_VERSION = 1
 

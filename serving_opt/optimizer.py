@@ -18,14 +18,14 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from serving_opt import freeze as freeze_lib
-from serving_opt import grappler as grappler_lib
-from serving_opt import inputs as inputs_lib
-from serving_opt import loader, parity, writer
-from serving_opt import transforms as transforms_lib
-from serving_opt.benchmark import BenchmarkReport, benchmark
 from serving_opt.errors import ParityError, ServingOptError, UsageError, ValidationError
 from serving_opt.graph import ServingGraph, prune_library, total_node_count
+from serving_opt.stages import freeze as freeze_lib
+from serving_opt.stages import grappler as grappler_lib
+from serving_opt.stages import inputs as inputs_lib
+from serving_opt.stages import loader, parity, writer
+from serving_opt.stages import transforms as transforms_lib
+from serving_opt.stages.benchmark import BenchmarkReport, benchmark
 
 FREEZE_MODES = ("auto", "always", "never")
 
@@ -280,7 +280,7 @@ def _validate_staged(staging: str, input_dir: str, output_base: str, version: in
     import dataclasses
     import tempfile
 
-    from serving_opt import validate as validate_lib
+    from serving_opt.serving import validate as validate_lib
 
     hidden_base = tempfile.mkdtemp(prefix=f"{writer.STAGING_PREFIX}validate-", dir=output_base)
     os.chmod(hidden_base, 0o755)

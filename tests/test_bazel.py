@@ -71,7 +71,7 @@ def test_bazel_run_optimize_resolves_paths_against_the_callers_directory(workspa
 
 @needs_bazel
 def test_bazel_build_examples_produces_a_saved_model_that_passes_parity():
-    from serving_opt import loader, parity
+    from serving_opt.stages import loader, parity
 
     _bazel("build", "--noshow_progress", "//examples/...")
     bazel_bin = _bazel("info", "bazel-bin").stdout.strip()
@@ -96,7 +96,7 @@ def _declared_files(model_dir: str) -> list[str]:
 
 def test_build_action_writes_the_saved_model_itself_from_the_declared_files_only(
         regressor_dir, tmp_path):
-    from serving_opt import bazel_build
+    from serving_opt.integrations import bazel_build
 
     # Bazel stages inputs as symlinks, and an unsandboxed action sees undeclared files.
     model = tmp_path / "m"
@@ -126,7 +126,7 @@ def test_build_action_writes_the_saved_model_itself_from_the_declared_files_only
 
 def test_build_action_rejects_srcs_outside_the_model_directory(regressor_dir, tmp_path,
                                                                capsys):
-    from serving_opt import bazel_build
+    from serving_opt.integrations import bazel_build
 
     outside = os.path.join(tmp_path, "BUILD")
     open(outside, "w").close()
@@ -139,7 +139,7 @@ def test_build_action_rejects_srcs_outside_the_model_directory(regressor_dir, tm
 
 
 def test_build_action_fails_the_build_when_parity_fails(regressor_dir, tmp_path, capsys):
-    from serving_opt import bazel_build
+    from serving_opt.integrations import bazel_build
 
     code = bazel_build.main([f"--input_dir={regressor_dir}", f"--output_dir={tmp_path / 'o'}",
                              "--transforms=round_weights(num_steps=2)"])

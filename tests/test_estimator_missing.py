@@ -18,7 +18,7 @@ def test_tf_estimator_really_is_missing_here():
 
 def test_exporter_raises_a_clear_error_not_attribute_error():
     # Importing works everywhere; using the hook names the problem and the way out.
-    from serving_opt.estimator import OptimizingExporter
+    from serving_opt.integrations.estimator import OptimizingExporter
 
     with pytest.raises(ServingOptError) as info:
         OptimizingExporter("clf", lambda: None)
@@ -30,7 +30,7 @@ def test_exporter_raises_a_clear_error_not_attribute_error():
 
 
 def test_one_off_export_raises_the_same_error(tmp_path):
-    from serving_opt.estimator import export_optimized_saved_model
+    from serving_opt.integrations.estimator import export_optimized_saved_model
 
     with pytest.raises(ServingOptError, match="tf.estimator is not available"):
         export_optimized_saved_model(object(), str(tmp_path / "clf"), lambda: None)

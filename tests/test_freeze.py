@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from serving_opt import freeze, loader
 from serving_opt.errors import ServingOptError
 from serving_opt.optimizer import OptimizeOptions, optimize
+from serving_opt.stages import freeze, loader
 
 SERVE = frozenset({"serve"})
 
@@ -88,7 +88,7 @@ def test_assets_extra_is_copied_to_the_optimized_model(classifier_dir, model_cop
 
 
 def test_a_failing_transform_is_left_out_only_when_asked(classifier_dir):
-    from serving_opt import transforms
+    from serving_opt.stages import transforms
 
     graph, _ = freeze.freeze_session_model(classifier_dir, SERVE, ["predict"])
     # A real tool error: rename_op needs new_op_name too.
@@ -106,7 +106,7 @@ def test_strict_fold_constants_runs_on_a_model_with_assets(classifier_dir):
     # The tool only takes placeholders as feeds, and the asset path is a Const the loader
     # overrides: without care, fold_constants fails here (or, with ignore_errors=true,
     # silently does nothing).
-    from serving_opt import transforms
+    from serving_opt.stages import transforms
 
     graph, _ = freeze.freeze_session_model(classifier_dir, SERVE, ["predict"])
     folded = transforms.apply_transforms(graph, transforms.parse_transforms("fold_constants"))

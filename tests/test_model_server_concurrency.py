@@ -21,7 +21,7 @@ from tensorflow_serving.apis import (  # noqa: E402
 )
 
 from serving_opt import samples  # noqa: E402
-from serving_opt.model_server import ServerOptions, serve  # noqa: E402
+from serving_opt.serving.model_server import ServerOptions, serve  # noqa: E402
 
 THREADS = 64
 SECONDS = 10.0

@@ -27,8 +27,8 @@ from tensorflow_serving.apis import (  # noqa: E402
     prediction_service_pb2_grpc,
 )
 
-from serving_opt.model_server import ServerOptions, ServerStartError, serve  # noqa: E402
-from serving_opt.model_server.model_config import single_model_config  # noqa: E402
+from serving_opt.serving.model_server import ServerOptions, ServerStartError, serve  # noqa: E402
+from serving_opt.serving.model_server.model_config import single_model_config  # noqa: E402
 
 State = get_model_status_pb2.ModelVersionStatus.State
 FAST = {"port": 0, "file_system_poll_wait_seconds": 0.1, "max_num_load_retries": 0}

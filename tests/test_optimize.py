@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from conftest import tree_snapshot
 
-from serving_opt import loader, samples
+from serving_opt import samples
 from serving_opt.errors import ParityError, ServingOptError, UsageError
 from serving_opt.optimizer import OptimizeOptions, optimize
+from serving_opt.stages import loader
 
 FAST = OptimizeOptions(benchmark_runs=0)
 

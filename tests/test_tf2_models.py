@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 from conftest import COLORS, FRUITS, HOURS, KERAS_APPLICATIONS, TEXT_VOCABULARY, fruit_examples
 
-from serving_opt import freeze as freeze_lib
-from serving_opt import grappler as grappler_lib
-from serving_opt import inputs as inputs_lib
-from serving_opt import loader
 from serving_opt.errors import ParityError, ServingOptError
 from serving_opt.graph import ServingGraph
 from serving_opt.optimizer import OptimizeOptions, optimize
-from serving_opt.transforms import apply_transforms, parse_transforms
+from serving_opt.stages import freeze as freeze_lib
+from serving_opt.stages import grappler as grappler_lib
+from serving_opt.stages import inputs as inputs_lib
+from serving_opt.stages import loader
+from serving_opt.stages.transforms import apply_transforms, parse_transforms
 
 FAST = OptimizeOptions(benchmark_runs=0)
 SERVE = frozenset({"serve"})
@@ -460,7 +460,7 @@ def test_synthesized_text_inputs_use_the_in_graph_vocabulary(text_lstm_dir):
     # parity inputs must draw from it or every lookup would be out of vocabulary.
     from conftest import TEXT_VOCABULARY
 
-    from serving_opt import inputs, loader
+    from serving_opt.stages import inputs, loader
 
     meta_graph = loader.find_meta_graph(loader.read_saved_model(text_lstm_dir), {"serve"})
     words = inputs.model_vocabulary(meta_graph, text_lstm_dir)

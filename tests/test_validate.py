@@ -19,9 +19,9 @@ import time
 
 import pytest
 
-from serving_opt import backends
 from serving_opt.optimizer import OptimizeOptions, optimize
-from serving_opt.validate import ValidateOptions, validate, write_marker
+from serving_opt.serving import backends
+from serving_opt.serving.validate import ValidateOptions, validate, write_marker
 
 QUICK = ValidateOptions(server="local", concurrency=2, duration=0.5)
 

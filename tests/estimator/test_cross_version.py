@@ -15,7 +15,7 @@ import textwrap
 import pytest
 import tensorflow as tf
 
-from serving_opt import loader, parity
+from serving_opt.stages import loader, parity
 
 from .estimator_helpers import FAST, REPO, SERVE, signatures
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from serving_opt import OptimizeOptions
 from serving_opt.errors import ServingOptError, UsageError
-from serving_opt.estimator import (
+from serving_opt.integrations.estimator import (
     ExportOptimizationError,
     OptimizingExporter,
     raw_export_base,

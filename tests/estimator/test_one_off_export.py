@@ -9,7 +9,7 @@ import pytest
 
 from serving_opt import OptimizeOptions
 from serving_opt.errors import UsageError
-from serving_opt.estimator import (
+from serving_opt.integrations.estimator import (
     ExportOptimizationError,
     export_optimized_saved_model,
     raw_export_base,

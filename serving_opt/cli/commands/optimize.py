@@ -1,0 +1,145 @@
+"""Optimize a SavedModel for TF Serving and publish it as a new version.
+
+Freezes variables (keeping tables, assets and the init op), applies Graph
+Transform Tool transforms and Grappler passes, writes a SavedModel with the same
+signatures, checks it answers like the original, and only then renames it into
+OUTPUT_BASE/<version>. Prints a report table; --report also writes it as JSON.
+
+Example:
+  serving-opt optimize --input_dir=exports/1700000000 --output_base=/models/clf
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import flags
+
+from serving_opt import report
+from serving_opt.cli import main as cli
+from serving_opt.errors import ServingOptError, UsageError
+
+SUMMARY = "freeze, transform and re-wrap a SavedModel; publish it after a parity check"
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string("input_dir", None, "SavedModel directory to optimize (read only).",
+                        flag_values=fv)
+    flags.DEFINE_string("output_base", None,
+                        "Model base directory; the result goes to OUTPUT_BASE/<version>.",
+                        flag_values=fv)
+    flags.DEFINE_integer("version", None,
+                         "Version directory to write (default: highest existing + 1).",
+                         flag_values=fv)
+    flags.DEFINE_bool("overwrite", False, "Replace an existing version directory.",
+                      flag_values=fv)
+    flags.DEFINE_string(
+        "transforms", "default",
+        "Graph Transform Tool spec, e.g. 'strip_unused_nodes fold_constants(ignore_errors=true) "
+        "fold_batch_norms'. 'default' is a lossless preset; 'none' skips the tool.",
+        flag_values=fv)
+    flags.DEFINE_string("grappler", "default",
+                        "Comma list of Grappler passes; 'default' = "
+                        "pruning,constfold,arithmetic,dependency; 'none' skips Grappler.",
+                        flag_values=fv)
+    flags.DEFINE_integer("grappler_rounds", 2, "How many times to run the Grappler passes.",
+                         flag_values=fv)
+    flags.DEFINE_list("signatures", [], "Signature keys to keep (default: all).",
+                      flag_values=fv)
+    flags.DEFINE_string("saved_model_tags", "serve", "MetaGraph tag set, comma separated.",
+                        flag_values=fv)
+    flags.DEFINE_enum("freeze", "auto", ["auto", "always", "never"],
+                      "Freeze variables into constants: auto falls back to keeping them when "
+                      "freezing fails; always makes that an error.", flag_values=fv)
+    flags.DEFINE_string("examples", None,
+                        "Inputs for the parity check: TFRecord of tf.Example, or JSON lines "
+                        "of {alias: value} requests (default: synthesized).", flag_values=fv)
+    flags.DEFINE_float("atol", 1e-5, "Absolute tolerance for float outputs.", flag_values=fv)
+    flags.DEFINE_float("rtol", 1e-4, "Relative tolerance for float outputs.", flag_values=fv)
+    flags.DEFINE_integer("benchmark_runs", 100,
+                         "Interleaved timed runs per batch size (0 skips the benchmark).",
+                         flag_values=fv)
+    flags.DEFINE_string("report", None, "Also write the report as JSON to this file.",
+                        flag_values=fv)
+    flags.DEFINE_bool("json", False, "Print the report as JSON instead of a table.",
+                      flag_values=fv)
+    flags.DEFINE_bool("progress", True, "Print stage progress on stderr.", flag_values=fv)
+    flags.DEFINE_bool("validate", False,
+                      "Before publishing, serve the result over gRPC and compare every "
+                      "signature's answers with the input model (see serving-opt validate).",
+                      flag_values=fv)
+    flags.DEFINE_enum("server", "auto", ["auto", "docker", "binary", "local"],
+                      "Model server for --validate.", flag_values=fv)
+    flags.DEFINE_string("image", None, "Docker image for --server=docker.", flag_values=fv)
+    flags.DEFINE_bool("write_warmup", False,
+                      "With --validate: write the validation requests as "
+                      "assets.extra/tf_serving_warmup_requests into the published model.",
+                      flag_values=fv)
+    flags.DEFINE_integer("concurrency", 8, "With --validate: clients in the load phase.",
+                         flag_values=fv)
+    flags.DEFINE_float("duration", 5.0, "With --validate: seconds of the load phase.",
+                       flag_values=fv)
+    cli.required("input_dir", fv)
+    cli.required("output_base", fv)
+
+
+def main(fv: flags.FlagValues) -> int:
+    from serving_opt.optimizer import OptimizeOptions, optimize
+
+    if fv.version is not None and fv.version < 0:
+        raise UsageError(f"--version={fv.version} is negative", "pass --version=N with N >= 0")
+    options = OptimizeOptions(
+        transforms=fv.transforms,
+        grappler=fv.grappler,
+        grappler_rounds=fv.grappler_rounds,
+        signatures=tuple(fv.signatures),
+        saved_model_tags=fv.saved_model_tags,
+        version=fv.version,
+        overwrite=fv.overwrite,
+        freeze=fv.freeze,
+        examples=fv.examples,
+        atol=fv.atol,
+        rtol=fv.rtol,
+        benchmark_runs=fv.benchmark_runs,
+    )
+    if fv.write_warmup and not fv.validate:
+        raise UsageError("--write_warmup needs --validate",
+                         "add --validate (warmup requests are the validated requests)")
+    if fv.validate:
+        import dataclasses
+
+        from serving_opt.serving.validate import ValidateOptions
+
+        validate_options = ValidateOptions(
+            server=fv.server, examples=fv.examples, saved_model_tags=fv.saved_model_tags,
+            concurrency=fv.concurrency, duration=fv.duration, atol=fv.atol, rtol=fv.rtol,
+            write_warmup=fv.write_warmup,
+        )
+        if fv.image:
+            validate_options = dataclasses.replace(validate_options, image=fv.image)
+        options = dataclasses.replace(options, validate=validate_options)
+    progress = (lambda m: print(m, file=sys.stderr, flush=True)) if fv.progress else None
+    try:
+        result = optimize(fv.input_dir, fv.output_base, options, progress)
+    except ServingOptError as e:
+        if e.report is not None:
+            _emit(e.report, fv)
+        raise
+    _emit(result, fv)
+    return 0
+
+
+def _emit(result, fv: flags.FlagValues) -> None:
+    if fv.report:
+        report.write_json(result, fv.report)
+        if getattr(result, "validation", None) is not None:
+            from serving_opt.serving.validate import write_marker
+
+            write_marker(result.validation, os.path.dirname(os.path.abspath(fv.report)))
+    if fv.json:
+        import json
+
+        print(json.dumps(report.to_jsonable(result), indent=2))
+    else:
+        print(report.format_optimize_report(result))

@@ -1,0 +1,181 @@
+"""Serve SavedModels over TF Serving's gRPC API with the local, TF-Serving-compatible server.
+
+The dev/CI stand-in for tensorflow_model_server (flags are the same):
+
+    serving-opt serve --model_name=m --model_base_path=/abs/models/m --port=8500
+
+The base path holds integer version directories (1/, 2/, ...); the highest is served and
+new ones are picked up every --file_system_poll_wait_seconds. The port opens once the
+models are loaded; one line is printed then. SIGTERM or Ctrl-C stops the server cleanly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+
+from absl import flags
+
+from serving_opt.errors import UsageError
+
+SUMMARY = "run a local TF-Serving-compatible gRPC model server (dev/CI stand-in)"
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_integer("port", 8500, "gRPC port; 0 picks a free port (printed when ready).",
+                         flag_values=fv)
+    flags.DEFINE_string("host", "127.0.0.1",
+                        "Address to listen on (the real server listens on 0.0.0.0).",
+                        flag_values=fv)
+    flags.DEFINE_integer("rest_api_port", 0,
+                         "HTTP/REST port. Only 0 (off): the local server speaks gRPC only.",
+                         flag_values=fv)
+    flags.DEFINE_string("model_name", "default",
+                        "Name of the model (ignored with --model_config_file).", flag_values=fv)
+    flags.DEFINE_string("model_base_path", None,
+                        "Absolute path of the model base directory holding version "
+                        "directories (ignored with --model_config_file).", flag_values=fv)
+    flags.DEFINE_string("model_config_file", None,
+                        "Text ModelServerConfig listing the models to serve.", flag_values=fv)
+    flags.DEFINE_float("file_system_poll_wait_seconds", 1,
+                       "Seconds between polls of the base paths for new versions; 0 polls "
+                       "once.", flag_values=fv)
+    flags.DEFINE_string("saved_model_tags", "serve",
+                        "Comma-separated tag set of the MetaGraph to load.", flag_values=fv)
+    flags.DEFINE_boolean("enable_model_warmup", True,
+                         "Replay assets.extra/tf_serving_warmup_requests at load.",
+                         flag_values=fv)
+    flags.DEFINE_integer("num_request_iterations_for_warmup", 0,
+                         "Times each warmup request is replayed (0 means 1).", flag_values=fv)
+    flags.DEFINE_boolean("enable_signature_method_name_check", False,
+                         "Check SignatureDef.method_name against the API called.",
+                         flag_values=fv)
+    flags.DEFINE_integer("max_num_load_retries", 5,
+                         "Retries of a failed model load before giving up.", flag_values=fv)
+    flags.DEFINE_integer("load_retry_interval_micros", 60_000_000,
+                         "Microseconds between load retries.", flag_values=fv)
+    flags.DEFINE_boolean("allow_version_labels_for_unavailable_models", False,
+                         "Allow version_labels for versions not loaded yet.", flag_values=fv)
+    flags.DEFINE_integer("tensorflow_intra_op_parallelism", 0,
+                         "Threads per op (0: TensorFlow's default).", flag_values=fv)
+    flags.DEFINE_integer("tensorflow_inter_op_parallelism", 0,
+                         "Ops run in parallel (0: TensorFlow's default).", flag_values=fv)
+    flags.DEFINE_boolean("enable_batching", False,
+                         "Only false: the local server does not batch requests.",
+                         flag_values=fv)
+    flags.DEFINE_integer("grpc_max_threads", 128, "Threads handling gRPC requests.",
+                         flag_values=fv)
+
+
+def _options(fv: flags.FlagValues):
+    # Flag mistakes are reported before importing TensorFlow (seconds) for the server.
+    if fv.rest_api_port:
+        raise UsageError(
+            f"--rest_api_port={fv.rest_api_port} is not supported by the local server "
+            "(it serves gRPC only)",
+            "drop --rest_api_port or pass --rest_api_port=0",
+        )
+    if fv.enable_batching:
+        raise UsageError(
+            "--enable_batching is not supported by the local server",
+            "drop --enable_batching (requests are run one by one)",
+        )
+    if not fv.model_config_file and not fv.model_base_path:
+        raise UsageError(
+            "missing --model_base_path (or --model_config_file)",
+            "pass --model_base_path=/abs/path/to/model holding version directories 1/, 2/...",
+        )
+    if fv.model_base_path and not fv.model_config_file and not os.path.isabs(
+        fv.model_base_path
+    ):
+        # TF Serving refuses relative base paths too; say how to fix it.
+        raise UsageError(
+            f"--model_base_path={fv.model_base_path} is relative; TF Serving requires an "
+            "absolute path",
+            f"pass --model_base_path={os.path.abspath(fv.model_base_path)}",
+        )
+    if not 0 <= fv.port <= 65535:
+        raise UsageError(f"--port={fv.port} is not a TCP port", "pass 0..65535 (0: any)")
+    from serving_opt.serving.model_server import ServerOptions
+
+    return ServerOptions(
+        model_name=fv.model_name,
+        model_base_path=fv.model_base_path,
+        model_config_file=fv.model_config_file,
+        port=fv.port,
+        host=fv.host,
+        file_system_poll_wait_seconds=fv.file_system_poll_wait_seconds,
+        saved_model_tags=fv.saved_model_tags,
+        enable_model_warmup=fv.enable_model_warmup,
+        num_request_iterations_for_warmup=fv.num_request_iterations_for_warmup,
+        enable_signature_method_name_check=fv.enable_signature_method_name_check,
+        max_num_load_retries=fv.max_num_load_retries,
+        load_retry_interval_micros=fv.load_retry_interval_micros,
+        allow_version_labels_for_unavailable_models=(
+            fv.allow_version_labels_for_unavailable_models
+        ),
+        tensorflow_intra_op_parallelism=fv.tensorflow_intra_op_parallelism,
+        tensorflow_inter_op_parallelism=fv.tensorflow_inter_op_parallelism,
+        grpc_max_threads=fv.grpc_max_threads,
+    )
+
+
+def _log_to_stderr(verbosity: int) -> None:
+    # Load, retry and unload events are what a server operator watches; show them.
+    logger = logging.getLogger("serving_opt.model_server")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if verbosity > 0 else logging.INFO)
+    logger.propagate = False
+
+
+class _StoppedBeforeReady(Exception):
+    """SIGTERM/SIGINT while the models were still loading."""
+
+
+def main(fv: flags.FlagValues) -> int:
+    options = _options(fv)
+    _log_to_stderr(fv.verbosity)
+    stop = threading.Event()
+    ready = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum, _frame):
+        received.append(signum)
+        stop.set()
+        if not ready.is_set():
+            # The initial load can take minutes (or wait forever for a first version):
+            # unwind out of serve(), which stops the loader on its way out.
+            raise _StoppedBeforeReady()
+
+    def on_ready(line: str) -> None:
+        ready.set()
+        print(line, flush=True)
+
+    # Installed before loading, so a SIGTERM during a long load still exits cleanly.
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        from serving_opt.serving.model_server import serve
+
+        try:
+            server = serve(options, on_ready=on_ready)
+        except _StoppedBeforeReady:
+            name = signal.Signals(received[0]).name
+            print(f"serving-opt serve: stopped ({name}) before the models were loaded",
+                  file=sys.stderr, flush=True)
+            return 128 + received[0]
+        try:
+            while not stop.wait(1.0):
+                pass
+        finally:
+            server.stop()
+        name = signal.Signals(received[0]).name if received else "stop"
+        print(f"serving-opt serve: stopped ({name})", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -1,0 +1,204 @@
+"""`serving-opt`: a thin absl-flags command line over the Python API.
+
+    serving-opt <command> --flag=value ...
+
+Each command lives in ``serving_opt/commands/<name>.py`` and provides ``SUMMARY``
+(one line), ``define_flags(flag_values)`` and ``main(flag_values) -> int``. Flags
+follow TF's own tools: ``--saved_model_dir=DIR``, ``--nofoo`` for booleans.
+Failures print one line on stderr and exit 1 (2 for usage errors); a traceback
+only with ``--verbosity=1`` or more.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+from absl import flags
+
+from serving_opt.errors import EXIT_FAILURE, EXIT_USAGE, ServingOptError, first_line
+
+PROG = "serving-opt"
+COMMANDS = ("inspect", "optimize", "validate", "serve")
+
+
+def _command_module(name: str):
+    return importlib.import_module(f"serving_opt.cli.commands.{name}")
+
+
+def _top_usage() -> str:
+    lines = [f"usage: {PROG} <command> [--flags]", "", "commands:"]
+    for name in COMMANDS:
+        try:
+            summary = _command_module(name).SUMMARY
+        except ImportError:
+            continue
+        lines.append(f"  {name:<10} {summary}")
+    lines += ["", f"Run `{PROG} <command> --help` for the flags of one command."]
+    return "\n".join(lines)
+
+
+def _command_usage(name: str, fv: flags.FlagValues) -> str:
+    module = _command_module(name)
+    doc = (module.__doc__ or module.SUMMARY).strip()
+    body = fv.get_help(include_special_flags=False).replace(f"{module.__name__}:\n", "")
+    return f"usage: {PROG} {name} [--flags]\n\n{doc}\n\nflags:\n{body}"
+
+
+def _quiet_tensorflow(verbosity: int) -> None:
+    # TF's C++ and Python loggers bury the one line that matters; keep them quiet by default.
+    if verbosity <= 0:
+        # 3: TF's C++ errors too (cuInit on GPU-less machines, ignored transform errors);
+        # real failures still reach us as Python exceptions.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        import logging
+
+        logging.getLogger("tensorflow").setLevel(logging.ERROR)
+        from absl import logging as absl_logging
+
+        absl_logging.set_verbosity(absl_logging.ERROR)
+        # TF 2.19+ prints CUDA/CPU-feature lines from C++ at import, before logging is set up.
+        from serving_opt.stages import loader
+
+        loader.quiet_tensorflow_import()
+
+
+def _terminate_like_interrupt() -> None:
+    """SIGTERM (a cancelled pipeline step, `docker stop`) unwinds like Ctrl-C, so the
+    `finally` blocks run: servers we started are stopped, staging dirs removed."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def run(argv: Sequence[str] | None = None, default_command: str | None = None) -> int:
+    """Parses ``argv`` (default ``sys.argv``) and runs one command; exits the process.
+
+    Example:
+        >>> run(["serving-opt", "inspect", "--saved_model_dir=build/sample/1"])
+    """
+    sys.exit(main(argv, default_command))
+
+
+def main(argv: Sequence[str] | None = None, default_command: str | None = None) -> int:
+    """Like :func:`run` but returns the exit code instead of exiting.
+
+    Example:
+        >>> main(["serving-opt", "inspect", "--saved_model_dir=/nonexistent"])
+        1
+    """
+    argv = list(sys.argv if argv is None else argv)
+    # `bazel run` starts us inside the runfiles tree; the user's paths are relative to where
+    # they typed the command.
+    if os.environ.get("BUILD_WORKING_DIRECTORY"):
+        os.chdir(os.environ["BUILD_WORKING_DIRECTORY"])
+    args = argv[1:]
+    if args and not args[0].startswith("-"):
+        command, args = args[0], args[1:]
+    elif default_command:
+        command = default_command
+    else:
+        if args and args[0] in ("-h", "--help", "-help", "--helpfull"):
+            print(_top_usage())
+            return 0
+        print(_top_usage(), file=sys.stderr)
+        return EXIT_USAGE
+    if command not in COMMANDS:
+        print(
+            f"{PROG}: unknown command {command!r}; choose one of {', '.join(COMMANDS)}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+
+    try:
+        module = _command_module(command)
+    except ImportError as e:
+        print(f"{PROG} {command}: internal error: cannot import the command ({e}); "
+              "reinstall with `make venv`", file=sys.stderr)
+        return EXIT_FAILURE
+    fv = flags.FlagValues()
+    flags.DEFINE_integer(
+        "verbosity", 0, "0: one-line errors; 1: tracebacks and TensorFlow logs.", flag_values=fv,
+        module_name=module.__name__,
+    )
+    module.define_flags(fv)
+    if any(a in ("-h", "--help", "-help", "--helpfull") for a in args):
+        print(_command_usage(command, fv))
+        return 0
+    try:
+        leftover = fv([f"{PROG} {command}", *args])
+    except flags.Error as e:
+        print(f"{PROG} {command}: {e}; see `{PROG} {command} --help`", file=sys.stderr)
+        return EXIT_USAGE
+    if len(leftover) > 1:
+        print(
+            f"{PROG} {command}: unexpected argument(s) {' '.join(leftover[1:])}; "
+            f"flags take the form --name=value, see `{PROG} {command} --help`",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    missing = [f.name for f in fv.flags_by_module_dict().get(module.__name__, [])
+               if getattr(f, "_required", False) and f.value is None]
+    if missing:
+        print(
+            f"{PROG} {command}: missing required flag(s) "
+            f"{', '.join('--' + m for m in missing)}; see `{PROG} {command} --help`",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+
+    verbosity = fv.verbosity
+    _quiet_tensorflow(verbosity)
+    _terminate_like_interrupt()
+    try:
+        return int(module.main(fv) or 0)
+    except ServingOptError as e:
+        if verbosity > 0:
+            traceback.print_exc()
+        print(f"{PROG} {command}: error: {e.one_line()}", file=sys.stderr)
+        return e.exit_code
+    except BrokenPipeError:
+        # `serving-opt inspect ... | head`: the reader left; stop quietly like Unix tools.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except KeyboardInterrupt:
+        print(f"{PROG} {command}: interrupted; stopped the servers and removed the "
+              "staging directories it had started", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the last line of defence for a one-line error
+        if verbosity > 0:
+            traceback.print_exc()
+        first = first_line(e)
+        print(
+            f"{PROG} {command}: internal error: {type(e).__name__}: {first}; "
+            "rerun with --verbosity=1 for the traceback and report it",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
+
+
+def required(flag_name: str, fv: flags.FlagValues) -> None:
+    """Marks a flag as required for the CLI's missing-flag check (exit 2).
+
+    absl's own mark_flag_as_required registers a validator on the global FLAGS only.
+
+    Example:
+        >>> flags.DEFINE_string("saved_model_dir", None, "dir", flag_values=fv)
+        >>> required("saved_model_dir", fv)
+    """
+    fv[flag_name]._required = True
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,58 @@
+"""Turning ServingStatusError into gRPC statuses, and client deadlines into run timeouts.
+
+Example:
+    >>> def Predict(self, request, context):
+    ...     return answer(context, lambda: run_predict(...))
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+import grpc
+
+from serving_opt.serving.model_server.status import ServingStatusError
+
+log = logging.getLogger("serving_opt.model_server")
+
+T = TypeVar("T")
+
+# Larger than any real deadline: grpc reports "no deadline" as None or a huge number.
+_NO_DEADLINE_SECONDS = 1e8
+
+
+def answer(context: grpc.ServicerContext, compute: Callable[[], T]) -> T:
+    """Runs ``compute`` and aborts the RPC with its status code and message if it fails.
+
+    Anything that is not a ServingStatusError is a bug here: it becomes INTERNAL with the
+    exception text, and is logged with its traceback.
+
+    Example:
+        >>> answer(context, lambda: predict_pb2.PredictResponse())
+    """
+    try:
+        return compute()
+    except ServingStatusError as e:
+        context.abort(e.code, e.message)
+    except Exception as e:  # noqa: BLE001 - a server must answer, not die
+        log.exception("request failed unexpectedly")
+        context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+    raise AssertionError("unreachable: context.abort raises")
+
+
+def deadline_to_timeout_ms(context: grpc.ServicerContext) -> int | None:
+    """The client's remaining deadline in ms (at least 1), or None without a deadline.
+
+    TF Serving sets ``RunOptions.timeout_in_ms`` from it, so a slow run stops when the
+    client has given up instead of burning CPU.
+
+    Example:
+        >>> deadline_to_timeout_ms(context_with_2s_deadline)
+        1999
+    """
+    remaining = context.time_remaining()
+    if remaining is None or remaining > _NO_DEADLINE_SECONDS:
+        return None
+    return max(1, int(remaining * 1000))

@@ -1,0 +1,256 @@
+"""One loaded model version: a TF session over the SavedModel's serving MetaGraph.
+
+Loading mirrors TF Serving's SavedModelBundle: the session loader with the configured tag
+set (it reads TF1 and TF2 SavedModels alike), which restores variables, feeds asset paths
+and runs the init op. Reading errors use the C++ loader's codes and texts, since
+GetModelStatus shows them to users.
+
+Running mirrors ``Session::Run`` in C++: feeds go straight to the C API, so a wrong shape
+fails in whatever kernel trips and a wrong dtype fails with TF's own
+"Expects arg[0] to be float but string is provided" - Python's ``Session.run`` would
+instead check placeholder shapes and cast values client-side, hiding what the real server
+answers.
+
+Example:
+    >>> servable = Servable.load(ServableId("m", 1), "/models/m/1", LoadOptions())
+    >>> [f.value.shape for f in servable.run({"images:0": batch}, ["scores:0"])]
+    [(2, 4)]
+    >>> servable.close()
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from serving_opt.serving.model_server.status import (
+    ServingStatusError,
+    from_tf_error,
+    not_found,
+    unimplemented,
+)
+
+SAVED_MODEL_PB = "saved_model.pb"
+SAVED_MODEL_PBTXT = "saved_model.pbtxt"
+
+
+@dataclass(frozen=True, order=True)
+class ServableId:
+    """A model name and version, printed like C++ ``ServableId::DebugString``.
+
+    Example:
+        >>> str(ServableId("m", 3))
+        '{name: m version: 3}'
+    """
+
+    name: str
+    version: int
+
+    def __str__(self) -> str:
+        return f"{{name: {self.name} version: {self.version}}}"
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a version is loaded.
+
+    ``session_config`` is an optional ``tf.compat.v1.ConfigProto`` (threads, ...).
+
+    Example:
+        >>> LoadOptions(tags=("serve", "gpu")).tags
+        ('serve', 'gpu')
+    """
+
+    tags: tuple[str, ...] = ("serve",)
+    session_config: Any = field(default=None, compare=False)
+
+
+class Fetched(NamedTuple):
+    """One fetched tensor with the dtype of the graph tensor it came from."""
+
+    value: np.ndarray
+    dtype: int  # tensorflow.DataType enum
+
+
+def read_saved_model(export_dir: str):
+    """Reads ``saved_model.pb``/``.pbtxt`` with the C++ reader's error codes and texts.
+
+    Example:
+        >>> len(read_saved_model("/models/m/1").meta_graphs)
+        1
+    """
+    import grpc
+    from google.protobuf import message, text_format
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved_model = saved_model_pb2.SavedModel()
+    pb_path = os.path.join(export_dir, SAVED_MODEL_PB)
+    pbtxt_path = os.path.join(export_dir, SAVED_MODEL_PBTXT)
+    if os.path.isfile(pb_path):
+        with open(pb_path, "rb") as f:
+            data = f.read()
+        try:
+            saved_model.ParseFromString(data)
+        except message.DecodeError:
+            raise ServingStatusError(
+                grpc.StatusCode.DATA_LOSS, f"Can't parse {pb_path} as binary proto"
+            ) from None
+        return saved_model
+    if os.path.isfile(pbtxt_path):
+        with open(pbtxt_path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        try:
+            text_format.Parse(text, saved_model)
+        except text_format.ParseError:
+            raise ServingStatusError(
+                grpc.StatusCode.DATA_LOSS, f"Can't parse {pbtxt_path} as text proto"
+            ) from None
+        return saved_model
+    raise not_found(
+        "Could not find SavedModel .pb or .pbtxt at supplied export directory path: "
+        f"{export_dir}. Check that the directory exists and that you have the right "
+        "permissions for accessing it."
+    )
+
+
+def find_meta_graph(saved_model, tags: Sequence[str]):
+    """The MetaGraphDef whose tag set equals ``tags`` exactly (C++ ``FindMetaGraphDef``).
+
+    Example:
+        >>> find_meta_graph(read_saved_model("/models/m/1"), ["serve"]).meta_info_def.tags
+        ['serve']
+    """
+    wanted = set(tags)
+    for meta_graph in saved_model.meta_graphs:
+        if set(meta_graph.meta_info_def.tags) == wanted:
+            return meta_graph
+    raise not_found(
+        f"Could not find meta graph def matching supplied tags: {{ {' '.join(tags)} }}. "
+        "To inspect available tag-sets in the SavedModel, please use the SavedModel CLI: "
+        "`saved_model_cli`"
+    )
+
+
+def _canonical_tensor_name(name: str) -> str:
+    # C++ ParseTensorName reads "x" as "x:0"; Graph.get_tensor_by_name insists on the index.
+    return name if ":" in name else f"{name}:0"
+
+
+class Servable:
+    """A loaded SavedModel version. Thread-safe: TF sessions run concurrently.
+
+    Example:
+        >>> s = Servable.load(ServableId("m", 1), "/models/m/1", LoadOptions())
+        >>> sorted(s.signature_defs)
+        ['__saved_model_init_op', 'serving_default']
+    """
+
+    def __init__(self, servable_id: ServableId, path: str, session, meta_graph_def) -> None:
+        self.id = servable_id
+        self.path = path
+        self.meta_graph_def = meta_graph_def
+        self._session = session
+        self._graph = session.graph
+        self._outputs: dict[tuple[str, bool], tuple[Any, int]] = {}
+        self._outputs_lock = threading.Lock()
+
+    @property
+    def signature_defs(self) -> Mapping[str, Any]:
+        """Every SignatureDef of the serving MetaGraph, ``__saved_model_init_op`` included."""
+        return self.meta_graph_def.signature_def
+
+    @classmethod
+    def load(cls, servable_id: ServableId, path: str, options: LoadOptions) -> Servable:
+        """Loads ``path`` into a new graph and session; raises ServingStatusError.
+
+        Example:
+            >>> Servable.load(ServableId("m", 2), "/models/m/2", LoadOptions()).id.version
+            2
+        """
+        import tensorflow as tf
+
+        # Reading first gives the C++ loader's messages for the common failures; TF's
+        # Python loader would raise OSError/RuntimeError with different wording.
+        meta_graph_def = find_meta_graph(read_saved_model(path), options.tags)
+        graph = tf.Graph()
+        session = tf.compat.v1.Session(graph=graph, config=options.session_config)
+        if not all(hasattr(session, a) for a in ("_call_tf_sessionrun", "_extend_graph")):
+            session.close()
+            raise unimplemented(
+                f"TensorFlow {tf.__version__} lacks the Session internals the local server "
+                "runs requests through (Session._call_tf_sessionrun); use TensorFlow 2.15-2.21"
+            )
+        try:
+            with graph.as_default():
+                tf.compat.v1.saved_model.loader.load(session, list(options.tags), path)
+            # The loader built the graph after the session was created: push it to the C
+            # session once, then freeze it so request threads never mutate it.
+            session._extend_graph()  # the C-API path needs the full graph
+            graph.finalize()
+        except BaseException as e:
+            session.close()
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise from_tf_error(e) from e
+        return cls(servable_id, path, session, meta_graph_def)
+
+    def _tf_output(self, name: str, feed: bool) -> tuple[Any, int]:
+        key = (name, feed)
+        cached = self._outputs.get(key)
+        if cached is not None:
+            return cached
+        try:
+            tensor = self._graph.get_tensor_by_name(_canonical_tensor_name(name))
+        except (KeyError, ValueError):
+            # The texts DirectSession gives when a signature names a missing tensor.
+            if feed:
+                raise not_found(f"FeedInputs: unable to find feed output {name}") from None
+            raise not_found(f"FetchOutputs node {name}: not found") from None
+        entry = (tensor._as_tf_output(), tensor.dtype.as_datatype_enum)
+        with self._outputs_lock:
+            self._outputs[key] = entry
+        return entry
+
+    def run(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        fetches: Sequence[str],
+        timeout_ms: int | None = None,
+    ) -> list[Fetched]:
+        """``Session::Run`` with feeds and fetches by tensor name, no client-side checks.
+
+        ``timeout_ms`` becomes ``RunOptions.timeout_in_ms`` (how TF Serving enforces a
+        client's gRPC deadline). Raises ServingStatusError with TF's code and message.
+
+        Example:
+            >>> [f.dtype for f in servable.run({"x:0": np.ones([1, 5], np.float32)}, ["y:0"])]
+            [1]
+        """
+        import tensorflow as tf
+        from tensorflow.python.client import pywrap_tf_session
+
+        feed_dict = {self._tf_output(name, True)[0]: value for name, value in feeds.items()}
+        outputs = [self._tf_output(name, False) for name in fetches]
+        options = None
+        if timeout_ms is not None and timeout_ms > 0:
+            run_options = tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_ms))
+            options = pywrap_tf_session.TF_NewBufferFromString(run_options.SerializeToString())
+        try:
+            values = self._session._call_tf_sessionrun(  # private on purpose: see module doc
+                options, feed_dict, [out for out, _ in outputs], [], None
+            )
+        except tf.errors.OpError as e:
+            raise from_tf_error(e) from None
+        finally:
+            if options is not None:
+                pywrap_tf_session.TF_DeleteBuffer(options)
+        return [Fetched(np.asarray(v), dtype) for v, (_, dtype) in zip(values, outputs)]
+
+    def close(self) -> None:
+        """Releases the session (the unload step). Safe to call twice."""
+        self._session.close()

@@ -1,0 +1,270 @@
+"""Start and stop the local TF-Serving-compatible model server (model_servers/server.cc).
+
+Like ``tensorflow_model_server``: build the model config, load every model (retrying per
+``max_num_load_retries``), and only then open the gRPC port with PredictionService and
+ModelService, INT32_MAX message limits and client deadlines enforced as session
+timeouts. Unlike it: binds 127.0.0.1 unless told otherwise, port 0 picks a free port, and
+a failed start raises instead of exiting.
+
+Example:
+    >>> server = serve(ServerOptions(model_name="m", model_base_path="/models/m", port=0))
+    >>> channel = grpc.insecure_channel(server.address)
+    >>> server.stop()
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+
+from serving_opt.errors import ServingOptError
+from serving_opt.serving.model_server import model_config
+from serving_opt.serving.model_server.core import CoreOptions, ServerCore, State
+from serving_opt.serving.model_server.request_options import RequestOptions
+from serving_opt.serving.model_server.servable import LoadOptions
+from serving_opt.serving.model_server.status import ServingStatusError
+
+log = logging.getLogger("serving_opt.model_server")
+
+MAX_MESSAGE_BYTES = 2**31 - 1  # TF Serving: std::numeric_limits<int32_t>::max()
+READY_PREFIX = "serving-opt serve:"
+
+
+class ServerStartError(ServingOptError):
+    """The server could not start: bad config, a model that did not load, a busy port."""
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """tensorflow_model_server's flags that the local server honours (same defaults).
+
+    Give ``model_base_path`` (absolute, holding integer version directories) with
+    ``model_name``, or ``model_config_file`` (text ModelServerConfig). ``port`` 0 picks a
+    free port. ``startup_timeout_seconds`` bounds the initial load (None: wait forever,
+    like the real server when no version directory exists yet).
+
+    Example:
+        >>> ServerOptions(model_base_path="/models/m").model_name
+        'default'
+    """
+
+    model_name: str = "default"
+    model_base_path: str | None = None
+    model_config_file: str | None = None
+    port: int = 8500
+    host: str = "127.0.0.1"
+    file_system_poll_wait_seconds: float = 1
+    saved_model_tags: str = "serve"
+    enable_model_warmup: bool = True
+    num_request_iterations_for_warmup: int = 0
+    enable_signature_method_name_check: bool = False
+    max_num_load_retries: int = 5
+    load_retry_interval_micros: int = 60_000_000
+    allow_version_labels_for_unavailable_models: bool = False
+    enforce_session_run_timeout: bool = True
+    tensorflow_intra_op_parallelism: int = 0
+    tensorflow_inter_op_parallelism: int = 0
+    grpc_max_threads: int = 128
+    startup_timeout_seconds: float | None = None
+
+
+def build_model_server_config(options: ServerOptions):
+    """The ModelServerConfig the options describe (file, or single model).
+
+    Example:
+        >>> build_model_server_config(ServerOptions(model_name="m", model_base_path="/m"))
+        model_config_list { config { name: "m" base_path: "/m" model_platform: "tensorflow" } }
+    """
+    if options.model_config_file:
+        return model_config.read_config_file(options.model_config_file)
+    if not options.model_base_path:
+        raise ServerStartError(
+            "Both server_options.model_base_path and server_options.model_config_file are "
+            "empty!",
+            "pass --model_base_path=/abs/path/to/model (holding version directories 1/, 2/...)"
+            " or --model_config_file",
+        )
+    return model_config.single_model_config(options.model_name, options.model_base_path)
+
+
+def core_options(options: ServerOptions) -> CoreOptions:
+    """Maps server flags to the core's loading options.
+
+    Example:
+        >>> core_options(ServerOptions(saved_model_tags="serve,gpu")).load_options.tags
+        ('serve', 'gpu')
+    """
+    import tensorflow as tf
+
+    tags = tuple(t for t in options.saved_model_tags.split(",") if t)
+    session_config = None
+    if options.tensorflow_intra_op_parallelism or options.tensorflow_inter_op_parallelism:
+        session_config = tf.compat.v1.ConfigProto(
+            intra_op_parallelism_threads=options.tensorflow_intra_op_parallelism,
+            inter_op_parallelism_threads=options.tensorflow_inter_op_parallelism,
+        )
+    return CoreOptions(
+        load_options=LoadOptions(tags=tags, session_config=session_config),
+        file_system_poll_wait_seconds=options.file_system_poll_wait_seconds,
+        enable_model_warmup=options.enable_model_warmup,
+        num_request_iterations_for_warmup=max(1, options.num_request_iterations_for_warmup),
+        max_num_load_retries=options.max_num_load_retries,
+        load_retry_interval_micros=options.load_retry_interval_micros,
+        allow_version_labels_for_unavailable_models=(
+            options.allow_version_labels_for_unavailable_models
+        ),
+        signature_method_name_check=options.enable_signature_method_name_check,
+    )
+
+
+def _bind_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+class RunningServer:
+    """A started server: ``port``, ``address``, ``core``; ``stop()`` shuts it down.
+
+    Usable as a context manager.
+
+    Example:
+        >>> with serve(ServerOptions(model_base_path="/models/m", port=0)) as server:
+        ...     server.available_versions()
+        {'default': [1]}
+    """
+
+    def __init__(self, grpc_server, core: ServerCore, host: str, port: int) -> None:
+        self.core = core
+        self.host = host
+        self.port = port
+        self._grpc_server = grpc_server
+        self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
+
+    @property
+    def address(self) -> str:
+        """``host:port`` for ``grpc.insecure_channel``."""
+        return _bind_address(self.host, self.port)
+
+    def available_versions(self) -> dict[str, list[int]]:
+        """Every model's AVAILABLE versions, ascending."""
+        return {name: self.core.available_versions(name) for name in self.core.model_names()}
+
+    def ready_line(self) -> str:
+        """The one line the ``serve`` command prints once the port is open.
+
+        Example:
+            >>> server.ready_line()
+            "serving-opt serve: model 'm' version 1 AVAILABLE on 127.0.0.1:8500 (local ..."
+        """
+        parts = []
+        for name, versions in self.available_versions().items():
+            shown = ", ".join(str(v) for v in versions) or "none"
+            noun = "version" if len(versions) == 1 else "versions"
+            parts.append(f"model '{name}' {noun} {shown}")
+        models = "; ".join(parts) or "no models"
+        return (
+            f"{READY_PREFIX} {models} {State.AVAILABLE.name} on {self.address} "
+            "(local TF-Serving-compatible server)"
+        )
+
+    def stop(self, grace: float | None = 5.0) -> None:
+        """Stops accepting RPCs, lets in-flight ones finish (up to ``grace`` s), unloads.
+
+        Idempotent and safe from any thread.
+        """
+        with self._stop_lock:
+            if self._stopped.is_set():
+                return
+            self._grpc_server.stop(grace).wait()
+            self.core.stop()
+            self._stopped.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until ``stop()`` has finished; True if it has."""
+        return self._stopped.wait(timeout)
+
+    def __enter__(self) -> RunningServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve(
+    options: ServerOptions,
+    *,
+    config=None,
+    on_ready: Callable[[str], None] | None = None,
+) -> RunningServer:
+    """Loads the models, then opens the gRPC port; returns the running server.
+
+    ``config`` (a ModelServerConfig proto) overrides the model flags, for callers that
+    build it in memory. ``on_ready`` receives :meth:`RunningServer.ready_line`. Raises
+    ServerStartError (a ServingOptError) if a model does not load or the port is taken.
+
+    Example:
+        >>> server = serve(ServerOptions(model_name="m", model_base_path="/models/m", port=0,
+        ...                              max_num_load_retries=0), on_ready=print)
+        serving-opt serve: model 'm' version 1 AVAILABLE on 127.0.0.1:40123 (...)
+        >>> server.stop()
+    """
+    import grpc
+    from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+
+    from serving_opt.serving.model_server.model_service import ModelService
+    from serving_opt.serving.model_server.prediction_service import PredictionService
+
+    core = ServerCore(core_options(options))
+    try:
+        server_config = config if config is not None else build_model_server_config(options)
+        # Like the real server, the port opens only once every model is AVAILABLE.
+        core.reload_config(server_config, timeout=options.startup_timeout_seconds)
+    except ServingStatusError as e:
+        core.stop()
+        raise ServerStartError(f"Failed to start server. Error: {e.to_text()}") from None
+    except BaseException:
+        core.stop()
+        raise
+
+    grpc_server = grpc.server(
+        futures.ThreadPoolExecutor(
+            max_workers=max(1, options.grpc_max_threads),
+            thread_name_prefix="serving-opt-grpc",
+        ),
+        options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            # One server per port: never share a port with a stale process (SO_REUSEPORT).
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
+        PredictionService(
+            core,
+            RequestOptions(signature_method_name_check=options.enable_signature_method_name_check),
+            enforce_session_run_timeout=options.enforce_session_run_timeout,
+        ),
+        grpc_server,
+    )
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core), grpc_server)
+    address = _bind_address(options.host, options.port)
+    try:
+        port = grpc_server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
+    if not port:
+        core.stop()
+        raise ServerStartError(
+            f"could not listen on {address}",
+            "the port is in use or the host is not a local address; pick another --port "
+            "(0 chooses a free one) or --host",
+        )
+    grpc_server.start()
+    running = RunningServer(grpc_server, core, options.host, port)
+    log.info("Running gRPC ModelServer at %s ...", running.address)
+    if on_ready is not None:
+        on_ready(running.ready_line())
+    return running

@@ -1,0 +1,573 @@
+"""Freezing: variables become constants, tables and assets keep working.
+
+The classic recipe (``freeze_graph``, ``saved_model_cli freeze_model``, TF-TRT)
+keeps only the signature outputs, so the init op and the table initializers it
+runs are pruned and the first lookup fails with "Table not initialized". Here the
+freeze keeps, as extra outputs, everything TF Serving's loader touches: the init
+op, the table initializers, and the asset tensors it feeds with file paths.
+
+The init op itself is rewritten: variable initializers are dropped from it (the
+variables are constants now, and an ``Assign`` into a constant cannot run) and
+everything else it ran, table initialization above all, is kept.
+
+TF2 SavedModels (Keras ``model.export``, ``tf.saved_model.save``) load the same
+way, through the session loader, and freeze the same way, with three differences
+handled here: the variables live behind function arguments (TF's converter rewrites
+the function bodies; ``ResourceGather`` inside a function is first spelled as a read
+plus ``GatherV2``, which the converter can freeze), each asset path is held in a
+string variable the init op assigns from the fed asset tensor (kept a variable, so
+it follows the model's own ``assets/``), and only what the signatures and the init
+op reach is converted (a TF2 graph holds each variable up to three times).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from serving_opt.errors import ServingOptError, first_line
+from serving_opt.graph import ServingGraph, node_name, prune_library, tensor_info_nodes
+from serving_opt.stages import loader
+
+# A serialized GraphDef must stay under 2 GiB (protobuf's limit). Keep a margin for
+# the non-constant nodes and the rest of the MetaGraphDef.
+PROTOBUF_LIMIT_BYTES = 2**31 - 1
+_GRAPH_MARGIN_BYTES = 64 * 2**20
+
+_VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "_VarHandlesOp"})
+_VARIABLE_WRITE_OPS = frozenset({
+    "Assign", "AssignVariableOp", "AssignAdd", "AssignSub",
+    "AssignAddVariableOp", "AssignSubVariableOp",
+})
+# Ops that must never be merged or folded away, because their identity is their state
+# (tables) or because running them twice differs from running them once.
+_ALWAYS_PROTECTED_OPS = frozenset({
+    "HashTable", "HashTableV2", "MutableHashTable", "MutableHashTableV2",
+    "MutableHashTableOfTensors", "MutableHashTableOfTensorsV2", "MutableDenseHashTable",
+    "MutableDenseHashTableV2", "AnonymousHashTable",
+})
+
+
+@dataclass(frozen=True)
+class FreezeInfo:
+    """What freezing did, for the report.
+
+    Example:
+        >>> info.variables_frozen
+        14
+    """
+
+    variables_frozen: int
+    variable_bytes: int
+    init_op: str | None
+    dropped_variable_initializers: tuple[str, ...]
+    kept_init_ops: tuple[str, ...]
+    # Variables deliberately left variables (TF2 asset paths, assigned by the init op).
+    variables_kept: tuple[str, ...] = ()
+
+
+def variable_sizes(graph_def) -> dict[str, int]:
+    """Bytes each variable will take as a constant, from its declared shape and dtype.
+
+    Example:
+        >>> variable_sizes(graph_def)["hidden/kernel"]
+        576
+    """
+    from tensorflow.python.framework import dtypes, tensor_shape
+
+    sizes = {}
+    for node in graph_def.node:
+        if node.op not in _VARIABLE_OPS:
+            continue
+        dtype = dtypes.as_dtype(node.attr["dtype"].type)
+        shape = tensor_shape.TensorShape(node.attr["shape"].shape)
+        if shape.is_fully_defined():
+            elements = shape.num_elements() or 0
+        else:
+            elements = 0
+        itemsize = dtype.size if dtype != dtypes.string else 0
+        sizes[node.name] = elements * itemsize
+    return sizes
+
+
+def reachable_nodes(graph_def, roots) -> set[str]:
+    """Names of the nodes ``roots`` depend on (data and control inputs), roots included.
+
+    Freezing only touches what the signatures and the init op reach; a TF2 SavedModel
+    holds every variable up to three times (the object, its checkpoint alias, the
+    saver's copy), so counting all of them would triple the frozen size.
+
+    Example:
+        >>> sorted(reachable_nodes(graph_def, ["logits"]))[:2]
+        ['hidden/MatMul', 'hidden/kernel']
+    """
+    inputs = {n.name: [node_name(i) for i in n.input] for n in graph_def.node}
+    seen: set[str] = set()
+    stack = [node_name(r) for r in roots]
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in inputs:
+            continue
+        seen.add(name)
+        stack.extend(inputs[name])
+    return seen
+
+
+def _reachable_subgraph(graph_def, reached: set[str]):
+    from tensorflow.core.framework import graph_pb2
+
+    out = graph_pb2.GraphDef()
+    out.versions.CopyFrom(graph_def.versions)
+    out.library.CopyFrom(graph_def.library)
+    out.node.extend(n for n in graph_def.node if n.name in reached)
+    prune_library(out)
+    return out
+
+
+_PASS_THROUGH = frozenset({"Identity", "IdentityN", "ReadVariableOp"})
+
+
+def asset_variables(graph_def, asset_nodes) -> frozenset[str]:
+    """Variables assigned from an asset tensor: TF2's way of holding an asset's path.
+
+    ``tf.saved_model.save`` stores each asset path in a string variable that the init
+    op assigns from the asset placeholder the loader feeds. Frozen, it would hold the
+    path the *source* was loaded from; kept, it keeps following the model's own assets.
+
+    Example:
+        >>> asset_variables(graph_def, ["asset_path_initializer"])
+        frozenset({'Variable'})
+    """
+    nodes = {n.name: n for n in graph_def.node}
+    assets = set(asset_nodes)
+    out = set()
+    for node in graph_def.node:
+        if node.op not in _VARIABLE_WRITE_OPS or len(node.input) < 2:
+            continue
+        target = nodes.get(node_name(node.input[0]))
+        source = nodes.get(node_name(node.input[1]))
+        while source is not None and source.op in _PASS_THROUGH and source.name not in assets:
+            source = nodes.get(node_name(source.input[0])) if source.input else None
+        if target is not None and target.op in _VARIABLE_OPS and source is not None \
+                and source.name in assets:
+            out.add(target.name)
+    return frozenset(out)
+
+
+def check_protobuf_limit(sizes: dict[str, int], limit_bytes: int = PROTOBUF_LIMIT_BYTES) -> None:
+    """Refuses to freeze what cannot be serialized: a GraphDef above 2 GiB.
+
+    Example:
+        >>> check_protobuf_limit({"emb": 3 * 2**30})
+        Traceback (most recent call last):
+        ServingOptError: variable emb is 3.00 GiB as a constant, ...
+    """
+    budget = limit_bytes - min(_GRAPH_MARGIN_BYTES, limit_bytes // 32)
+    for name, size in sorted(sizes.items(), key=lambda kv: -kv[1]):
+        if size > budget:
+            raise ServingOptError(
+                f"variable {name} is {size / 2**30:.2f} GiB as a constant, over the "
+                f"{limit_bytes / 2**30:.0f} GiB protobuf limit of a frozen GraphDef",
+                "keep variables for this model (--freeze=never) or shard/shrink that variable",
+            )
+    total = sum(sizes.values())
+    if total > budget:
+        largest = ", ".join(n for n, _ in sorted(sizes.items(), key=lambda kv: -kv[1])[:3])
+        raise ServingOptError(
+            f"frozen variables would total {total / 2**30:.2f} GiB, over the "
+            f"{limit_bytes / 2**30:.0f} GiB protobuf limit (largest: {largest})",
+            "keep variables for this model (--freeze=never) or shrink the largest ones",
+        )
+
+
+def _control_leaves(nodes: dict, root: str) -> list[str]:
+    """The non-NoOp ops a (possibly nested) ``tf.group`` runs."""
+    leaves: list[str] = []
+    seen: set[str] = set()
+    stack = [root]
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in nodes:
+            continue
+        seen.add(name)
+        node = nodes[name]
+        if node.op == "NoOp":
+            stack.extend(node_name(i) for i in reversed(node.input))
+        else:
+            leaves.append(name)
+    return leaves
+
+
+def _writes_variable(node, nodes: dict, keep: frozenset[str] = frozenset()) -> bool:
+    if node.op not in _VARIABLE_WRITE_OPS or not node.input:
+        return False
+    target = nodes.get(node_name(node.input[0]))
+    return target is not None and target.op in _VARIABLE_OPS and target.name not in keep
+
+
+def rewrite_init_op(graph_def, init_op: str,
+                    keep_variables: frozenset[str] = frozenset()) -> tuple[object, list[str],
+                                                                           list[str]]:
+    """Drops variable initializers from the init op; keeps the rest (tables, ...).
+
+    Writes to ``keep_variables`` (variables that stay variables, such as the TF2
+    asset-path variables the init op assigns from the fed asset tensor) are kept.
+    Returns ``(graph_def, kept_ops, dropped_ops)``; the init op keeps its name so
+    the SavedModel's main_op / ``__saved_model_init_op`` still point at it.
+
+    Example:
+        >>> gd, kept, dropped = rewrite_init_op(graph_def, "group_deps")
+        >>> kept
+        ['word_lookup/hash_table/table_init/LookupTableImportV2']
+    """
+    from tensorflow.core.framework import graph_pb2
+
+    nodes = {n.name: n for n in graph_def.node}
+    if init_op not in nodes:
+        raise ServingOptError(
+            f"the init op {init_op} named by the SavedModel is not in its graph",
+            "re-export the model; its main_op/init op is broken",
+        )
+    root = nodes[init_op]
+    if root.op != "NoOp":
+        if _writes_variable(root, nodes, keep_variables):
+            root_copy = graph_pb2.GraphDef()
+            root_copy.CopyFrom(graph_def)
+            for node in root_copy.node:
+                if node.name == init_op:
+                    node.Clear()
+                    node.name = init_op
+                    node.op = "NoOp"
+            return root_copy, [], [init_op]
+        return graph_def, [init_op], []
+    leaves = _control_leaves(nodes, init_op)
+    kept = [n for n in leaves if not _writes_variable(nodes[n], nodes, keep_variables)]
+    dropped = [n for n in leaves if n not in kept]
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    for node in out.node:
+        if node.name == init_op:
+            del node.input[:]
+            node.input.extend("^" + k for k in kept)
+            node.device = ""
+    return out, kept, dropped
+
+
+def _asset_defs(meta_graph, saved_model_dir: str) -> tuple:
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    defs = list(meta_graph.asset_file_def)
+    if not defs:
+        col = meta_graph.collection_def.get(loader.SAVED_MODEL_ASSETS_COLLECTION)
+        if col is not None:
+            for any_value in col.any_list.value:
+                asset = meta_graph_pb2.AssetFileDef()
+                any_value.Unpack(asset)
+                defs.append(asset)
+    return tuple(defs)
+
+
+def _init_op_source(meta_graph) -> str | None:
+    sig = meta_graph.signature_def.get(loader.INIT_OP_SIGNATURE_KEY)
+    if sig is not None and sig.outputs:
+        return "signature"
+    for key, source in ((loader.MAIN_OP_COLLECTION, "main_op"),
+                        (loader.LEGACY_INIT_OP_COLLECTION, "legacy_init_op")):
+        col = meta_graph.collection_def.get(key)
+        if col is not None and col.node_list.value:
+            return source
+    return None
+
+
+def stateful_nodes(graph_def) -> list[str]:
+    """Nodes whose op is stateful: protected from merging and folding.
+
+    Example:
+        >>> "word_lookup/hash_table" in stateful_nodes(graph_def)
+        True
+    """
+    from tensorflow.python.framework import op_def_registry
+
+    out = []
+    for node in graph_def.node:
+        op_def = op_def_registry.get(node.op)
+        if node.op in _ALWAYS_PROTECTED_OPS or (op_def is not None and op_def.is_stateful):
+            out.append(node.name)
+    return out
+
+
+def _drop_dangling_colocation(graph_def) -> None:
+    """``_class: loc:@x`` naming a pruned node makes the graph unimportable."""
+    names = {n.name for n in graph_def.node}
+    for node in graph_def.node:
+        node.device = ""
+        if "_class" not in node.attr:
+            continue
+        locs = [s for s in node.attr["_class"].list.s
+                if s.decode().removeprefix("loc:@") in names]
+        if locs:
+            del node.attr["_class"].list.s[:]
+            node.attr["_class"].list.s.extend(locs)
+        else:
+            del node.attr["_class"]
+
+
+def rewrite_resource_reads_in_functions(graph_def) -> int:
+    """Spells ``ResourceGather``/``VariableShape`` inside functions as a read plus the op.
+
+    TF's converter turns ``ReadVariableOp`` of a frozen variable into ``Identity``
+    everywhere, but leaves a ``ResourceGather`` (an embedding lookup) inside a function
+    untouched while its argument becomes a float tensor: the frozen graph is invalid
+    (tensorflow#53569, the embedding-model freezing failure). ``ReadVariableOp`` +
+    ``GatherV2`` computes the same, and freezes. Changes ``graph_def`` in place and
+    returns the number of nodes rewritten.
+
+    Example:
+        >>> rewrite_resource_reads_in_functions(keras_embedding_graph_def)
+        2
+    """
+    from tensorflow.core.framework import node_def_pb2
+
+    count = 0
+    for function in graph_def.library.function:
+        names = {n.name for n in function.node_def}
+        added = []
+        for node in function.node_def:
+            if node.op == "ResourceGather" and node.attr["batch_dims"].i == 0:
+                read, axis = f"{node.name}/serving_opt_read", f"{node.name}/serving_opt_axis"
+                if read in names or axis in names:
+                    continue
+                data = [i for i in node.input if not i.startswith("^")]
+                control = [i for i in node.input if i.startswith("^")]
+                dtype, tindices = node.attr["dtype"].type, node.attr["Tindices"].type
+                read_node = node_def_pb2.NodeDef(name=read, op="ReadVariableOp")
+                read_node.input.extend([data[0]] + control)
+                read_node.attr["dtype"].type = dtype
+                axis_node = node_def_pb2.NodeDef(name=axis, op="Const")
+                axis_node.attr["dtype"].type = 3  # DT_INT32
+                axis_node.attr["value"].tensor.dtype = 3
+                axis_node.attr["value"].tensor.int_val.append(0)
+                node.ClearField("attr")
+                node.op = "GatherV2"
+                del node.input[:]
+                # Function-body tensor names: node:output_arg:index.
+                node.input.extend([f"{read}:value:0", data[1], f"{axis}:output:0"] + control)
+                node.attr["Tparams"].type = dtype
+                node.attr["Tindices"].type = tindices
+                node.attr["Taxis"].type = 3
+                added.extend([read_node, axis_node])
+                count += 1
+            elif node.op == "VariableShape":
+                read = f"{node.name}/serving_opt_read"
+                if read in names:
+                    continue
+                out_type = node.attr["out_type"].type or 3
+                read_node = node_def_pb2.NodeDef(name=read, op="ReadVariableOp")
+                read_node.input.append(node.input[0])
+                read_node.attr["dtype"].type = _resource_dtype(function, node.input[0])
+                if not read_node.attr["dtype"].type:
+                    continue
+                node.ClearField("attr")
+                node.op = "Shape"
+                node.input[0] = f"{read}:value:0"
+                node.attr["T"].type = read_node.attr["dtype"].type
+                node.attr["out_type"].type = out_type
+                added.append(read_node)
+                count += 1
+        function.node_def.extend(added)
+    return count
+
+
+def _resource_dtype(function, resource_input: str) -> int:
+    """The value dtype of a resource argument/tensor, from the function's own reads."""
+    arg = resource_input.split(":")[0]
+    for node in function.node_def:
+        if node.op == "ReadVariableOp" and node.input and node.input[0].split(":")[0] == arg:
+            return node.attr["dtype"].type
+    return 0
+
+
+def freeze_session_model(
+    saved_model_dir: str,
+    tags: frozenset[str],
+    signature_keys: Sequence[str],
+    *,
+    limit_bytes: int = PROTOBUF_LIMIT_BYTES,
+) -> tuple[ServingGraph, FreezeInfo]:
+    """Loads a TF1-graph SavedModel like TF Serving does and freezes its variables.
+
+    Example:
+        >>> graph, info = freeze_session_model("build/sample/1", frozenset({"serve"}),
+        ...                                    ["serving_default", "predict"])
+        >>> sorted(graph.signature_defs)
+        ['predict', 'serving_default']
+    """
+    import tensorflow as tf
+
+    sess, meta_graph = loader.load_session(saved_model_dir, tags)
+    try:
+        graph_def = sess.graph.as_graph_def()
+        signatures = {k: meta_graph.signature_def[k] for k in signature_keys}
+        init_op = loader.init_op_name(meta_graph)
+        assets = _asset_defs(meta_graph, saved_model_dir)
+        asset_nodes = [node_name(a.tensor_info.name) for a in assets]
+        keep_variables = asset_variables(graph_def, asset_nodes)
+        kept_init: list[str] = []
+        dropped_init: list[str] = []
+        if init_op:
+            graph_def, kept_init, dropped_init = rewrite_init_op(graph_def, init_op,
+                                                                 keep_variables)
+        rewrite_resource_reads_in_functions(graph_def)
+        present = {n.name for n in graph_def.node}
+        table_init = [
+            node_name(n) for n in meta_graph.collection_def[
+                loader.TABLE_INITIALIZER_COLLECTION].node_list.value
+            if node_name(n) in present
+        ] if loader.TABLE_INITIALIZER_COLLECTION in meta_graph.collection_def else []
+        sig_nodes: list[str] = []
+        for sig in signatures.values():
+            for info in list(sig.inputs.values()) + list(sig.outputs.values()):
+                sig_nodes.extend(tensor_info_nodes(info))
+        missing = sorted({n for n in sig_nodes if n not in present})
+        if missing:
+            raise ServingOptError(
+                f"signature tensors refer to nodes missing from the graph: {', '.join(missing)}",
+                "re-export the model; its SignatureDefs are broken",
+            )
+        outputs = list(dict.fromkeys(
+            sig_nodes + ([init_op] if init_op else []) + asset_nodes + table_init
+        ))
+        reached = reachable_nodes(graph_def, outputs)
+        sizes = {name: size for name, size in variable_sizes(graph_def).items()
+                 if name in reached and name not in keep_variables}
+        check_protobuf_limit(sizes, limit_bytes)
+        # The converter walks every node of every library function; a TF2 model's save
+        # and restore functions are most of them (2-4x the serving functions).
+        graph_def = _reachable_subgraph(graph_def, reached)
+        try:
+            frozen = tf.compat.v1.graph_util.convert_variables_to_constants(
+                sess, graph_def, outputs,
+                variable_names_blacklist=sorted(keep_variables) or None,
+            )
+        except Exception as e:  # TF raises many types here; name the cause in one line
+            first = first_line(e)
+            raise ServingOptError(
+                f"could not freeze the variables of {saved_model_dir}: {first}",
+                "rerun with --freeze=never to optimize without freezing",
+            ) from e
+    finally:
+        sess.close()
+
+    _drop_dangling_colocation(frozen)
+    frozen_names = {n.name for n in frozen.node}
+    collections = {}
+    if table_init:
+        collections[loader.TABLE_INITIALIZER_COLLECTION] = [
+            n for n in table_init if n in frozen_names
+        ]
+    protected = list(dict.fromkeys(
+        ([init_op] if init_op else []) + asset_nodes + table_init + kept_init
+        + stateful_nodes(frozen)
+    ))
+    init_source = _init_op_source(meta_graph)
+    if init_source == "signature" and init_op in frozen_names and \
+            meta_graph.collection_def.get(loader.MAIN_OP_COLLECTION) is not None:
+        # tf.saved_model.save declares the init op twice (signature for TF2 loaders,
+        # main_op collection for older ones); keep both declarations.
+        collections[loader.MAIN_OP_COLLECTION] = [init_op]
+    serving_graph = ServingGraph(
+        graph_def=frozen,
+        signature_defs=signatures,
+        tags=frozenset(tags),
+        init_op=init_op,
+        init_op_source=init_source,
+        init_op_signature=meta_graph.signature_def.get(loader.INIT_OP_SIGNATURE_KEY),
+        asset_file_defs=assets,
+        collections=collections,
+        protected_nodes=tuple(n for n in protected if n in frozen_names),
+        source_dir=saved_model_dir,
+    )
+    info = FreezeInfo(
+        variables_frozen=len(sizes),
+        variable_bytes=sum(sizes.values()),
+        init_op=init_op,
+        dropped_variable_initializers=tuple(dropped_init),
+        kept_init_ops=tuple(kept_init),
+        variables_kept=tuple(sorted(keep_variables)),
+    )
+    return serving_graph, info
+
+
+def load_unfrozen(
+    saved_model_dir: str, tags: frozenset[str], signature_keys: Sequence[str]
+) -> ServingGraph:
+    """The serving graph with its variables kept (``--freeze=never`` or a fallback).
+
+    Transforms and Grappler still run, but cannot fold through weights; the saver
+    and the checkpoint are carried over unchanged.
+
+    Example:
+        >>> load_unfrozen("build/sample/1", frozenset({"serve"}), ["predict"]).variables_dir
+        'build/sample/1/variables'
+    """
+    import os
+
+    saved_model = loader.read_saved_model(saved_model_dir)
+    meta_graph = loader.find_meta_graph(saved_model, tags, saved_model_dir)
+    # Load once, so a model that cannot load fails here with the loader's message.
+    sess, _ = loader.load_session(saved_model_dir, tags)
+    sess.close()
+    graph_def = meta_graph.graph_def
+    signatures = {k: meta_graph.signature_def[k] for k in signature_keys}
+    init_op = loader.init_op_name(meta_graph)
+    assets = _asset_defs(meta_graph, saved_model_dir)
+    saver_nodes = []
+    if meta_graph.HasField("saver_def"):
+        saver = meta_graph.saver_def
+        saver_nodes = [node_name(n) for n in (saver.restore_op_name, saver.filename_tensor_name,
+                                              saver.save_tensor_name) if n]
+    collection_defs = {}
+    for key, col in meta_graph.collection_def.items():
+        if key in (loader.MAIN_OP_COLLECTION, loader.LEGACY_INIT_OP_COLLECTION,
+                   loader.ASSET_FILEPATHS_COLLECTION, loader.SAVED_MODEL_ASSETS_COLLECTION):
+            continue  # the writer recreates these from the fields above
+        collection_defs[key] = col
+    names = {n.name for n in graph_def.node}
+    protected = list(dict.fromkeys(
+        ([init_op] if init_op else []) + [node_name(a.tensor_info.name) for a in assets]
+        + saver_nodes + stateful_nodes(graph_def)
+        + _collection_nodes(meta_graph)
+    ))
+    variables_dir = os.path.join(saved_model_dir, "variables")
+    return ServingGraph(
+        graph_def=graph_def,
+        signature_defs=signatures,
+        tags=frozenset(tags),
+        init_op=init_op,
+        init_op_source=_init_op_source(meta_graph),
+        init_op_signature=meta_graph.signature_def.get(loader.INIT_OP_SIGNATURE_KEY),
+        asset_file_defs=assets,
+        protected_nodes=tuple(n for n in protected if n in names),
+        source_dir=saved_model_dir,
+        saver_def=meta_graph.saver_def if meta_graph.HasField("saver_def") else None,
+        variables_dir=variables_dir if os.path.isdir(variables_dir) else None,
+        collection_defs=collection_defs,
+    )
+
+
+def _collection_nodes(meta_graph) -> list[str]:
+    """Nodes named by node_list collections and VariableDefs: kept when variables are."""
+    from tensorflow.core.framework import variable_pb2
+
+    out = []
+    for col in meta_graph.collection_def.values():
+        out.extend(node_name(v) for v in col.node_list.value)
+        for raw in col.bytes_list.value:
+            var = variable_pb2.VariableDef()
+            try:
+                var.ParseFromString(raw)
+            except Exception:  # not a VariableDef collection
+                break
+            out.extend(node_name(n) for n in (var.variable_name, var.initializer_name,
+                                              var.snapshot_name, var.initial_value_name) if n)
+    return out

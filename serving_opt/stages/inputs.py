@@ -1,0 +1,559 @@
+"""Inputs to run a signature on: read from the user's files, or synthesized from the graph.
+
+Synthesized tf.Examples follow the parsing spec found in the graph itself
+(ParseExample / ParseExampleV2 / ParseSingleExample: keys, dtypes, dense shapes,
+which features are required), and string features are drawn from the model's
+vocabulary assets so lookups hit real table entries, plus out-of-vocabulary words
+so the OOV path is exercised too.
+
+``--examples`` files:
+  * a TFRecord of serialized ``tf.Example`` protos, used for signatures whose input
+    is a batch of serialized examples (classify, regress, Estimator predict);
+  * JSON lines, one request per line: ``{"alias": value, ...}`` with the batch
+    dimension included, exactly what a Predict request carries. Strings may be
+    given as ``{"b64": "..."}``, like TF Serving's REST API.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from serving_opt.errors import ServingOptError, first_line
+from serving_opt.graph import node_name
+
+_PARSE_OPS = frozenset({"ParseExample", "ParseExampleV2", "ParseSingleExample"})
+_PASS_THROUGH_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "IdentityN"})
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """One feature of a tf.Example parsing spec."""
+
+    key: str
+    dtype: str  # "string" | "int64" | "float"
+    kind: str  # "dense" | "sparse" | "ragged"
+    shape: tuple[int, ...] = ()
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class ExampleSpec:
+    """The features a model's parsing op reads from each serialized tf.Example."""
+
+    features: tuple[FeatureSpec, ...] = field(default_factory=tuple)
+
+
+def _const_value(nodes: dict, name: str):
+    from tensorflow.python.framework import tensor_util
+
+    node = nodes.get(node_name(name))
+    # tf.io.parse_example inside a tf.function reshapes its defaults; same values.
+    while node is not None and node.op in ("Identity", "Reshape"):
+        node = nodes.get(node_name(node.input[0]))
+    if node is None or node.op != "Const":
+        return None
+    return tensor_util.MakeNdarray(node.attr["value"].tensor)
+
+
+def _dtype_name(enum: int) -> str:
+    from tensorflow.python.framework import dtypes
+
+    dtype = dtypes.as_dtype(enum)
+    return {"string": "string", "int64": "int64", "float32": "float"}.get(dtype.name, dtype.name)
+
+
+def _shape_tuple(shape_proto) -> tuple[int, ...]:
+    if shape_proto.unknown_rank:
+        return (-1,)
+    return tuple(d.size for d in shape_proto.dim)
+
+
+def _as_str(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _spec_from_parse_node(node, nodes: dict) -> ExampleSpec | None:
+    attr = node.attr
+    features: list[FeatureSpec] = []
+    if node.op == "ParseExampleV2":
+        # inputs: serialized, names, sparse_keys, dense_keys, ragged_keys, dense_defaults...
+        sparse_keys = _const_value(nodes, node.input[2])
+        dense_keys = _const_value(nodes, node.input[3])
+        ragged_keys = _const_value(nodes, node.input[4])
+        if sparse_keys is None or dense_keys is None or ragged_keys is None:
+            return None
+        dense_defaults = [_const_value(nodes, i) for i in node.input[5:5 + len(dense_keys)]]
+        sparse_keys, dense_keys = list(sparse_keys.ravel()), list(dense_keys.ravel())
+        ragged_keys = list(ragged_keys.ravel())
+        ragged_types = list(attr["ragged_value_types"].list.type)
+    elif node.op == "ParseExample":
+        n_sparse, n_dense = attr["Nsparse"].i, attr["Ndense"].i
+        sparse_keys = [_const_value(nodes, i) for i in node.input[2:2 + n_sparse]]
+        dense_inputs = node.input[2 + n_sparse:2 + n_sparse + n_dense]
+        dense_keys = [_const_value(nodes, i) for i in dense_inputs]
+        if any(k is None for k in sparse_keys + dense_keys):
+            return None
+        sparse_keys = [k.item() for k in sparse_keys]
+        dense_keys = [k.item() for k in dense_keys]
+        dense_defaults = [
+            _const_value(nodes, i) for i in node.input[2 + n_sparse + n_dense:]
+        ]
+        ragged_keys, ragged_types = [], []
+    else:  # ParseSingleExample keeps its keys in attributes
+        sparse_keys = list(attr["sparse_keys"].list.s)
+        dense_keys = list(attr["dense_keys"].list.s)
+        dense_defaults = [_const_value(nodes, i) for i in node.input[1:]]
+        ragged_keys, ragged_types = [], []
+    sparse_types = list(attr["sparse_types"].list.type)
+    dense_types = list(attr["Tdense"].list.type)
+    dense_shapes = [_shape_tuple(s) for s in attr["dense_shapes"].list.shape]
+    for key, dtype in zip(sparse_keys, sparse_types):
+        features.append(FeatureSpec(_as_str(key), _dtype_name(dtype), "sparse"))
+    for key, dtype in zip(ragged_keys, ragged_types):
+        features.append(FeatureSpec(_as_str(key), _dtype_name(dtype), "ragged"))
+    for i, (key, dtype) in enumerate(zip(dense_keys, dense_types)):
+        default = dense_defaults[i] if i < len(dense_defaults) else None
+        required = default is None or np.size(default) == 0
+        shape = dense_shapes[i] if i < len(dense_shapes) else ()
+        features.append(FeatureSpec(_as_str(key), _dtype_name(dtype), "dense", shape, required))
+    return ExampleSpec(tuple(features))
+
+
+def find_example_spec(graph_def, input_tensor_name: str) -> ExampleSpec | None:
+    """The tf.Example parsing spec of the parse op fed by ``input_tensor_name``, if any.
+
+    Follows the tensor through pass-through ops and into the functions it is passed
+    to (TF2 models parse inside the serving function), so each signature gets the
+    spec of its own parse op.
+
+    Example:
+        >>> [f.key for f in find_example_spec(graph_def, "input_example_tensor:0").features]
+        ['city', 'word', 'age', 'clicks']
+    """
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    spec = _trace_to_parse(graph_def.node, node_name(input_tensor_name), functions, set())
+    if spec is None and functions and _feeds_a_call(graph_def.node,
+                                                    node_name(input_tensor_name)):
+        # A call the trace could not follow (no "f" attribute, say): any parse op.
+        spec = _any_spec_in_functions(graph_def)
+    return spec
+
+
+_CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
+
+
+def _feeds_a_call(node_defs, name: str) -> bool:
+    return any(n.op in _CALL_OPS and any(node_name(i) == name for i in n.input)
+               for n in node_defs)
+
+
+def _trace_to_parse(node_defs, start: str, functions: dict,
+                    visited: set) -> ExampleSpec | None:
+    """Follows ``start`` through pass-through ops and into called functions (TF2 models
+    parse inside the serving function, by argument position) to the parse op it feeds."""
+    nodes = {n.name: n for n in node_defs}
+    consumers: dict[str, list] = {}
+    for node in node_defs:
+        for inp in node.input:
+            consumers.setdefault(node_name(inp), []).append(node)
+    frontier, seen = [start], set()
+    while frontier:
+        name = frontier.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for consumer in consumers.get(name, []):
+            if consumer.op in _PARSE_OPS and node_name(consumer.input[0]) == name:
+                spec = _spec_from_parse_node(consumer, nodes)
+                if spec is not None:
+                    return spec
+            elif consumer.op in _PASS_THROUGH_OPS:
+                frontier.append(consumer.name)
+            elif consumer.op in _CALL_OPS and "f" in consumer.attr:
+                function = functions.get(consumer.attr["f"].func.name)
+                data = [i for i in consumer.input if not i.startswith("^")]
+                for index, inp in enumerate(data):
+                    if node_name(inp) != name or function is None or \
+                            index >= len(function.signature.input_arg):
+                        continue
+                    key = (function.signature.name, index)
+                    if key in visited:
+                        continue
+                    visited.add(key)
+                    spec = _trace_to_parse(function.node_def,
+                                           function.signature.input_arg[index].name,
+                                           functions, visited)
+                    if spec is not None:
+                        return spec
+    return None
+
+
+def _any_spec_in_functions(graph_def) -> ExampleSpec | None:
+    for function in graph_def.library.function:
+        nodes = {n.name: n for n in function.node_def}
+        for node in function.node_def:
+            if node.op in _PARSE_OPS:
+                spec = _spec_from_parse_node(node, nodes)
+                if spec is not None:
+                    return spec
+    return None
+
+
+def vocabulary_words(asset_paths: Sequence[str], limit: int = 2000) -> list[str]:
+    """Words from text assets (first column of each line), to make lookups hit.
+
+    Example:
+        >>> vocabulary_words(["build/sample/1/assets/vocab.txt"])[:2]
+        ['apple', 'banana']
+    """
+    words: list[str] = []
+    for path in asset_paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    token = line.rstrip("\n").split("\t")[0].strip()
+                    if token:
+                        words.append(token)
+                    if len(words) >= limit:
+                        return words
+        except (OSError, UnicodeDecodeError):
+            continue  # binary assets are not vocabularies
+    return words
+
+
+_TABLE_FILL_OPS = frozenset({"LookupTableImportV2", "LookupTableImport", "InitializeTableV2",
+                             "InitializeTable", "LookupTableInsertV2", "LookupTableInsert"})
+
+
+def graph_vocabulary_words(graph_def, limit: int = 2000) -> list[str]:
+    """String keys of lookup tables filled from constants in the graph.
+
+    Keras ``StringLookup``/``TextVectorization`` and ``KeyValueTensorInitializer``
+    tables keep their vocabulary in the graph, not in an asset file; drawing inputs
+    from it makes lookups hit, not only the out-of-vocabulary path. In TF2 models the
+    keys reach the initializer function as an argument, so arguments are followed to
+    the constant their caller passes.
+
+    Example:
+        >>> graph_vocabulary_words(keras_text_model_graph_def)[:2]
+        ['the', 'cat']
+    """
+    from tensorflow.python.framework import tensor_util
+
+    top = {n.name: n for n in graph_def.node}
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    scopes = {"": top} | {name: {n.name: n for n in f.node_def}
+                          for name, f in functions.items()}
+    callers: dict[str, list[tuple[str, object]]] = {}
+    for scope_name, nodes in scopes.items():
+        for node in nodes.values():
+            attr = node.attr.get("f")
+            if attr is not None and attr.HasField("func") and attr.func.name in functions:
+                callers.setdefault(attr.func.name, []).append((scope_name, node))
+
+    def resolve(scope_name: str, tensor: str, depth: int = 0):
+        if depth > 8:
+            return None
+        nodes = scopes[scope_name]
+        node = nodes.get(node_name(tensor))
+        while node is not None and node.op == "Identity" and node.input:
+            node = nodes.get(node_name(node.input[0]))
+        if node is not None:
+            return node if node.op == "Const" else None
+        if scope_name:  # a function argument: follow it to what the callers pass
+            args = [a.name for a in functions[scope_name].signature.input_arg]
+            if node_name(tensor) in args:
+                index = args.index(node_name(tensor))
+                for caller_scope, caller in callers.get(scope_name, []):
+                    data_inputs = [i for i in caller.input if not i.startswith("^")]
+                    if index < len(data_inputs):
+                        found = resolve(caller_scope, data_inputs[index], depth + 1)
+                        if found is not None:
+                            return found
+        return None
+
+    words: list[str] = []
+    for scope_name, nodes in scopes.items():
+        for node in nodes.values():
+            if node.op not in _TABLE_FILL_OPS or len(node.input) < 2:
+                continue
+            keys = resolve(scope_name, node.input[1])
+            if keys is None:
+                continue
+            value = tensor_util.MakeNdarray(keys.attr["value"].tensor)
+            if value.dtype != object:
+                continue
+            for key in value.ravel():
+                token = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
+                if token:
+                    words.append(token)
+                if len(words) >= limit:
+                    return words
+    return words
+
+
+def model_vocabulary(meta_graph, saved_model_dir: str, limit: int = 2000) -> list[str]:
+    """Words the model knows: vocabulary assets first, then in-graph table keys.
+
+    Example:
+        >>> model_vocabulary(meta_graph, "build/sample/1")[:2]
+        ['apple', 'banana']
+    """
+    from serving_opt.stages import loader
+
+    assets = [a.path for a in loader.asset_files(meta_graph, saved_model_dir) if a.path]
+    words = vocabulary_words(assets, limit)
+    if len(words) < limit:
+        words += graph_vocabulary_words(meta_graph.graph_def, limit - len(words))
+    return list(dict.fromkeys(words))
+
+
+class InputSynthesizer:
+    """Deterministic random inputs shaped like a signature wants them.
+
+    Example:
+        >>> synth = InputSynthesizer(vocabulary=["apple"], seed=0)
+        >>> len(synth.examples(spec, 4))
+        4
+    """
+
+    def __init__(self, vocabulary: Sequence[str] = (), seed: int = 0) -> None:
+        self.vocabulary = list(vocabulary)
+        self.rng = np.random.default_rng(seed)
+
+    def _words(self, count: int) -> list[bytes]:
+        out = []
+        for _ in range(count):
+            if self.vocabulary and self.rng.random() < 0.8:
+                out.append(self.vocabulary[self.rng.integers(len(self.vocabulary))].encode())
+            else:
+                out.append(f"oov-{self.rng.integers(1000)}".encode())
+        return out
+
+    def _feature(self, spec: FeatureSpec):
+        import tensorflow as tf
+
+        if spec.kind == "dense":
+            count = int(np.prod([d for d in spec.shape if d > 0])) if spec.shape else 1
+            if any(d < 0 for d in spec.shape):
+                count *= int(self.rng.integers(1, 4))
+        else:
+            count = int(self.rng.integers(0, 4))
+        if spec.dtype == "string":
+            return tf.train.Feature(bytes_list=tf.train.BytesList(value=self._words(count)))
+        if spec.dtype == "int64":
+            values = self.rng.integers(0, 10, size=count).tolist()
+            return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+        values = self.rng.normal(size=count).astype(np.float32).tolist()
+        return tf.train.Feature(float_list=tf.train.FloatList(value=values))
+
+    def examples(self, spec: ExampleSpec, count: int) -> list[bytes]:
+        import tensorflow as tf
+
+        out = []
+        for _ in range(count):
+            feature = {}
+            for f in spec.features:
+                if not f.required and self.rng.random() < 0.15:
+                    continue  # exercise defaults and empty sparse features
+                feature[f.key] = self._feature(f)
+            example = tf.train.Example(features=tf.train.Features(feature=feature))
+            out.append(example.SerializeToString())
+        return out
+
+    def tensor(self, dtype_enum: int, shape: tuple[int, ...] | None, batch: int) -> np.ndarray:
+        from tensorflow.python.framework import dtypes
+
+        dtype = dtypes.as_dtype(dtype_enum)
+        if shape is None:
+            dims = [batch]
+        else:
+            dims = [batch if (i == 0 and d < 0) else (3 if d < 0 else d)
+                    for i, d in enumerate(shape)]
+        size = int(np.prod(dims)) if dims else 1
+        if dtype == dtypes.string:
+            return np.array(self._words(size), dtype=object).reshape(dims)
+        if dtype == dtypes.bool:
+            return (self.rng.random(size) < 0.5).reshape(dims)
+        if dtype.is_integer:
+            return self.rng.integers(0, 10, size=size).astype(dtype.as_numpy_dtype).reshape(dims)
+        if dtype.is_floating:
+            return self.rng.normal(size=size).astype(dtype.as_numpy_dtype).reshape(dims)
+        raise ServingOptError(
+            f"cannot synthesize inputs of dtype {dtype.name}",
+            "pass real inputs with --examples",
+        )
+
+
+def tensor_info_shape(info) -> tuple[int, ...] | None:
+    if info.tensor_shape.unknown_rank:
+        return None
+    return tuple(d.size for d in info.tensor_shape.dim)
+
+
+def example_input_alias(graph_def, signature_def) -> tuple[str, ExampleSpec] | None:
+    """(alias, spec) when the signature takes one batch of serialized tf.Examples.
+
+    Example:
+        >>> example_input_alias(graph_def, signature_defs["predict"])[0]
+        'examples'
+    """
+    from tensorflow.python.framework import dtypes
+
+    if len(signature_def.inputs) != 1:
+        return None
+    alias, info = next(iter(signature_def.inputs.items()))
+    if info.dtype != dtypes.string.as_datatype_enum or not info.name:
+        return None
+    spec = find_example_spec(graph_def, info.name)
+    return (alias, spec) if spec is not None else None
+
+
+@dataclass(frozen=True)
+class UserInputs:
+    """What ``--examples`` provided: serialized tf.Examples and/or JSON requests."""
+
+    examples: tuple[bytes, ...] = ()
+    requests: tuple[dict, ...] = ()
+    path: str = ""
+
+
+def read_examples_file(path: str) -> UserInputs:
+    """Reads ``--examples``: a TFRecord of tf.Example, or JSON lines of requests.
+
+    Example:
+        >>> len(read_examples_file("build/examples.tfrecord").examples)
+        8
+    """
+    if not os.path.isfile(path):
+        raise ServingOptError(f"--examples file {path} does not exist", "check the path")
+    with open(path, "rb") as f:
+        head = f.read(64).lstrip()
+    if head.startswith(b"{"):
+        return UserInputs(requests=tuple(_read_json_lines(path)), path=path)
+    import tensorflow as tf
+
+    records = []
+    try:
+        for record in tf.compat.v1.io.tf_record_iterator(path):
+            example = tf.train.Example()
+            example.ParseFromString(record)
+            records.append(record)
+    except Exception as e:
+        first = first_line(e)
+        raise ServingOptError(
+            f"--examples {path} is neither JSON lines nor a TFRecord of tf.Example ({first})",
+            "write a TFRecord of serialized tf.Example, or one JSON request per line",
+        ) from e
+    if not records:
+        raise ServingOptError(f"--examples {path} holds no records", "give at least one example")
+    return UserInputs(examples=tuple(records), path=path)
+
+
+def _decode_json_value(value):
+    if isinstance(value, dict) and set(value) == {"b64"}:
+        return base64.b64decode(value["b64"])
+    if isinstance(value, list):
+        return [_decode_json_value(v) for v in value]
+    if isinstance(value, str):
+        return value.encode()
+    return value
+
+
+def _read_json_lines(path: str) -> list[dict]:
+    requests = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                request = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ServingOptError(
+                    f"--examples {path} line {number} is not valid JSON ({e.msg})",
+                    'write one JSON object per line, e.g. {"images": [[...]]}',
+                ) from None
+            if not isinstance(request, dict):
+                raise ServingOptError(
+                    f"--examples {path} line {number} is not a JSON object",
+                    'write one {"alias": value} object per line',
+                )
+            requests.append({k: _decode_json_value(v) for k, v in request.items()})
+    if not requests:
+        raise ServingOptError(f"--examples {path} holds no requests", "give at least one line")
+    return requests
+
+
+@dataclass(frozen=True)
+class SignatureInputs:
+    """The batches (feeds keyed by alias) to run one signature on, and where they came from."""
+
+    signature: str
+    batches: tuple[dict, ...]
+    source: str  # "synthesized" | "examples:<path>" | "json:<path>"
+
+
+def inputs_for_signature(
+    graph_def,
+    key: str,
+    signature_def,
+    synthesizer: InputSynthesizer,
+    user: UserInputs | None = None,
+    batch_size: int = 16,
+    num_batches: int = 2,
+) -> SignatureInputs:
+    """Feeds for a signature: the user's where they fit, synthesized otherwise.
+
+    Example:
+        >>> inputs_for_signature(graph_def, "predict", sig, InputSynthesizer()).source
+        'synthesized'
+    """
+    from tensorflow.python.framework import dtypes
+
+    example_input = example_input_alias(graph_def, signature_def)
+    if example_input is not None:
+        alias, spec = example_input
+        if user is not None and user.examples:
+            records = list(user.examples)
+            batches = tuple(
+                {alias: np.array(records[i:i + batch_size], dtype=object)}
+                for i in range(0, len(records), batch_size)
+            )
+            return SignatureInputs(key, batches, f"examples:{user.path}")
+        batches = tuple(
+            {alias: np.array(synthesizer.examples(spec, batch_size), dtype=object)}
+            for _ in range(num_batches)
+        )
+        return SignatureInputs(key, batches, "synthesized")
+
+    aliases = set(signature_def.inputs)
+    if user is not None and user.requests:
+        matching = [r for r in user.requests if set(r) <= aliases and r]
+        if matching:
+            batches = []
+            for request in matching:
+                feed = {}
+                for alias, value in request.items():
+                    info = signature_def.inputs[alias]
+                    np_dtype = dtypes.as_dtype(info.dtype).as_numpy_dtype
+                    feed[alias] = np.array(value, dtype=object if np_dtype is object else np_dtype)
+                batches.append(feed)
+            return SignatureInputs(key, tuple(batches), f"json:{user.path}")
+    batches = []
+    for _ in range(num_batches):
+        feed = {}
+        for alias, info in sorted(signature_def.inputs.items()):
+            if info.WhichOneof("encoding") != "name":
+                raise ServingOptError(
+                    f"signature {key} input {alias} is sparse/composite; cannot synthesize it",
+                    "pass real inputs with --examples (JSON lines)",
+                )
+            feed[alias] = synthesizer.tensor(info.dtype, tensor_info_shape(info), batch_size)
+        batches.append(feed)
+    return SignatureInputs(key, tuple(batches), "synthesized")

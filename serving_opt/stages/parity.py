@@ -1,0 +1,244 @@
+"""The parity gate: the optimized model must answer like the original.
+
+Both models are loaded in fresh sessions with the session loader (what TF Serving
+uses), every kept signature runs on the same inputs, and every output is compared:
+integers, booleans and strings exactly; floats element-wise within
+``atol + rtol * |reference|`` (numpy.isclose semantics, NaN equal to NaN).
+
+Defaults: ``atol=1e-5``, ``rtol=1e-4``. Lossless rewrites (batch-norm folding,
+constant folding) move float32 results by about 1e-6 relative; a lossy
+transform such as ``round_weights`` or ``quantize_weights`` fails by orders of
+magnitude, so the defaults separate the two. Loosen them deliberately for lossy
+transforms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from serving_opt.errors import ServingOptError, first_line
+from serving_opt.stages import inputs as inputs_lib
+from serving_opt.stages import loader
+
+DEFAULT_ATOL = 1e-5
+DEFAULT_RTOL = 1e-4
+
+
+@dataclass(frozen=True)
+class OutputParity:
+    """How one output of one signature compares, over all batches."""
+
+    signature: str
+    output: str
+    dtype: str
+    shape: tuple[int, ...]
+    elements: int
+    mismatches: int
+    max_abs_diff: float
+    max_rel_diff: float
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    """The gate's verdict, with per-output numbers and where the inputs came from.
+
+    Example:
+        >>> report.ok
+        True
+    """
+
+    ok: bool
+    atol: float
+    rtol: float
+    outputs: tuple[OutputParity, ...]
+    input_sources: dict
+    batches_run: int
+
+    def failures(self) -> list[OutputParity]:
+        return [o for o in self.outputs if not o.ok]
+
+    def summary(self) -> str:
+        """One line naming the worst failure, or the number of outputs checked.
+
+        Example:
+            >>> report.summary()
+            'parity ok: 7 outputs of 3 signatures match (max abs diff 4.8e-07)'
+        """
+        if self.ok:
+            worst = max((o.max_abs_diff for o in self.outputs), default=0.0)
+            sigs = len({o.signature for o in self.outputs})
+            return (f"parity ok: {len(self.outputs)} outputs of {sigs} signatures match "
+                    f"(max abs diff {worst:.2g})")
+        parts = []
+        for o in self.failures()[:3]:
+            parts.append(
+                f"{o.signature}/{o.output}: {o.mismatches} of {o.elements} elements differ"
+                + (f", max abs diff {o.max_abs_diff:.3g}, max rel diff {o.max_rel_diff:.3g}"
+                   if o.max_abs_diff else "")
+                + (f" ({o.detail})" if o.detail else "")
+            )
+        return "parity failed: " + "; ".join(parts)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def run_signature(session, signature_def, feed_by_alias: dict,
+                  output_aliases: Sequence[str] | None = None) -> dict:
+    """Runs one signature in a session: feeds and fetches keyed by alias.
+
+    Example:
+        >>> run_signature(sess, sig, {"images": batch})["scores"].shape
+        (16, 4)
+    """
+    feeds = {signature_def.inputs[a].name: v for a, v in feed_by_alias.items()}
+    aliases = list(output_aliases or sorted(signature_def.outputs))
+    fetches = [signature_def.outputs[a].name for a in aliases]
+    values = session.run(fetches, feeds)
+    return dict(zip(aliases, values))
+
+
+def compare_arrays(reference, candidate, atol: float, rtol: float):
+    """(mismatches, max_abs_diff, max_rel_diff, detail) for two arrays.
+
+    Example:
+        >>> compare_arrays(np.array([1.0, 2.0]), np.array([1.0, 2.5]), 1e-5, 1e-4)[:2]
+        (1, 0.5)
+    """
+    reference, candidate = np.asarray(reference), np.asarray(candidate)
+    if reference.shape != candidate.shape:
+        return reference.size or 1, 0.0, 0.0, f"shape {candidate.shape} != {reference.shape}"
+    if reference.dtype != candidate.dtype:
+        return reference.size or 1, 0.0, 0.0, f"dtype {candidate.dtype} != {reference.dtype}"
+    if reference.dtype.kind in "fc":
+        ref = reference.astype(np.float64)
+        cand = candidate.astype(np.float64)
+        close = np.isclose(cand, ref, atol=atol, rtol=rtol, equal_nan=True)
+        finite = np.isfinite(ref) & np.isfinite(cand)
+        diff = np.where(finite, np.abs(cand - ref), 0.0)
+        rel = np.where(finite & (ref != 0), diff / np.maximum(np.abs(ref), 1e-30), 0.0)
+        return (int((~close).sum()), float(diff.max(initial=0.0)),
+                float(rel.max(initial=0.0)), "")
+    equal = reference == candidate
+    return int((~np.asarray(equal)).sum()), 0.0, 0.0, ""
+
+
+def check_parity(
+    reference_dir: str,
+    candidate_dir: str,
+    tags: frozenset[str],
+    signature_keys: Sequence[str],
+    *,
+    user_inputs: inputs_lib.UserInputs | None = None,
+    atol: float = DEFAULT_ATOL,
+    rtol: float = DEFAULT_RTOL,
+    batch_size: int = 16,
+    num_batches: int = 2,
+    seed: int = 0,
+) -> ParityReport:
+    """Runs every signature of both models on the same inputs and compares the outputs.
+
+    Example:
+        >>> check_parity("build/sample/1", "build/optimized/1", frozenset({"serve"}),
+        ...              ["serving_default"]).ok
+        True
+    """
+    ref_sess, ref_mg = loader.load_session(reference_dir, tags)
+    try:
+        cand_sess, cand_mg = loader.load_session(candidate_dir, tags)
+    except Exception:
+        ref_sess.close()
+        raise
+    try:
+        synthesizer = inputs_lib.InputSynthesizer(
+            inputs_lib.model_vocabulary(ref_mg, reference_dir), seed)
+        results: list[OutputParity] = []
+        sources = {}
+        batches_run = 0
+        for key in signature_keys:
+            ref_sig = ref_mg.signature_def[key]
+            cand_sig = cand_mg.signature_def.get(key)
+            if cand_sig is None:
+                results.append(OutputParity(key, "*", "", (), 0, 1, 0.0, 0.0, False,
+                                            "signature missing from the optimized model"))
+                continue
+            sig_inputs = inputs_lib.inputs_for_signature(
+                ref_mg.graph_def, key, ref_sig, synthesizer, user_inputs, batch_size,
+                num_batches,
+            )
+            sources[key] = sig_inputs.source
+            per_output: dict[str, list] = {a: [] for a in sorted(ref_sig.outputs)}
+            failure = ""
+            for feed in sig_inputs.batches:
+                try:
+                    expected = run_signature(ref_sess, ref_sig, feed)
+                except Exception as e:  # the original itself rejects these inputs
+                    raise ServingOptError(
+                        f"the original model fails on {sig_inputs.source} inputs for "
+                        f"signature {key}: {first_line(e)}",
+                        "pass real inputs with --examples (TFRecord of tf.Example or JSON "
+                        "lines)",
+                    ) from e
+                try:
+                    actual = run_signature(cand_sess, cand_sig, feed)
+                except Exception as e:
+                    failure = f"the optimized model fails where the original answers: " \
+                              f"{first_line(e)}"
+                    break
+                batches_run += 1
+                for alias in per_output:
+                    per_output[alias].append((expected[alias], actual.get(alias)))
+            if failure:
+                results.append(OutputParity(key, "*", "", (), 0, 1, 0.0, 0.0, False, failure))
+                continue
+            for alias, pairs in per_output.items():
+                results.append(_summarize(key, alias, pairs, atol, rtol))
+    finally:
+        ref_sess.close()
+        cand_sess.close()
+    return ParityReport(
+        ok=all(r.ok for r in results),
+        atol=atol,
+        rtol=rtol,
+        outputs=tuple(results),
+        input_sources=sources,
+        batches_run=batches_run,
+    )
+
+
+def _summarize(signature: str, alias: str, pairs: list, atol: float, rtol: float) -> OutputParity:
+    mismatches = elements = 0
+    max_abs = max_rel = 0.0
+    details = []
+    shape: tuple[int, ...] = ()
+    dtype = ""
+    for expected, actual in pairs:
+        expected = np.asarray(expected)
+        shape, dtype = expected.shape, expected.dtype.name
+        elements += expected.size
+        if actual is None:
+            mismatches += expected.size or 1
+            details.append("output missing")
+            continue
+        m, a, r, detail = compare_arrays(expected, actual, atol, rtol)
+        mismatches += m
+        max_abs, max_rel = max(max_abs, a), max(max_rel, r)
+        if detail:
+            details.append(detail)
+    return OutputParity(
+        signature=signature,
+        output=alias,
+        dtype=dtype,
+        shape=tuple(int(d) for d in shape),
+        elements=elements,
+        mismatches=mismatches,
+        max_abs_diff=max_abs,
+        max_rel_diff=max_rel,
+        ok=mismatches == 0,
+        detail="; ".join(dict.fromkeys(details)),
+    )
