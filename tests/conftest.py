@@ -16,6 +16,9 @@ import pytest  # noqa: E402
 
 from serving_opt import samples  # noqa: E402
 
+TEXT_CLASSIFIER_VOCAB = 5000
+TEXT_CLASSIFIER_DIM = 32
+
 
 def _build(tmp_path_factory, kind: str) -> str:
     base = str(tmp_path_factory.mktemp(kind))
@@ -71,6 +74,16 @@ def keras_base(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def keras_dir(keras_base) -> str:
     return os.path.join(keras_base, "1")
+
+
+@pytest.fixture(scope="session")
+def text_classifier_base(tmp_path_factory) -> str:
+    """TF1 DNN text classifier, mostly one embedding table (vocab 5000, dim 32 here):
+    raw text split in-graph, vocab-file table, Adagrad slots and global_step saved too."""
+    base = str(tmp_path_factory.mktemp("text_classifier"))
+    samples.build_text_classifier(os.path.join(base, "1"), vocab_size=TEXT_CLASSIFIER_VOCAB,
+                                  embedding_dim=TEXT_CLASSIFIER_DIM)
+    return base
 
 
 @pytest.fixture
