@@ -34,6 +34,13 @@ DEFAULT_IMAGE = "tensorflow/serving:2.18.0"
 BINARY_NAME = "tensorflow_model_server"
 CONTAINER_GRPC_PORT = 8500
 
+# What each concrete backend is, for reports: a "local" pass is not a TF Serving pass.
+BACKEND_NOTES = {
+    "docker": "TF Serving (Docker image)",
+    "binary": "TF Serving (tensorflow_model_server binary)",
+    "local": "serving-opt's local TF-Serving-compatible server (a stand-in, not TF Serving)",
+}
+
 
 @dataclass(frozen=True)
 class ServerSpec:

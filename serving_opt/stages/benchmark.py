@@ -101,13 +101,11 @@ def benchmark(
     try:
         sig_a = mg_a.signature_def[signature_key]
         sig_b = mg_b.signature_def[signature_key]
-        synth = inputs_lib.InputSynthesizer(inputs_lib.model_vocabulary(mg_a, before_dir), seed)
+        feeds = inputs_lib.signature_feeds(mg_a, before_dir, seed=seed)
         before: list[Latency] = []
         after: list[Latency] = []
         for batch in batch_sizes:
-            feed = inputs_lib.inputs_for_signature(
-                mg_a.graph_def, signature_key, sig_a, synth, None, batch, 1
-            ).batches[0]
+            feed = feeds(signature_key, batch).batches[0]
             call_a = _callable(sess_a, sig_a, feed)
             call_b = _callable(sess_b, sig_b, feed)
             for _ in range(warmup):

@@ -21,6 +21,7 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -557,3 +558,33 @@ def inputs_for_signature(
             feed[alias] = synthesizer.tensor(info.dtype, tensor_info_shape(info), batch_size)
         batches.append(feed)
     return SignatureInputs(key, tuple(batches), "synthesized")
+
+
+class SignatureFeeds(Protocol):
+    """What ``signature_feeds`` returns: ``feeds(key, batch_size, num_batches=1)``."""
+
+    def __call__(self, key: str, batch_size: int, num_batches: int = 1) -> SignatureInputs: ...
+
+
+def signature_feeds(meta_graph, saved_model_dir: str, *, user: UserInputs | None = None,
+                    seed: int = 0) -> SignatureFeeds:
+    """The feed builder parity, benchmark and validate all use: ``feeds(key, batch_size, n)``.
+
+    The returned ``feeds(key, batch_size, num_batches=1)`` gives the
+    SignatureInputs of signature ``key`` of ``meta_graph``: the user's inputs where
+    they fit, synthesized otherwise. One synthesizer serves every call: the
+    vocabulary is read once, and successive calls continue one seeded random stream,
+    so a run's inputs are reproducible and differ between signatures and batch sizes.
+
+    Example:
+        >>> feeds = signature_feeds(meta_graph, "build/sample/1", seed=0)
+        >>> len(feeds("predict", 16, 2).batches)
+        2
+    """
+    synthesizer = InputSynthesizer(model_vocabulary(meta_graph, saved_model_dir), seed)
+
+    def feeds(key: str, batch_size: int, num_batches: int = 1) -> SignatureInputs:
+        return inputs_for_signature(meta_graph.graph_def, key, meta_graph.signature_def[key],
+                                    synthesizer, user, batch_size, num_batches)
+
+    return feeds

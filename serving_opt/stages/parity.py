@@ -155,8 +155,7 @@ def check_parity(
         ref_sess.close()
         raise
     try:
-        synthesizer = inputs_lib.InputSynthesizer(
-            inputs_lib.model_vocabulary(ref_mg, reference_dir), seed)
+        feeds = inputs_lib.signature_feeds(ref_mg, reference_dir, user=user_inputs, seed=seed)
         results: list[OutputParity] = []
         sources = {}
         batches_run = 0
@@ -167,10 +166,7 @@ def check_parity(
                 results.append(OutputParity(key, "*", "", (), 0, 1, 0.0, 0.0, False,
                                             "signature missing from the optimized model"))
                 continue
-            sig_inputs = inputs_lib.inputs_for_signature(
-                ref_mg.graph_def, key, ref_sig, synthesizer, user_inputs, batch_size,
-                num_batches,
-            )
+            sig_inputs = feeds(key, batch_size, num_batches)
             sources[key] = sig_inputs.source
             per_output: dict[str, list] = {a: [] for a in sorted(ref_sig.outputs)}
             failure = ""

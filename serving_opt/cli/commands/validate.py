@@ -84,7 +84,7 @@ def main(fv: flags.FlagValues) -> int:
 def emit(result, report_path: str | None, as_json: bool) -> None:
     if report_path:
         report.write_json(result, report_path)
-        from serving_opt.serving.validate import write_marker
+        from serving_opt.serving.markers import write_marker
 
         write_marker(result, os.path.dirname(os.path.abspath(report_path)))
     if as_json:

@@ -1,0 +1,223 @@
+"""Probe requests: what validation sends to the server, and the answer each must get.
+
+TFX's InfraValidator builds its requests in ``request_builder``; this is the same
+job with one difference: every request carries a check against the answer the
+reference model gives in-process, not just "the call did not fail".
+
+For every served signature there is a Predict probe; classify/regress signatures
+that take serialized tf.Examples also get a Classify/Regress probe on the same
+records; a model with both kinds gets one MultiInference probe for a classify and
+a regress signature together. Inputs come from ``--examples`` where they fit and
+are synthesized otherwise (``stages.inputs.signature_feeds``, as for parity).
+
+Nothing here talks to a server: ``client`` sends the probes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from serving_opt.errors import ServingOptError
+from serving_opt.serving import client
+from serving_opt.stages import inputs as inputs_lib
+from serving_opt.stages import loader, parity
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One request to send, and how to check its answer.
+
+    Example:
+        >>> probe.name, probe.method
+        ('Predict serving_default', 'Predict')
+        >>> probe.check(response)  # "" when the answer is right
+        ''
+    """
+
+    name: str
+    method: str  # "Predict" | "Classify" | "Regress" | "MultiInference"
+    request: object
+    check: Callable[[object], str]  # returns "" when the answer is right
+
+
+def _tensor_proto(value: np.ndarray):
+    import tensorflow as tf
+
+    return tf.make_tensor_proto(value)
+
+
+def _compare(expected, actual, atol: float, rtol: float) -> str:
+    """"" when the arrays match within the parity gate's tolerances, else what differs."""
+    mismatches, max_abs, _, detail = parity.compare_arrays(
+        np.asarray(expected), np.asarray(actual), atol, rtol)
+    if mismatches:
+        return (f"{mismatches} of {np.asarray(expected).size} elements differ"
+                + (f" (max abs diff {max_abs:.3g})" if max_abs else "")
+                + (f", {detail}" if detail else ""))
+    return ""
+
+
+def build_probes(model_dir: str, reference_dir: str, model_name: str, version: int,
+                 tags: frozenset[str], *, examples: str | None = None, batch_size: int = 8,
+                 seed: int = 0, atol: float = parity.DEFAULT_ATOL,
+                 rtol: float = parity.DEFAULT_RTOL) -> tuple[list[Probe], dict]:
+    """Requests for every signature with expected answers from the reference model.
+
+    Returns ``(probes, served_signature_map)``. Reads the served model too, so a
+    model that cannot be read fails here, before any server starts.
+
+    Example:
+        >>> probes, served = build_probes("m/1", "exports/1", "m", 1, frozenset({"serve"}))
+        >>> [p.name for p in probes][:2]
+        ['Predict predict', 'Predict serving_default']
+    """
+    import tensorflow as tf
+
+    api = client.serving_api()
+    user = inputs_lib.read_examples_file(examples) if examples else None
+    served_mg = loader.find_meta_graph(loader.read_saved_model(model_dir), tags, model_dir)
+    sess, ref_mg = loader.load_session(reference_dir, tags)
+    probes: list[Probe] = []
+    try:
+        feeds = inputs_lib.signature_feeds(ref_mg, reference_dir, user=user, seed=seed)
+        keys = sorted(loader.serving_signatures(served_mg))
+        example_batches: dict[str, list[bytes]] = {}
+        for key in keys:
+            ref_sig = ref_mg.signature_def.get(key)
+            if ref_sig is None:
+                raise ServingOptError(
+                    f"signature {key} is served but missing from the reference {reference_dir}",
+                    "pass the matching --reference_dir",
+                )
+            feed = feeds(key, batch_size).batches[0]
+            expected = parity.run_signature(sess, ref_sig, feed)
+
+            request = api.predict_pb2.PredictRequest()
+            request.model_spec.name = model_name
+            request.model_spec.signature_name = key
+            request.model_spec.version.value = version
+            for alias, value in feed.items():
+                request.inputs[alias].CopyFrom(_tensor_proto(value))
+
+            def check_predict(response, expected=expected, key=key):
+                problems = []
+                for alias, value in expected.items():
+                    if alias not in response.outputs:
+                        problems.append(f"output {alias} missing")
+                        continue
+                    got = tf.make_ndarray(response.outputs[alias])
+                    diff = _compare(value, got, atol, rtol)
+                    if diff:
+                        problems.append(f"{alias}: {diff}")
+                if response.model_spec.signature_name != key:
+                    problems.append(f"reply names signature {response.model_spec.signature_name!r}")
+                return "; ".join(problems)
+
+            probes.append(Probe(f"Predict {key}", "Predict", request, check_predict))
+
+            method = ref_sig.method_name
+            example_input = inputs_lib.example_input_alias(ref_mg.graph_def, ref_sig)
+            if method in (loader.METHOD_CLASSIFY, loader.METHOD_REGRESS) and example_input:
+                alias = example_input[0]
+                records = [bytes(r) for r in feed[alias]]
+                example_batches[key] = records
+                probes.append(_example_probe(api, key, method, records, expected, model_name,
+                                             version, atol, rtol))
+        classify = [k for k in example_batches
+                    if ref_mg.signature_def[k].method_name == loader.METHOD_CLASSIFY]
+        regress = [k for k in example_batches
+                   if ref_mg.signature_def[k].method_name == loader.METHOD_REGRESS]
+        if classify and regress:
+            # One task of each kind on the classify signature's records: MultiInference
+            # requires all tasks to share one input.
+            probes.append(_multi_inference_probe(
+                api, sess, ref_mg, classify[0], regress[0], example_batches[classify[0]],
+                model_name, version, atol, rtol))
+    finally:
+        sess.close()
+    served = {k: v for k, v in served_mg.signature_def.items()}
+    return probes, served
+
+
+def _classification_check(expected: dict, atol: float, rtol: float):
+    def check(result) -> str:
+        classifications = result.classifications
+        n = len(next(iter(expected.values())))
+        if len(classifications) != n:
+            return f"{len(classifications)} classifications for {n} examples"
+        problems = []
+        if "scores" in expected:
+            got = np.array([[c.score for c in row.classes] for row in classifications],
+                           dtype=np.float32)
+            diff = _compare(expected["scores"], got, atol, rtol)
+            if diff:
+                problems.append(f"scores: {diff}")
+        if "classes" in expected:
+            got = np.array([[c.label.encode() if isinstance(c.label, str) else c.label
+                             for c in row.classes] for row in classifications], dtype=object)
+            if got.shape != expected["classes"].shape or not (got == expected["classes"]).all():
+                problems.append("class labels differ")
+        return "; ".join(problems)
+    return check
+
+
+def _regression_check(expected: dict, atol: float, rtol: float):
+    def check(result) -> str:
+        values = np.array([r.value for r in result.regressions], dtype=np.float32)
+        want = np.asarray(expected["outputs"], dtype=np.float32).reshape(-1)
+        diff = _compare(want, values, atol, rtol)
+        return f"outputs: {diff}" if diff else ""
+    return check
+
+
+def _example_probe(api: client.ServingApi, key: str, method: str, records: list[bytes],
+                   expected: dict, model_name: str, version: int, atol: float,
+                   rtol: float) -> Probe:
+    if method == loader.METHOD_CLASSIFY:
+        request = api.classification_pb2.ClassificationRequest()
+        check = _classification_check(expected, atol, rtol)
+        name = "Classify"
+    else:
+        request = api.regression_pb2.RegressionRequest()
+        check = _regression_check(expected, atol, rtol)
+        name = "Regress"
+    request.model_spec.name = model_name
+    request.model_spec.signature_name = key
+    request.model_spec.version.value = version
+    for record in records:
+        request.input.example_list.examples.add().ParseFromString(record)
+    return Probe(f"{name} {key}", name, request, lambda response: check(response.result))
+
+
+def _multi_inference_probe(api: client.ServingApi, sess, ref_mg, classify_key: str,
+                           regress_key: str, records: list[bytes], model_name: str,
+                           version: int, atol: float, rtol: float) -> Probe:
+    request = api.inference_pb2.MultiInferenceRequest()
+    checks = []
+    for key in (classify_key, regress_key):
+        task = request.tasks.add()
+        task.model_spec.name = model_name
+        task.model_spec.signature_name = key
+        task.model_spec.version.value = version
+        sig = ref_mg.signature_def[key]
+        task.method_name = sig.method_name
+        alias = next(iter(sig.inputs))
+        expected = parity.run_signature(sess, sig, {alias: np.array(records, dtype=object)})
+        checks.append(_classification_check(expected, atol, rtol)
+                      if sig.method_name == loader.METHOD_CLASSIFY
+                      else _regression_check(expected, atol, rtol))
+    for record in records:
+        request.input.example_list.examples.add().ParseFromString(record)
+
+    def check(response) -> str:
+        if len(response.results) != 2:
+            return f"{len(response.results)} results for 2 tasks"
+        problems = [c(getattr(r, r.WhichOneof("result") or "classification_result"))
+                    for c, r in zip(checks, response.results)]
+        return "; ".join(p for p in problems if p)
+
+    return Probe(f"MultiInference {classify_key}+{regress_key}", "MultiInference", request,
+                 check)
