@@ -1,16 +1,37 @@
-"""The value every optimizer stage takes and returns: a servable graph plus its contract.
+"""What a serving graph is, and the GraphDef walks every stage shares.
 
 A :class:`ServingGraph` is what TF Serving needs from a MetaGraph once variables
 are constants: the GraphDef, the signatures to keep verbatim, the init op, and the
 asset wiring. ``protected_nodes`` are the node names no stage may remove or
 rename, because a signature, the loader or a table initializer refers to them.
+
+The helpers here read GraphDefs the same way for every stage (node names, what a
+node depends on, which library functions it calls, which nodes hold state), so
+no stage imports another one for them.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+
+# Protobuf sizes are int32: a message of 2 GiB or more cannot be serialized. A frozen
+# GraphDef (variables turned into constants) must stay below this, and so must a
+# MetaGraph written back.
+PROTOBUF_LIMIT_BYTES = 2**31
+
+# Ops that call a library function by name: what TF2 signatures are made of.
+CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+
+# Ops that must never be merged or folded away, because their identity is their state
+# (tables) or because running them twice differs from running them once.
+_ALWAYS_PROTECTED_OPS = frozenset({
+    "HashTable", "HashTableV2", "MutableHashTable", "MutableHashTableV2",
+    "MutableHashTableOfTensors", "MutableHashTableOfTensorsV2", "MutableDenseHashTable",
+    "MutableDenseHashTableV2", "AnonymousHashTable",
+})
 
 
 def node_name(tensor_or_node: str) -> str:
@@ -23,6 +44,28 @@ def node_name(tensor_or_node: str) -> str:
     return tensor_or_node.lstrip("^").split(":")[0]
 
 
+def tensor_info_tensors(tensor_info) -> tuple[str, ...]:
+    """Tensor names a TensorInfo refers to (dense, sparse COO, or composite components).
+
+    Example:
+        >>> from tensorflow.core.protobuf import meta_graph_pb2
+        >>> tensor_info_tensors(meta_graph_pb2.TensorInfo(name="x:0"))
+        ('x:0',)
+    """
+    encoding = tensor_info.WhichOneof("encoding")
+    if encoding == "name":
+        return (tensor_info.name,)
+    if encoding == "coo_sparse":
+        coo = tensor_info.coo_sparse
+        return (coo.values_tensor_name, coo.indices_tensor_name, coo.dense_shape_tensor_name)
+    if encoding == "composite_tensor":
+        names: list[str] = []
+        for component in tensor_info.composite_tensor.components:
+            names.extend(tensor_info_tensors(component))
+        return tuple(names)
+    return ()
+
+
 def tensor_info_nodes(tensor_info) -> list[str]:
     """Node names a TensorInfo refers to (dense, sparse COO, or composite components).
 
@@ -31,31 +74,125 @@ def tensor_info_nodes(tensor_info) -> list[str]:
         >>> tensor_info_nodes(meta_graph_pb2.TensorInfo(name="x:0"))
         ['x']
     """
-    encoding = tensor_info.WhichOneof("encoding")
-    if encoding == "name":
-        return [node_name(tensor_info.name)]
-    if encoding == "coo_sparse":
-        coo = tensor_info.coo_sparse
-        return [node_name(n) for n in (coo.values_tensor_name, coo.indices_tensor_name,
-                                       coo.dense_shape_tensor_name)]
-    if encoding == "composite_tensor":
-        out: list[str] = []
-        for component in tensor_info.composite_tensor.components:
-            out.extend(tensor_info_nodes(component))
-        return out
-    return []
+    return [node_name(t) for t in tensor_info_tensors(tensor_info)]
 
 
-def _function_refs(nodes) -> set[str]:
-    refs: set[str] = set()
-    for node in nodes:
-        for value in node.attr.values():
-            if value.HasField("func"):
-                refs.add(value.func.name)
-            refs.update(f.name for f in value.list.func)
-        # Some ops name a function by op type (a call through the function library).
-        refs.add(node.op)
-    return refs
+def all_node_defs(graph_def) -> Iterator:
+    """Every NodeDef of a GraphDef: the top level, then each library function's body.
+
+    Example:
+        >>> sum(1 for _ in all_node_defs(keras_graph_def)) == total_node_count(keras_graph_def)
+        True
+    """
+    yield from graph_def.node
+    for function in graph_def.library.function:
+        yield from function.node_def
+
+
+def function_calls(graph_def) -> list[str]:
+    """Top-level nodes that call a library function (what TF2 signatures are made of).
+
+    Example:
+        >>> function_calls(keras_graph_def)
+        ['StatefulPartitionedCall', 'StatefulPartitionedCall_1']
+    """
+    return [n.name for n in graph_def.node if n.op in CALL_OPS]
+
+
+def called_functions(node) -> Iterator[str]:
+    """Names of the functions ``node`` may run: every func-valued attr (``f`` of a
+    (Stateful)PartitionedCall, If/While branches, dataset functions, ...) and its op
+    type, since a library function can also be called as an op. Names that are no
+    library function (most op types) are the caller's to ignore.
+
+    Example:
+        >>> sorted(called_functions(call_node))
+        ['StatefulPartitionedCall', '__inference_serve_123']
+    """
+    for value in node.attr.values():
+        if value.HasField("func"):
+            yield value.func.name
+        yield from (f.name for f in value.list.func)
+    yield node.op
+
+
+def reachable_functions(graph_def, nodes: Iterable) -> set[str]:
+    """Library functions ``nodes`` call, directly or through other functions.
+
+    Example:
+        >>> sorted(reachable_functions(keras_graph_def, keras_graph_def.node))[:1]
+        ['__inference_serve_123']
+    """
+    library = {f.signature.name: f for f in graph_def.library.function}
+    reached: set[str] = set()
+    frontier = [f for node in nodes for f in called_functions(node) if f in library]
+    while frontier:
+        name = frontier.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        frontier.extend(f for node in library[name].node_def for f in called_functions(node)
+                        if f in library and f not in reached)
+    return reached
+
+
+def reachable_nodes(graph_def, roots: Iterable[str]) -> set[str]:
+    """Names of the top-level nodes ``roots`` depend on (data and control inputs),
+    roots included; names that are no node of the graph are skipped.
+
+    Freezing only touches what the signatures and the init op reach; a TF2 SavedModel
+    holds every variable up to three times (the object, its checkpoint alias, the
+    saver's copy), so counting all of them would triple the frozen size.
+
+    Example:
+        >>> sorted(reachable_nodes(graph_def, ["logits"]))[:2]
+        ['hidden/MatMul', 'hidden/kernel']
+    """
+    inputs = {n.name: [node_name(i) for i in n.input] for n in graph_def.node}
+    seen: set[str] = set()
+    stack = [node_name(r) for r in roots]
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in inputs:
+            continue
+        seen.add(name)
+        stack.extend(inputs[name])
+    return seen
+
+
+def reachable_subgraph(graph_def, reached: set[str]):
+    """A new GraphDef of the ``reached`` nodes and the library functions they call.
+
+    Example:
+        >>> sub = reachable_subgraph(graph_def, reachable_nodes(graph_def, ["logits"]))
+        >>> len(sub.node) < len(graph_def.node)
+        True
+    """
+    from tensorflow.core.framework import graph_pb2
+
+    out = graph_pb2.GraphDef()
+    out.versions.CopyFrom(graph_def.versions)
+    out.library.CopyFrom(graph_def.library)
+    out.node.extend(n for n in graph_def.node if n.name in reached)
+    prune_library(out)
+    return out
+
+
+def stateful_nodes(graph_def) -> list[str]:
+    """Top-level nodes whose op is stateful: protected from merging and folding.
+
+    Example:
+        >>> "word_lookup/hash_table" in stateful_nodes(graph_def)
+        True
+    """
+    from tensorflow.python.framework import op_def_registry
+
+    out = []
+    for node in graph_def.node:
+        op_def = op_def_registry.get(node.op)
+        if node.op in _ALWAYS_PROTECTED_OPS or (op_def is not None and op_def.is_stateful):
+            out.append(node.name)
+    return out
 
 
 def prune_library(graph_def) -> int:
@@ -69,18 +206,10 @@ def prune_library(graph_def) -> int:
         >>> prune_library(frozen_graph_def)
         6
     """
-    functions = {f.signature.name: f for f in graph_def.library.function}
+    functions = {f.signature.name for f in graph_def.library.function}
     if not functions:
         return 0
-    reachable: set[str] = set()
-    frontier = [n for n in _function_refs(graph_def.node) if n in functions]
-    while frontier:
-        name = frontier.pop()
-        if name in reachable:
-            continue
-        reachable.add(name)
-        frontier.extend(n for n in _function_refs(functions[name].node_def)
-                        if n in functions and n not in reachable)
+    reachable = reachable_functions(graph_def, graph_def.node)
     keep = [f for f in graph_def.library.function if f.signature.name in reachable]
     removed = len(functions) - len(keep)
     if removed:
@@ -154,22 +283,31 @@ class ServingGraph:
             >>> serving_graph.op_histogram()["MatMul"]
             2
         """
-        counts = collections.Counter(n.op for n in self.graph_def.node)
-        for function in self.graph_def.library.function:
-            counts.update(n.op for n in function.node_def)
+        counts = collections.Counter(n.op for n in all_node_defs(self.graph_def))
         return dict(sorted(counts.items()))
 
     def signature_input_nodes(self) -> list[str]:
-        out: list[str] = []
-        for sig in self.signature_defs.values():
-            for info in sig.inputs.values():
-                out.extend(tensor_info_nodes(info))
-        return list(dict.fromkeys(out))
+        """Nodes the signatures' inputs name, each once, in signature order.
+
+        Example:
+            >>> serving_graph.signature_input_nodes()
+            ['examples']
+        """
+        return self._signature_nodes("inputs")
 
     def signature_output_nodes(self) -> list[str]:
+        """Nodes the signatures' outputs name, each once, in signature order.
+
+        Example:
+            >>> serving_graph.signature_output_nodes()
+            ['dnn/head/predictions/probabilities', 'dnn/head/predictions/class_ids']
+        """
+        return self._signature_nodes("outputs")
+
+    def _signature_nodes(self, side: str) -> list[str]:
         out: list[str] = []
         for sig in self.signature_defs.values():
-            for info in sig.outputs.values():
+            for info in getattr(sig, side).values():
                 out.extend(tensor_info_nodes(info))
         return list(dict.fromkeys(out))
 

@@ -21,18 +21,22 @@ import json
 import math
 import os
 import textwrap
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from serving_opt.errors import first_line
+from serving_opt.graph import (
+    PROTOBUF_LIMIT_BYTES,
+    node_name,
+    reachable_functions,
+    reachable_nodes,
+    tensor_info_tensors,
+)
+from serving_opt.report import human_bytes, table
 from serving_opt.stages import loader
 
 SCHEMA_VERSION = 1
-
-# The largest message protobuf will serialize: a frozen GraphDef (variables turned into
-# constants) must stay below it, and so must any single constant tensor.
-PROTOBUF_LIMIT_BYTES = 2**31
 
 # Key of the TF2 object graph stored inside object-based checkpoints; it is bookkeeping,
 # not a variable.
@@ -432,25 +436,6 @@ def _shape(info) -> Shape:
     return tuple(int(d.size) for d in info.tensor_shape.dim)
 
 
-def _component_names(info) -> tuple[str, ...]:
-    encoding = info.WhichOneof("encoding")
-    if encoding == "name":
-        return (info.name,)
-    if encoding == "coo_sparse":
-        sparse = info.coo_sparse
-        return (
-            sparse.values_tensor_name,
-            sparse.indices_tensor_name,
-            sparse.dense_shape_tensor_name,
-        )
-    if encoding == "composite_tensor":
-        names: list[str] = []
-        for component in info.composite_tensor.components:
-            names.extend(_component_names(component))
-        return tuple(names)
-    return ()
-
-
 def _tensor_report(alias: str, info) -> TensorReport:
     encoding = info.WhichOneof("encoding") or "none"
     return TensorReport(
@@ -459,7 +444,7 @@ def _tensor_report(alias: str, info) -> TensorReport:
         shape=_shape(info),
         encoding=encoding,
         name=info.name if encoding == "name" else None,
-        components=tuple(n for n in _component_names(info) if n),
+        components=tuple(n for n in tensor_info_tensors(info) if n),
     )
 
 
@@ -470,11 +455,6 @@ def _signature_report(key: str, sig) -> SignatureReport:
         inputs=tuple(_tensor_report(a, sig.inputs[a]) for a in sorted(sig.inputs)),
         outputs=tuple(_tensor_report(a, sig.outputs[a]) for a in sorted(sig.outputs)),
     )
-
-
-def _node_name(tensor_or_input: str) -> str:
-    """'^a' (control input), 'a:1' and 'a' all name node 'a'."""
-    return tensor_or_input.lstrip("^").split(":")[0]
 
 
 # ------------------------------------------------------------------------------- assets
@@ -538,19 +518,6 @@ class _ReachedNode:
         return f"{self.function}/{self.name}" if self.function else self.name
 
 
-def _called_functions(node, library: dict) -> Iterator[str]:
-    """Functions a node runs: its op itself, or any func-valued attr (``f`` of
-    (Stateful)PartitionedCall, If/While branches, dataset functions, ...)."""
-    if node.op in library:
-        yield node.op
-    for attr in node.attr.values():
-        if attr.HasField("func"):
-            yield attr.func.name
-        elif attr.HasField("list"):
-            for func in attr.list.func:
-                yield func.name
-
-
 def _reachable(graph_def, start_nodes: Iterable[str]) -> set[_ReachedNode]:
     """Nodes a run of ``start_nodes`` may execute, following data and control inputs
     backwards through the graph and into every function called on the way.
@@ -560,32 +527,13 @@ def _reachable(graph_def, start_nodes: Iterable[str]) -> set[_ReachedNode]:
     honest upper bound.
     """
     nodes = {node.name: node for node in graph_def.node}
-    library = {f.signature.name: f for f in graph_def.library.function}
-    reached: set[_ReachedNode] = set()
-    seen_nodes: set[str] = set()
-    seen_functions: set[str] = set()
-    node_stack = [n for n in start_nodes if n in nodes]
-    function_stack: list[str] = []
-    while node_stack or function_stack:
-        if node_stack:
-            name = node_stack.pop()
-            if name in seen_nodes:
-                continue
-            seen_nodes.add(name)
-            node = nodes[name]
-            reached.add(_ReachedNode(None, name, node.op))
-            node_stack.extend(
-                n for n in map(_node_name, node.input) if n in nodes and n not in seen_nodes
-            )
-            function_stack.extend(_called_functions(node, library))
-            continue
-        function_name = function_stack.pop()
-        if function_name in seen_functions or function_name not in library:
-            continue
-        seen_functions.add(function_name)
-        for node in library[function_name].node_def:
-            reached.add(_ReachedNode(function_name, node.name, node.op))
-            function_stack.extend(_called_functions(node, library))
+    top_level = [nodes[name] for name in reachable_nodes(graph_def, start_nodes)]
+    reached = {_ReachedNode(None, node.name, node.op) for node in top_level}
+    functions = reachable_functions(graph_def, top_level)
+    for function in graph_def.library.function:
+        if function.signature.name in functions:
+            reached.update(_ReachedNode(function.signature.name, node.name, node.op)
+                           for node in function.node_def)
     return reached
 
 
@@ -610,7 +558,7 @@ def _signature_risks(
     for sig in signatures:
         for direction, tensors in (("input", sig.inputs), ("output", sig.outputs)):
             for tensor in tensors:
-                missing = [t for t in tensor.components if _node_name(t) not in node_names]
+                missing = [t for t in tensor.components if node_name(t) not in node_names]
                 if missing or not tensor.components:
                     what = ", ".join(missing) or "no tensor"
                     risks.append(Risk(
@@ -621,7 +569,7 @@ def _signature_risks(
                         f"{sig.key}/{direction}/{tensor.alias}", tags,
                     ))
         # Walk from the outputs only: inputs are fed, so nothing upstream of them runs.
-        starts = [_node_name(n) for t in sig.outputs for n in t.components]
+        starts = [node_name(n) for t in sig.outputs for n in t.components]
         for node in _reachable(graph_def, starts):
             reached_by[node].append(sig.key)
     for node, sig_keys in sorted(reached_by.items(), key=lambda kv: kv[0].label):
@@ -722,8 +670,8 @@ def _inspect_variables(path: str) -> tuple[VariablesReport, list[Risk]]:
     risks = [
         Risk(
             "variable_over_2gib", SEVERITY_WARNING,
-            f"variable {v.full_name or v.name!r} holds {_human_bytes(v.size_bytes)}, more than "
-            f"the {_human_bytes(PROTOBUF_LIMIT_BYTES)} protobuf limit: it cannot become a "
+            f"variable {v.full_name or v.name!r} holds {human_bytes(v.size_bytes)}, more than "
+            f"the {human_bytes(PROTOBUF_LIMIT_BYTES)} protobuf limit: it cannot become a "
             "constant of a frozen GraphDef (keep it a variable)",
             v.name,
         )
@@ -741,8 +689,8 @@ def _frozen_size_risks(
         return []
     return [Risk(
         "frozen_graph_over_2gib", SEVERITY_WARNING,
-        f"variables ({_human_bytes(variables.total_bytes)}) plus the graph "
-        f"({_human_bytes(graph_def_bytes)}) exceed the {_human_bytes(PROTOBUF_LIMIT_BYTES)} "
+        f"variables ({human_bytes(variables.total_bytes)}) plus the graph "
+        f"({human_bytes(graph_def_bytes)}) exceed the {human_bytes(PROTOBUF_LIMIT_BYTES)} "
         "protobuf limit: a frozen GraphDef of this model cannot be serialized (do not freeze "
         "the variables into constants)",
         "variables", tags,
@@ -769,24 +717,9 @@ def _disk_usage(path: str) -> DiskUsage:
 _TOP_OPS = 12
 
 
-def _human_bytes(n: int) -> str:
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if value < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}"
-    raise AssertionError("unreachable")
-
-
 def _aligned(headers: tuple[str, ...], rows: list[tuple[str, ...]], indent: str) -> list[str]:
-    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
-
-    def line(cells: tuple[str, ...]) -> str:
-        return (indent + "  ".join(c.ljust(w) for c, w in zip(cells, widths))).rstrip()
-
-    return [line(headers), *(line(r) for r in rows)]
+    # The inspect table has no rule under its headers; its lines are indented per section.
+    return table(headers, rows, indent=indent, rule=False).split("\n")
 
 
 def _format_ops(title: str, ops: tuple[tuple[str, int], ...], indent: str) -> list[str]:
@@ -833,7 +766,7 @@ def _format_meta_graph(m: MetaGraphReport) -> list[str]:
         lines.append("  signatures: none")
     if m.assets:
         rows = [
-            (a.filename, _human_bytes(a.size_bytes) if a.size_bytes is not None else
+            (a.filename, human_bytes(a.size_bytes) if a.size_bytes is not None else
              ("outside assets/" if a.escapes else "MISSING"), a.tensor_name)
             for a in m.assets
         ]
@@ -852,21 +785,21 @@ def _format_report(r: InspectionReport) -> list[str]:
     v = r.variables
     lines = [
         f"SavedModel {r.path}",
-        f"  size on disk: {_human_bytes(d.total_bytes)} (saved_model.pb "
-        f"{_human_bytes(d.saved_model_pb_bytes)}, variables {_human_bytes(d.variables_bytes)}, "
-        f"assets {_human_bytes(d.assets_bytes)})",
+        f"  size on disk: {human_bytes(d.total_bytes)} (saved_model.pb "
+        f"{human_bytes(d.saved_model_pb_bytes)}, variables {human_bytes(d.variables_bytes)}, "
+        f"assets {human_bytes(d.assets_bytes)})",
     ]
     if v.status == "ok":
         naming = "graph names" if v.naming == "graph" else "TF2 object paths"
         lines.append(
-            f"  variables: {v.count} ({naming}), {_human_bytes(v.total_bytes)} "
-            f"({v.total_bytes / v.limit_bytes:.1%} of the {_human_bytes(v.limit_bytes)} "
+            f"  variables: {v.count} ({naming}), {human_bytes(v.total_bytes)} "
+            f"({v.total_bytes / v.limit_bytes:.1%} of the {human_bytes(v.limit_bytes)} "
             "frozen-graph limit)"
         )
         if v.largest:
             rows = [
                 (x.name, x.full_name or "", "[" + ", ".join(map(str, x.shape)) + "]", x.dtype,
-                 _human_bytes(x.size_bytes))
+                 human_bytes(x.size_bytes))
                 for x in v.largest
             ]
             headers = ("LARGEST", "NAME", "SHAPE", "DTYPE", "SIZE")

@@ -15,20 +15,20 @@ from collections.abc import Sequence
 
 
 def human_bytes(n: int | None) -> str:
-    """1536 -> '1.5 KiB'.
+    """1536 -> '1.5 KiB'; None (not measured) -> '-'.
 
     Example:
-        >>> human_bytes(1536)
-        '1.5 KiB'
+        >>> human_bytes(1536), human_bytes(3 * 2**40), human_bytes(None)
+        ('1.5 KiB', '3.0 TiB', '-')
     """
     if n is None or n < 0:
         return "-"
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
+        if value < 1024:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
-    return f"{value:.1f} GiB"
+    return f"{value:.1f} TiB"
 
 
 def ratio(before: float | None, after: float | None) -> str:
@@ -43,21 +43,30 @@ def ratio(before: float | None, after: float | None) -> str:
     return f"{after / before:.2f}x"
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A plain aligned text table.
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, indent: str = "",
+          rule: bool = True) -> str:
+    """A plain aligned text table, every line prefixed with ``indent``; ``rule`` draws
+    dashes under the headers.
 
     Example:
         >>> print(table(["a", "b"], [[1, 2]]))
         a  b
         -  -
         1  2
+        >>> print(table(["a", "b"], [[1, 2]], indent="  ", rule=False))
+          a  b
+          1  2
     """
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cells[0], widths)).rstrip(),
-             "  ".join("-" * w for w in widths)]
-    for row in cells[1:]:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+    def line(row: list[str]) -> str:
+        return (indent + "  ".join(c.ljust(w) for c, w in zip(row, widths))).rstrip()
+
+    lines = [line(cells[0])]
+    if rule:
+        lines.append(indent + "  ".join("-" * w for w in widths))
+    lines.extend(line(row) for row in cells[1:])
     return "\n".join(lines)
 
 

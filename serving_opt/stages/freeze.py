@@ -26,25 +26,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from serving_opt.errors import ServingOptError, first_line
-from serving_opt.graph import ServingGraph, node_name, prune_library, tensor_info_nodes
+from serving_opt.graph import (
+    PROTOBUF_LIMIT_BYTES,
+    ServingGraph,
+    node_name,
+    reachable_nodes,
+    reachable_subgraph,
+    stateful_nodes,
+    tensor_info_nodes,
+)
 from serving_opt.stages import loader
 
-# A serialized GraphDef must stay under 2 GiB (protobuf's limit). Keep a margin for
-# the non-constant nodes and the rest of the MetaGraphDef.
-PROTOBUF_LIMIT_BYTES = 2**31 - 1
+# Frozen constants must leave room under PROTOBUF_LIMIT_BYTES for the non-constant
+# nodes and the rest of the MetaGraphDef.
 _GRAPH_MARGIN_BYTES = 64 * 2**20
 
 _VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "_VarHandlesOp"})
 _VARIABLE_WRITE_OPS = frozenset({
     "Assign", "AssignVariableOp", "AssignAdd", "AssignSub",
     "AssignAddVariableOp", "AssignSubVariableOp",
-})
-# Ops that must never be merged or folded away, because their identity is their state
-# (tables) or because running them twice differs from running them once.
-_ALWAYS_PROTECTED_OPS = frozenset({
-    "HashTable", "HashTableV2", "MutableHashTable", "MutableHashTableV2",
-    "MutableHashTableOfTensors", "MutableHashTableOfTensorsV2", "MutableDenseHashTable",
-    "MutableDenseHashTableV2", "AnonymousHashTable",
 })
 
 
@@ -88,40 +88,6 @@ def variable_sizes(graph_def) -> dict[str, int]:
         itemsize = dtype.size if dtype != dtypes.string else 0
         sizes[node.name] = elements * itemsize
     return sizes
-
-
-def reachable_nodes(graph_def, roots) -> set[str]:
-    """Names of the nodes ``roots`` depend on (data and control inputs), roots included.
-
-    Freezing only touches what the signatures and the init op reach; a TF2 SavedModel
-    holds every variable up to three times (the object, its checkpoint alias, the
-    saver's copy), so counting all of them would triple the frozen size.
-
-    Example:
-        >>> sorted(reachable_nodes(graph_def, ["logits"]))[:2]
-        ['hidden/MatMul', 'hidden/kernel']
-    """
-    inputs = {n.name: [node_name(i) for i in n.input] for n in graph_def.node}
-    seen: set[str] = set()
-    stack = [node_name(r) for r in roots]
-    while stack:
-        name = stack.pop()
-        if name in seen or name not in inputs:
-            continue
-        seen.add(name)
-        stack.extend(inputs[name])
-    return seen
-
-
-def _reachable_subgraph(graph_def, reached: set[str]):
-    from tensorflow.core.framework import graph_pb2
-
-    out = graph_pb2.GraphDef()
-    out.versions.CopyFrom(graph_def.versions)
-    out.library.CopyFrom(graph_def.library)
-    out.node.extend(n for n in graph_def.node if n.name in reached)
-    prune_library(out)
-    return out
 
 
 _PASS_THROUGH = frozenset({"Identity", "IdentityN", "ReadVariableOp"})
@@ -279,23 +245,6 @@ def _init_op_source(meta_graph) -> str | None:
     return None
 
 
-def stateful_nodes(graph_def) -> list[str]:
-    """Nodes whose op is stateful: protected from merging and folding.
-
-    Example:
-        >>> "word_lookup/hash_table" in stateful_nodes(graph_def)
-        True
-    """
-    from tensorflow.python.framework import op_def_registry
-
-    out = []
-    for node in graph_def.node:
-        op_def = op_def_registry.get(node.op)
-        if node.op in _ALWAYS_PROTECTED_OPS or (op_def is not None and op_def.is_stateful):
-            out.append(node.name)
-    return out
-
-
 def _drop_dangling_colocation(graph_def) -> None:
     """``_class: loc:@x`` naming a pruned node makes the graph unimportable."""
     names = {n.name for n in graph_def.node}
@@ -326,7 +275,7 @@ def rewrite_resource_reads_in_functions(graph_def) -> int:
         >>> rewrite_resource_reads_in_functions(keras_embedding_graph_def)
         2
     """
-    from tensorflow.core.framework import node_def_pb2
+    from tensorflow.core.framework import node_def_pb2, types_pb2
 
     count = 0
     for function in graph_def.library.function:
@@ -344,8 +293,8 @@ def rewrite_resource_reads_in_functions(graph_def) -> int:
                 read_node.input.extend([data[0]] + control)
                 read_node.attr["dtype"].type = dtype
                 axis_node = node_def_pb2.NodeDef(name=axis, op="Const")
-                axis_node.attr["dtype"].type = 3  # DT_INT32
-                axis_node.attr["value"].tensor.dtype = 3
+                axis_node.attr["dtype"].type = types_pb2.DT_INT32
+                axis_node.attr["value"].tensor.dtype = types_pb2.DT_INT32
                 axis_node.attr["value"].tensor.int_val.append(0)
                 node.ClearField("attr")
                 node.op = "GatherV2"
@@ -354,14 +303,15 @@ def rewrite_resource_reads_in_functions(graph_def) -> int:
                 node.input.extend([f"{read}:value:0", data[1], f"{axis}:output:0"] + control)
                 node.attr["Tparams"].type = dtype
                 node.attr["Tindices"].type = tindices
-                node.attr["Taxis"].type = 3
+                node.attr["Taxis"].type = types_pb2.DT_INT32
                 added.extend([read_node, axis_node])
                 count += 1
             elif node.op == "VariableShape":
                 read = f"{node.name}/serving_opt_read"
                 if read in names:
                     continue
-                out_type = node.attr["out_type"].type or 3
+                # VariableShape's out_type defaults to int32 when unset.
+                out_type = node.attr["out_type"].type or types_pb2.DT_INT32
                 read_node = node_def_pb2.NodeDef(name=read, op="ReadVariableOp")
                 read_node.input.append(node.input[0])
                 read_node.attr["dtype"].type = _resource_dtype(function, node.input[0])
@@ -443,7 +393,7 @@ def freeze_session_model(
         check_protobuf_limit(sizes, limit_bytes)
         # The converter walks every node of every library function; a TF2 model's save
         # and restore functions are most of them (2-4x the serving functions).
-        graph_def = _reachable_subgraph(graph_def, reached)
+        graph_def = reachable_subgraph(graph_def, reached)
         try:
             frozen = tf.compat.v1.graph_util.convert_variables_to_constants(
                 sess, graph_def, outputs,

@@ -15,7 +15,7 @@ the Graph Transform Tool and the passes here see the ops instead of calls.
 from __future__ import annotations
 
 from serving_opt.errors import ServingOptError, UsageError, first_line
-from serving_opt.graph import ServingGraph
+from serving_opt.graph import ServingGraph, all_node_defs, function_calls, stateful_nodes
 
 # The tfjs converter's choice: safe on inference graphs, and together they undo most
 # of what freezing leaves behind (Identity chains, foldable shape math).
@@ -91,17 +91,20 @@ def run_grappler(
                 f"Grappler failed with passes {','.join(passes)}: {first}",
                 "drop the failing pass from --grappler (or --grappler=none)",
             ) from e
-    present = {n.name for n in graph_def.node}
-    lost = [n for n in keep if n not in present]
-    if lost:
-        raise ServingOptError(
-            f"Grappler removed nodes the model needs: {', '.join(lost[:5])}",
-            "report this; rerun with --grappler=none meanwhile",
-        )
+    _require_kept(graph_def, keep, "Grappler removed nodes the model needs",
+                  "report this; rerun with --grappler=none meanwhile")
     return graph.replace(graph_def=graph_def)
 
 
-_CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+def _require_kept(graph_def, keep: list[str], problem: str, fix: str) -> None:
+    """Raises ``problem`` (naming up to five lost nodes) unless every ``keep`` node is
+    still in ``graph_def``: a lost signature tensor or init op would only fail at load."""
+    present = {n.name for n in graph_def.node}
+    lost = [n for n in keep if n not in present]
+    if lost:
+        raise ServingOptError(f"{problem}: {', '.join(lost[:5])}", fix)
+
+
 _CONTROL_FLOW_OPS = frozenset({"If", "StatelessIf", "While", "StatelessWhile", "Case",
                                "StatelessCase"})
 _LOWER_ATTR = "_lower_using_switch_merge"
@@ -110,27 +113,11 @@ _LOWER_ATTR = "_lower_using_switch_merge"
 _LOWER_MARK = "_serving_opt_lowering"
 
 
-def function_calls(graph_def) -> list[str]:
-    """Top-level nodes that call a library function (what TF2 signatures are made of).
-
-    Example:
-        >>> function_calls(keras_graph_def)
-        ['StatefulPartitionedCall', 'StatefulPartitionedCall_1']
-    """
-    return [n.name for n in graph_def.node if n.op in _CALL_OPS]
-
-
-def _all_node_defs(graph_def):
-    yield from graph_def.node
-    for function in graph_def.library.function:
-        yield from function.node_def
-
-
 def _switch_lowering_off(graph_def) -> None:
     # Inlining would otherwise lower tf.cond/tf.while_loop to Switch/Merge/Enter/Exit
     # frames: bigger graphs, cycles the Graph Transform Tool does not expect, and a
     # different graph than the one TF Serving builds (it lowers at load, itself).
-    for node in _all_node_defs(graph_def):
+    for node in all_node_defs(graph_def):
         if node.op in _CONTROL_FLOW_OPS:
             had = node.attr[_LOWER_ATTR].b if _LOWER_ATTR in node.attr else None
             node.attr[_LOWER_MARK].s = b"" if had is None else (b"1" if had else b"0")
@@ -138,7 +125,7 @@ def _switch_lowering_off(graph_def) -> None:
 
 
 def _restore_lowering(graph_def) -> None:
-    for node in _all_node_defs(graph_def):
+    for node in all_node_defs(graph_def):
         if _LOWER_MARK not in node.attr:
             continue
         mark = node.attr[_LOWER_MARK].s
@@ -170,8 +157,6 @@ def inline_functions(graph: ServingGraph) -> tuple[ServingGraph, int]:
     from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
     from tensorflow.python.grappler import tf_optimizer
 
-    from serving_opt.stages.freeze import stateful_nodes
-
     config = config_pb2.ConfigProto()
     rewriter = config.graph_options.rewrite_options
     rewriter.optimizers.append("function")
@@ -192,13 +177,9 @@ def inline_functions(graph: ServingGraph) -> tuple[ServingGraph, int]:
         raise ServingOptError(f"inlining the signature functions failed: {first}",
                               "rerun with --freeze=never to keep the functions") from e
     _restore_lowering(graph_def)
+    _require_kept(graph_def, keep, "inlining the signature functions lost nodes the model needs",
+                  "rerun with --freeze=never to keep the functions")
     present = {n.name for n in graph_def.node}
-    lost = [n for n in keep if n not in present]
-    if lost:
-        raise ServingOptError(
-            f"inlining the signature functions lost nodes the model needs: {', '.join(lost[:5])}",
-            "rerun with --freeze=never to keep the functions",
-        )
     for node in graph_def.node:
         # Inlined nodes carry colocation constraints on the call's argument nodes, which
         # the transforms remove (Identity); a dangling constraint makes the graph

@@ -9,6 +9,10 @@ list of valid names instead of minutes later inside C++.
 Protected nodes (signature tensors, init op, table initializers, asset paths) are
 passed to the tool as outputs: ``strip_unused_nodes`` keeps them, ``remove_nodes``
 and ``merge_duplicate_nodes`` leave them alone, ``obfuscate_names`` keeps their names.
+
+The project's own rewrites the tool's batch-norm folds need first live in
+:mod:`serving_opt.stages.rewrites`; :func:`apply_transforms` runs them where the spec
+asks for those folds.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import re
 from dataclasses import dataclass
 
 from serving_opt.errors import ServingOptError, UsageError, first_line
-from serving_opt.graph import ServingGraph, node_name
+from serving_opt.graph import ServingGraph
+from serving_opt.stages import rewrites
 
 # Transform name -> accepted argument names, as registered in TF's C++ tool
 # (tensorflow/tools/graph_transforms/*.cc). Checked before anything runs.
@@ -281,270 +286,6 @@ def _has_no_outputs(op: str) -> bool:
     return op_def is not None and not op_def.output_arg
 
 
-# What the tool's fold_batch_norms folds a following per-channel Mul into.
-_FOLD_TARGETS = frozenset({"Conv2D", "MatMul", "DepthwiseConv2dNative"})
-_BIAS_OPS = frozenset({"Add", "AddV2", "BiasAdd"})
-
-
-@dataclass(frozen=True)
-class FoldReport:
-    """What :func:`fold_batch_norm_scales` changed, for the report and the tests."""
-
-    folded: int = 0  # per-channel Muls folded into the weights before them
-    hoisted: int = 0  # of those, Muls first moved in front of a bias add
-    shared: int = 0  # folds that reused weights another copy of the model folded
-    disabled: int = 0  # Muls the tool would fold wrongly or fail on, left alone
-
-
-def _channel_vector(value, channels: int, rank: int):
-    """``value`` as a float32 [channels] vector when it scales/shifts per output channel.
-
-    Broadcasting a scalar, a [C] or a [1, ..., 1, C] constant over an output whose last
-    dimension is C is the same as broadcasting the [C] vector; anything else is not.
-    """
-    import numpy as np
-
-    if value is None or value.dtype != np.float32 or value.ndim > rank:
-        return None
-    if any(d != 1 for d in value.shape[:-1]):
-        return None
-    if value.ndim and value.shape[-1] not in (1, channels):
-        return None
-    return np.broadcast_to(value.reshape(-1), (channels,)).astype(np.float32)
-
-
-def _weight_columns(op: str, node, weights) -> tuple[int, int] | None:
-    """(output channels, output rank) the tool assumes, or None when its fold is wrong."""
-    if weights is None or weights.dtype.name != "float32":
-        return None
-    if op == "MatMul":
-        # The tool scales weight columns; with transpose_b the columns are inputs.
-        if node.attr["transpose_b"].b or weights.ndim != 2:
-            return None
-        return weights.shape[1], 2
-    if node.attr["data_format"].s not in (b"", b"NHWC") or weights.ndim != 4:
-        return None  # NCHW: channels are not the last dimension
-    if op == "Conv2D":
-        return weights.shape[3], 4
-    return weights.shape[2] * weights.shape[3], 4
-
-
-def fold_batch_norm_scales(graph_def, protected: set[str]) -> FoldReport:
-    """Folds per-channel scales into the weights before them; disarms what the tool
-    would fold wrongly. Runs where the spec says ``fold_batch_norms``.
-
-    The tool folds ``Mul(Conv2D|MatMul|DepthwiseConv2dNative(x, W), s)`` into ``W``
-    when ``s`` is a float32 [C] constant and nothing else uses ``W`` or ``s``. Keras 3
-    lowers batch norm to exactly that Mul (``tf.nn.batch_normalization``), but the
-    tool misses most of it and breaks on some of the rest:
-
-    * inlined TF2 signatures share one weight constant between the copies of the
-      model (``serve`` and ``serving_default``), so the tool skips every fold; here
-      each (weights, scale) pair is folded once and the copies share the result;
-    * a conv with a bias (ResNet's) puts an Add between the conv and the Mul:
-      ``(conv + b) * s`` becomes ``conv * s + b * s`` first;
-    * a scalar or [1, 1, 1, C] scale is the same as its [C] broadcast;
-    * a Mul the tool would fold wrongly (``transpose_b``, NCHW, non-float32: it reads
-      the weights as float32 and aborts the process on doubles) or fail on (a scale
-      of another shape) gets its inputs swapped, which the tool's pattern does not
-      match: the Mul stays as it was.
-
-    Like the tool, the conv takes the Mul's name. Changes ``graph_def`` in place.
-
-    Example:
-        >>> fold_batch_norm_scales(inlined_graph_def, set())
-        FoldReport(folded=104, hoisted=0, shared=52, disabled=0)
-    """
-    from tensorflow.python.framework import tensor_util
-
-    nodes = {n.name: n for n in graph_def.node}
-    # A control edge from a constant without inputs orders nothing, but the tool counts
-    # it as a use of the weights and refuses the fold. Inlined TF2 functions leave such
-    # edges behind (their control outputs were variable reads, now constants).
-    roots = {n.name for n in graph_def.node if n.op == "Const" and not n.input}
-    for node in graph_def.node:
-        if any(i.startswith("^") and i[1:] in roots for i in node.input):
-            kept = [i for i in node.input if not (i.startswith("^") and i[1:] in roots)]
-            del node.input[:]
-            node.input.extend(kept)
-    consumers: dict[str, list[str]] = {}
-    for node in graph_def.node:
-        for inp in node.input:
-            consumers.setdefault(node_name(inp), []).append(node.name)
-    names = set(nodes)
-
-    def unique(name: str) -> str:
-        candidate, i = name, 1
-        while candidate in names:
-            candidate, i = f"{name}_{i}", i + 1
-        names.add(candidate)
-        return candidate
-
-    def const(ref: str):
-        node = nodes.get(node_name(ref))
-        if node is None or node.op != "Const" or ref.startswith("^") or \
-                ref.partition(":")[2] not in ("", "0"):
-            return None
-        return tensor_util.MakeNdarray(node.attr["value"].tensor)
-
-    def add_const(name: str, value) -> str:
-        node = graph_def.node.add()
-        node.name, node.op = unique(name), "Const"
-        node.attr["dtype"].type = 1  # DT_FLOAT
-        node.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(value))
-        nodes[node.name] = node
-        return node.name
-
-    def sole_consumer(name: str, consumer: str) -> bool:
-        return consumers.get(name, []) == [consumer] and name not in protected
-
-    def target_of(ref: str):
-        node = nodes.get(node_name(ref))
-        if node is None or node.op not in _FOLD_TARGETS or ref.startswith("^") \
-                or len(node.input) < 2:
-            return None
-        return node
-
-    hoisted = shared = enabled = disabled = 0
-    muls = [n for n in graph_def.node if n.op == "Mul" and len(n.input) == 2
-            and not any(i.startswith("^") for i in n.input) and n.name not in protected]
-    # (conv + b) * s  ->  conv * s + b * s, so the scale meets the conv.
-    for mul in list(muls):
-        for a_index in (0, 1):
-            add = nodes.get(node_name(mul.input[a_index]))
-            scale = const(mul.input[1 - a_index])
-            if add is None or add.op not in _BIAS_OPS or scale is None \
-                    or not sole_consumer(add.name, mul.name) or len(add.input) != 2:
-                continue
-            if add.op == "BiasAdd" and add.attr["data_format"].s not in (b"", b"NHWC"):
-                continue
-            c_index = 0 if target_of(add.input[0]) is not None else 1
-            conv = target_of(add.input[c_index])
-            bias = const(add.input[1 - c_index])
-            if conv is None or bias is None or not sole_consumer(conv.name, add.name):
-                continue
-            shape = _weight_columns(conv.op, conv, const(conv.input[1]))
-            if shape is None:
-                continue
-            s_vec = _channel_vector(scale, *shape)
-            b_vec = _channel_vector(bias, *shape)
-            if s_vec is None or b_vec is None:
-                continue
-            scaled = graph_def.node.add()
-            scaled.name, scaled.op = unique(f"{mul.name}/scaled"), "Mul"
-            scaled.attr["T"].CopyFrom(mul.attr["T"])
-            scale_name = add_const(f"{mul.name}/scale", s_vec)
-            scaled.input.extend([add.input[c_index], scale_name])
-            nodes[scaled.name] = scaled
-            shift = add_const(f"{mul.name}/shift", b_vec * s_vec)
-            consumers[scale_name], consumers[shift] = [scaled.name], [mul.name]
-            dtype = mul.attr["T"].type
-            mul.op = "AddV2"
-            del mul.input[:]
-            mul.input.extend([scaled.name, shift])
-            mul.ClearField("attr")
-            mul.attr["T"].type = dtype
-            consumers[conv.name] = [scaled.name]
-            consumers[scaled.name] = [mul.name]
-            graph_def.node.remove(add)
-            del nodes[add.name]
-            muls.append(scaled)
-            hoisted += 1
-            break
-    folded_weights: dict[tuple[str, bytes], str] = {}
-    replaced: set[str] = set()
-    for mul in muls:
-        if mul.op != "Mul":
-            continue
-        c_index = 0 if target_of(mul.input[0]) is not None else 1
-        conv = target_of(mul.input[c_index])
-        if conv is None:
-            continue
-        conv_ref, scale_ref = mul.input[c_index], mul.input[1 - c_index]
-        weights_name = node_name(conv.input[1])
-        weights = const(conv.input[1])
-        scale = const(scale_ref)
-        shape = _weight_columns(conv.op, conv, weights) if scale is not None else None
-        s_vec = _channel_vector(scale, *shape) if shape is not None else None
-        foldable = (s_vec is not None and sole_consumer(conv.name, mul.name)
-                    and weights_name not in protected and node_name(scale_ref) not in protected
-                    and conv_ref.partition(":")[2] in ("", "0"))
-        if not foldable:
-            if c_index == 0:  # the tool's pattern: conv first; a swap keeps it away
-                mul.input[0], mul.input[1] = scale_ref, conv_ref
-                disabled += 1
-            continue
-        # The fold itself, as the tool does it (weights * scale per output channel), but
-        # once per (weights, scale): the copies of an inlined model share the result
-        # instead of each needing a private copy of the weights to fold into.
-        key = (weights_name, s_vec.tobytes())
-        if key in folded_weights:
-            shared += 1
-        else:
-            columns = s_vec.reshape(weights.shape[2:]) if conv.op == "DepthwiseConv2dNative" \
-                else s_vec
-            folded_weights[key] = add_const(f"{mul.name}/folded_weights",
-                                            (weights * columns).astype(weights.dtype))
-        conv.input[1] = folded_weights[key]
-        replaced.add(weights_name)
-        # The conv takes the Mul's name, so the Mul's consumers now read the conv.
-        graph_def.node.remove(mul)
-        del nodes[mul.name]
-        conv.name = mul.name
-        nodes[conv.name] = conv
-        enabled += 1
-    used = {node_name(i) for n in graph_def.node for i in n.input}
-    orphans = replaced - used - protected
-    if orphans:
-        kept = [n for n in graph_def.node if n.name not in orphans]
-        del graph_def.node[:]
-        graph_def.node.extend(kept)
-    return FoldReport(enabled, hoisted, shared, disabled)
-
-
-_FUSED_BN_V2_V3 = frozenset({"FusedBatchNormV2", "FusedBatchNormV3"})
-
-
-def downgrade_foldable_batch_norms(graph_def, protected: set[str]):
-    """Rewrites inference FusedBatchNormV2/V3 after a Conv2D as FusedBatchNorm (V1).
-
-    The tool's ``fold_old_batch_norms`` only matches the V1 op, while Keras and
-    ``tf.compat.v1.nn.fused_batch_norm`` have emitted V3 since TF 1.15; for inference
-    (``is_training=false``, float, only the normalized output used) the three ops
-    compute the same thing, so the rename lets the fold happen. Returns the count.
-
-    Example:
-        >>> downgrade_foldable_batch_norms(graph_def, set())
-        2
-    """
-    from tensorflow.python.framework import dtypes
-
-    nodes = {n.name: n for n in graph_def.node}
-    used_outputs: dict[str, set[int]] = {}
-    for node in graph_def.node:
-        for inp in node.input:
-            if inp.startswith("^"):
-                continue
-            name, _, index = inp.partition(":")
-            used_outputs.setdefault(name, set()).add(int(index or 0))
-    count = 0
-    for node in graph_def.node:
-        if node.op not in _FUSED_BN_V2_V3 or node.name in protected:
-            continue
-        producer = nodes.get(node.input[0].split(":")[0])
-        if producer is None or producer.op != "Conv2D":
-            continue
-        if node.attr["is_training"].b or used_outputs.get(node.name, {0}) - {0}:
-            continue
-        if node.attr["T"].type != dtypes.float32.as_datatype_enum:
-            continue
-        node.op = "FusedBatchNorm"
-        node.attr.pop("U", None)
-        node.attr.pop("exponential_avg_factor", None)
-        count += 1
-    return count
-
-
 def _call_groups(transforms: tuple[Transform, ...]) -> list[list[Transform]]:
     """Consecutive transforms that can share one call of the tool (same inputs and
     outputs); each call parses and serializes the whole GraphDef, weights included."""
@@ -572,7 +313,7 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
         >>> out.node_count() < frozen.node_count()
         True
     """
-    from tensorflow.core.framework import graph_pb2
+    from tensorflow.core.framework import graph_pb2, types_pb2
 
     if not transforms:
         return graph
@@ -584,7 +325,7 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
     graph_def = type(graph.graph_def)()
     graph_def.CopyFrom(graph.graph_def)
     if any(t.name == "fold_old_batch_norms" for t in transforms):
-        downgrade_foldable_batch_norms(graph_def, set(outputs))
+        rewrites.downgrade_foldable_batch_norms(graph_def, set(outputs))
     # Transforms that run the graph (fold_constants) fetch every output by tensor, and a
     # NoOp init op or a table initializer has no tensor: the tool then fails, or with
     # ignore_errors=true silently skips the whole transform. Those nodes hang off one
@@ -594,8 +335,8 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
     if silent:
         anchor = graph_def.node.add()
         anchor.name, anchor.op = _ANCHOR, "Const"
-        anchor.attr["dtype"].type = 3  # DT_INT32
-        anchor.attr["value"].tensor.dtype = 3
+        anchor.attr["dtype"].type = types_pb2.DT_INT32
+        anchor.attr["value"].tensor.dtype = types_pb2.DT_INT32
         anchor.attr["value"].tensor.int_val.append(0)
         anchor.input.extend("^" + n for n in silent)
     data = graph_def.SerializeToString()
@@ -613,8 +354,8 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
             # the tool's own fold then finds nothing left it could get wrong.
             staged = graph_pb2.GraphDef()
             staged.ParseFromString(data)
-            folds = fold_batch_norm_scales(staged, set(outputs) | set(inputs))
-            if folds != FoldReport():
+            folds = rewrites.fold_batch_norm_scales(staged, set(outputs) | set(inputs))
+            if folds != rewrites.FoldReport():
                 data = staged.SerializeToString()
         fetching = group[0].name in _FETCHING_TRANSFORMS
         these_inputs = fed if fetching else inputs
@@ -657,78 +398,6 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
         result.library.CopyFrom(graph.graph_def.library)
     result.versions.CopyFrom(graph.graph_def.versions)
     return graph.replace(graph_def=result)
-
-
-def constant_adds_to_bias_adds(graph: ServingGraph) -> tuple[ServingGraph, int]:
-    """Turns ``Add(Conv2D|DepthwiseConv2dNative|MatMul, per-channel constant)`` into BiasAdd.
-
-    What batch-norm folding leaves after a conv is an Add of a [C] constant, which
-    computes exactly what BiasAdd computes; but Grappler's remapper, when TF Serving
-    loads the model, fuses Conv2D + BiasAdd (+ Relu/Relu6) into one kernel and leaves
-    the Add alone (about 10% of MobileNetV2's latency here). Returns the new graph and
-    the number of Adds rewritten.
-
-    Example:
-        >>> constant_adds_to_bias_adds(folded)[1]
-        84
-    """
-    from tensorflow.python.framework import tensor_util
-
-    graph_def = type(graph.graph_def)()
-    graph_def.CopyFrom(graph.graph_def)
-    nodes = {n.name: n for n in graph_def.node}
-    protected = set(graph.must_keep())
-    vectors: dict[str, str] = {}
-    count = 0
-    for node in list(graph_def.node):
-        if node.op not in ("Add", "AddV2") or node.name in protected or len(node.input) != 2 \
-                or any(i.startswith("^") for i in node.input):
-            continue
-        for x_index in (0, 1):
-            x_ref, c_ref = node.input[x_index], node.input[1 - x_index]
-            producer = nodes.get(node_name(x_ref))
-            constant = nodes.get(node_name(c_ref))
-            if producer is None or producer.op not in _FOLD_TARGETS or constant is None \
-                    or constant.op != "Const" or len(producer.input) < 2:
-                continue
-            weights = nodes.get(node_name(producer.input[1]))
-            if weights is None or weights.op != "Const":
-                continue
-            shape = _weight_columns(producer.op, producer,
-                                    tensor_util.MakeNdarray(weights.attr["value"].tensor))
-            value = tensor_util.MakeNdarray(constant.attr["value"].tensor)
-            bias = _channel_vector(value, *shape) if shape is not None else None
-            if bias is None or value.size not in (1, shape[0]):
-                continue
-            if value.shape != bias.shape:
-                # Grappler merges constant Adds into a [1, 1, 1, C] constant; BiasAdd
-                # takes the same values as [C] (one copy per constant, shared as it was).
-                if c_ref not in vectors:
-                    name = f"{node_name(c_ref)}/as_bias"
-                    if name in nodes:
-                        continue
-                    vector = graph_def.node.add()
-                    vector.name, vector.op = name, "Const"
-                    vector.attr["dtype"].type = 1  # DT_FLOAT
-                    vector.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(bias))
-                    nodes[name] = vector
-                    vectors[c_ref] = name
-                c_ref = vectors[c_ref]
-            dtype = node.attr["T"].type
-            node.op = "BiasAdd"
-            del node.input[:]
-            node.input.extend([x_ref, c_ref])
-            node.ClearField("attr")
-            node.attr["T"].type = dtype
-            count += 1
-            break
-    if vectors:  # the [1, 1, 1, C] originals nothing reads any more
-        used = {node_name(i) for n in graph_def.node for i in n.input}
-        orphans = {node_name(c) for c in vectors} - used - protected
-        kept = [n for n in graph_def.node if n.name not in orphans]
-        del graph_def.node[:]
-        graph_def.node.extend(kept)
-    return graph.replace(graph_def=graph_def), count
 
 
 def describe(transforms: tuple[Transform, ...]) -> str:

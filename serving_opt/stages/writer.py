@@ -18,7 +18,7 @@ import shutil
 import tempfile
 
 from serving_opt.errors import ServingOptError
-from serving_opt.graph import ServingGraph
+from serving_opt.graph import PROTOBUF_LIMIT_BYTES, ServingGraph
 from serving_opt.stages import loader
 
 STAGING_PREFIX = ".serving-opt-staging-"
@@ -155,7 +155,7 @@ def write_saved_model(graph: ServingGraph, export_dir: str) -> str:
 
     meta_graph = build_meta_graph(graph)
     size = meta_graph.ByteSize()
-    if size >= 2**31 - 1:
+    if size >= PROTOBUF_LIMIT_BYTES - 1:  # the SavedModel around it needs a few bytes more
         raise ServingOptError(
             f"the optimized MetaGraph is {size / 2**30:.2f} GiB, over protobuf's 2 GiB limit",
             "keep variables for this model (--freeze=never)",
