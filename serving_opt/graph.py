@@ -262,6 +262,9 @@ class ServingGraph:
     # restores them, the checkpoint to copy, and collections copied verbatim.
     saver_def: object | None = None
     variables_dir: str | None = None
+    # Variables this tool wrote a new checkpoint for (stages.checkpoint.KeptVariable);
+    # empty when the source's own saver and checkpoint are carried over.
+    kept_variables: tuple = ()
     collection_defs: dict = field(default_factory=dict)
 
     def replace(self, **changes) -> ServingGraph:

@@ -8,24 +8,37 @@ specs, the target version), the source directory is only ever read, and the new
 version directory appears (atomically, by rename) only after the parity gate
 passed. A failed gate raises :class:`~serving_opt.errors.ParityError` carrying
 the full report, and leaves nothing behind in the model base.
+
+``optimize()`` reads as the list of stages; each stage is a function below it that
+takes values and returns values. The run record (:class:`~serving_opt.run.Run`)
+times them, gathers warnings and builds the report. See docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
-from serving_opt.errors import ParityError, ServingOptError, UsageError, ValidationError
+from serving_opt.errors import (
+    ParityError,
+    ServingOptError,
+    UsageError,
+    ValidationError,
+    first_line,
+)
 from serving_opt.graph import ServingGraph, prune_library, total_node_count
+from serving_opt.run import OptimizeReport, Progress, Run, SizeReport, StageReport
+from serving_opt.stages import checkpoint, coldstart, loader, parity, rewrites, writer
 from serving_opt.stages import freeze as freeze_lib
 from serving_opt.stages import grappler as grappler_lib
 from serving_opt.stages import inputs as inputs_lib
-from serving_opt.stages import loader, parity, writer
+from serving_opt.stages import regression as regression_lib
 from serving_opt.stages import transforms as transforms_lib
-from serving_opt.stages.benchmark import BenchmarkReport, benchmark
+from serving_opt.stages.benchmark import benchmark as run_benchmark
+from serving_opt.stages.tf2_load import check_loads_in_tf2
+
+__all__ = ["OptimizeOptions", "OptimizeReport", "SizeReport", "StageReport", "check_options",
+           "optimize"]
 
 FREEZE_MODES = ("auto", "always", "never")
 
@@ -54,97 +67,54 @@ class OptimizeOptions:
     benchmark_runs: int = 100  # 0 skips the benchmark
     benchmark_batch_sizes: tuple[int, ...] = (1, 32)
     seed: int = 0
+    # Variables larger than this stay variables, in a new checkpoint (docs: big models).
+    freeze_max_bytes: int = freeze_lib.DEFAULT_FREEZE_MAX_BYTES
+    # Constants still above this after folding are stored as variables (None = never).
+    max_constant_bytes: int | None = checkpoint.DEFAULT_MAX_CONSTANT_BYTES
+    # Load both models in fresh processes and refuse a candidate that is worse.
+    cold_start: bool = True
+    cold_start_rounds: int = 1
+    regression_tolerance: float = regression_lib.DEFAULT_TOLERANCE
+    allow_regression: bool = False  # publish a regression anyway, with a warning
     # Serve the result over gRPC before publishing (serving-opt validate); None = skip.
-    validate: object | None = None  # a serving_opt.validate.ValidateOptions
+    validate: object | None = None  # a serving_opt.serving.validate.ValidateOptions
 
 
 @dataclass(frozen=True)
-class StageReport:
-    """One pipeline stage: how long it took and the graph it left."""
+class Plan:
+    """The options resolved once, before any work: what every stage will be asked to do."""
 
-    name: str
-    seconds: float
+    transforms: tuple  # of transforms_lib.Transform
+    default_preset: bool  # the transforms are the lossless preset, not the user's spec
+    lossy: tuple[str, ...]
+    passes: tuple[str, ...]
+    tags: frozenset[str]
+    version: int
+    user_inputs: object | None  # inputs_lib.UserInputs
+
+
+@dataclass(frozen=True)
+class Source:
+    """The model as read: its MetaGraph, the signatures to keep, and its measurements."""
+
+    meta_graph: object
+    keys: tuple[str, ...]
+    kind: str  # "tf1" | "tf2"
     nodes: int
-    note: str = ""
+    size: SizeReport
 
 
-@dataclass(frozen=True)
-class SizeReport:
-    """Bytes on disk of one SavedModel directory."""
+def check_options(options: OptimizeOptions) -> None:
+    """Raises UsageError naming the first bad option; used before any work is done.
 
-    total: int
-    saved_model_pb: int
-    variables: int
-    assets: int
-    assets_extra: int = 0  # warmup requests and other serving extras
-
-    @staticmethod
-    def of(path: str) -> SizeReport:
-        def size(sub: str) -> int:
-            full = os.path.join(path, sub)
-            if os.path.isdir(full):
-                return loader.dir_size(full)
-            return os.path.getsize(full) if os.path.isfile(full) else 0
-
-        return SizeReport(
-            total=loader.dir_size(path),
-            saved_model_pb=size("saved_model.pb"),
-            variables=size("variables"),
-            assets=size("assets"),
-            assets_extra=size("assets.extra"),
-        )
-
-
-@dataclass(frozen=True)
-class OptimizeReport:
-    """What ``optimize`` did and measured; ``to_dict()`` is the JSON report.
+    Also checks the transform spec, Grappler passes and tags, so an Estimator
+    exporter can fail at construction rather than after training.
 
     Example:
-        >>> report.published, report.output_dir
-        (True, 'models/clf/2')
+        >>> check_options(OptimizeOptions(freeze="sometimes"))
+        Traceback (most recent call last):
+        UsageError: --freeze=sometimes is not one of auto, always, never
     """
-
-    input_dir: str
-    output_base: str
-    output_dir: str | None
-    version: int
-    published: bool
-    model_kind: str  # "tf1" | "tf2"
-    frozen: bool
-    freeze_note: str
-    signatures: tuple[str, ...]
-    transforms: str
-    lossy_transforms: tuple[str, ...]
-    grappler_passes: tuple[str, ...]
-    grappler_rounds: int
-    stages: tuple[StageReport, ...]
-    size_before: SizeReport
-    size_after: SizeReport | None
-    nodes_before: int
-    nodes_after: int
-    ops_removed: dict
-    ops_added: dict
-    parity: parity.ParityReport | None
-    benchmark: BenchmarkReport | None
-    warnings: tuple[str, ...] = field(default_factory=tuple)
-    validation: object | None = None  # a serving_opt.validate.ValidationReport
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-Progress = Callable[[str], None]
-
-
-def _stderr_progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def _quiet(_: str) -> None:
-    pass
-
-
-def _validate_options(options: OptimizeOptions) -> None:
     if options.freeze not in FREEZE_MODES:
         raise UsageError(f"--freeze={options.freeze} is not one of {', '.join(FREEZE_MODES)}",
                          "use --freeze=auto, always or never")
@@ -156,16 +126,18 @@ def _validate_options(options: OptimizeOptions) -> None:
         raise UsageError("parity batch size and count must be >= 1", "e.g. --parity_batch_size=16")
     if options.benchmark_runs < 0:
         raise UsageError("--benchmark_runs must be >= 0", "0 skips the benchmark")
-
-
-def _check_paths(input_dir: str, output_base: str) -> None:
-    src = os.path.realpath(input_dir)
-    dst = os.path.realpath(output_base)
-    if dst == src or dst.startswith(src + os.sep):
-        raise UsageError(
-            f"--output_base {output_base} is inside --input_dir {input_dir}",
-            "write to a separate model base (e.g. the parent of the version directory)",
-        )
+    if options.freeze_max_bytes < 0:
+        raise UsageError("--freeze_max_bytes must be >= 0",
+                         "e.g. --freeze_max_bytes=10485760 (0 keeps every variable)")
+    if options.cold_start_rounds < 1:
+        raise UsageError("--cold_start_rounds must be >= 1", "e.g. --cold_start_rounds=3")
+    if not options.regression_tolerance >= 1.0:  # also refuses nan
+        raise UsageError(f"--regression_tolerance={options.regression_tolerance} is below 1",
+                         "e.g. --regression_tolerance=1.1 (10% worse is tolerated)")
+    transforms_lib.resolve_spec(options.transforms)
+    grappler_lib.parse_passes(options.grappler)
+    if not loader.parse_tags(options.saved_model_tags):
+        raise UsageError("--saved_model_tags is empty", "e.g. --saved_model_tags=serve")
 
 
 def optimize(
@@ -185,127 +157,405 @@ def optimize(
         >>> r.output_dir
         'build/optimized/1'
     """
-    say = progress or _quiet
-    _validate_options(options)
+    steps = ("read", "freeze", "transforms", "grappler", "rewrites", "write", "parity",
+             "cold_start", "benchmark") \
+        + (("validate",) if options.validate is not None else ()) + ("publish",)
+    run = Run(input_dir, output_base, options, progress, steps)
+    run.plan = plan(input_dir, output_base, options)
+    staging = None
+    try:
+        run.source = read(run)
+        staging = build_proven_candidate(run)
+        if options.validate is not None:
+            run.validation = serve_before_publishing(run, staging)
+        run.output_dir = publish(run, staging)
+        staging = None
+    except ServingOptError as e:
+        if e.report is None:
+            e.with_report(run.report())
+        raise
+    finally:
+        writer.discard(staging)
+        for scratch in run.scratch_dirs:
+            writer.discard(scratch)
+    return run.report()
+
+
+def plan(input_dir: str, output_base: str, options: OptimizeOptions) -> Plan:
+    """Resolves and checks everything the user asked for; fails before any work."""
+    check_options(options)
     transforms = transforms_lib.resolve_spec(options.transforms)
-    passes = grappler_lib.parse_passes(options.grappler)
-    tags = loader.parse_tags(options.saved_model_tags)
+    default_preset = options.transforms is None or \
+        options.transforms.strip().lower() == "default"
     _check_paths(input_dir, output_base)
     version = options.version if options.version is not None else writer.next_version(output_base)
     writer.check_target(output_base, version, options.overwrite)
-    user_inputs = inputs_lib.read_examples_file(options.examples) if options.examples else None
+    return Plan(
+        transforms=transforms,
+        default_preset=default_preset,
+        lossy=tuple(t.name for t in transforms if t.lossy),
+        passes=grappler_lib.parse_passes(options.grappler),
+        tags=loader.parse_tags(options.saved_model_tags),
+        version=version,
+        user_inputs=inputs_lib.read_examples_file(options.examples) if options.examples
+        else None,
+    )
 
-    stages: list[StageReport] = []
-    warnings: list[str] = []
-    lossy = tuple(t.name for t in transforms if t.lossy)
-    if lossy:
-        warnings.append(f"lossy transforms requested ({', '.join(lossy)}); the parity gate "
-                        f"decides with atol={options.atol}, rtol={options.rtol}")
 
-    say(f"[1/7] reading {input_dir}")
+def _check_paths(input_dir: str, output_base: str) -> None:
+    src = os.path.realpath(input_dir)
+    dst = os.path.realpath(output_base)
+    if dst == src or dst.startswith(src + os.sep):
+        raise UsageError(
+            f"--output_base {output_base} is inside --input_dir {input_dir}",
+            "write to a separate model base (e.g. the parent of the version directory)",
+        )
+
+
+def read(run: Run) -> Source:
+    """Stage 1: the source's MetaGraph for the requested tags and signatures."""
+    options, plan_ = run.options, run.plan
+    if plan_.lossy:
+        run.warn(f"lossy transforms requested ({', '.join(plan_.lossy)}); the parity gate "
+                 f"decides with atol={options.atol}, rtol={options.rtol}")
+    run.progress("read", f"reading {run.input_dir}")
     loader.quiet_tensorflow_import()  # so the read stage times reading, not importing TF
-    start = time.perf_counter()
-    saved_model = loader.read_saved_model(input_dir)
-    meta_graph = loader.find_meta_graph(saved_model, tags, input_dir)
-    keys = loader.select_signatures(meta_graph, options.signatures)
-    kind = "tf2" if loader.is_tf2(meta_graph) else "tf1"
-    nodes_before = total_node_count(meta_graph.graph_def)
-    size_before = SizeReport.of(input_dir)
-    stages.append(StageReport("read", time.perf_counter() - start, nodes_before,
-                              f"{kind} model, signatures: {', '.join(keys)}"))
+    with run.stage("read", None) as stage:
+        saved_model = loader.read_saved_model(run.input_dir)
+        meta_graph = loader.find_meta_graph(saved_model, plan_.tags, run.input_dir)
+        keys = tuple(loader.select_signatures(meta_graph, options.signatures))
+        kind = "tf2" if loader.is_tf2(meta_graph) else "tf1"
+        source = Source(meta_graph, keys, kind, total_node_count(meta_graph.graph_def),
+                        SizeReport.of(run.input_dir))
+        stage.nodes = source.nodes
+        stage.note = f"{kind} model, signatures: {', '.join(keys)}"
+    return source
 
-    build = _CandidateBuilder(input_dir, output_base, version, tags, keys, kind, transforms,
-                              lossy, passes, options, user_inputs, size_before, meta_graph,
-                              warnings, list(stages), say)
-    candidate = build.with_fallback()
-    graph, frozen, freeze_note = candidate.graph, candidate.frozen, candidate.freeze_note
-    stages.extend(candidate.stages)
-    parity_report, size_after, staging = candidate.parity, candidate.size_after, candidate.staging
-    published_dir = None
-    try:
-        validation = None
-        if options.validate is not None:
-            say("[6/7] serving the result over gRPC before publishing (validate)")
-            start = time.perf_counter()
-            validation = _validate_staged(staging, input_dir, output_base, version,
-                                          options.validate, say)
-            stages.append(StageReport("validate", time.perf_counter() - start, graph.node_count(),
-                                      f"{validation.backend}: "
-                                      + ("ok" if validation.ok else validation.failures[0])))
-            if not validation.ok:
-                report = _report(input_dir, output_base, None, version, False, kind, frozen,
-                                 freeze_note, keys, transforms, lossy, passes, options, stages,
-                                 size_before, SizeReport.of(staging), meta_graph, graph,
-                                 parity_report, None, warnings, validation)
-                raise ValidationError(
-                    f"serving validation failed ({validation.failures[0]}); nothing was published",
-                    "see the validation table; rerun with --novalidate to publish anyway",
-                ).with_report(report)
-            size_after = SizeReport.of(staging)
-        published_dir = writer.publish(staging, output_base, version, options.overwrite)
-        staging = None
-    finally:
+
+def build_proven_candidate(run: Run) -> str:
+    """The candidate, proven equal and measured no worse than the original.
+
+    A candidate worse on any measure (cold start, steady-state latency) is retried with
+    every variable kept under ``--freeze=auto``; still worse, the run fails naming the
+    measure, unless ``--allow_regression``.
+    """
+    before = run.snapshot()
+    staging = build_candidate(run)
+    worse = measure(run, staging)
+    if worse and run.frozen and run.options.freeze == "auto":
         writer.discard(staging)
+        staging = None
+        first = worse[0]
+        run.restore(before)
+        run.progress("-", f"frozen candidate is worse ({first}); retrying with variables kept")
+        staging = _candidate(run, frozen=False,
+                             note=f"the frozen candidate was worse ({first}); variables kept")
+        worse = measure(run, staging)
+    if worse:
+        if not run.options.allow_regression:
+            writer.discard(staging)
+            raise ServingOptError(
+                f"the optimized model is worse than the original: {worse[0]}; nothing was "
+                "published",
+                "rerun with --allow_regression to publish it anyway, or try --freeze=never",
+            )
+        for line in worse:
+            run.warn(f"published despite a regression (--allow_regression): {line}")
+    return staging
 
-    say(f"      published {published_dir}")
-    bench = None
-    if options.benchmark_runs > 0:
-        say(f"[7/7] benchmark: load time and latency, {options.benchmark_runs} interleaved runs")
-        start = time.perf_counter()
-        bench_key = "serving_default" if "serving_default" in keys else keys[0]
+
+def build_candidate(run: Run) -> str:
+    """Freeze .. parity into a staging directory; returns it, proven but unpublished.
+
+    The frozen graph first; with ``--freeze=auto`` any failure of it (freezing,
+    inlining, transforms on the frozen graph, loading, parity) falls back to keeping
+    the variables. A parity failure with lossy transforms requested is the transforms'
+    verdict, not freezing's, so it is raised as it is.
+    """
+    mode = run.options.freeze
+    if mode == "never":
+        return _candidate(run, frozen=False, note="--freeze=never")
+    before = run.snapshot()
+    try:
+        return _candidate(run, frozen=True)
+    except UsageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - auto must never crash on a freezing failure
+        if isinstance(e, ParityError) and run.plan.lossy:
+            raise
+        reason = first_line(e)
+        if mode == "always":
+            if isinstance(e, ServingOptError):
+                raise
+            raise ServingOptError(
+                f"could not freeze the variables of {run.input_dir}: {reason}",
+                "rerun with --freeze=auto (falls back) or --freeze=never",
+            ) from e
+        run.restore(before)
+        run.progress("-", f"frozen graph unusable ({reason}); retrying with variables kept")
+        note = f"frozen graph unusable ({reason}); optimizing with variables kept"
+        return _candidate(run, frozen=False, note=note)
+
+
+def _candidate(run: Run, frozen: bool, note: str = "") -> str:
+    """One attempt at the candidate: the stages from freeze to parity, in order."""
+    graph = freeze(run, frozen, note)
+    if frozen and grappler_lib.function_calls(graph.graph_def):
+        graph = inline(run, graph)
+    graph = transform(run, graph)
+    graph = grappler(run, graph)
+    graph = rewrite(run, graph)
+    if frozen and run.options.max_constant_bytes is not None:
+        graph = externalize(run, graph)
+    staging = write(run, graph)
+    try:
+        prove(run, graph, staging)
+    except BaseException:
+        writer.discard(staging)
+        raise
+    if not frozen:
+        run.warn(f"variables kept: {run.freeze_note}")
+    return staging
+
+
+def freeze(run: Run, frozen: bool, note: str = "") -> ServingGraph:
+    """Stage 2: the serving graph, its variables frozen into constants (or kept)."""
+    plan_, keys = run.plan, run.source.keys
+    message = f"freezing variables ({run.options.freeze})" if frozen \
+        else "loading with variables kept"
+    with run.stage("freeze", message) as stage:
+        if frozen:
+            # Large variables are saved here from the loaded session, then linked into
+            # the version written; a scratch directory of the model base, so nothing
+            # half-written is ever where TF Serving looks.
+            scratch = writer.make_staging_dir(run.output_base, plan_.version)
+            run.scratch_dirs.append(scratch)
+            graph, info = freeze_lib.freeze_session_model(
+                run.input_dir, plan_.tags, keys, max_bytes=run.options.freeze_max_bytes,
+                variables_dir=os.path.join(scratch, "variables"))
+            note = _freeze_note(info)
+            run.kept_variables = info.large_variables_kept
+            for var in info.large_variables_kept:
+                run.progress("-", f"kept as a variable: {var.name} ({var.reason})")
+        else:
+            graph = freeze_lib.load_unfrozen(run.input_dir, plan_.tags, keys)
+        run.graph, run.frozen, run.freeze_note = graph, frozen, note
+        stage.done(graph, note)
+    return graph
+
+
+def inline(run: Run, graph: ServingGraph) -> ServingGraph:
+    """TF2 only: the work is inside library functions the transforms cannot see."""
+    with run.stage("inline", "inlining the signature functions", step="-") as stage:
+        graph, inlined = grappler_lib.inline_functions(graph)
+        run.graph = graph
+        stage.done(graph, f"{inlined} function calls inlined")
+    return graph
+
+
+def transform(run: Run, graph: ServingGraph) -> ServingGraph:
+    """Stage 3: the Graph Transform Tool, with the spec's syntax and the signatures kept."""
+    transforms = run.plan.transforms
+    message = f"Graph Transform Tool: {transforms_lib.describe(transforms) or 'none'}"
+    with run.stage("transforms", message) as stage:
+        # The default preset is a convenience: a transform of it that fails on this graph
+        # is left out with a warning. A spec the user wrote fails the run instead.
+        skipped: list[str] | None = [] if run.plan.default_preset else None
+        graph = transforms_lib.apply_transforms(graph, transforms, skipped)
+        for message in skipped or ():
+            run.warn(f"default transform left out: {message}")
+        run.graph = graph
+        stage.done(graph, f"{len(transforms)} transforms")
+    return graph
+
+
+def grappler(run: Run, graph: ServingGraph) -> ServingGraph:
+    """Stage 4: Grappler's passes, as many rounds as asked."""
+    passes, rounds = run.plan.passes, run.options.grappler_rounds
+    with run.stage("grappler", f"Grappler: {','.join(passes) or 'none'} x{rounds}") as stage:
+        graph = grappler_lib.run_grappler(graph, passes, rounds)
+        run.graph = graph
+        stage.done(graph, ",".join(passes))
+    return graph
+
+
+def rewrite(run: Run, graph: ServingGraph) -> ServingGraph:
+    """Stage 5: the project's own rewrites, and dropping library functions nothing calls."""
+    notes = []
+    with run.stage("rewrites", "rewrites: BiasAdds, unused functions") as stage:
+        if run.plan.transforms or run.plan.passes:
+            # After Grappler, which merges the Adds folding leaves behind.
+            graph, bias_adds = rewrites.constant_adds_to_bias_adds(graph)
+            if bias_adds:
+                notes.append(f"{bias_adds} constant Adds after convs made BiasAdds")
+        if graph.variables_dir is None:
+            # A kept saver still names its save/restore functions; frozen graphs need none.
+            graph_def = type(graph.graph_def)()
+            graph_def.CopyFrom(graph.graph_def)
+            removed = prune_library(graph_def)
+            graph = graph.replace(graph_def=graph_def)
+            if removed:
+                notes.append(f"{removed} unused library functions dropped")
+        run.graph = graph
+        stage.done(graph, "; ".join(notes))
+    return graph
+
+
+def externalize(run: Run, graph: ServingGraph) -> ServingGraph:
+    """Stage 5b: large constants left after folding become variables of a new checkpoint."""
+    limit = run.options.max_constant_bytes
+    with run.stage("externalize", f"constants over {limit} bytes to variables",
+                   step="-") as stage:
+        scratch = writer.make_staging_dir(run.output_base, run.plan.version)
+        run.scratch_dirs.append(scratch)
+        graph, moved = checkpoint.externalize_constants(graph, limit, scratch)
+        run.graph = graph
+        run.kept_variables = graph.kept_variables
+        stage.done(graph, f"{len(moved)} constants ({sum(v.nbytes for v in moved)} bytes) "
+                   "stored as variables" if moved else "")
+    return graph
+
+
+def write(run: Run, graph: ServingGraph) -> str:
+    """Stage 6: the SavedModel, in a hidden staging directory of the model base."""
+    with run.stage("write", "writing the SavedModel") as stage:
+        staging = writer.make_staging_dir(run.output_base, run.plan.version)
         try:
-            bench = benchmark(input_dir, published_dir, tags, bench_key,
-                              batch_sizes=options.benchmark_batch_sizes,
-                              runs=options.benchmark_runs, seed=options.seed)
-        except Exception as e:  # noqa: BLE001 - the model is published and proven by now
-            # A measurement must not turn a published, proven model into a failed run.
-            warnings.append(f"benchmark skipped: {_first_line(e)}")
-        stages.append(StageReport("benchmark", time.perf_counter() - start, graph.node_count(),
-                                  "" if bench else "failed, see warnings"))
-    else:
-        say("[7/7] benchmark skipped")
-    return _report(input_dir, output_base, published_dir, version, True, kind, frozen,
-                   freeze_note, keys, transforms, lossy, passes, options, stages, size_before,
-                   size_after, meta_graph, graph, parity_report, bench, warnings, validation)
+            writer.write_saved_model(graph, staging)
+        except BaseException:
+            writer.discard(staging)
+            raise
+        run.size_after = SizeReport.of(staging)
+        stage.done(graph)
+    return staging
 
 
-def _validate_staged(staging: str, input_dir: str, output_base: str, version: int,
-                     validate_options, say: Progress):
-    """Serves the staged model from a hidden model base, so nothing unproven is published.
+def prove(run: Run, graph: ServingGraph, staging: str) -> None:
+    """Stage 7: the parity gate on every signature, then the TF2 loader's structure check."""
+    options, plan_, keys = run.options, run.plan, run.source.keys
+    with run.stage("parity", f"parity gate on {len(keys)} signature(s)") as stage:
+        report = parity.check_parity(
+            run.input_dir, staging, plan_.tags, keys,
+            user_inputs=plan_.user_inputs, atol=options.atol, rtol=options.rtol,
+            batch_size=options.parity_batch_size, num_batches=options.parity_batches,
+            seed=options.seed,
+        )
+        run.parity = report
+        stage.done(graph, report.summary())
+        if not report.ok:
+            if not run.frozen:
+                run.warn(f"variables kept: {run.freeze_note}")
+            raise ParityError(
+                f"{report.summary()}; nothing was published",
+                "drop the lossy transform, or loosen --atol/--rtol if the drift is acceptable",
+            )
+    with run.stage("tf2_load", "checking it loads with tf.saved_model.load", step="-") as stage:
+        # The session loader ran in the gate; TF2's loader must take the result too.
+        stage.done(graph, check_loads_in_tf2(staging, run.input_dir, plan_.tags,
+                                             graph.signature_defs))
+
+
+def serve_before_publishing(run: Run, staging: str):
+    """Stage 8 (``--validate``): serves the staged model over gRPC and checks its answers.
 
     TF Serving only loads integer version directories, so the staging directory is
     moved into ``<base>/.serving-opt-validate-*/<version>`` (same filesystem: a
-    rename), served from there, and moved back.
+    rename), served from there, and moved back; nothing unproven is ever published.
     """
     import dataclasses
     import tempfile
 
     from serving_opt.serving import validate as validate_lib
 
-    hidden_base = tempfile.mkdtemp(prefix=f"{writer.STAGING_PREFIX}validate-", dir=output_base)
-    os.chmod(hidden_base, 0o755)
-    served = os.path.join(hidden_base, str(version))
-    os.rename(staging, served)
-    try:
-        opts = dataclasses.replace(
-            validate_options,
-            model_name=validate_options.model_name or os.path.basename(
-                os.path.abspath(output_base)),
-            version=version,
-            reference_dir=input_dir,
-        )
-        result = validate_lib.validate(hidden_base, opts, progress=say)
+    version, output_base = run.plan.version, run.output_base
+    with run.stage("validate", "serving the result over gRPC before publishing (validate)") \
+            as stage:
+        hidden_base = tempfile.mkdtemp(prefix=f"{writer.STAGING_PREFIX}validate-",
+                                       dir=output_base)
+        os.chmod(hidden_base, 0o755)
+        served = os.path.join(hidden_base, str(version))
+        os.rename(staging, served)
+        try:
+            opts = dataclasses.replace(
+                run.options.validate,
+                model_name=run.options.validate.model_name or os.path.basename(
+                    os.path.abspath(output_base)),
+                version=version,
+                reference_dir=run.input_dir,
+            )
+            result = validate_lib.validate(hidden_base, opts, progress=run.say)
+        finally:
+            os.rename(served, staging)
+            os.rmdir(hidden_base)
         # Report the paths the model is published under, not the hidden serving base.
         final = os.path.join(output_base, str(version))
-        return dataclasses.replace(
+        result = dataclasses.replace(
             result,
             model_base=os.path.abspath(output_base),
             warmup_file=result.warmup_file.replace(served, final) if result.warmup_file
             else None,
         )
-    finally:
-        os.rename(served, staging)
-        os.rmdir(hidden_base)
+        run.validation = result
+        stage.done(run.graph, f"{result.backend}: "
+                   + ("ok" if result.ok else result.failures[0]))
+    if not result.ok:
+        raise ValidationError(
+            f"serving validation failed ({result.failures[0]}); nothing was published",
+            "see the validation table; rerun with --novalidate to publish anyway",
+        )
+    run.size_after = SizeReport.of(staging)  # the warmup file is part of the model now
+    return result
+
+
+def publish(run: Run, staging: str) -> str:
+    """Stage 9: the staging directory renamed to ``<base>/<version>``, atomically."""
+    published = writer.publish(staging, run.output_base, run.plan.version,
+                               run.options.overwrite)
+    run.progress("-", f"published {published}")
+    return published
+
+
+def measure(run: Run, staging: str) -> list[str]:
+    """Stages 8-9: cold start in fresh processes, then steady-state latency side by side;
+    returns the measures on which the candidate is worse than the original."""
+    options, keys = run.options, run.source.keys
+    key = "serving_default" if "serving_default" in keys else keys[0]
+    run.cold_start = None
+    run.benchmark = None
+    if options.cold_start:
+        message = f"cold start: load + first request in fresh processes " \
+                  f"(x{options.cold_start_rounds})"
+        with run.stage("cold_start", message) as stage:
+            feeds = inputs_lib.signature_feeds(run.source.meta_graph, run.input_dir,
+                                               seed=options.seed)(key, 1).batches[0]
+            run.cold_start = coldstart.measure(run.input_dir, staging, run.plan.tags, key,
+                                               feeds, rounds=options.cold_start_rounds)
+            stage.done(run.graph, _cold_note(run.cold_start))
+    else:
+        run.progress("cold_start", "cold start skipped (--nocold_start)")
+        run.warn("cold-start gate off (--nocold_start): load time, first request and "
+                 "memory were not compared")
+    if options.benchmark_runs > 0:
+        message = f"benchmark: load time and latency, {options.benchmark_runs} interleaved runs"
+        with run.stage("benchmark", message) as stage:
+            try:
+                run.benchmark = run_benchmark(
+                    run.input_dir, staging, run.plan.tags, key,
+                    batch_sizes=options.benchmark_batch_sizes, runs=options.benchmark_runs,
+                    seed=options.seed)
+            except Exception as e:  # noqa: BLE001 - a failed measurement gates nothing
+                run.warn(f"benchmark skipped: {first_line(e)}")
+            stage.done(run.graph, "" if run.benchmark else "failed, see warnings")
+    else:
+        run.progress("benchmark", "benchmark skipped")
+    return regression_lib.regressions(run.cold_start, run.benchmark,
+                                      options.regression_tolerance)
+
+
+def _cold_note(cold) -> str:
+    return (f"load {cold.ratio('load_seconds'):.2f}x, first request "
+            f"{cold.ratio('first_request_seconds'):.2f}x, peak RSS "
+            f"{cold.ratio('peak_rss_bytes'):.2f}x")
 
 
 def _freeze_note(info: freeze_lib.FreezeInfo) -> str:
@@ -315,266 +565,8 @@ def _freeze_note(info: freeze_lib.FreezeInfo) -> str:
                 "from the init op"
     if info.variables_kept:
         note += f", {len(info.variables_kept)} asset-path variables kept for the init op"
+    if info.large_variables_kept:
+        kept = info.large_variables_kept
+        note += f", {len(kept)} large variables ({sum(v.nbytes for v in kept)} bytes) kept " \
+                "as variables in a new checkpoint"
     return note
-
-
-def _first_line(e: BaseException) -> str:
-    if isinstance(e, ServingOptError):
-        return e.problem
-    first = (str(e).strip().splitlines() or [""])[0]
-    return f"{type(e).__name__}: {first}" if first else type(e).__name__
-
-
-@dataclass
-class _Candidate:
-    """A written, parity-checked SavedModel in a staging directory, not yet published."""
-
-    graph: ServingGraph
-    frozen: bool
-    freeze_note: str
-    stages: list
-    parity: parity.ParityReport
-    size_after: SizeReport
-    staging: str
-
-
-@dataclass
-class _CandidateBuilder:
-    """Runs freeze .. parity once (frozen, or with variables kept) into a staging dir."""
-
-    input_dir: str
-    output_base: str
-    version: int
-    tags: frozenset
-    keys: list
-    kind: str
-    transforms: tuple
-    lossy: tuple
-    passes: tuple
-    options: OptimizeOptions
-    user_inputs: object
-    size_before: SizeReport
-    meta_graph: object
-    warnings: list
-    stages: list  # the stages before this one (read), for a failure's report
-    say: Progress
-
-    def with_fallback(self) -> _Candidate:
-        """The frozen candidate; with --freeze=auto, any failure of it (freezing, inlining,
-        transforms on the frozen graph, loading, parity) falls back to keeping variables.
-
-        A parity failure with lossy transforms requested is the transforms' verdict,
-        not freezing's, so it is raised as it is.
-        """
-        mode = self.options.freeze
-        if mode == "never":
-            return self.build(frozen=False, note="--freeze=never")
-        try:
-            return self.build(frozen=True)
-        except UsageError:
-            raise
-        except Exception as e:  # noqa: BLE001 - auto must never crash on a freezing failure
-            if isinstance(e, ParityError) and self.lossy:
-                raise
-            reason = _first_line(e)
-            if mode == "always":
-                if isinstance(e, ServingOptError):
-                    raise
-                raise ServingOptError(
-                    f"could not freeze the variables of {self.input_dir}: {reason}",
-                    "rerun with --freeze=auto (falls back) or --freeze=never",
-                ) from e
-            self.say(f"      frozen graph unusable ({reason}); retrying with variables kept")
-            note = f"frozen graph unusable ({reason}); optimizing with variables kept"
-            return self.build(frozen=False, note=note)
-
-    def build(self, frozen: bool, note: str = "") -> _Candidate:
-        options, say, stages = self.options, self.say, []
-        say(f"[2/7] freezing variables ({options.freeze})" if frozen
-            else "[2/7] loading with variables kept")
-        start = time.perf_counter()
-        if frozen:
-            graph, info = freeze_lib.freeze_session_model(self.input_dir, self.tags, self.keys)
-            note = _freeze_note(info)
-        else:
-            graph = freeze_lib.load_unfrozen(self.input_dir, self.tags, self.keys)
-        stages.append(StageReport("freeze", time.perf_counter() - start, graph.node_count(),
-                                  note))
-        if frozen and grappler_lib.function_calls(graph.graph_def):
-            # TF2: the work is inside library functions the transforms cannot see.
-            say("[2/7] inlining the signature functions")
-            start = time.perf_counter()
-            graph, inlined = grappler_lib.inline_functions(graph)
-            stages.append(StageReport("inline", time.perf_counter() - start,
-                                      graph.node_count(), f"{inlined} function calls inlined"))
-
-        say(f"[3/7] Graph Transform Tool: {transforms_lib.describe(self.transforms) or 'none'}")
-        start = time.perf_counter()
-        # The default preset is a convenience: a transform of it that fails on this graph
-        # is left out with a warning. A spec the user wrote fails the run instead.
-        default_preset = options.transforms is None or \
-            options.transforms.strip().lower() == "default"
-        skipped: list[str] | None = [] if default_preset else None
-        graph = transforms_lib.apply_transforms(graph, self.transforms, skipped)
-        for message in skipped or ():
-            self.warnings.append(f"default transform left out: {message}")
-        stages.append(StageReport("transforms", time.perf_counter() - start, graph.node_count(),
-                                  f"{len(self.transforms)} transforms"))
-
-        say(f"[4/7] Grappler: {','.join(self.passes) or 'none'} x{options.grappler_rounds}")
-        start = time.perf_counter()
-        graph = grappler_lib.run_grappler(graph, self.passes, options.grappler_rounds)
-        grappler_note = ",".join(self.passes)
-        if self.transforms or self.passes:
-            # After Grappler, which merges the Adds folding leaves behind.
-            graph, bias_adds = transforms_lib.constant_adds_to_bias_adds(graph)
-            if bias_adds:
-                grappler_note += f"; {bias_adds} constant Adds after convs made BiasAdds"
-        stages.append(StageReport("grappler", time.perf_counter() - start, graph.node_count(),
-                                  grappler_note))
-
-        say("[5/7] writing the SavedModel")
-        start = time.perf_counter()
-        removed = 0
-        if graph.variables_dir is None:
-            graph_def = type(graph.graph_def)()
-            graph_def.CopyFrom(graph.graph_def)
-            removed = prune_library(graph_def)
-            graph = graph.replace(graph_def=graph_def)
-        staging = writer.make_staging_dir(self.output_base, self.version)
-        try:
-            writer.write_saved_model(graph, staging)
-            stages.append(StageReport("write", time.perf_counter() - start, graph.node_count(),
-                                      f"{removed} unused library functions dropped" if removed
-                                      else ""))
-
-            say(f"[6/7] parity gate on {len(self.keys)} signature(s)")
-            start = time.perf_counter()
-            parity_report = parity.check_parity(
-                self.input_dir, staging, self.tags, self.keys,
-                user_inputs=self.user_inputs, atol=options.atol, rtol=options.rtol,
-                batch_size=options.parity_batch_size, num_batches=options.parity_batches,
-                seed=options.seed,
-            )
-            size_after = SizeReport.of(staging)
-            if not parity_report.ok:
-                stages.append(StageReport("parity", time.perf_counter() - start,
-                                          graph.node_count(), parity_report.summary()))
-                report = _report(self.input_dir, self.output_base, None, self.version, False,
-                                 self.kind, frozen, note, self.keys, self.transforms,
-                                 self.lossy, self.passes, options, self.stages + stages,
-                                 self.size_before,
-                                 size_after, self.meta_graph, graph, parity_report, None,
-                                 self.warnings + ([] if frozen else [f"variables kept: {note}"]))
-                raise ParityError(
-                    f"{parity_report.summary()}; nothing was published",
-                    "drop the lossy transform, or loosen --atol/--rtol if the drift is "
-                    "acceptable",
-                ).with_report(report)
-            # The session loader ran in the gate; TF2's loader must take the result too.
-            load_note = check_loads_in_tf2(staging, self.input_dir, self.tags,
-                                           graph.signature_defs)
-            stages.append(StageReport("parity", time.perf_counter() - start,
-                                      graph.node_count(),
-                                      f"{parity_report.summary()}; {load_note}"))
-        except BaseException:
-            writer.discard(staging)
-            raise
-        if not frozen:
-            self.warnings.append(f"variables kept: {note}")
-        return _Candidate(graph, frozen, note, stages, parity_report, size_after, staging)
-
-
-def check_loads_in_tf2(candidate_dir: str, reference_dir: str, tags: frozenset[str],
-                       signature_defs: dict) -> str:
-    """Loads the candidate with ``tf.saved_model.load`` (TF2 Python serving, tf.function
-    users) and checks every kept signature is there with the same output aliases.
-
-    The session loader (TF Serving's) already ran in the parity gate, on the real
-    model. This check is about structure (signatures, init op, assets, saver), so it
-    loads a copy whose large constants are stored as one broadcast zero: a second
-    full load would cost as much as the parity gate. A model whose source does not
-    load this way either is not held to it.
-
-    Example:
-        >>> check_loads_in_tf2("models/clf/.staging", "exports/1", frozenset({"serve"}),
-        ...                    {"serving_default": sig})
-        'loads with tf.saved_model.load (1 signatures)'
-    """
-    import gc
-    import shutil
-    import tempfile
-
-    import tensorflow as tf
-
-    def load(path: str) -> dict:
-        loaded = tf.saved_model.load(path, tags=sorted(tags))
-        out = {k: sorted(loaded.signatures[k].structured_outputs)
-               for k in signature_defs if k in loaded.signatures}
-        del loaded
-        gc.collect()
-        return out
-
-    scratch = tempfile.mkdtemp(prefix="serving-opt-tf2-load-")
-    try:
-        copy = writer.structure_copy(candidate_dir, os.path.join(scratch, "1"))
-        try:
-            outputs = load(copy)
-        except Exception as e:  # noqa: BLE001 - judged against the source below
-            try:
-                load(reference_dir)
-            except Exception:  # noqa: BLE001
-                return "not loadable with tf.saved_model.load (neither is the source)"
-            raise ServingOptError(
-                f"the optimized model does not load with tf.saved_model.load: "
-                f"{_first_line(e)}",
-                "rerun with --freeze=never, and report this",
-            ) from e
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    wrong = [k for k, sig in signature_defs.items()
-             if outputs.get(k) != sorted(sig.outputs)]
-    if wrong:
-        raise ServingOptError(
-            f"tf.saved_model.load does not see signature(s) {', '.join(wrong)} of the "
-            "optimized model with their outputs", "rerun with --freeze=never, and report this")
-    return f"loads with tf.saved_model.load ({len(outputs)} signatures)"
-
-
-def _report(input_dir, output_base, output_dir, version, published, kind, frozen, freeze_note,
-            keys, transforms, lossy, passes, options, stages, size_before, size_after,
-            meta_graph, graph, parity_report, bench, warnings, validation=None) -> OptimizeReport:
-    import collections
-
-    before = collections.Counter(n.op for n in meta_graph.graph_def.node)
-    for function in meta_graph.graph_def.library.function:
-        before.update(n.op for n in function.node_def)
-    after = collections.Counter(graph.op_histogram())
-    removed = {op: before[op] - after.get(op, 0) for op in before if before[op] > after.get(op, 0)}
-    added = {op: after[op] - before.get(op, 0) for op in after if after[op] > before.get(op, 0)}
-    return OptimizeReport(
-        input_dir=input_dir,
-        output_base=output_base,
-        output_dir=output_dir,
-        version=version,
-        published=published,
-        model_kind=kind,
-        frozen=frozen,
-        freeze_note=freeze_note,
-        signatures=tuple(keys),
-        transforms=transforms_lib.describe(transforms),
-        lossy_transforms=lossy,
-        grappler_passes=passes,
-        grappler_rounds=options.grappler_rounds,
-        stages=tuple(stages),
-        size_before=size_before,
-        size_after=size_after,
-        nodes_before=total_node_count(meta_graph.graph_def),
-        nodes_after=graph.node_count(),
-        ops_removed=dict(sorted(removed.items())),
-        ops_added=dict(sorted(added.items())),
-        parity=parity_report,
-        benchmark=bench,
-        warnings=tuple(warnings),
-        validation=validation,
-    )

@@ -117,6 +117,13 @@ def format_optimize_report(report) -> str:
     out.append(f"  transforms {report.transforms or 'none'}")
     out.append(f"  grappler   {','.join(report.grappler_passes) or 'none'} "
                f"x{report.grappler_rounds}")
+    kept = sorted(getattr(report, "variables_kept", ()), key=lambda v: -v.nbytes)
+    for var in kept[:5]:
+        out.append(f"  kept       {var.name} as a variable: {var.reason}")
+    if len(kept) > 5:
+        rest = kept[5:]
+        out.append(f"  kept       ... and {len(rest)} more as variables "
+                   f"({human_bytes(sum(v.nbytes for v in rest))}; all in the JSON report)")
     for w in report.warnings:
         out.append(f"  warning    {w}")
     out.append("")
@@ -151,6 +158,23 @@ def format_optimize_report(report) -> str:
               f"{o.max_rel_diff:.3g}", "yes" if o.ok else f"NO {o.detail}".strip()]
              for o in p.outputs],
         ))
+    cold = getattr(report, "cold_start", None)
+    if cold is not None:
+        b, a = cold.before, cold.after
+        out.append("")
+        out.append(f"cold start (fresh process each, session loader, Grappler on; "
+                   f"median of {cold.rounds})")
+        out.append(table(["measure", "before", "after", "after/before"], [
+            ["load time (s)", f"{b.load_seconds:.3f}", f"{a.load_seconds:.3f}",
+             ratio(b.load_seconds, a.load_seconds)],
+            ["first request (ms)", f"{b.first_request_seconds * 1000:.1f}",
+             f"{a.first_request_seconds * 1000:.1f}",
+             ratio(b.first_request_seconds, a.first_request_seconds)],
+            ["serving peak RSS", human_bytes(b.peak_rss_bytes), human_bytes(a.peak_rss_bytes),
+             ratio(b.peak_rss_bytes, a.peak_rss_bytes)],
+            ["  of which the runtime", human_bytes(b.runtime_rss_bytes),
+             human_bytes(a.runtime_rss_bytes), ""],
+        ]))
     if report.benchmark is not None:
         b = report.benchmark
         out.append("")

@@ -56,9 +56,7 @@ from dataclasses import dataclass
 from serving_opt import optimizer as optimizer_lib
 from serving_opt.errors import ServingOptError, UsageError
 from serving_opt.optimizer import OptimizeOptions, OptimizeReport
-from serving_opt.stages import grappler as grappler_lib
 from serving_opt.stages import loader, writer
-from serving_opt.stages import transforms as transforms_lib
 
 logger = logging.getLogger("serving_opt.estimator")  # the public path
 
@@ -147,11 +145,7 @@ def _check_options(options: OptimizeOptions) -> OptimizeOptions:
             "OptimizeOptions.version/overwrite cannot be set for Estimator exports",
             "leave them unset: each export is published as its own timestamp version",
         )
-    optimizer_lib._validate_options(options)
-    transforms_lib.resolve_spec(options.transforms)
-    grappler_lib.parse_passes(options.grappler)
-    if not loader.parse_tags(options.saved_model_tags):
-        raise UsageError("OptimizeOptions.saved_model_tags is empty", "e.g. 'serve'")
+    optimizer_lib.check_options(options)
     return options
 
 

@@ -35,11 +35,21 @@ from serving_opt.graph import (
     stateful_nodes,
     tensor_info_nodes,
 )
-from serving_opt.stages import loader
+from serving_opt.stages import checkpoint, loader
 
 # Frozen constants must leave room under PROTOBUF_LIMIT_BYTES for the non-constant
 # nodes and the rest of the MetaGraphDef.
 _GRAPH_MARGIN_BYTES = 64 * 2**20
+
+# Variables above this stay variables (see docs/big-models.md for the measurements).
+# TF's load-time constant folding will not materialize a constant above 10 MiB
+# (common_runtime's max_constant_size_in_bytes) and Grappler's above 100 KiB
+# (kMaxConstantSize), so freezing a larger weight buys no folding at load, while every
+# byte of constant in the GraphDef is parsed, copied into the Graph and handed to
+# Grappler at load: a 1 GB frozen table loads 12x slower and needs 9x the memory.
+# 10 MiB keeps every weight of ResNet50/MobileNetV2 (<= 9.4 MB) foldable into its
+# batch norm, and keeps embedding tables of any real size as variables.
+DEFAULT_FREEZE_MAX_BYTES = 10 * 2**20
 
 _VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "_VarHandlesOp"})
 _VARIABLE_WRITE_OPS = frozenset({
@@ -64,6 +74,8 @@ class FreezeInfo:
     kept_init_ops: tuple[str, ...]
     # Variables deliberately left variables (TF2 asset paths, assigned by the init op).
     variables_kept: tuple[str, ...] = ()
+    # Large variables left variables, in a new checkpoint (checkpoint.KeptVariable).
+    large_variables_kept: tuple = ()
 
 
 def variable_sizes(graph_def) -> dict[str, int]:
@@ -144,6 +156,30 @@ def check_protobuf_limit(sizes: dict[str, int], limit_bytes: int = PROTOBUF_LIMI
             f"{limit_bytes / 2**30:.0f} GiB protobuf limit (largest: {largest})",
             "keep variables for this model (--freeze=never) or shrink the largest ones",
         )
+
+
+def choose_kept(sizes: dict[str, int], max_bytes: int,
+                limit_bytes: int = PROTOBUF_LIMIT_BYTES) -> dict[str, str]:
+    """Which variables stay variables, and why: those above ``max_bytes``, then the
+    largest remaining ones until what is frozen fits under the protobuf limit.
+
+    Example:
+        >>> choose_kept({"emb": 1 << 30, "dense": 1 << 16}, max_bytes=10 << 20)
+        {'emb': '1.0 GiB, above --freeze_max_bytes (10.0 MiB)'}
+    """
+    from serving_opt.report import human_bytes
+
+    kept = {name: f"{human_bytes(size)}, above --freeze_max_bytes ({human_bytes(max_bytes)})"
+            for name, size in sizes.items() if size > max_bytes}
+    budget = limit_bytes - min(_GRAPH_MARGIN_BYTES, limit_bytes // 32)
+    frozen = {n: s for n, s in sizes.items() if n not in kept}
+    for name, size in sorted(frozen.items(), key=lambda kv: -kv[1]):
+        if sum(frozen.values()) <= budget:
+            break
+        kept[name] = f"{human_bytes(size)}; freezing it would pass the " \
+                     f"{limit_bytes / 2**30:.0f} GiB protobuf limit"
+        del frozen[name]
+    return kept
 
 
 def _control_leaves(nodes: dict, root: str) -> list[str]:
@@ -343,8 +379,15 @@ def freeze_session_model(
     signature_keys: Sequence[str],
     *,
     limit_bytes: int = PROTOBUF_LIMIT_BYTES,
+    max_bytes: int | None = None,
+    variables_dir: str | None = None,
 ) -> tuple[ServingGraph, FreezeInfo]:
     """Loads a TF1-graph SavedModel like TF Serving does and freezes its variables.
+
+    With ``variables_dir``, variables above ``max_bytes`` (and, past the protobuf
+    limit, the largest others) stay variables: their values are saved there as a new
+    checkpoint and a saver restoring them is added to the graph. Without it every
+    variable is frozen, and one that cannot be is an error.
 
     Example:
         >>> graph, info = freeze_session_model("build/sample/1", frozenset({"serve"}),
@@ -390,6 +433,15 @@ def freeze_session_model(
         reached = reachable_nodes(graph_def, outputs)
         sizes = {name: size for name, size in variable_sizes(graph_def).items()
                  if name in reached and name not in keep_variables}
+        large: list[checkpoint.KeptVariable] = []
+        if variables_dir is not None:
+            by_name = {n.name: n for n in graph_def.node}
+            for name, reason in sorted(choose_kept(
+                    sizes, DEFAULT_FREEZE_MAX_BYTES if max_bytes is None else max_bytes,
+                    limit_bytes).items()):
+                node = by_name[name]
+                large.append(checkpoint.KeptVariable(
+                    name, node.op, node.attr["dtype"].type, sizes.pop(name), reason))
         check_protobuf_limit(sizes, limit_bytes)
         # The converter walks every node of every library function; a TF2 model's save
         # and restore functions are most of them (2-4x the serving functions).
@@ -397,7 +449,8 @@ def freeze_session_model(
         try:
             frozen = tf.compat.v1.graph_util.convert_variables_to_constants(
                 sess, graph_def, outputs,
-                variable_names_blacklist=sorted(keep_variables) or None,
+                variable_names_blacklist=sorted(keep_variables | {v.name for v in large})
+                or None,
             )
         except Exception as e:  # TF raises many types here; name the cause in one line
             first = first_line(e)
@@ -405,9 +458,15 @@ def freeze_session_model(
                 f"could not freeze the variables of {saved_model_dir}: {first}",
                 "rerun with --freeze=never to optimize without freezing",
             ) from e
+        if large:
+            checkpoint.save_values(sess, large, variables_dir)
     finally:
         sess.close()
 
+    saver_def = None
+    if large:
+        nodes, saver_def = checkpoint.saver_nodes(large)
+        frozen.node.extend(nodes)
     _drop_dangling_colocation(frozen)
     frozen_names = {n.name for n in frozen.node}
     collections = {}
@@ -418,6 +477,8 @@ def freeze_session_model(
     protected = list(dict.fromkeys(
         ([init_op] if init_op else []) + asset_nodes + table_init + kept_init
         + stateful_nodes(frozen)
+        + ([node_name(saver_def.restore_op_name), node_name(saver_def.save_tensor_name)]
+           if saver_def else [])
     ))
     init_source = _init_op_source(meta_graph)
     if init_source == "signature" and init_op in frozen_names and \
@@ -434,8 +495,11 @@ def freeze_session_model(
         init_op_signature=meta_graph.signature_def.get(loader.INIT_OP_SIGNATURE_KEY),
         asset_file_defs=assets,
         collections=collections,
-        protected_nodes=tuple(n for n in protected if n in frozen_names),
+        protected_nodes=tuple(n for n in protected if n in {n.name for n in frozen.node}),
         source_dir=saved_model_dir,
+        saver_def=saver_def,
+        variables_dir=variables_dir if large else None,
+        kept_variables=tuple(large),
     )
     info = FreezeInfo(
         variables_frozen=len(sizes),
@@ -444,6 +508,7 @@ def freeze_session_model(
         dropped_variable_initializers=tuple(dropped_init),
         kept_init_ops=tuple(kept_init),
         variables_kept=tuple(sorted(keep_variables)),
+        large_variables_kept=tuple(large),
     )
     return serving_graph, info
 

@@ -180,7 +180,12 @@ def write_saved_model(graph: ServingGraph, export_dir: str) -> str:
             )
     variables = os.path.join(export_dir, "variables")
     if graph.variables_dir:
-        shutil.copytree(graph.variables_dir, variables, dirs_exist_ok=True)
+        # A checkpoint written by this run (large variables kept) sits in a scratch
+        # directory of the same model base: linked, not copied, however big it is.
+        own = STAGING_PREFIX in os.path.basename(os.path.dirname(
+            os.path.abspath(graph.variables_dir)))
+        shutil.copytree(graph.variables_dir, variables, dirs_exist_ok=True,
+                        copy_function=_link_or_copy if own else shutil.copy2)
     os.makedirs(variables, exist_ok=True)
     saved_model = saved_model_pb2.SavedModel(saved_model_schema_version=1)
     saved_model.meta_graphs.add().CopyFrom(meta_graph)
@@ -189,6 +194,14 @@ def write_saved_model(graph: ServingGraph, export_dir: str) -> str:
         f.write(saved_model.SerializeToString())
     os.replace(tmp, os.path.join(export_dir, "saved_model.pb"))
     return export_dir
+
+
+def _link_or_copy(src: str, dst: str) -> str:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+    return dst
 
 
 def publish(staging_dir: str, base: str, version: int, overwrite: bool = False) -> str:
@@ -234,6 +247,7 @@ def structure_copy(saved_model_dir: str, copy_dir: str) -> str:
         >>> structure_copy("models/clf/1", "/tmp/check/1")
         '/tmp/check/1'
     """
+    from tensorflow.core.framework import types_pb2
     from tensorflow.core.protobuf import saved_model_pb2
 
     saved_model = loader.read_saved_model(saved_model_dir)
@@ -242,8 +256,9 @@ def structure_copy(saved_model_dir: str, copy_dir: str) -> str:
         for function in meta_graph.graph_def.library.function:
             nodes.extend(function.node_def)
         for node in nodes:
+            # Numbers only: string constants are names (a saver's tensor_names, ...).
             if node.op == "Const" and node.attr["value"].tensor.ByteSize() > \
-                    _STRUCTURE_COPY_MIN_BYTES:
+                    _STRUCTURE_COPY_MIN_BYTES and node.attr["dtype"].type != types_pb2.DT_STRING:
                 _compact_zero(node.attr["value"].tensor)
     os.makedirs(copy_dir)
     for sub in ("assets", "assets.extra", "variables"):

@@ -52,6 +52,29 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_enum("freeze", "auto", ["auto", "always", "never"],
                       "Freeze variables into constants: auto falls back to keeping them when "
                       "freezing fails; always makes that an error.", flag_values=fv)
+    flags.DEFINE_integer("freeze_max_bytes", 10 * 2**20,
+                         "Variables larger than this stay variables (in a new checkpoint "
+                         "holding only what serving reads); smaller ones become constants. "
+                         "Large constants make TF Serving load slower and use more memory.",
+                         flag_values=fv)
+    flags.DEFINE_integer("max_constant_bytes", 64 * 1024,
+                         "Constants still larger than this after folding (e.g. batch-norm-"
+                         "folded conv weights) are stored as variables of the new checkpoint, "
+                         "so TF Serving restores them instead of parsing and re-optimizing "
+                         "them at load; -1 keeps them constants.", flag_values=fv)
+    flags.DEFINE_bool("cold_start", True,
+                      "Load both models in fresh processes (load time, first request, peak "
+                      "RSS) and refuse a candidate that is worse (--nocold_start skips it).",
+                      flag_values=fv)
+    flags.DEFINE_integer("cold_start_rounds", 1,
+                         "Fresh processes per model for the cold start (median is used).",
+                         flag_values=fv)
+    flags.DEFINE_float("regression_tolerance", 1.10,
+                       "A measure worse than the original by more than this factor (plus a "
+                       "small absolute slack) blocks publishing.", flag_values=fv)
+    flags.DEFINE_bool("allow_regression", False,
+                      "Publish even when the result is slower, bigger in memory or slower to "
+                      "load than the original (the report says so).", flag_values=fv)
     flags.DEFINE_string("examples", None,
                         "Inputs for the parity check: TFRecord of tf.Example, or JSON lines "
                         "of {alias: value} requests (default: synthesized).", flag_values=fv)
@@ -102,6 +125,12 @@ def main(fv: flags.FlagValues) -> int:
         atol=fv.atol,
         rtol=fv.rtol,
         benchmark_runs=fv.benchmark_runs,
+        freeze_max_bytes=fv.freeze_max_bytes,
+        max_constant_bytes=None if fv.max_constant_bytes < 0 else fv.max_constant_bytes,
+        cold_start=fv.cold_start,
+        cold_start_rounds=fv.cold_start_rounds,
+        regression_tolerance=fv.regression_tolerance,
+        allow_regression=fv.allow_regression,
     )
     if fv.write_warmup and not fv.validate:
         raise UsageError("--write_warmup needs --validate",

@@ -1,0 +1,195 @@
+"""Big models: large tables stay variables, and nothing worse than the original is published.
+
+The real case is a ~1 GB Estimator text classifier that is mostly one embedding table.
+These tests use the same shape, small enough for CI, with ``freeze_max_bytes`` lowered
+so the table counts as "large" (the 2 GiB protobuf limit is simulated the same way).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from conftest import TEXT_CLASSIFIER_VOCAB, tree_snapshot
+
+from serving_opt import samples
+from serving_opt.errors import ServingOptError
+from serving_opt.optimizer import OptimizeOptions, optimize
+from serving_opt.stages import coldstart, freeze, loader
+from serving_opt.stages import regression as regression_lib
+
+EMBEDDING = "dnn/input_from_feature_columns/input_layer/text_embedding/embedding_weights"
+# Above the head's largest weight (256 x 128 floats = 128 KiB), below the table's.
+TABLE_THRESHOLD = 512 * 1024
+
+
+@pytest.fixture(scope="module")
+def kept_table(text_classifier_base, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("kept"))
+    report = optimize(os.path.join(text_classifier_base, "1"), out,
+                      OptimizeOptions(freeze_max_bytes=TABLE_THRESHOLD, benchmark_runs=0))
+    return report
+
+
+def _answers(model_dir: str, texts: list[bytes]) -> dict:
+    sess, mg = loader.load_session(model_dir)
+    try:
+        sig = mg.signature_def["predict"]
+        fetch = {k: v.name for k, v in sig.outputs.items()}
+        return sess.run(fetch, {sig.inputs["examples"].name: texts})
+    finally:
+        sess.close()
+
+
+def _stored_constants(report) -> list[str]:
+    return sorted(v.name for v in report.variables_kept
+                  if v.name.endswith("/serving_opt_variable"))
+
+
+def test_the_large_table_is_kept_as_a_variable_and_the_rest_frozen(kept_table):
+    table = [v for v in kept_table.variables_kept if v.name == EMBEDDING]
+    assert len(table) == 1 and "--freeze_max_bytes" in table[0].reason
+    mg = loader.find_meta_graph(loader.read_saved_model(kept_table.output_dir), {"serve"})
+    variables = sorted(n.name for n in mg.graph_def.node
+                       if n.op in ("VarHandleOp", "VariableV2"))
+    # The head was frozen; what is still big after folding is stored as a variable too.
+    assert variables == sorted([EMBEDDING] + _stored_constants(kept_table))
+    assert "dnn/hiddenlayer_0/kernel" not in variables
+
+
+def test_the_new_checkpoint_holds_only_what_serving_reads(kept_table, text_classifier_base):
+    import tensorflow as tf
+
+    source = dict(tf.train.list_variables(
+        os.path.join(text_classifier_base, "1", "variables", "variables")))
+    written = dict(tf.train.list_variables(
+        os.path.join(kept_table.output_dir, "variables", "variables")))
+    assert sorted(written) == sorted([EMBEDDING] + _stored_constants(kept_table))
+    assert written[EMBEDDING] == source[EMBEDDING]
+    assert "global_step" in source and f"{EMBEDDING}/Adagrad" in source  # left behind
+    assert kept_table.size_after.variables < kept_table.size_before.variables / 1.9
+
+
+def test_outputs_are_identical_through_the_session_loader(kept_table, text_classifier_base):
+    texts = samples.text_examples(32, seed=3, vocab_size=TEXT_CLASSIFIER_VOCAB)
+    before = _answers(os.path.join(text_classifier_base, "1"), texts)
+    after = _answers(kept_table.output_dir, texts)
+    for key in before:
+        np.testing.assert_array_equal(before[key], after[key])
+    assert kept_table.parity.ok
+
+
+def test_it_loads_and_answers_with_tf_saved_model_load(kept_table, text_classifier_base):
+    import tensorflow as tf
+
+    texts = samples.text_examples(8, seed=4, vocab_size=TEXT_CLASSIFIER_VOCAB)
+    expected = _answers(os.path.join(text_classifier_base, "1"), texts)
+    loaded = tf.saved_model.load(kept_table.output_dir)
+    got = loaded.signatures["predict"](examples=tf.constant(texts))
+    np.testing.assert_allclose(got["probabilities"].numpy(), expected["probabilities"],
+                               rtol=1e-6)
+
+
+def test_every_optimize_measures_both_cold_starts(kept_table):
+    cold = kept_table.cold_start
+    assert cold is not None  # benchmark_runs=0 does not switch it off
+    for side in (cold.before, cold.after):
+        assert side.load_seconds > 0 and side.first_request_seconds > 0
+        assert side.peak_rss_bytes > side.runtime_rss_bytes > 0
+    assert "cold_start" in [s.name for s in kept_table.stages]
+
+
+def test_nocold_start_is_its_own_switch_and_is_reported(text_classifier_base, tmp_path):
+    report = optimize(os.path.join(text_classifier_base, "1"), str(tmp_path / "out"),
+                      OptimizeOptions(cold_start=False, benchmark_runs=0))
+    assert report.cold_start is None
+    assert any("cold-start gate off" in w for w in report.warnings)
+
+
+def test_a_variable_past_the_protobuf_limit_is_kept_instead_of_refused(classifier_dir,
+                                                                       tmp_path):
+    # The real limit is 2 GiB; lowered below the largest variable, that variable
+    # takes the big-model path instead of failing the whole freeze.
+    sess, mg = loader.load_session(classifier_dir)
+    sizes = freeze.variable_sizes(sess.graph.as_graph_def())
+    sess.close()
+    largest = max(sizes, key=sizes.get)
+    graph, info = freeze.freeze_session_model(
+        classifier_dir, frozenset({"serve"}), ["predict"], limit_bytes=sizes[largest] - 1,
+        max_bytes=2**40, variables_dir=str(tmp_path / "variables"))
+    kept = {v.name: v.reason for v in info.large_variables_kept}
+    assert largest in kept and "protobuf limit" in kept[largest]
+    assert graph.saver_def is not None
+    assert os.path.isfile(tmp_path / "variables" / "variables.index")
+
+
+def test_regressions_name_each_measure_beyond_the_tolerance():
+    before = coldstart.ColdStart(1.8, 0.057, 1600 * 2**20, 400 * 2**20)
+    after = coldstart.ColdStart(21.9, 71.0, 14300 * 2**20, 400 * 2**20)
+    report = coldstart.ColdStartReport(before, after, rounds=1)
+    found = regression_lib.regressions(report, None, tolerance=1.1)
+    assert [line.split(" ")[0] for line in found] == ["load", "first", "serving"]
+    assert found[0].startswith("load time 12.17x")
+    same = coldstart.ColdStartReport(before, before, rounds=1)
+    assert regression_lib.regressions(same, None, tolerance=1.1) == []
+
+
+def test_tiny_absolute_differences_are_not_regressions():
+    before = coldstart.ColdStart(0.010, 0.001, 200 * 2**20, 190 * 2**20)
+    after = coldstart.ColdStart(0.030, 0.003, 220 * 2**20, 190 * 2**20)  # 3x, but tiny
+    report = coldstart.ColdStartReport(before, after, rounds=1)
+    assert regression_lib.regressions(report, None, tolerance=1.1) == []
+
+
+def test_a_frozen_big_table_is_stored_as_a_variable_again(wide_table_dir, tmp_path):
+    # Frozen anyway (threshold above it), the table comes out of folding as a large
+    # constant and is stored in the new checkpoint: no regression, nothing refused.
+    report = optimize(wide_table_dir, str(tmp_path / "out"),
+                      OptimizeOptions(freeze="always", freeze_max_bytes=2**40,
+                                      benchmark_runs=0))
+    assert report.published and report.frozen
+    assert [v.nbytes for v in report.variables_kept if v.nbytes > 50 * 2**20]
+    assert report.size_after.saved_model_pb < 2**20
+
+
+@pytest.fixture(scope="module")
+def wide_table_dir(tmp_path_factory) -> str:
+    """A table big enough (77 MB) that freezing it measurably hurts the cold start."""
+    path = os.path.join(str(tmp_path_factory.mktemp("wide")), "1")
+    samples.build_text_classifier(path, vocab_size=300_000, embedding_dim=64,
+                                  optimizer_slots=False)
+    return path
+
+
+def test_a_frozen_big_table_is_refused_and_nothing_is_published(wide_table_dir, tmp_path):
+    out = str(tmp_path / "out")
+    before = tree_snapshot(wide_table_dir)
+    with pytest.raises(ServingOptError) as failure:
+        optimize(wide_table_dir, out, OptimizeOptions(freeze="always", freeze_max_bytes=2**40,
+                                                      max_constant_bytes=None,
+                                                      benchmark_runs=0))
+    assert "worse than the original" in failure.value.problem
+    assert "serving peak RSS" in failure.value.problem or "load time" in failure.value.problem
+    assert failure.value.report is not None and failure.value.report.cold_start is not None
+    assert not failure.value.report.published
+    assert os.listdir(out) == []  # no version, no staging left behind
+    assert tree_snapshot(wide_table_dir) == before
+
+
+def test_allow_regression_publishes_and_says_so(wide_table_dir, tmp_path):
+    report = optimize(wide_table_dir, str(tmp_path / "out"),
+                      OptimizeOptions(freeze="always", freeze_max_bytes=2**40,
+                                      max_constant_bytes=None, benchmark_runs=0,
+                                      allow_regression=True))
+    assert report.published
+    assert any("--allow_regression" in w for w in report.warnings)
+
+
+def test_auto_retries_with_variables_kept_when_frozen_is_worse(wide_table_dir, tmp_path):
+    report = optimize(wide_table_dir, str(tmp_path / "out"),
+                      OptimizeOptions(freeze_max_bytes=2**40, max_constant_bytes=None,
+                                      benchmark_runs=0))
+    assert report.published and not report.frozen
+    assert "frozen candidate was worse" in report.freeze_note
+    assert sorted(os.listdir(tmp_path / "out")) == ["1"]
