@@ -34,7 +34,6 @@ from serving_opt.stages import grappler as grappler_lib
 from serving_opt.stages import inputs as inputs_lib
 from serving_opt.stages import regression as regression_lib
 from serving_opt.stages import transforms as transforms_lib
-from serving_opt.stages.benchmark import benchmark as run_benchmark
 from serving_opt.stages.tf2_load import check_loads_in_tf2
 
 __all__ = ["OptimizeOptions", "OptimizeReport", "SizeReport", "StageReport", "check_options",
@@ -219,6 +218,7 @@ def read(run: Run) -> Source:
         run.warn(f"lossy transforms requested ({', '.join(plan_.lossy)}); the parity gate "
                  f"decides with atol={options.atol}, rtol={options.rtol}")
     run.progress("read", f"reading {run.input_dir}")
+    loader.configure_for_optimizing()
     loader.quiet_tensorflow_import()  # so the read stage times reading, not importing TF
     with run.stage("read", None) as stage:
         saved_model = loader.read_saved_model(run.input_dir)
@@ -539,7 +539,7 @@ def measure(run: Run, staging: str) -> list[str]:
         message = f"benchmark: load time and latency, {options.benchmark_runs} interleaved runs"
         with run.stage("benchmark", message) as stage:
             try:
-                run.benchmark = run_benchmark(
+                run.benchmark = coldstart.benchmark_in_fresh_process(
                     run.input_dir, staging, run.plan.tags, key,
                     batch_sizes=options.benchmark_batch_sizes, runs=options.benchmark_runs,
                     seed=options.seed)

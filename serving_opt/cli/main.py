@@ -158,6 +158,9 @@ def main(argv: Sequence[str] | None = None, default_command: str | None = None) 
         return EXIT_USAGE
 
     verbosity = fv.verbosity
+    configure = getattr(module, "configure_runtime", None)
+    if configure is not None:
+        configure()  # before TensorFlow is imported, or it is too late
     _quiet_tensorflow(verbosity)
     _terminate_like_interrupt()
     try:

@@ -146,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from serving_opt.errors import ServingOptError
     from serving_opt.stages import loader
 
+    loader.configure_for_optimizing()
     loader.quiet_tensorflow_import()
     try:
         build(args)

@@ -32,6 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from serving_opt.errors import ServingOptError
+from serving_opt.stages import loader
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,13 @@ def measure(reference_dir: str, candidate_dir: str, tags: frozenset[str], signat
 def _run_jobs(jobs: list[dict], timeout: float) -> list[dict]:
     """Runs the jobs in one helper process (imports TF once, forks per job)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    # Measure with TensorFlow's defaults, as TF Serving runs, whatever the optimizer
+    # process chose for itself (see loader.configure_for_optimizing).
+    for name, value in loader.RUNTIME_DEFAULTS.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     payload = "".join(json.dumps(job) + "\n" for job in jobs)
     try:
         done = subprocess.run(
@@ -150,8 +158,54 @@ def _rss_bytes(field: str) -> int:
     return 0
 
 
+def benchmark_in_fresh_process(before_dir: str, after_dir: str, tags: frozenset[str],
+                               signature_key: str, *, batch_sizes=(1, 32), runs: int = 100,
+                               seed: int = 0, timeout: float = 3600.0):
+    """The steady-state benchmark (``stages.benchmark``) run in a measuring process.
+
+    The optimizer's own process has loaded, frozen and compared models for minutes,
+    and runs TensorFlow configured for that (oneDNN's caching allocator off, so each
+    model's memory is returned when its session closes); the numbers users compare
+    with TF Serving come from a process configured like the server.
+
+    Example:
+        >>> benchmark_in_fresh_process("exports/1", "models/clf/1", frozenset({"serve"}),
+        ...                            "serving_default", runs=50).speedup(32)
+        1.3
+    """
+    from serving_opt.stages.benchmark import BenchmarkReport, Latency
+
+    (result,) = _run_jobs([{
+        "kind": "benchmark", "before": os.path.abspath(before_dir),
+        "after": os.path.abspath(after_dir), "tags": sorted(tags), "signature": signature_key,
+        "batch_sizes": list(batch_sizes), "runs": runs, "seed": seed}], timeout)
+    if "error" in result:
+        raise ServingOptError(f"the benchmark failed: {result['error']}",
+                              "rerun with --benchmark_runs=0 to skip it")
+    report = result["report"]
+    return BenchmarkReport(
+        signature=report["signature"],
+        load_seconds_before=report["load_seconds_before"],
+        load_seconds_after=report["load_seconds_after"],
+        before=tuple(Latency(**lat) for lat in report["before"]),
+        after=tuple(Latency(**lat) for lat in report["after"]),
+    )
+
+
 def _one_job(job: dict) -> dict:
-    """In a forked child: load like TF Serving, answer one request, report the peak RSS."""
+    """In a forked child: one measurement job (cold start, or the steady-state benchmark)."""
+    if job.get("kind") == "benchmark":
+        from serving_opt.stages.benchmark import benchmark
+
+        report = benchmark(job["before"], job["after"], frozenset(job["tags"]),
+                           job["signature"], batch_sizes=tuple(job["batch_sizes"]),
+                           runs=job["runs"], seed=job["seed"])
+        return {"report": asdict(report)}
+    return _cold_start(job)
+
+
+def _cold_start(job: dict) -> dict:
+    """Load like TF Serving, answer one request, report the peak RSS."""
     import numpy as np
     import tensorflow as tf
 

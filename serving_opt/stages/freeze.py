@@ -22,6 +22,7 @@ op reach is converted (a TF2 graph holds each variable up to three times).
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -462,6 +463,8 @@ def freeze_session_model(
             checkpoint.save_values(sess, large, variables_dir)
     finally:
         sess.close()
+        del sess
+        gc.collect()  # the loaded model's memory, before the next stage loads anything
 
     saver_def = None
     if large:

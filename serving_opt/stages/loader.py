@@ -27,6 +27,37 @@ METHOD_REGRESS = "tensorflow/serving/regress"
 METHOD_PREDICT = "tensorflow/serving/predict"
 
 
+# The environment the optimizer process changes for itself (see configure_for_optimizing),
+# with what a serving process has instead (None: unset). Measuring processes get these.
+RUNTIME_DEFAULTS: dict = {"TF_ENABLE_ONEDNN_OPTS": None}
+_ORIGINAL_ENV = {name: os.environ.get(name) for name in RUNTIME_DEFAULTS}
+
+
+def configure_for_optimizing() -> bool:
+    """Makes this process return each loaded model's memory when its session closes.
+
+    With oneDNN's optimizations on (TF's default on x86), tensors come from a caching
+    allocator that keeps them after the session closes: optimizing a 1 GB model loaded
+    it three times and held 2.8 GB. Off, the memory is returned. Only possible before
+    TensorFlow is imported; measurements run in their own processes with the defaults.
+    Returns whether it took effect.
+
+    Example:
+        >>> configure_for_optimizing()
+        True
+    """
+    import sys
+
+    if "tensorflow" in sys.modules:
+        return False
+    if _ORIGINAL_ENV["TF_ENABLE_ONEDNN_OPTS"] is None:
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
+        RUNTIME_DEFAULTS["TF_ENABLE_ONEDNN_OPTS"] = None
+    else:  # the user chose; measuring processes get the same choice
+        RUNTIME_DEFAULTS["TF_ENABLE_ONEDNN_OPTS"] = _ORIGINAL_ENV["TF_ENABLE_ONEDNN_OPTS"]
+    return True
+
+
 def quiet_tensorflow_import() -> None:
     """Imports TensorFlow with the process's stderr (file descriptor 2) silenced.
 

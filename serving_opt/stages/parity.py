@@ -14,6 +14,7 @@ transforms.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -148,31 +149,21 @@ def check_parity(
         ...              ["serving_default"]).ok
         True
     """
+    # One model in memory at a time: for a 1 GB model, two at once would double the
+    # optimizer's peak. The original's answers are kept (they are small), then compared.
     ref_sess, ref_mg = loader.load_session(reference_dir, tags)
     try:
-        cand_sess, cand_mg = loader.load_session(candidate_dir, tags)
-    except Exception:
-        ref_sess.close()
-        raise
-    try:
         feeds = inputs_lib.signature_feeds(ref_mg, reference_dir, user=user_inputs, seed=seed)
-        results: list[OutputParity] = []
+        runs: dict[str, list] = {}  # key -> [(feed, expected outputs)]
         sources = {}
-        batches_run = 0
         for key in signature_keys:
             ref_sig = ref_mg.signature_def[key]
-            cand_sig = cand_mg.signature_def.get(key)
-            if cand_sig is None:
-                results.append(OutputParity(key, "*", "", (), 0, 1, 0.0, 0.0, False,
-                                            "signature missing from the optimized model"))
-                continue
             sig_inputs = feeds(key, batch_size, num_batches)
             sources[key] = sig_inputs.source
-            per_output: dict[str, list] = {a: [] for a in sorted(ref_sig.outputs)}
-            failure = ""
+            runs[key] = []
             for feed in sig_inputs.batches:
                 try:
-                    expected = run_signature(ref_sess, ref_sig, feed)
+                    runs[key].append((feed, run_signature(ref_sess, ref_sig, feed)))
                 except Exception as e:  # the original itself rejects these inputs
                     raise ServingOptError(
                         f"the original model fails on {sig_inputs.source} inputs for "
@@ -180,6 +171,25 @@ def check_parity(
                         "pass real inputs with --examples (TFRecord of tf.Example or JSON "
                         "lines)",
                     ) from e
+        outputs = {key: sorted(ref_mg.signature_def[key].outputs) for key in signature_keys}
+    finally:
+        ref_sess.close()
+        del ref_sess
+        gc.collect()
+
+    cand_sess, cand_mg = loader.load_session(candidate_dir, tags)
+    results: list[OutputParity] = []
+    batches_run = 0
+    try:
+        for key in signature_keys:
+            cand_sig = cand_mg.signature_def.get(key)
+            if cand_sig is None:
+                results.append(OutputParity(key, "*", "", (), 0, 1, 0.0, 0.0, False,
+                                            "signature missing from the optimized model"))
+                continue
+            per_output: dict[str, list] = {a: [] for a in outputs[key]}
+            failure = ""
+            for feed, expected in runs[key]:
                 try:
                     actual = run_signature(cand_sess, cand_sig, feed)
                 except Exception as e:
@@ -195,7 +205,6 @@ def check_parity(
             for alias, pairs in per_output.items():
                 results.append(_summarize(key, alias, pairs, atol, rtol))
     finally:
-        ref_sess.close()
         cand_sess.close()
     return ParityReport(
         ok=all(r.ok for r in results),

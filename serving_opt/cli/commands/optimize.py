@@ -107,6 +107,13 @@ def define_flags(fv: flags.FlagValues) -> None:
     cli.required("output_base", fv)
 
 
+def configure_runtime() -> None:
+    """Called by the CLI before TensorFlow is imported (see loader.configure_for_optimizing)."""
+    from serving_opt.stages import loader
+
+    loader.configure_for_optimizing()
+
+
 def main(fv: flags.FlagValues) -> int:
     from serving_opt.optimizer import OptimizeOptions, optimize
 
