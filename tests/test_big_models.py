@@ -193,3 +193,34 @@ def test_auto_retries_with_variables_kept_when_frozen_is_worse(wide_table_dir, t
     assert report.published and not report.frozen
     assert "frozen candidate was worse" in report.freeze_note
     assert sorted(os.listdir(tmp_path / "out")) == ["1"]
+
+
+@pytest.fixture(scope="module")
+def keras_embedding_dir(tmp_path_factory) -> str:
+    """Keras 3 ``model.export``: a 20000 x 32 Embedding (2.4 MiB) under a small head."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    ids = keras.Input(shape=(5,), dtype="int32", name="ids")
+    x = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(20000, 32)(ids))
+    x = keras.layers.Dense(16, activation="relu")(x)
+    out = keras.layers.Dense(4, activation="softmax", name="probs")(x)
+    path = os.path.join(str(tmp_path_factory.mktemp("keras_embedding")), "1")
+    keras.Model(ids, out).export(path, verbose=False)
+    return path
+
+
+def test_tf2_a_large_embedding_is_kept_and_answers_both_ways(keras_embedding_dir, tmp_path):
+    import tensorflow as tf
+
+    report = optimize(keras_embedding_dir, str(tmp_path / "out"),
+                      OptimizeOptions(freeze_max_bytes=100_000, benchmark_runs=0))
+    assert report.frozen and [v.nbytes for v in report.variables_kept] == [20000 * 32 * 4]
+    assert report.parity.ok
+    ids = np.random.default_rng(0).integers(0, 20000, size=(8, 5)).astype(np.int32)
+    expected = tf.saved_model.load(keras_embedding_dir).signatures["serving_default"](
+        ids=tf.constant(ids))
+    got = tf.saved_model.load(report.output_dir).signatures["serving_default"](
+        ids=tf.constant(ids))
+    for key in expected:
+        np.testing.assert_allclose(got[key].numpy(), expected[key].numpy(), rtol=1e-6)
