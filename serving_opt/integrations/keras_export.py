@@ -15,58 +15,22 @@ sees a half-written or wrong version.
 
 Import this module as ``serving_opt.keras`` (``from serving_opt import keras`` would
 shadow the real ``keras`` in your namespace). Inside, ``import keras`` is an absolute
-import and resolves to the real Keras package; see :func:`_real_keras_if_shadowed`
+import and resolves to the real Keras package; see ``serving_opt/keras.py``
 for the one case where it would not.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.machinery
-import importlib.util
 import io
 import logging
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
-
-def _real_keras_if_shadowed() -> None:
-    """Loads the real Keras when this file was imported *as* top-level ``keras``.
-
-    That happens when ``serving_opt/`` itself is on ``sys.path``, which Python does for
-    any script run from that directory: ``python serving_opt/cli.py``, and every
-    ``py_binary`` whose main lives there (``bazel run //serving_opt:optimize``), since
-    Bazel's stub starts ``python <runfiles>/serving_opt/optimize_main.py``. Then an
-    ``import keras`` anywhere in the process (TensorFlow's ``tf.keras`` included) would
-    find this file. Putting the real package into ``sys.modules["keras"]`` while this
-    module executes makes that import return the real Keras (the import system re-reads
-    ``sys.modules`` after executing a module), without touching ``sys.path``.
-    """
-    def is_this_file(path: str | None) -> bool:
-        # samefile: Bazel's runfiles and symlinked checkouts reach this file by other paths.
-        try:
-            return bool(path) and os.path.samefile(path, __file__)
-        except OSError:
-            return False
-
-    path = [p for p in sys.path if not is_this_file(os.path.join(p or os.curdir, "keras.py"))]
-    spec = importlib.machinery.PathFinder.find_spec("keras", path)
-    if spec is None or spec.loader is None or is_this_file(spec.origin):
-        raise ImportError(f"keras is not installed (only {__file__} shadows the name)")
-    real = importlib.util.module_from_spec(spec)
-    sys.modules["keras"] = real
-    spec.loader.exec_module(real)
-
-
-if __name__ == "keras":
-    _real_keras_if_shadowed()
-
-# The imports below must follow the check above: it decides what `import keras` finds.
-import keras  # noqa: E402
+import keras  # noqa: E402 - after the module docstring's imports
 
 from serving_opt.errors import ServingOptError, UsageError  # noqa: E402
 from serving_opt.optimizer import OptimizeOptions, OptimizeReport, optimize  # noqa: E402
