@@ -356,13 +356,26 @@ def inspect_saved_model(
     else:
         meta_graphs = list(saved_model.meta_graphs)
 
-    variables, variable_risks = _inspect_variables(path)
-    risks = list(variable_risks)
+    links = loader.unsafe_links(path)
+    risks = [_link_risk(link, path) for link in links]
+    if any(_under(link.path, os.path.join(path, "variables")) for link in links):
+        # Never read a checkpoint through a link out of the model.
+        variables = VariablesReport("unreadable", None, 0, 0, (), PROTOBUF_LIMIT_BYTES)
+    else:
+        variables, variable_risks = _inspect_variables(path)
+        risks += variable_risks
     reports = []
     for meta_graph in meta_graphs:
         report, graph_risks = _inspect_meta_graph(meta_graph, path, variables)
         reports.append(report)
         risks.extend(graph_risks)
+        if variables.status == "absent" and _has_variables(meta_graph):
+            risks.append(_variables_missing_risk(path, report.tags))
+    # One risk per (code, subject, MetaGraph), however many ways it was found.
+    unique: dict = {}
+    for risk in risks:
+        unique.setdefault((risk.code, risk.subject, risk.tags), risk)
+    risks = list(unique.values())
     risks.sort(key=lambda r: (_SEVERITY_ORDER.get(r.severity, 9), r.code, r.subject))
     return InspectionReport(
         path=path,
@@ -387,7 +400,7 @@ def _inspect_meta_graph(
         _signature_report(key, sig)
         for key, sig in sorted(loader.serving_signatures(meta_graph).items())
     )
-    assets = tuple(_asset_report(a) for a in loader.asset_files(meta_graph, path))
+    assets = tuple(_asset_report(a, path) for a in loader.asset_files(meta_graph, path))
     graph_ops = collections.Counter(node.op for node in graph_def.node)
     function_ops = collections.Counter(node.op for f in functions for node in f.node_def)
     report = MetaGraphReport(
@@ -469,14 +482,16 @@ def _escapes(filename: str) -> bool:
     )
 
 
-def _asset_report(asset: loader.AssetFile) -> AssetReport:
+def _asset_report(asset: loader.AssetFile, model_dir: str) -> AssetReport:
     escapes = _escapes(asset.filename)
     # Never stat a path outside the model: the name comes from an untrusted proto.
     exists = not escapes and bool(asset.filename) and os.path.isfile(asset.path)
+    # Nor a file a symlink leads to outside the model (reported as a `symlink` risk).
+    inside = exists and _under(os.path.realpath(asset.path), os.path.realpath(model_dir))
     return AssetReport(
         filename=asset.filename,
         tensor_name=asset.tensor_name,
-        size_bytes=os.path.getsize(asset.path) if exists else None,
+        size_bytes=os.path.getsize(asset.path) if inside else None,
         exists=exists,
         escapes=escapes,
     )
@@ -500,6 +515,21 @@ def _asset_risks(assets: Iterable[AssetReport], tags: tuple[str, ...]) -> list[R
                 asset.filename, tags,
             ))
     return risks
+
+
+def _under(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def _link_risk(link: loader.UnsafeLink, model_dir: str) -> Risk:
+    subject = os.path.relpath(link.path, model_dir)
+    return Risk(
+        "symlink", SEVERITY_ERROR,
+        f"{subject} is a symlink that {link.reason} ({link.target}): serving-opt refuses "
+        "the model, and a server or copy following it reads a file that is not part of "
+        "the model (replace the link with a copy of the file)",
+        subject,
+    )
 
 
 # -------------------------------------------------------------------------- reachability
@@ -681,6 +711,25 @@ def _inspect_variables(path: str) -> tuple[VariablesReport, list[Risk]]:
     return report, risks
 
 
+VARIABLE_OPS = frozenset({"Variable", "VariableV2", "VarHandleOp"})
+
+
+def _has_variables(meta_graph) -> bool:
+    graph_def = meta_graph.graph_def
+    return any(node.op in VARIABLE_OPS for node in graph_def.node) or any(
+        node.op in VARIABLE_OPS for f in graph_def.library.function for node in f.node_def)
+
+
+def _variables_missing_risk(path: str, tags: tuple[str, ...]) -> Risk:
+    return Risk(
+        "variables_missing", SEVERITY_ERROR,
+        f"the graph has variables but {_variables_prefix(path)}.index does not exist; "
+        "TF Serving cannot restore them and fails to load or serve the model "
+        "(copy the variables/ directory back or re-export)",
+        "variables", tags,
+    )
+
+
 def _frozen_size_risks(
     variables: VariablesReport, graph_def_bytes: int, tags: tuple[str, ...]
 ) -> list[Risk]:
@@ -767,7 +816,8 @@ def _format_meta_graph(m: MetaGraphReport) -> list[str]:
     if m.assets:
         rows = [
             (a.filename, human_bytes(a.size_bytes) if a.size_bytes is not None else
-             ("outside assets/" if a.escapes else "MISSING"), a.tensor_name)
+             ("outside assets/" if a.escapes else "symlink out" if a.exists else "MISSING"),
+             a.tensor_name)
             for a in m.assets
         ]
         lines.append("  assets:")

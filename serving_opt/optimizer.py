@@ -16,6 +16,7 @@ times them, gathers warnings and builds the report. See docs/architecture.md.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -117,8 +118,13 @@ def check_options(options: OptimizeOptions) -> None:
     if options.freeze not in FREEZE_MODES:
         raise UsageError(f"--freeze={options.freeze} is not one of {', '.join(FREEZE_MODES)}",
                          "use --freeze=auto, always or never")
-    if options.atol < 0 or options.rtol < 0:
-        raise UsageError("--atol and --rtol must be >= 0", "e.g. --atol=1e-5 --rtol=1e-4")
+    if not (0 <= options.atol < math.inf and 0 <= options.rtol < math.inf):  # refuses nan
+        raise UsageError(f"--atol={options.atol} and --rtol={options.rtol} must be finite "
+                         "and >= 0", "e.g. --atol=1e-5 --rtol=1e-4")
+    if options.version is not None and not (isinstance(options.version, int) and
+                                            0 <= options.version <= writer.MAX_VERSION):
+        raise UsageError(f"--version={options.version} is not a version TF Serving reads",
+                         f"pass --version=N with 0 <= N <= {writer.MAX_VERSION} (int64)")
     if options.grappler_rounds < 1:
         raise UsageError("--grappler_rounds must be >= 1", "e.g. --grappler_rounds=2")
     if options.parity_batch_size < 1 or options.parity_batches < 1:
@@ -188,7 +194,8 @@ def plan(input_dir: str, output_base: str, options: OptimizeOptions) -> Plan:
         options.transforms.strip().lower() == "default"
     _check_paths(input_dir, output_base)
     version = options.version if options.version is not None else writer.next_version(output_base)
-    writer.check_target(output_base, version, options.overwrite)
+    writer.check_target(output_base, version, options.overwrite, source=input_dir)
+    writer.check_writable(output_base)
     return Plan(
         transforms=transforms,
         default_preset=default_preset,
@@ -222,6 +229,7 @@ def read(run: Run) -> Source:
     loader.quiet_tensorflow_import()  # so the read stage times reading, not importing TF
     with run.stage("read", None) as stage:
         saved_model = loader.read_saved_model(run.input_dir)
+        loader.check_model_files(run.input_dir)  # no symlink out of the model is followed
         meta_graph = loader.find_meta_graph(saved_model, plan_.tags, run.input_dir)
         keys = tuple(loader.select_signatures(meta_graph, options.signatures))
         kind = "tf2" if loader.is_tf2(meta_graph) else "tf1"

@@ -227,7 +227,7 @@ def _optimize_and_publish(raw_dir: str, base: str, options: OptimizeOptions,
     from serving_opt import report as report_lib
 
     stamp = os.path.basename(raw_dir)
-    version = int(stamp) if stamp.isdigit() else 0
+    version = int(stamp) if stamp.isascii() and stamp.isdigit() else 0
     # The newest export must be the highest version, or TF Serving keeps serving an older one.
     version = max(version, writer.next_version(base))
     try:

@@ -151,6 +151,10 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),
     model_name = options.model_name or os.path.basename(model_base.rstrip("/")) or "model"
     reference_dir = options.reference_dir or model_dir
     tags = loader.parse_tags(options.saved_model_tags)
+    # A symlink out of a model is never followed: not by the server, not by the warmup
+    # file written into assets.extra/, not by the reference run.
+    for checked in dict.fromkeys((model_dir, reference_dir)):
+        loader.check_model_files(checked)
     say(f"preparing requests from the reference model {reference_dir}")
     # Reads and checks the served model too: a bad model fails before any server starts.
     probes, served = requests.build_probes(

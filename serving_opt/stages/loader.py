@@ -169,7 +169,7 @@ def _version_dir_hint(path: str) -> str | None:
     """Users often pass the model base (holding 1/, 2/...) instead of a version."""
     try:
         versions = sorted(
-            (int(n) for n in os.listdir(path) if n.isdigit()
+            (int(n) for n in os.listdir(path) if n.isascii() and n.isdigit()  # not "²"
              and os.path.exists(os.path.join(path, n, "saved_model.pb"))),
         )
     except OSError:
@@ -317,6 +317,84 @@ def safe_asset_path(saved_model_dir: str, filename: str) -> str:
         return ""
     path = os.path.normpath(os.path.join(assets, filename))
     return path if path.startswith(assets + os.sep) else ""
+
+
+# The directories of a SavedModel whose files are copied into (or served from) a result.
+MODEL_FILE_DIRS = ("assets", "assets.extra", "variables")
+
+
+@dataclass(frozen=True)
+class UnsafeLink:
+    """A symlink in a model's file directories that must not be followed."""
+
+    path: str  # the link, under the model directory
+    target: str  # what it points to (os.readlink)
+    reason: str  # "points outside the model directory", "points to nothing", "loops"
+
+
+def unsafe_links(saved_model_dir: str) -> list[UnsafeLink]:
+    """Symlinks (files or directories) in ``assets/``, ``assets.extra/`` or ``variables/``
+    that lead outside the model directory, to nothing, or into a loop.
+
+    A link whose target is inside the model directory is harmless: copying it copies a
+    file of the model. Nothing outside the model directory is opened or listed here.
+
+    Example:
+        >>> unsafe_links("build/sample/1")
+        []
+    """
+    root = os.path.realpath(saved_model_dir)
+    found: list[UnsafeLink] = []
+    for sub in MODEL_FILE_DIRS:
+        _scan_links(os.path.join(saved_model_dir, sub), root, (root,), found)
+    return found
+
+
+def _scan_links(path: str, root: str, ancestors: tuple[str, ...],
+                found: list[UnsafeLink]) -> None:
+    real = os.path.realpath(path)
+    if os.path.islink(path):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        if real != root and not real.startswith(root + os.sep):
+            found.append(UnsafeLink(path, target, "points outside the model directory"))
+            return
+        if not os.path.exists(real):
+            found.append(UnsafeLink(path, target, "points to nothing"))
+            return
+        if real in ancestors:
+            found.append(UnsafeLink(path, target, "loops back to a directory containing it"))
+            return
+    if not os.path.isdir(real):
+        return
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return  # unreadable: the step that needs it says so
+    for name in names:
+        _scan_links(os.path.join(path, name), root, ancestors + (real,), found)
+
+
+def check_model_files(saved_model_dir: str) -> None:
+    """Refuses a model whose ``assets/``, ``assets.extra/`` or ``variables/`` hold a
+    symlink leading outside the model directory (or to nothing, or into a loop): copying
+    it would publish a file of the build host. One line, naming the link and the fix.
+
+    Example:
+        >>> check_model_files("build/sample/1")   # raises ServingOptError for a bad link
+    """
+    links = unsafe_links(saved_model_dir)
+    if links:
+        link = links[0]
+        more = f" (and {len(links) - 1} more)" if len(links) > 1 else ""
+        raise ServingOptError(
+            f"{link.path} is a symlink that {link.reason} ({link.target}){more}; "
+            "symlinks out of a SavedModel are never followed",
+            "replace the link with a copy of the file if it belongs to the model, "
+            "or re-export the model",
+        )
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ to ``<base>/<version>`` only after the parity gate passed.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 
@@ -24,8 +25,31 @@ from serving_opt.stages import loader
 STAGING_PREFIX = ".serving-opt-staging-"
 
 
+# TF Serving reads version directory names as int64 (FileSystemStoragePathSource).
+MAX_VERSION = 2**63 - 1
+_VERSION_NAME = re.compile(r"[0-9]+")
+
+
+def parse_version(name: str) -> int | None:
+    """The version a directory name stands for: ASCII digits within int64, else None.
+
+    ``str.isdigit`` is not enough: it accepts "²" (int() fails) and "٣" (int() gives 3).
+
+    Example:
+        >>> parse_version("12"), parse_version("²"), parse_version("99999999999999999999")
+        (12, None, None)
+    """
+    if not _VERSION_NAME.fullmatch(name):
+        return None
+    version = int(name)
+    return version if version <= MAX_VERSION else None
+
+
 def existing_versions(base: str) -> list[int]:
     """Integer version directories in a model base, sorted.
+
+    Only directories named by a version in canonical form (``3``, not ``03``) count;
+    files and other names are not versions.
 
     Example:
         >>> existing_versions("/models/clf")
@@ -33,32 +57,77 @@ def existing_versions(base: str) -> list[int]:
     """
     if not os.path.isdir(base):
         return []
-    return sorted(int(n) for n in os.listdir(base)
-                  if n.isdigit() and os.path.isdir(os.path.join(base, n)))
+    versions = []
+    for name in os.listdir(base):
+        version = parse_version(name)
+        if version is not None and str(version) == name and \
+                os.path.isdir(os.path.join(base, name)):
+            versions.append(version)
+    return sorted(versions)
 
 
 def next_version(base: str) -> int:
-    """One more than the highest version in ``base`` (1 for a new base).
+    """One more than the highest version name taken in ``base`` (1 for a new base).
+
+    Any entry named like a version takes it, a plain file included: the next version
+    is always free.
 
     Example:
         >>> next_version("/models/new")
         1
     """
-    versions = existing_versions(base)
-    return versions[-1] + 1 if versions else 1
+    if not os.path.isdir(base):
+        return 1
+    taken = [v for v in map(parse_version, os.listdir(base)) if v is not None]
+    version = max(taken) + 1 if taken else 1
+    if version > MAX_VERSION:
+        raise ServingOptError(f"{base} already holds version {MAX_VERSION}, the largest "
+                              "TF Serving reads", "pass --version=N for a free N")
+    return version
 
 
-def check_target(base: str, version: int, overwrite: bool = False) -> str:
-    """Fails early when the version directory exists and overwriting was not asked for.
+def check_version(version) -> None:
+    """Refuses a version TF Serving cannot read: negative or beyond int64.
+
+    Example:
+        >>> check_version(2**63)
+        Traceback (most recent call last):
+        ServingOptError: version 9223372036854775808 is out of range ...
+    """
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ServingOptError(f"version {version!r} is not an integer",
+                              "pass --version=N with 0 <= N < 2**63")
+    if version < 0:
+        raise ServingOptError(f"version {version} is negative", "pass --version=N with N >= 0")
+    if version > MAX_VERSION:
+        raise ServingOptError(
+            f"version {version} is out of range (TF Serving reads versions as int64)",
+            f"pass --version=N with N <= {MAX_VERSION}",
+        )
+
+
+def check_target(base: str, version: int, overwrite: bool = False,
+                 source: str | None = None) -> str:
+    """Fails early when the version directory exists and overwriting was not asked for,
+    or when it is (or contains) ``source``, the model being read.
 
     Example:
         >>> check_target("/models/clf", 3)
         '/models/clf/3'
     """
-    if version < 0:
-        raise ServingOptError(f"version {version} is negative", "pass --version=N with N >= 0")
+    check_version(version)
     target = os.path.join(base, str(version))
-    if os.path.exists(target) and not overwrite:
+    if source is not None:
+        src = os.path.realpath(source)
+        dst = os.path.realpath(target)
+        if src == dst or src.startswith(dst + os.sep):
+            raise ServingOptError(
+                f"version directory {target} is the input model {source}"
+                + ("" if src == dst else " or contains it")
+                + "; writing it would destroy the source",
+                "pick another --version or --output_base",
+            )
+    if os.path.lexists(target) and not overwrite:
         raise ServingOptError(
             f"version directory {target} already exists",
             f"pick another --version (next free: {next_version(base)}) or pass --overwrite",
@@ -66,6 +135,31 @@ def check_target(base: str, version: int, overwrite: bool = False) -> str:
     if os.path.exists(base) and not os.path.isdir(base):
         raise ServingOptError(f"--output_base {base} is a file", "point it at a directory")
     return target
+
+
+def check_writable(base: str) -> None:
+    """Fails (one line) unless a staging directory can be made in ``base``.
+
+    Probes by making and removing a hidden directory in ``base`` or, when it does not
+    exist yet, in its nearest existing parent (permissions, read-only filesystems and
+    ``root`` all behave as they will for the real write).
+
+    Example:
+        >>> check_writable("/models/clf")
+    """
+    probe_dir = os.path.abspath(base)
+    while not os.path.lexists(probe_dir):
+        probe_dir = os.path.dirname(probe_dir)
+    if not os.path.isdir(probe_dir):
+        raise ServingOptError(f"--output_base {base} cannot be made: {probe_dir} is a file",
+                              "point --output_base at a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}probe-", dir=probe_dir))
+    except OSError as e:
+        raise ServingOptError(
+            f"--output_base {base} is not writable ({probe_dir}: {e.strerror or e})",
+            "pick a writable --output_base or fix its permissions",
+        ) from e
 
 
 def make_staging_dir(base: str, version: int) -> str:
@@ -160,6 +254,10 @@ def write_saved_model(graph: ServingGraph, export_dir: str) -> str:
             f"the optimized MetaGraph is {size / 2**30:.2f} GiB, over protobuf's 2 GiB limit",
             "keep variables for this model (--freeze=never)",
         )
+    # Copying follows symlinks: refuse any leading out of the model (checked when the
+    # model was read too; again here, right before the copy).
+    if graph.source_dir:
+        loader.check_model_files(graph.source_dir)
     os.makedirs(export_dir, exist_ok=True)
     for sub in ("assets", "assets.extra"):
         src = os.path.join(graph.source_dir, sub)

@@ -13,14 +13,17 @@ Examples:
 
 from __future__ import annotations
 
+import sys
+
 from absl import flags
 
 from serving_opt import inspection
 from serving_opt.cli import main as cli
-from serving_opt.errors import UsageError
+from serving_opt.errors import EXIT_FAILURE, UsageError
 from serving_opt.stages import loader
 
 SUMMARY = "show signatures, variables, ops, size on disk and serving risks of a SavedModel"
+FAIL_ON = ["error", "warning", "never"]
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -42,10 +45,17 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_boolean(
         "json", False, "Print the report as JSON (docs/inspect-json-schema.md).", flag_values=fv
     )
+    flags.DEFINE_enum(
+        "fail_on", "error", FAIL_ON,
+        "Exit 1 when a risk of this severity or worse is found (error: ERROR risks; "
+        "warning: ERROR or WARNING risks; never: always exit 0). The report is printed "
+        "either way.", flag_values=fv,
+    )
 
 
 def main(fv: flags.FlagValues) -> int:
-    """Inspects ``--saved_model_dir`` and prints the report on stdout; returns 0.
+    """Inspects ``--saved_model_dir`` and prints the report on stdout; returns 0, or 1
+    when a risk at or above ``--fail_on`` was found (one line on stderr says so).
 
     Example:
         >>> main(fv)  # fv parsed from --saved_model_dir=build/sample/1 --json
@@ -57,4 +67,15 @@ def main(fv: flags.FlagValues) -> int:
         loader.quiet_tensorflow_import()
     report = inspection.inspect_saved_model(fv.saved_model_dir, fv.saved_model_tags or None)
     print(report.to_json() if fv.json else report.format_table())
+    levels = {"error": (inspection.SEVERITY_ERROR,),
+              "warning": (inspection.SEVERITY_ERROR, inspection.SEVERITY_WARNING),
+              "never": ()}[fv.fail_on]
+    failing = [r for r in report.risks if r.severity in levels]
+    if failing:
+        first = failing[0]
+        print(f"{cli.PROG} inspect: error: {len(failing)} risk(s) at or above "
+              f"--fail_on={fv.fail_on}, first: {first.severity.upper()} {first.code} "
+              f"({first.subject}); see the risks in the report (--fail_on=never only reports)",
+              file=sys.stderr, flush=True)
+        return EXIT_FAILURE
     return 0

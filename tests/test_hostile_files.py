@@ -1,0 +1,419 @@
+"""Hostile and broken inputs, files and versions (issue 12, items 2, 3 and 6 in part).
+
+Nothing outside the model directory reaches the output (symlinks in assets/,
+assets.extra/ or variables/ are refused, or resolved when they stay inside the model);
+the target version is never the source; versions are ASCII int64; odd entries of a
+model base do not break versioning; an unwritable base and non-finite tolerances are
+refused before any work; `inspect` reports broken files and exits non-zero on risks.
+
+Every refusal is checked the same way: one line, nothing published (no version, no
+staging directory) and the source byte-identical.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import tree_snapshot
+
+from serving_opt import inspection
+from serving_opt.errors import ServingOptError, UsageError
+from serving_opt.optimizer import OptimizeOptions, optimize, plan
+from serving_opt.stages import writer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUICK = OptimizeOptions(benchmark_runs=0, cold_start=False)
+
+
+def _host_file(tmp_path, name: str, data: bytes) -> str:
+    """A file of the "build host", outside every model directory."""
+    path = os.path.join(str(tmp_path), "host", name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def _snapshot(path: str) -> dict:
+    """tree_snapshot that records symlinks (dangling ones too) instead of following them."""
+    out = {}
+    for root, dirs, files in os.walk(path):  # directory links are not entered
+        for name in dirs + files:
+            full = os.path.join(root, name)
+            rel = os.path.relpath(full, path)
+            if os.path.islink(full):
+                out[rel] = ("link", os.readlink(full))
+            elif name in files:
+                with open(full, "rb") as f:
+                    out[rel] = f.read()
+    return out
+
+
+def _nothing_published(base: str) -> None:
+    if not os.path.isdir(base):
+        return
+    left = [n for n in os.listdir(base)
+            if n.isdigit() or n.startswith(writer.STAGING_PREFIX)]
+    assert left == [], left
+
+
+def _refused(model: str, base: str, options: OptimizeOptions = QUICK,
+             error=ServingOptError) -> str:
+    """Runs optimize expecting a refusal; returns the one-line message."""
+    before = _snapshot(model)
+    with pytest.raises(error) as info:
+        optimize(model, base, options)
+    message = str(info.value)
+    assert "\n" not in message
+    _nothing_published(base)
+    assert _snapshot(model) == before
+    return message
+
+
+# ------------------------------------------------------------------------------ files
+
+
+def test_asset_symlink_to_a_host_file_is_refused(classifier_dir, model_copy, tmp_path):
+    model = model_copy(classifier_dir)
+    vocab = os.path.join(model, "assets", "vocab.txt")
+    with open(vocab, "rb") as f:
+        host = _host_file(tmp_path, "secret.txt", f.read())  # a working vocabulary, even
+    os.remove(vocab)
+    os.symlink(host, vocab)
+    message = _refused(model, str(tmp_path / "out"))
+    assert "assets/vocab.txt is a symlink that points outside the model directory" in message
+    assert host in message and "copy of the file" in message
+
+
+def test_assets_extra_directory_symlink_is_refused(classifier_dir, model_copy, tmp_path):
+    model = model_copy(classifier_dir)
+    host_dir = os.path.dirname(_host_file(tmp_path, "tf_serving_warmup_requests", b"x"))
+    os.symlink(host_dir, os.path.join(model, "assets.extra"))
+    message = _refused(model, str(tmp_path / "out"))
+    assert "assets.extra is a symlink that points outside the model directory" in message
+
+
+def test_variables_file_symlink_is_refused_with_variables_kept(classifier_dir, model_copy,
+                                                               tmp_path):
+    model = model_copy(classifier_dir)
+    data = os.path.join(model, "variables", "variables.data-00000-of-00001")
+    host = os.path.join(str(tmp_path), "host.data")
+    shutil.move(data, host)
+    os.symlink(host, data)
+    options = OptimizeOptions(benchmark_runs=0, cold_start=False, freeze="never")
+    message = _refused(model, str(tmp_path / "out"), options)
+    assert "variables.data-00000-of-00001 is a symlink" in message
+
+
+def test_variables_directory_symlink_is_refused(classifier_dir, model_copy, tmp_path):
+    model = model_copy(classifier_dir)
+    host = os.path.join(str(tmp_path), "host_variables")
+    shutil.move(os.path.join(model, "variables"), host)
+    os.symlink(host, os.path.join(model, "variables"))
+    message = _refused(model, str(tmp_path / "out"))
+    assert "/variables is a symlink that points outside" in message
+
+
+def test_dangling_and_looping_symlinks_are_refused(classifier_dir, model_copy, tmp_path):
+    model = model_copy(classifier_dir)
+    os.symlink("no-such-file", os.path.join(model, "assets", "gone.txt"))
+    assert "points to nothing" in _refused(model, str(tmp_path / "out"))
+    os.remove(os.path.join(model, "assets", "gone.txt"))
+    os.symlink("..", os.path.join(model, "assets", "loop"))
+    assert "loops back" in _refused(model, str(tmp_path / "out"))
+
+
+def test_symlink_inside_the_model_is_resolved_to_a_real_file(classifier_dir, model_copy,
+                                                            tmp_path):
+    model = model_copy(classifier_dir)
+    vocab = os.path.join(model, "assets", "vocab.txt")
+    os.makedirs(os.path.join(model, "shared"))
+    inside = os.path.join(model, "shared", "vocab.txt")
+    shutil.move(vocab, inside)
+    os.symlink(os.path.join("..", "shared", "vocab.txt"), vocab)
+    before = tree_snapshot(model)
+    report = optimize(model, str(tmp_path / "out"), QUICK)
+    published = os.path.join(report.output_dir, "assets", "vocab.txt")
+    assert not os.path.islink(published)
+    with open(published, "rb") as f, open(inside, "rb") as g:
+        assert f.read() == g.read()
+    assert tree_snapshot(model) == before
+
+
+def test_validate_refuses_a_served_model_with_a_symlink_out(classifier_dir, tmp_path):
+    from serving_opt.serving.validate import ValidateOptions, validate
+
+    base = str(tmp_path / "base")
+    shutil.copytree(classifier_dir, os.path.join(base, "1"))
+    vocab = os.path.join(base, "1", "assets", "vocab.txt")
+    os.remove(vocab)
+    os.symlink(_host_file(tmp_path, "vocab.txt", b"a\nb\n"), vocab)
+    with pytest.raises(ServingOptError, match="assets/vocab.txt is a symlink"):
+        validate(base, ValidateOptions(server="local", write_warmup=True))
+    assert not os.path.exists(os.path.join(base, "1", "assets.extra"))
+
+
+def test_inspect_reports_symlinks_out_as_errors(classifier_dir, model_copy, tmp_path):
+    model = model_copy(classifier_dir)
+    host = _host_file(tmp_path, "passwd", b"root:x:0:0\n")
+    vocab = os.path.join(model, "assets", "vocab.txt")
+    os.remove(vocab)
+    os.symlink(host, vocab)
+    report = inspection.inspect_saved_model(model)
+    (risk,) = report.risks
+    assert (risk.code, risk.severity, risk.subject) == ("symlink", "error", "assets/vocab.txt")
+    # The host file is not even measured.
+    assert report.meta_graphs[0].assets[0].size_bytes is None
+
+
+# ---------------------------------------------------------------------- never lose data
+
+
+def test_target_version_that_is_the_source_is_refused(classifier_dir, tmp_path):
+    base = str(tmp_path / "B")
+    model = os.path.join(base, "1")
+    shutil.copytree(classifier_dir, model)
+    options = OptimizeOptions(benchmark_runs=0, cold_start=False, version=1, overwrite=True)
+    before = tree_snapshot(model)
+    with pytest.raises(ServingOptError, match="is the input model") as info:
+        optimize(model, base, options)
+    assert "\n" not in str(info.value)
+    assert tree_snapshot(model) == before
+    assert sorted(os.listdir(base)) == ["1"]
+
+
+def test_target_version_reached_through_a_symlink_is_refused(classifier_dir, tmp_path):
+    base = str(tmp_path / "B")
+    model = os.path.join(base, "1")
+    shutil.copytree(classifier_dir, model)
+    other = str(tmp_path / "C")
+    os.makedirs(other)
+    os.symlink(model, os.path.join(other, "7"))
+    options = OptimizeOptions(benchmark_runs=0, cold_start=False, version=7, overwrite=True)
+    before = tree_snapshot(model)
+    with pytest.raises(ServingOptError, match="is the input model"):
+        optimize(os.path.join(other, "7"), other, options)
+    with pytest.raises(ServingOptError, match="is the input model"):
+        optimize(model, other, options)
+    assert tree_snapshot(model) == before
+    assert os.listdir(other) == ["7"]
+
+
+def test_target_version_containing_the_source_is_refused(classifier_dir, tmp_path):
+    base = str(tmp_path / "B")
+    model = os.path.join(base, "3", "export")
+    shutil.copytree(classifier_dir, model)
+    options = OptimizeOptions(benchmark_runs=0, cold_start=False, version=3, overwrite=True)
+    before = tree_snapshot(model)
+    with pytest.raises(ServingOptError, match="or contains it"):
+        optimize(model, base, options)
+    assert tree_snapshot(model) == before
+    assert sorted(os.listdir(base)) == ["3"]
+
+
+def test_version_beyond_int64_is_refused(classifier_dir, tmp_path):
+    for version in (99999999999999999999999, 2**63):
+        message = _refused(classifier_dir, str(tmp_path / "out"),
+                           OptimizeOptions(benchmark_runs=0, version=version), UsageError)
+        assert "int64" in message
+    assert plan(classifier_dir, str(tmp_path / "out"),
+                OptimizeOptions(version=2**63 - 1)).version == 2**63 - 1
+
+
+def test_non_ascii_digit_names_are_not_versions(classifier_dir, tmp_path):
+    base = str(tmp_path / "out")
+    for name in ("²", "٣", "１"):  # superscript two, Arabic-Indic three, fullwidth one
+        os.makedirs(os.path.join(base, name))
+    assert writer.existing_versions(base) == []
+    assert plan(classifier_dir, base, QUICK).version == 1
+    os.makedirs(os.path.join(base, "99999999999999999999999"))  # beyond int64: not one
+    assert plan(classifier_dir, base, QUICK).version == 1
+    # A base passed as --input_dir: a one-line hint, not an internal error on "²".
+    message = _refused(base, str(tmp_path / "other"))
+    assert message.startswith(f"no saved_model.pb in {base}")
+
+
+def test_a_file_named_like_a_version_is_skipped(classifier_dir, tmp_path):
+    base = str(tmp_path / "out")
+    os.makedirs(base)
+    with open(os.path.join(base, "1"), "w") as f:
+        f.write("not a model")
+    assert writer.existing_versions(base) == []
+    assert plan(classifier_dir, base, QUICK).version == 2
+    with pytest.raises(ServingOptError, match="next free: 2"):
+        plan(classifier_dir, base, OptimizeOptions(version=1))
+
+
+def _unwritable_base(tmp_path) -> str:
+    if os.geteuid() != 0:
+        parent = tmp_path / "ro"
+        parent.mkdir()
+        parent.chmod(0o555)
+        return str(parent / "base")
+    base = "/sys/serving-opt-hostile-test"  # root may write anywhere, but not here
+    try:
+        os.mkdir(base)
+    except OSError:
+        return base
+    os.rmdir(base)
+    pytest.skip("no unwritable directory for root on this machine")
+
+
+def test_unwritable_base_is_refused_before_any_work(classifier_dir, tmp_path):
+    base = _unwritable_base(tmp_path)
+    try:
+        with pytest.raises(ServingOptError, match="is not writable") as info:
+            plan(classifier_dir, base, QUICK)
+        assert "\n" not in str(info.value)
+        message = _refused(classifier_dir, base)
+        assert "--output_base" in message and "is not writable" in message
+        assert not os.path.exists(base)
+    finally:
+        if os.path.isdir(tmp_path / "ro"):
+            (tmp_path / "ro").chmod(0o755)
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("atol,rtol", [(float("nan"), 1e-4), (1e-5, float("inf")),
+                                       (float("inf"), float("nan"))])
+def test_non_finite_tolerances_are_usage_errors(classifier_dir, tmp_path, atol, rtol):
+    message = _refused(classifier_dir, str(tmp_path / "out"),
+                       OptimizeOptions(benchmark_runs=0, atol=atol, rtol=rtol), UsageError)
+    assert "must be finite" in message
+
+
+def test_inspect_reports_missing_variables_index(classifier_dir, model_copy):
+    model = model_copy(classifier_dir)
+    os.remove(os.path.join(model, "variables", "variables.index"))
+    (risk,) = inspection.inspect_saved_model(model).risks
+    assert (risk.code, risk.severity, risk.tags) == ("variables_missing", "error", ("serve",))
+
+
+def test_inspect_reports_a_missing_asset(classifier_dir, model_copy):
+    model = model_copy(classifier_dir)
+    os.remove(os.path.join(model, "assets", "vocab.txt"))
+    (risk,) = inspection.inspect_saved_model(model).risks
+    assert (risk.code, risk.subject) == ("asset_missing", "vocab.txt")
+
+
+def _duplicate_escaping_asset(model: str, filename: str = "../../etc/passwd") -> None:
+    from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
+
+    path = os.path.join(model, "saved_model.pb")
+    saved_model = saved_model_pb2.SavedModel()
+    with open(path, "rb") as f:
+        saved_model.ParseFromString(f.read())
+    values = saved_model.meta_graphs[0].collection_def["saved_model_assets"].any_list.value
+    asset = meta_graph_pb2.AssetFileDef()
+    values[0].Unpack(asset)
+    asset.filename = filename
+    values[0].Pack(asset)
+    values.add().Pack(asset)  # the same asset declared twice
+    with open(path, "wb") as f:
+        f.write(saved_model.SerializeToString())
+
+
+def test_inspect_lists_an_escaping_asset_once(classifier_dir, model_copy):
+    model = model_copy(classifier_dir)
+    _duplicate_escaping_asset(model)
+    risks = inspection.inspect_saved_model(model).risks
+    assert [r.code for r in risks] == ["asset_path_escapes"]
+
+
+# -------------------------------------------------------------------------------- CLI
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+    return env
+
+
+@pytest.fixture(scope="module")
+def cli_runs(classifier_dir, tmp_path_factory) -> dict:
+    """Every CLI case of this module, started at once (each imports TensorFlow)."""
+    scratch = str(tmp_path_factory.mktemp("hostile_cli"))
+    risky = os.path.join(scratch, "risky")
+    shutil.copytree(classifier_dir, risky)
+    _duplicate_escaping_asset(risky)
+    base = os.path.join(scratch, "B")
+    shutil.copytree(classifier_dir, os.path.join(base, "1"))
+    out = os.path.join(scratch, "out")
+    optimize_ = ["optimize", f"--input_dir={classifier_dir}", f"--output_base={out}",
+                 "--benchmark_runs=0", "--nocold_start", "--noprogress"]
+    cases = {
+        "inspect_risky": ["inspect", f"--saved_model_dir={risky}"],
+        "inspect_risky_never": ["inspect", f"--saved_model_dir={risky}", "--fail_on=never"],
+        "inspect_clean_warning": ["inspect", f"--saved_model_dir={classifier_dir}",
+                                  "--fail_on=warning"],
+        "inspect_bad_fail_on": ["inspect", f"--saved_model_dir={classifier_dir}",
+                                "--fail_on=sometimes"],
+        "version_too_big": [*optimize_, "--version=99999999999999999999999"],
+        "atol_nan": [*optimize_, "--atol=nan"],
+        "rtol_inf": [*optimize_, "--rtol=inf"],
+        "overwrite_source": ["optimize", f"--input_dir={os.path.join(base, '1')}",
+                             f"--output_base={base}", "--version=1", "--overwrite",
+                             "--benchmark_runs=0", "--nocold_start", "--noprogress"],
+    }
+    before = tree_snapshot(os.path.join(base, "1"))
+    procs = {name: subprocess.Popen([sys.executable, "-m", "serving_opt.cli", *args],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, env=_env(), cwd=REPO)
+             for name, args in cases.items()}
+    results = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        results[name] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    results["_source_intact"] = tree_snapshot(os.path.join(base, "1")) == before
+    results["_base"] = sorted(os.listdir(base))
+    results["_out"] = os.path.exists(out) and os.listdir(out)
+    return results
+
+
+def _error_line(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in result.stderr
+    return lines[-1]
+
+
+def test_cli_inspect_exits_1_on_error_risks(cli_runs):
+    result = cli_runs["inspect_risky"]
+    assert result.returncode == 1
+    assert "asset_path_escapes" in result.stdout  # the report is printed either way
+    assert result.stdout.count("asset_path_escapes") == 1
+    line = _error_line(result)
+    assert line.startswith("serving-opt inspect: error: 1 risk(s) at or above --fail_on=error")
+
+
+def test_cli_inspect_fail_on_never_and_clean_model(cli_runs):
+    assert cli_runs["inspect_risky_never"].returncode == 0
+    assert cli_runs["inspect_clean_warning"].returncode == 0
+    assert cli_runs["inspect_bad_fail_on"].returncode == 2
+
+
+def test_cli_refuses_a_version_beyond_int64(cli_runs):
+    result = cli_runs["version_too_big"]
+    assert result.returncode == 2, result.stderr
+    assert "int64" in _error_line(result)
+    assert not cli_runs["_out"]
+
+
+@pytest.mark.parametrize("case", ["atol_nan", "rtol_inf"])
+def test_cli_refuses_non_finite_tolerances(cli_runs, case):
+    result = cli_runs[case]
+    assert result.returncode == 2, result.stderr
+    assert "must be finite" in _error_line(result)
+
+
+def test_cli_refuses_overwriting_the_source(cli_runs):
+    result = cli_runs["overwrite_source"]
+    assert result.returncode == 1, result.stderr
+    assert "is the input model" in _error_line(result)
+    assert cli_runs["_source_intact"]
+    assert cli_runs["_base"] == ["1"]
