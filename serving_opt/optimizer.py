@@ -34,6 +34,7 @@ from serving_opt.stages import freeze as freeze_lib
 from serving_opt.stages import grappler as grappler_lib
 from serving_opt.stages import inputs as inputs_lib
 from serving_opt.stages import regression as regression_lib
+from serving_opt.stages import staging as staging_lib
 from serving_opt.stages import transforms as transforms_lib
 from serving_opt.stages.tf2_load import check_loads_in_tf2
 
@@ -167,6 +168,8 @@ def optimize(
         + (("validate",) if options.validate is not None else ()) + ("publish",)
     run = Run(input_dir, output_base, options, progress, steps)
     run.plan = plan(input_dir, output_base, options)
+    for stale in staging_lib.remove_stale(output_base):  # never a live run's
+        run.progress("-", f"removed {stale}, left behind by a run that was killed")
     staging = None
     try:
         run.source = read(run)
@@ -249,27 +252,31 @@ def build_proven_candidate(run: Run) -> str:
     """
     before = run.snapshot()
     staging = build_candidate(run)
-    worse = measure(run, staging)
-    if worse and run.frozen and run.options.freeze == "auto":
-        writer.discard(staging)
-        staging = None
-        first = worse[0]
-        run.restore(before)
-        run.progress("-", f"frozen candidate is worse ({first}); retrying with variables kept")
-        staging = _candidate(run, frozen=False,
-                             note=f"the frozen candidate was worse ({first}); variables kept")
+    try:  # interrupted or failed while measuring: the candidate is not left behind
         worse = measure(run, staging)
-    if worse:
-        if not run.options.allow_regression:
+        if worse and run.frozen and run.options.freeze == "auto":
             writer.discard(staging)
-            raise ServingOptError(
-                f"the optimized model is worse than the original: {worse[0]}; nothing was "
-                "published",
-                "rerun with --allow_regression to publish it anyway, or try --freeze=never",
-            )
-        for line in worse:
-            run.warn(f"published despite a regression (--allow_regression): {line}")
-    return staging
+            staging = None
+            first = worse[0]
+            run.restore(before)
+            run.progress("-", f"frozen candidate is worse ({first}); retrying with variables kept")
+            staging = _candidate(run, frozen=False,
+                                 note=f"the frozen candidate was worse ({first}); variables kept")
+            worse = measure(run, staging)
+        if worse:
+            if not run.options.allow_regression:
+                writer.discard(staging)
+                raise ServingOptError(
+                    f"the optimized model is worse than the original: {worse[0]}; nothing was "
+                    "published",
+                    "rerun with --allow_regression to publish it anyway, or try --freeze=never",
+                )
+            for line in worse:
+                run.warn(f"published despite a regression (--allow_regression): {line}")
+        return staging
+    except BaseException:
+        writer.discard(staging)
+        raise
 
 
 def build_candidate(run: Run) -> str:
@@ -471,16 +478,14 @@ def serve_before_publishing(run: Run, staging: str):
     rename), served from there, and moved back; nothing unproven is ever published.
     """
     import dataclasses
-    import tempfile
 
     from serving_opt.serving import validate as validate_lib
 
     version, output_base = run.plan.version, run.output_base
     with run.stage("validate", "serving the result over gRPC before publishing (validate)") \
             as stage:
-        hidden_base = tempfile.mkdtemp(prefix=f"{writer.STAGING_PREFIX}validate-",
-                                       dir=output_base)
-        os.chmod(hidden_base, 0o755)
+        hidden_base = staging_lib.make_claimed_dir(output_base,
+                                                   f"{writer.STAGING_PREFIX}validate-")
         served = os.path.join(hidden_base, str(version))
         os.rename(staging, served)
         try:
@@ -495,6 +500,7 @@ def serve_before_publishing(run: Run, staging: str):
         finally:
             os.rename(served, staging)
             os.rmdir(hidden_base)
+            staging_lib.release(hidden_base)
         # Report the paths the model is published under, not the hidden serving base.
         final = os.path.join(output_base, str(version))
         result = dataclasses.replace(

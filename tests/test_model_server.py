@@ -11,6 +11,8 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import threading  # noqa: E402
+
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -490,11 +492,23 @@ def test_client_deadline_becomes_the_session_run_timeout(server):
             raise grpc.RpcError(code, details)
 
     service = PredictionService(server.core, RequestOptions())
+    outcome: list[BaseException] = []
 
-    with pytest.raises(grpc.RpcError) as info:
-        service.Predict(predict_request("slow", n=np.int64(10**12)), Context())
+    def predict() -> None:
+        try:
+            service.Predict(predict_request("slow", n=np.int64(10**12)), Context())
+        except BaseException as e:  # noqa: BLE001 - checked below
+            outcome.append(e)
 
-    assert info.value.args[0] == grpc.StatusCode.DEADLINE_EXCEEDED
+    # In a thread with a deadline of its own: a run timeout that does not work must fail
+    # this test, not hang the suite (the loop would run for hours).
+    thread = threading.Thread(target=predict, daemon=True)
+    thread.start()
+    thread.join(60)
+
+    assert not thread.is_alive(), "Session.run was not stopped at the client's deadline"
+    assert len(outcome) == 1 and isinstance(outcome[0], grpc.RpcError), outcome
+    assert outcome[0].args[0] == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 # ------------------------------------------------------------------ MultiInference

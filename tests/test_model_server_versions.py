@@ -212,7 +212,7 @@ def test_a_model_that_does_not_load_fails_the_start(model_copy, counter_base):
     )
 
 
-def test_a_failed_load_is_retried_before_giving_up(model_copy, counter_base):
+def test_a_failed_load_is_retried_before_giving_up(model_copy, counter_base, caplog):
     base = model_copy(counter_base)
     good = os.path.join(base, "good")
     os.rename(os.path.join(base, "1"), good)
@@ -225,6 +225,7 @@ def test_a_failed_load_is_retried_before_giving_up(model_copy, counter_base):
 
     fixer = threading.Thread(target=restore_after_first_failure)
     fixer.start()
+    caplog.set_level("INFO", logger="serving_opt.model_server")
     try:
         server = serve(
             ServerOptions(
@@ -243,6 +244,16 @@ def test_a_failed_load_is_retried_before_giving_up(model_copy, counter_base):
         assert server.available_versions() == {"m": [1]}
     finally:
         server.stop()
+    # It really failed first (the empty directory) and was loaded by a retry.
+    messages = [r.getMessage() for r in caplog.records if r.name == "serving_opt.model_server"]
+    failed = [i for i, m in enumerate(messages)
+              if m.startswith("Loading servable: {name: m version: 1} failed:")]
+    retried = [i for i, m in enumerate(messages)
+               if m.startswith("Retrying of Loading servable: {name: m version: 1} retry:")]
+    loaded = [i for i, m in enumerate(messages)
+              if m == "Successfully loaded servable version {name: m version: 1}"]
+    assert failed and retried and loaded, messages
+    assert failed[0] < retried[0] < loaded[-1]
 
 
 def test_warmup_requests_are_replayed_at_load(serving, model_copy, counter_base):

@@ -93,11 +93,45 @@ def run(argv: Sequence[str] | None = None, default_command: str | None = None) -
 def main(argv: Sequence[str] | None = None, default_command: str | None = None) -> int:
     """Like :func:`run` but returns the exit code instead of exiting.
 
+    Ctrl-C (or SIGTERM) at any point, TensorFlow's import included, ends with one line
+    saying what was published, and exit code 130.
+
     Example:
         >>> main(["serving-opt", "inspect", "--saved_model_dir=/nonexistent"])
         1
     """
     argv = list(sys.argv if argv is None else argv)
+    try:
+        return _main(argv, default_command)
+    except KeyboardInterrupt:
+        args = argv[1:]
+        command = args[0] if args and not args[0].startswith("-") else default_command
+        print(interrupted_message(command), file=sys.stderr, flush=True)
+        return 130
+
+
+def interrupted_message(command: str | None) -> str:
+    """The one line for an interrupted command: a true statement of what was published.
+
+    Example:
+        >>> interrupted_message("optimize")
+        'serving-opt optimize: interrupted; nothing was published; ...'
+    """
+    # Only writer.publish() publishes, and it records each version it renamed into place.
+    staging = sys.modules.get("serving_opt.stages.staging")
+    published = list(getattr(staging, "published", ()))
+    where = f"{PROG} {command}" if command in COMMANDS else PROG
+    if published:
+        what = f"interrupted after publishing {', '.join(published)} (complete)"
+    elif command in ("optimize", "validate"):
+        what = "interrupted; nothing was published"
+    else:
+        what = "interrupted"
+    return (f"{where}: {what}; any server or staging directory it had started is stopped "
+            "and removed")
+
+
+def _main(argv: list[str], default_command: str | None) -> int:
     # `bazel run` starts us inside the runfiles tree; the user's paths are relative to where
     # they typed the command.
     if os.environ.get("BUILD_WORKING_DIRECTORY"):
@@ -158,11 +192,11 @@ def main(argv: Sequence[str] | None = None, default_command: str | None = None) 
         return EXIT_USAGE
 
     verbosity = fv.verbosity
+    _terminate_like_interrupt()
     configure = getattr(module, "configure_runtime", None)
     if configure is not None:
         configure()  # before TensorFlow is imported, or it is too late
     _quiet_tensorflow(verbosity)
-    _terminate_like_interrupt()
     try:
         return int(module.main(fv) or 0)
     except ServingOptError as e:
@@ -175,10 +209,6 @@ def main(argv: Sequence[str] | None = None, default_command: str | None = None) 
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
-    except KeyboardInterrupt:
-        print(f"{PROG} {command}: interrupted; stopped the servers and removed the "
-              "staging directories it had started", file=sys.stderr)
-        return 130
     except Exception as e:  # noqa: BLE001 - the last line of defence for a one-line error
         if verbosity > 0:
             traceback.print_exc()

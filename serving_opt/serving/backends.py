@@ -5,6 +5,29 @@ handles starting, log capture and stopping (always, also on Ctrl-C): only the
 command line differs. TFX's InfraValidator splits it the same way (a serving
 binary + a runner); here the runner is always a local process.
 
+A server never outlives the process that started it, even one killed with SIGKILL
+(which runs no cleanup):
+
+  * ``local``: the server inherits the read end of a pipe whose write end only we hold
+    (``--parent_pipe_fd``); the kernel closes it when we die, the server reads EOF and
+    stops. Works whichever thread started it, on any POSIX system.
+  * ``binary``: ``tensorflow_model_server`` has no such flag, so the kernel's parent-death
+    signal (Linux ``prctl(PR_SET_PDEATHSIG, SIGTERM)``, set in the child before exec)
+    stops it. The kernel sends it when the *thread* that started the server exits:
+    start and stop a server from the same thread (validate does).
+  * ``docker``: the ``docker run`` client gets the same parent-death SIGTERM and, not
+    running in a TTY, proxies it to the container (``--sig-proxy``, on by default), which
+    stops; ``--rm`` removes it. The client itself killed with SIGKILL (the OOM killer,
+    ``kill -9`` of its whole process group) cannot proxy anything: the container keeps
+    running until ``docker rm -f serving-opt-<id>`` (``docker ps --filter
+    name=serving-opt-`` lists them). No Docker engine runs on the CI machines; the tests
+    check this with a stand-in ``docker`` client.
+
+The server's log is a temporary file unlinked as soon as it is opened (the server
+writes to its descriptor, we read through our own), so nothing is left in /tmp even
+when we are killed; :meth:`ServerProcess.log_tail` gives its last lines for error
+messages, also after the server stopped.
+
   * ``docker``: ``docker run tensorflow/serving:<tag>`` with the model base mounted
     read-only at ``/models/<name>`` and a free host port mapped to 8500.
   * ``binary``: ``tensorflow_model_server`` from PATH.
@@ -15,6 +38,7 @@ binary + a runner); here the runner is always a local process.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -145,46 +169,69 @@ class ServerProcess:
     """
 
     def __init__(self, backend: str, command: Sequence[str], port: int,
-                 cleanup: Sequence[str] | None = None, env: dict | None = None) -> None:
+                 cleanup: Sequence[str] | None = None, env: dict | None = None,
+                 parent_pipe_flag: str | None = None) -> None:
         self.backend = backend
         self.command = list(command)
         self.port = port
         self.cleanup = list(cleanup) if cleanup else None
         self.env = env
+        # A flag taking a file descriptor: the server exits when that pipe reaches EOF.
+        self.parent_pipe_flag = parent_pipe_flag
         self._process: subprocess.Popen | None = None
-        self._log = tempfile.NamedTemporaryFile(prefix=f"serving-opt-{backend}-", suffix=".log",
-                                                delete=False)
+        self._pipe_write: int | None = None
+        self._log, self._log_reader = _unlinked_log(f"serving-opt-{backend}-")
+        self._tail = ""  # the log's last lines, kept once the log is closed
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     @property
-    def log_path(self) -> str:
-        return self._log.name
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
 
     def start(self) -> ServerProcess:
+        command, pass_fds, preexec = self.command, (), None
+        if self.parent_pipe_flag:
+            read_end, self._pipe_write = os.pipe()  # neither end is inherited by default
+            command = [*command, f"{self.parent_pipe_flag}={read_end}"]
+            pass_fds = (read_end,)
+        else:
+            preexec = _die_with_parent()
         try:
             self._process = subprocess.Popen(
-                self.command, stdout=self._log, stderr=subprocess.STDOUT,
+                command, stdout=self._log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True, env=self.env,
+                pass_fds=pass_fds, preexec_fn=preexec,
             )
         except FileNotFoundError as e:
+            self._close_pipe()
+            self._remove_log()
             raise ServingOptError(
                 f"cannot start the {self.backend} server: {self.command[0]} not found",
                 "install it, or pick another --server (local always works)",
             ) from e
+        finally:
+            for fd in pass_fds:
+                os.close(fd)  # the server's end; ours is the write end
         return self
+
+    def _close_pipe(self) -> None:
+        if self._pipe_write is not None:
+            os.close(self._pipe_write)
+            self._pipe_write = None
 
     def exit_code(self) -> int | None:
         return None if self._process is None else self._process.poll()
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            with open(self._log.name, errors="replace") as f:
-                return "".join(f.readlines()[-lines:])
-        except OSError:
-            return ""
+        text = self._tail
+        if not self._log_reader.closed:
+            size = os.fstat(self._log_reader.fileno()).st_size
+            self._log_reader.seek(max(0, size - _TAIL_BYTES))
+            text = self._log_reader.read().decode(errors="replace")
+        return "".join(text.splitlines(keepends=True)[-lines:])
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout``; runs the backend's cleanup command."""
@@ -192,6 +239,13 @@ class ServerProcess:
             # docker: the client process dying does not stop the container; remove it.
             subprocess.run(self.cleanup, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            check=False, timeout=30)
+        try:
+            self._terminate(timeout)
+        finally:
+            self._close_pipe()
+            self._remove_log()
+
+    def _terminate(self, timeout: float) -> None:
         process = self._process
         if process is None or process.poll() is not None:
             return
@@ -205,15 +259,64 @@ class ServerProcess:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
 
+    def _remove_log(self) -> None:
+        if self._log_reader.closed:
+            return
+        self._tail = self.log_tail(200)
+        self._log.close()
+        self._log_reader.close()
+
     def close(self) -> None:
         self.stop()
-        self._log.close()
 
     def __enter__(self) -> ServerProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+_PR_SET_PDEATHSIG = 1
+_TAIL_BYTES = 256 * 1024
+
+
+def _unlinked_log(prefix: str):
+    """(write file for the server, read file for us) of a log already unlinked."""
+    directory = tempfile.mkdtemp(prefix=prefix)
+    path = os.path.join(directory, "server.log")
+    try:
+        writer = open(path, "wb")  # noqa: SIM115 - lives as long as the server
+        reader = open(path, "rb")  # noqa: SIM115 - its own offset, not the server's
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return writer, reader
+
+
+def _die_with_parent():
+    """A ``preexec_fn`` making the kernel SIGTERM the child when its parent dies (Linux).
+
+    prctl is looked up here, in the parent: the child between fork and exec may only do
+    async-signal-safe work (no dlopen). The parent-death signal fires when the thread
+    that forked exits, so start and stop a server from the same thread. None elsewhere.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.restype = ctypes.c_int
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                      ctypes.c_ulong]
+    parent = os.getpid()
+    term = int(signal.SIGTERM)
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, term, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
 
 
 def docker_available(timeout: float = 5.0) -> bool:
@@ -273,7 +376,8 @@ def make_server(backend: str, spec: ServerSpec) -> ServerProcess:
     if backend == "local":
         env = dict(os.environ)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        return ServerProcess("local", local_command(spec, port), port, env=env)
+        return ServerProcess("local", local_command(spec, port), port, env=env,
+                             parent_pipe_flag="--parent_pipe_fd")
     raise UsageError(f"unknown backend {backend}", f"use one of {', '.join(BACKENDS)}")
 
 

@@ -144,12 +144,12 @@ def wait_until_available(address: str, model_name: str, version: int,
                 if failure:
                     raise ServingOptError(
                         f"the server failed to load {model_name} version {version}: {failure}",
-                        f"fix the model; full server log: {server.log_path}",
+                        "fix the model; the server log's last lines are in the validation report",
                     )
                 raise ServingOptError(
                     f"the {server.backend} server exited with code {server.exit_code()} "
                     f"before version {version} became AVAILABLE: {_last_line(log)}",
-                    f"see its log: {server.log_path}",
+                    "its log's last lines are in the validation report",
                 )
             request = api.get_model_status_pb2.GetModelStatusRequest()
             request.model_spec.name = model_name
@@ -170,7 +170,7 @@ def wait_until_available(address: str, model_name: str, version: int,
                     raise ServingOptError(
                         f"the server failed to load {model_name} version {version}: {message}",
                         "fix the model; the server log has details"
-                        + (f" ({server.log_path})" if server else ""),
+                        + (" (its last lines are in the validation report)" if server else ""),
                     )
                 last = f"version {version} state {status.state}"
             time.sleep(0.5)
@@ -179,7 +179,7 @@ def wait_until_available(address: str, model_name: str, version: int,
     raise ServingOptError(
         f"{model_name} version {version} was not AVAILABLE within {deadline_s:.0f} s ({last})",
         "raise --load_deadline, or check the server log"
-        + (f" ({server.log_path})" if server else ""),
+        + (" (its last lines are in the validation report)" if server else ""),
     )
 
 

@@ -21,6 +21,7 @@ import tempfile
 from serving_opt.errors import ServingOptError
 from serving_opt.graph import PROTOBUF_LIMIT_BYTES, ServingGraph
 from serving_opt.stages import loader
+from serving_opt.stages import staging as staging_lib
 
 STAGING_PREFIX = ".serving-opt-staging-"
 
@@ -169,11 +170,9 @@ def make_staging_dir(base: str, version: int) -> str:
         >>> make_staging_dir("/models/clf", 3)
         '/models/clf/.serving-opt-staging-3-k2j4x'
     """
-    os.makedirs(base, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{version}-", dir=base)
-    # mkdtemp makes it 0700; a server running as another user (Docker) must read it.
-    os.chmod(staging, 0o755)
-    return staging
+    # Claimed by this process (an owner record beside it): a later run removes it if
+    # this one is killed, never while this one lives (stages/staging.py).
+    return staging_lib.make_claimed_dir(base, f"{STAGING_PREFIX}{version}-")
 
 
 def build_meta_graph(graph: ServingGraph):
@@ -318,6 +317,8 @@ def publish(staging_dir: str, base: str, version: int, overwrite: bool = False) 
         old = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}old-{version}-", dir=base)
         os.rename(target, os.path.join(old, "model"))
     os.rename(staging_dir, target)
+    staging_lib.release(staging_dir)
+    staging_lib.published.append(target)
     if old:
         shutil.rmtree(old, ignore_errors=True)
     return target
@@ -327,6 +328,7 @@ def discard(staging_dir: str | None) -> None:
     """Removes a staging directory after a failure; never touches a published version."""
     if staging_dir and os.path.basename(staging_dir).startswith(STAGING_PREFIX):
         shutil.rmtree(staging_dir, ignore_errors=True)
+        staging_lib.release(staging_dir)
 
 
 # Constants above this size are stored as one broadcast zero in a structure copy.

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from absl import flags
 
@@ -67,6 +68,10 @@ def define_flags(fv: flags.FlagValues) -> None:
                          "Only false: the local server does not batch requests.",
                          flag_values=fv)
     flags.DEFINE_integer("grpc_max_threads", 128, "Threads handling gRPC requests.",
+                         flag_values=fv)
+    flags.DEFINE_integer("parent_pipe_fd", -1,
+                         "Internal (set by validate): stop when this inherited pipe reaches "
+                         "EOF, i.e. when the process that started the server is gone.",
                          flag_values=fv)
 
 
@@ -133,6 +138,24 @@ def _log_to_stderr(verbosity: int) -> None:
     logger.propagate = False
 
 
+def _exit_with_parent(fd: int, grace_seconds: float = 10.0) -> None:
+    """Stops the server when the pipe ``fd`` reaches EOF: the parent holds its only write
+    end and never writes, so EOF means the parent is gone (even killed with SIGKILL)."""
+
+    def watch() -> None:
+        try:
+            while os.read(fd, 1):
+                pass
+        except OSError:
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)  # the clean way out, as a TF Serving stop
+        # A main thread stuck in C++ (a long model load) runs no Python signal handler.
+        time.sleep(grace_seconds)
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
 class _StoppedBeforeReady(Exception):
     """SIGTERM/SIGINT while the models were still loading."""
 
@@ -158,6 +181,8 @@ def main(fv: flags.FlagValues) -> int:
 
     # Installed before loading, so a SIGTERM during a long load still exits cleanly.
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    if fv.parent_pipe_fd >= 0:
+        _exit_with_parent(fv.parent_pipe_fd)
     try:
         from serving_opt.serving.model_server import serve
 
