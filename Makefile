@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
+	@# Bazel < 7.1 cannot watch the venv: re-list its packages so cached test results of
+	@# the previous venv are not reused (tools/bazel/venv_python.bzl).
+	@if command -v bazel >/dev/null 2>&1 && [ -f .bazelrc.offline ]; then \
+	  bazel sync --only=serving_opt_venv_python --noshow_progress >/dev/null 2>&1 || true; fi
 
 # The sample is built once; optimizing it again replaces version 1 (--overwrite).
 demo: $(STAMP)
