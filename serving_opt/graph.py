@@ -179,7 +179,8 @@ def reachable_subgraph(graph_def, reached: set[str]):
 
 
 def stateful_nodes(graph_def) -> list[str]:
-    """Top-level nodes whose op is stateful: protected from merging and folding.
+    """Top-level nodes whose op is stateful or touches the host (``host_ops``, e.g. a
+    stateless ``ReadFile``): protected from merging and folding.
 
     Example:
         >>> "word_lookup/hash_table" in stateful_nodes(graph_def)
@@ -187,10 +188,13 @@ def stateful_nodes(graph_def) -> list[str]:
     """
     from tensorflow.python.framework import op_def_registry
 
+    from serving_opt.host_ops import host_op_kind
+
     out = []
     for node in graph_def.node:
         op_def = op_def_registry.get(node.op)
-        if node.op in _ALWAYS_PROTECTED_OPS or (op_def is not None and op_def.is_stateful):
+        if node.op in _ALWAYS_PROTECTED_OPS or (op_def is not None and op_def.is_stateful) \
+                or host_op_kind(node) is not None:
             out.append(node.name)
     return out
 
@@ -332,3 +336,119 @@ class ServingGraph:
 
     def serialized_size(self) -> int:
         return self.graph_def.ByteSize()
+
+
+# Ops that reject an input at run time: what a control dependency onto the output path
+# exists for (tf.debugging.assert_*, tf.Assert; TF1 wraps them in an If "AssertGuard").
+ASSERTION_OPS = frozenset({"Assert"})
+_PRINT_OPS = frozenset({"Print", "PrintV2"})
+
+
+def _side_effect(node) -> bool:
+    from serving_opt.host_ops import host_op_kind
+
+    return node.op in ASSERTION_OPS or node.op in _PRINT_OPS or host_op_kind(node) is not None
+
+
+def assertion_guards(graph_def) -> set[str]:
+    """Top-level nodes whose run is observable: ``Assert`` (rejects an input), prints and
+    host ops (``serving_opt.host_ops``), or a call/If/While whose functions hold one.
+
+    Example:
+        >>> assertion_guards(graph_def)
+        {'assert_less_equal/Assert/AssertGuard'}
+    """
+    library = {f.signature.name: f for f in graph_def.library.function}
+    asserting = {name for name, f in library.items()
+                 if any(_side_effect(n) for n in f.node_def)}
+    # A function calling an asserting function asserts too.
+    changed = True
+    while changed:
+        changed = False
+        for name, f in library.items():
+            if name not in asserting and any(c in asserting for n in f.node_def
+                                             for c in called_functions(n)):
+                asserting.add(name)
+                changed = True
+    return {n.name for n in graph_def.node
+            if _side_effect(n) or any(c in asserting for c in called_functions(n))}
+
+
+def guarded_outputs(graph_def, outputs: Iterable[str]) -> dict[str, set[str]]:
+    """Output node -> the assertion guards it waits for (through data or control inputs).
+
+    Example:
+        >>> guarded_outputs(graph_def, ["y"])
+        {'y': {'assert_less_equal/Assert/AssertGuard'}}
+    """
+    guards = assertion_guards(graph_def)
+    if not guards:
+        return {}
+    return {out: reachable_nodes(graph_def, [out]) & guards - {out} for out in outputs}
+
+
+_GUARD_SUFFIX = "/serving_opt_guard"
+
+
+def _waits_for(graph_def, out: str, guard, nodes: dict) -> bool:
+    """Whether running ``out`` runs the assertion in ``guard``. A guard with outputs (an
+    ``If``/call) must be reached through a data edge: a control edge from a lowered
+    ``If`` only waits for the branch's control outputs, which a TF1 AssertGuard has none
+    of (its Assert feeds the branch's output)."""
+    reached = reachable_nodes(graph_def, [out])
+    if guard.name not in reached:
+        return False
+    if not _first_output_type(guard):
+        return True
+    return any(not i.startswith("^") and node_name(i) == guard.name
+               for name in reached for i in nodes[name].input)
+
+
+def _first_output_type(node) -> int:
+    for attr in ("Tout", "output_types"):
+        if attr in node.attr and node.attr[attr].list.type:
+            return node.attr[attr].list.type[0]
+    return 0
+
+
+def reattach_assertions(graph_def, before: dict[str, set[str]]) -> list[str]:
+    """Makes each output wait again for the guards it waited for ``before`` a rewrite.
+
+    Folding and node removal (the Graph Transform Tool's ``remove_nodes`` and
+    ``fold_constants``, Grappler's dependency optimizer) drop or shortcut the control
+    inputs of the nodes they replace, so an assertion that guarded the output path stops
+    running: the original rejects a bad input, the rewritten graph answers it. The guard
+    itself is a stateful node and survives; the output gets a control input from an
+    ``Identity`` of the guard's first output (``<guard>/serving_opt_guard``, which a
+    lowered ``If`` runs its branch for), or from the guard when it has no output.
+    Changes ``graph_def`` in place; returns the names of the nodes now guarding an
+    output (to be protected by later stages).
+
+    Example:
+        >>> reattach_assertions(transformed, guarded_outputs(frozen, ["y"]))
+        ['assert_less_equal/Assert/AssertGuard/serving_opt_guard']
+    """
+    if not before:
+        return []
+    nodes = {n.name: n for n in graph_def.node}
+    added: list[str] = []
+    for out, guards in before.items():
+        node = nodes.get(out)
+        if node is None or node.op in ("Placeholder", "PlaceholderWithDefault"):
+            continue
+        for guard in sorted(guards):
+            if guard not in nodes or _waits_for(graph_def, out, nodes[guard], nodes):
+                continue
+            dtype = _first_output_type(nodes[guard])
+            waiter = guard
+            if dtype:
+                waiter = guard + _GUARD_SUFFIX
+                if waiter not in nodes:
+                    identity = graph_def.node.add(name=waiter, op="Identity")
+                    identity.input.append(f"{guard}:0")
+                    identity.attr["T"].type = dtype
+                    nodes[waiter] = identity
+            if "^" + waiter not in node.input:
+                node.input.append("^" + waiter)
+            added.append(waiter)
+    return list(dict.fromkeys(added))

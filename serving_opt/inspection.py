@@ -25,12 +25,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
+from serving_opt import host_ops, untrusted
 from serving_opt.errors import first_line
 from serving_opt.graph import (
     PROTOBUF_LIMIT_BYTES,
     node_name,
-    reachable_functions,
-    reachable_nodes,
     tensor_info_tensors,
 )
 from serving_opt.report import human_bytes, table
@@ -48,24 +47,14 @@ SEVERITY_ERROR = "error"
 SEVERITY_WARNING = "warning"
 _SEVERITY_ORDER = {SEVERITY_ERROR: 0, SEVERITY_WARNING: 1}
 
-# Ops that run Python: TF Serving does not register them, and where they do exist they run
-# arbitrary code.
-CODE_EXECUTION_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
-# Ops that write files: reachable from a signature, a client request can write to disk.
-FILE_WRITE_OPS = frozenset({
-    "WriteFile", "Save", "SaveV2", "SaveSlices", "MergeV2Checkpoints",
-    "CreateSummaryFileWriter", "DatasetToTFRecord", "SaveDataset", "SaveDatasetV2",
-})
-# Ops that read or map files: reachable from a signature, a request may read server files,
-# and the model depends on files that are not part of the SavedModel.
-FILE_READ_OPS = frozenset({
-    "ReadFile", "MatchingFiles", "ImmutableConst", "Restore", "RestoreV2", "RestoreSlice",
-    "InitializeTableFromTextFile", "InitializeTableFromTextFileV2",
-    "WholeFileReader", "WholeFileReaderV2", "TextLineReader", "TextLineReaderV2",
-    "TFRecordReader", "TFRecordReaderV2", "FixedLengthRecordReader",
-    "FixedLengthRecordReaderV2", "TFRecordDataset", "TFRecordDatasetV2", "TextLineDataset",
-    "FixedLengthRecordDataset", "FixedLengthRecordDatasetV2", "LoadDataset",
-})
+# The ops that touch files or the host, from TF's op registry (serving_opt.host_ops):
+# the same list refuses a model in optimize/validate and rates its risks here.
+CODE_EXECUTION_OPS = frozenset(op for op, kind in host_ops.HOST_OPS.items()
+                               if kind == host_ops.RUNS_CODE)
+FILE_WRITE_OPS = frozenset(op for op, kind in host_ops.HOST_OPS.items()
+                           if kind == host_ops.WRITES_FILES)
+FILE_READ_OPS = frozenset(op for op, kind in host_ops.HOST_OPS.items()
+                          if kind == host_ops.READS_FILES)
 
 Shape = Optional[tuple[int, ...]]
 JsonDict = dict[str, Any]
@@ -535,47 +524,19 @@ def _link_risk(link: loader.UnsafeLink, model_dir: str) -> Risk:
 # -------------------------------------------------------------------------- reachability
 
 
-@dataclass(frozen=True)
-class _ReachedNode:
-    """A node reached from a signature: ``function`` is None for the top-level graph."""
-
-    function: Optional[str]
-    name: str
-    op: str
-
-    @property
-    def label(self) -> str:
-        return f"{self.function}/{self.name}" if self.function else self.name
-
-
-def _reachable(graph_def, start_nodes: Iterable[str]) -> set[_ReachedNode]:
-    """Nodes a run of ``start_nodes`` may execute, following data and control inputs
-    backwards through the graph and into every function called on the way.
-
-    Inside a function every node counts: the function runtime keeps every stateful op of
-    a body even when no output depends on it (PruneFunctionBody), so the whole body is the
-    honest upper bound.
-    """
-    nodes = {node.name: node for node in graph_def.node}
-    top_level = [nodes[name] for name in reachable_nodes(graph_def, start_nodes)]
-    reached = {_ReachedNode(None, node.name, node.op) for node in top_level}
-    functions = reachable_functions(graph_def, top_level)
-    for function in graph_def.library.function:
-        if function.signature.name in functions:
-            reached.update(_ReachedNode(function.signature.name, node.name, node.op)
-                           for node in function.node_def)
-    return reached
-
-
-_OP_RISKS = (
-    (CODE_EXECUTION_OPS, "code_execution_op", SEVERITY_ERROR,
-     "runs Python code: TF Serving does not have the op, and it executes arbitrary code"),
-    (FILE_WRITE_OPS, "file_write_op", SEVERITY_ERROR,
-     "writes files: a request can write to the server's disk"),
-    (FILE_READ_OPS, "file_read_op", SEVERITY_WARNING,
-     "reads files: a request can read server files, and the model depends on files "
-     "outside the SavedModel"),
-)
+_OP_RISKS = {
+    host_ops.RUNS_CODE: ("code_execution_op", SEVERITY_ERROR,
+                         "runs Python code: TF Serving does not have the op, and it executes "
+                         "arbitrary code"),
+    host_ops.WRITES_FILES: ("file_write_op", SEVERITY_ERROR,
+                            "writes files: a request can write to the server's disk"),
+    host_ops.READS_FILES: ("file_read_op", SEVERITY_WARNING,
+                           "reads files: a request can read server files, and the model "
+                           "depends on files outside the SavedModel"),
+    host_ops.TOUCHES_HOST: ("host_op", SEVERITY_ERROR,
+                            "touches the host (network, the process, filesystem "
+                            "configuration): a request acts on the server itself"),
+}
 
 
 def _signature_risks(
@@ -584,7 +545,6 @@ def _signature_risks(
     graph_def = meta_graph.graph_def
     node_names = {node.name for node in graph_def.node}
     risks = []
-    reached_by: dict[_ReachedNode, list[str]] = collections.defaultdict(list)
     for sig in signatures:
         for direction, tensors in (("input", sig.inputs), ("output", sig.outputs)):
             for tensor in tensors:
@@ -598,20 +558,26 @@ def _signature_risks(
                         "signature (re-export the model)",
                         f"{sig.key}/{direction}/{tensor.alias}", tags,
                     ))
-        # Walk from the outputs only: inputs are fed, so nothing upstream of them runs.
-        starts = [node_name(n) for t in sig.outputs for n in t.components]
-        for node in _reachable(graph_def, starts):
-            reached_by[node].append(sig.key)
-    for node, sig_keys in sorted(reached_by.items(), key=lambda kv: kv[0].label):
-        for ops, code, severity, what in _OP_RISKS:
-            if node.op in ops:
-                risks.append(Risk(
-                    code, severity,
-                    f"{node.op} node {node.label!r} is reachable from signature(s) "
-                    f"{', '.join(sorted(sig_keys))}: it {what}",
-                    node.label, tags,
-                ))
+    # The same walk (and exceptions: the loader's saver, asset table initializers) as
+    # the refusal of optimize/validate: from the outputs (inputs are fed, so nothing
+    # upstream of them runs) and the init op, into every function called on the way
+    # (each called function's whole body counts: the runtime keeps its stateful ops).
+    present = [sig.key for sig in signatures if sig.key in meta_graph.signature_def]
+    for use in untrusted.host_op_uses(meta_graph, present):
+        code, severity, what = _OP_RISKS[use.kind]
+        risks.append(Risk(
+            code, severity,
+            f"{use.op} node {use.label!r} is reachable from {_reached_from(use)}: it {what}",
+            use.label, tags,
+        ))
     return risks
+
+
+def _reached_from(use: untrusted.HostOpUse) -> str:
+    keys = sorted(k for k in use.signatures if k != untrusted.INIT_OP)
+    if not keys:
+        return "the init op"
+    return f"signature(s) {', '.join(keys)}"
 
 
 def _init_op_risks(

@@ -77,6 +77,9 @@ class OptimizeOptions:
     cold_start_rounds: int = 1
     regression_tolerance: float = regression_lib.DEFAULT_TOLERANCE
     allow_regression: bool = False  # publish a regression anyway, with a warning
+    # A model whose signatures touch files or the host (serving_opt.host_ops) is refused
+    # before it runs at all, unless the user trusts it (--allow_file_ops).
+    allow_file_ops: bool = False
     # Serve the result over gRPC before publishing (serving-opt validate); None = skip.
     validate: object | None = None  # a serving_opt.serving.validate.ValidateOptions
 
@@ -236,11 +239,30 @@ def read(run: Run) -> Source:
         meta_graph = loader.find_meta_graph(saved_model, plan_.tags, run.input_dir)
         keys = tuple(loader.select_signatures(meta_graph, options.signatures))
         kind = "tf2" if loader.is_tf2(meta_graph) else "tf1"
+        check_untrusted(run, meta_graph, keys)  # before anything runs the model
         source = Source(meta_graph, keys, kind, total_node_count(meta_graph.graph_def),
                         SizeReport.of(run.input_dir))
         stage.nodes = source.nodes
         stage.note = f"{kind} model, signatures: {', '.join(keys)}"
     return source
+
+
+def check_untrusted(run: Run, meta_graph, keys: tuple[str, ...]) -> None:
+    """A SavedModel is code: host ops refuse the run (unless ``--allow_file_ops``), so do
+    the risks ``inspect`` rates ERROR; its warnings go into the report."""
+    from serving_opt import inspection, untrusted
+
+    if not run.options.allow_file_ops:
+        untrusted.refuse_host_ops(meta_graph, keys, "optimize")
+    risks = inspection.inspect_saved_model(run.input_dir, run.plan.tags).risks
+    host_codes = ("code_execution_op", "file_write_op", "file_read_op", "host_op")
+    for risk in risks:
+        # Host ops of the kept signatures were refused above; the others are reported.
+        if risk.severity == inspection.SEVERITY_ERROR and risk.code not in host_codes:
+            raise ServingOptError(f"inspect rates this model an error ({risk.code}): "
+                                  f"{risk.message}; nothing was run",
+                                  "fix the model (serving-opt inspect lists its risks)")
+        run.warn(f"inspect: {risk.code}: {risk.message}")
 
 
 def build_proven_candidate(run: Run) -> str:
@@ -495,6 +517,7 @@ def serve_before_publishing(run: Run, staging: str):
                     os.path.abspath(output_base)),
                 version=version,
                 reference_dir=run.input_dir,
+                allow_file_ops=run.options.allow_file_ops or run.options.validate.allow_file_ops,
             )
             result = validate_lib.validate(hidden_base, opts, progress=run.say)
         finally:

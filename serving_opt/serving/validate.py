@@ -64,6 +64,8 @@ class ValidateOptions:
     request_timeout: float = 30.0
     write_warmup: bool = False
     seed: int = 0
+    # Serve (and run as the reference) a model whose signatures touch files or the host.
+    allow_file_ops: bool = False
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,9 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),
     # file written into assets.extra/, not by the reference run.
     for checked in dict.fromkeys((model_dir, reference_dir)):
         loader.check_model_files(checked)
+    if not options.allow_file_ops:
+        # A SavedModel is code: refused before the reference run or the server runs it.
+        _refuse_host_ops(dict.fromkeys((model_dir, reference_dir)), tags)
     say(f"preparing requests from the reference model {reference_dir}")
     # Reads and checks the served model too: a bad model fails before any server starts.
     probes, served = requests.build_probes(
@@ -204,6 +209,15 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),
                        load_test, warmup_file, server, failures)
     finally:
         server.close()
+
+
+def _refuse_host_ops(model_dirs, tags) -> None:
+    from serving_opt import untrusted
+
+    for model_dir in model_dirs:
+        meta_graph = loader.find_meta_graph(loader.read_saved_model(model_dir), tags, model_dir)
+        untrusted.refuse_host_ops(meta_graph, sorted(loader.serving_signatures(meta_graph)),
+                                  "serve")
 
 
 def _answer_checks(address: str, model_name: str, version: int, served: dict,

@@ -256,6 +256,34 @@ def rewrite_init_op(graph_def, init_op: str,
     return out, kept, dropped
 
 
+def restore_control_inputs(original, frozen) -> int:
+    """Puts back the control inputs TF's converter dropped; returns how many.
+
+    ``convert_variables_to_constants`` rewrites a variable read into an ``Identity`` of
+    the new constant and loses the read's control inputs. Under
+    ``tf.control_dependencies([tf.debugging.assert_*(x)])`` the read is what carries the
+    assertion: dropped, the original rejects a bad input and the frozen model answers it.
+    A control input is put back where its node is still in the frozen graph and is no
+    variable write (those cannot run on a constant). Changes ``frozen`` in place.
+
+    Example:
+        >>> restore_control_inputs(graph_def, frozen_graph_def)
+        1
+    """
+    wanted = {n.name: [i for i in n.input if i.startswith("^")] for n in original.node}
+    frozen_nodes = {n.name: n for n in frozen.node}
+    count = 0
+    for node in frozen.node:
+        have = set(node.input)
+        for control in wanted.get(node.name, ()):
+            source = frozen_nodes.get(node_name(control))
+            if control in have or source is None or source.op in _VARIABLE_WRITE_OPS:
+                continue
+            node.input.append(control)
+            count += 1
+    return count
+
+
 def _asset_defs(meta_graph, saved_model_dir: str) -> tuple:
     from tensorflow.core.protobuf import meta_graph_pb2
 
@@ -459,6 +487,7 @@ def freeze_session_model(
                 f"could not freeze the variables of {saved_model_dir}: {first}",
                 "rerun with --freeze=never to optimize without freezing",
             ) from e
+        restore_control_inputs(graph_def, frozen)
         if large:
             checkpoint.save_values(sess, large, variables_dir)
     finally:

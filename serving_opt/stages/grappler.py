@@ -15,7 +15,14 @@ the Graph Transform Tool and the passes here see the ops instead of calls.
 from __future__ import annotations
 
 from serving_opt.errors import ServingOptError, UsageError, first_line
-from serving_opt.graph import ServingGraph, all_node_defs, function_calls, stateful_nodes
+from serving_opt.graph import (
+    ServingGraph,
+    all_node_defs,
+    function_calls,
+    guarded_outputs,
+    reattach_assertions,
+    stateful_nodes,
+)
 
 # The tfjs converter's choice: safe on inference graphs, and together they undo most
 # of what freezing leaves behind (Identity chains, foldable shape math).
@@ -93,7 +100,11 @@ def run_grappler(
             ) from e
     _require_kept(graph_def, keep, "Grappler removed nodes the model needs",
                   "report this; rerun with --grappler=none meanwhile")
-    return graph.replace(graph_def=graph_def)
+    # The dependency optimizer may drop control edges from assertions: put them back.
+    guards = reattach_assertions(graph_def, guarded_outputs(graph.graph_def,
+                                                            graph.signature_output_nodes()))
+    return graph.replace(graph_def=graph_def, protected_nodes=tuple(dict.fromkeys(
+        graph.protected_nodes + tuple(guards))))
 
 
 def _require_kept(graph_def, keep: list[str], problem: str, fix: str) -> None:

@@ -5,6 +5,14 @@ uses), every kept signature runs on the same inputs, and every output is compare
 integers, booleans and strings exactly; floats element-wise within
 ``atol + rtol * |reference|`` (numpy.isclose semantics, NaN equal to NaN).
 
+Errors are behaviour too. On synthesized inputs an error of the original is a usage
+error (the inputs are wrong, not the model: pass ``--examples``). On the user's own
+inputs (``--examples``) a batch the original rejects (an assertion, a bad shape) is
+expected to be rejected by the candidate as well: answering it fails the gate, as
+does raising where the original answers. Only "raises" is compared, not the message.
+When the original rejects every batch of a signature, the inputs are wrong (a usage
+error again): there would be no answer left to compare.
+
 Defaults: ``atol=1e-5``, ``rtol=1e-4``. Lossless rewrites (batch-norm folding,
 constant folding) move float32 results by about 1e-6 relative; a lossy
 transform such as ``round_weights`` or ``quantize_weights`` fails by orders of
@@ -89,6 +97,20 @@ class ParityReport:
         return asdict(self)
 
 
+def _rejects_inputs(source: str, key: str, error: str) -> ServingOptError:
+    return ServingOptError(
+        f"the original model fails on {source} inputs for signature {key}: {error}",
+        "pass real inputs with --examples (TFRecord of tf.Example or JSON lines)",
+    )
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """The original raised on this (user-provided) batch: the candidate must raise too."""
+
+    error: str
+
+
 def run_signature(session, signature_def, feed_by_alias: dict,
                   output_aliases: Sequence[str] | None = None) -> dict:
     """Runs one signature in a session: feeds and fetches keyed by alias.
@@ -165,12 +187,14 @@ def check_parity(
                 try:
                     runs[key].append((feed, run_signature(ref_sess, ref_sig, feed)))
                 except Exception as e:  # the original itself rejects these inputs
-                    raise ServingOptError(
-                        f"the original model fails on {sig_inputs.source} inputs for "
-                        f"signature {key}: {first_line(e)}",
-                        "pass real inputs with --examples (TFRecord of tf.Example or JSON "
-                        "lines)",
-                    ) from e
+                    if user_inputs is not None:
+                        # The user's batch: a rejection is behaviour the candidate keeps.
+                        runs[key].append((feed, Rejected(first_line(e))))
+                        continue
+                    raise _rejects_inputs(sig_inputs.source, key, first_line(e)) from e
+            if runs[key] and all(isinstance(r, Rejected) for _, r in runs[key]):
+                # Every batch rejected: the inputs are wrong, there is nothing to compare.
+                raise _rejects_inputs(sig_inputs.source, key, runs[key][0][1].error)
         outputs = {key: sorted(ref_mg.signature_def[key].outputs) for key in signature_keys}
     finally:
         ref_sess.close()
@@ -189,12 +213,21 @@ def check_parity(
                 continue
             per_output: dict[str, list] = {a: [] for a in outputs[key]}
             failure = ""
+            rejected = 0
             for feed, expected in runs[key]:
                 try:
                     actual = run_signature(cand_sess, cand_sig, feed)
                 except Exception as e:
+                    if isinstance(expected, Rejected):
+                        rejected += 1
+                        batches_run += 1
+                        continue
                     failure = f"the optimized model fails where the original answers: " \
                               f"{first_line(e)}"
+                    break
+                if isinstance(expected, Rejected):
+                    failure = "the optimized model answers an input the original rejects " \
+                              f"({expected.error})"
                     break
                 batches_run += 1
                 for alias in per_output:
@@ -202,7 +235,12 @@ def check_parity(
             if failure:
                 results.append(OutputParity(key, "*", "", (), 0, 1, 0.0, 0.0, False, failure))
                 continue
+            if rejected:
+                results.append(OutputParity(key, "(errors)", "", (), rejected, 0, 0.0, 0.0,
+                                            True, f"{rejected} input batches rejected by both"))
             for alias, pairs in per_output.items():
+                if not pairs:
+                    continue  # every batch was rejected, by both models
                 results.append(_summarize(key, alias, pairs, atol, rtol))
     finally:
         cand_sess.close()

@@ -21,7 +21,8 @@ import re
 from dataclasses import dataclass
 
 from serving_opt.errors import ServingOptError, UsageError, first_line
-from serving_opt.graph import ServingGraph
+from serving_opt.graph import ServingGraph, guarded_outputs, reattach_assertions
+from serving_opt.host_ops import host_op_kind
 from serving_opt.stages import rewrites
 
 # Transform name -> accepted argument names, as registered in TF's C++ tool
@@ -348,6 +349,9 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
     # The tool accepts only placeholders as feeds, but asset paths are Consts the loader
     # overrides: they become PlaceholderWithDefault around the fetching transforms.
     const_fed = [n for n in fed if node_ops[n] == "Const"]
+    # Ops touching files or the host are never folded, whatever the spec: a ReadFile of
+    # a constant path would otherwise become a constant holding the build host's file.
+    host_op_types = sorted({n.op for n in graph_def.node if host_op_kind(n) is not None})
     for group in _call_groups(transforms):
         if group[0].name == "fold_batch_norms":
             # Needs the constants fold_constants produced, so it runs in between;
@@ -364,7 +368,7 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
             data, originals = _consts_to_placeholders(data, const_fed)
         keep = [n for n in tensor_outputs if not (fetching and n in fed)]
         keep += ([_ANCHOR] if silent else []) + ([] if fetching else silent)
-        spec = " ".join(t.spec() for t in group)
+        spec = " ".join(_never_fold(t, host_op_types).spec() for t in group)
         try:
             data = _pywrap().TransformGraphWithStringInputs(
                 data, ",".join(these_inputs), ",".join(keep), spec)
@@ -380,7 +384,8 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
             for transform in group:
                 try:
                     data = _pywrap().TransformGraphWithStringInputs(
-                        data, ",".join(these_inputs), ",".join(keep), transform.spec())
+                        data, ",".join(these_inputs), ",".join(keep),
+                        _never_fold(transform, host_op_types).spec())
                 except ServingOptError:
                     raise
                 except Exception as single:
@@ -397,7 +402,21 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
     if graph.graph_def.library.function and not result.library.function:
         result.library.CopyFrom(graph.graph_def.library)
     result.versions.CopyFrom(graph.graph_def.versions)
-    return graph.replace(graph_def=result)
+    # remove_nodes and fold_constants drop the control inputs of what they replace: an
+    # assertion on the output path would stop running.
+    guards = reattach_assertions(result, guarded_outputs(graph.graph_def,
+                                                         graph.signature_output_nodes()))
+    return graph.replace(graph_def=result, protected_nodes=tuple(dict.fromkeys(
+        graph.protected_nodes + tuple(guards))))
+
+
+def _never_fold(transform: Transform, op_types: list[str]) -> Transform:
+    """``fold_constants`` with ``exclude_op`` for each op type in ``op_types`` (the tool's
+    own argument, not offered in ``--transforms``: nothing a user writes can lift it)."""
+    if transform.name != "fold_constants" or not op_types:
+        return transform
+    return Transform(transform.name, transform.args + tuple(("exclude_op", op)
+                                                            for op in op_types))
 
 
 def describe(transforms: tuple[Transform, ...]) -> str:

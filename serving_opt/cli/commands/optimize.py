@@ -75,6 +75,11 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_bool("allow_regression", False,
                       "Publish even when the result is slower, bigger in memory or slower to "
                       "load than the original (the report says so).", flag_values=fv)
+    flags.DEFINE_bool("allow_file_ops", False,
+                      "Run a model whose signatures touch files or the host (WriteFile, ReadFile, "
+                      "PyFunc, checkpoint, summary and tf.data file ops, ...; see "
+                      "serving_opt/host_ops.py). Off: such a model is refused before it "
+                      "runs. Only for models you trust: a SavedModel is code.", flag_values=fv)
     flags.DEFINE_string("examples", None,
                         "Inputs for the parity check: TFRecord of tf.Example, or JSON lines "
                         "of {alias: value} requests (default: synthesized).", flag_values=fv)
@@ -138,6 +143,7 @@ def main(fv: flags.FlagValues) -> int:
         cold_start_rounds=fv.cold_start_rounds,
         regression_tolerance=fv.regression_tolerance,
         allow_regression=fv.allow_regression,
+        allow_file_ops=fv.allow_file_ops,
     )
     if fv.write_warmup and not fv.validate:
         raise UsageError("--write_warmup needs --validate",
@@ -150,7 +156,7 @@ def main(fv: flags.FlagValues) -> int:
         validate_options = ValidateOptions(
             server=fv.server, examples=fv.examples, saved_model_tags=fv.saved_model_tags,
             concurrency=fv.concurrency, duration=fv.duration, atol=fv.atol, rtol=fv.rtol,
-            write_warmup=fv.write_warmup,
+            write_warmup=fv.write_warmup, allow_file_ops=fv.allow_file_ops,
         )
         if fv.image:
             validate_options = dataclasses.replace(validate_options, image=fv.image)

@@ -51,6 +51,11 @@ def define_flags(fv: flags.FlagValues) -> None:
                        flag_values=fv)
     flags.DEFINE_float("atol", 1e-5, "Absolute tolerance for float outputs.", flag_values=fv)
     flags.DEFINE_float("rtol", 1e-4, "Relative tolerance for float outputs.", flag_values=fv)
+    flags.DEFINE_bool("allow_file_ops", False,
+                      "Run a model whose signatures touch files or the host (WriteFile, ReadFile, "
+                      "PyFunc, checkpoint, summary and tf.data file ops, ...; see "
+                      "serving_opt/host_ops.py). Off: such a model is refused before it "
+                      "runs. Only for models you trust: a SavedModel is code.", flag_values=fv)
     flags.DEFINE_bool("write_warmup", False,
                       "Write the validation requests to assets.extra/tf_serving_warmup_requests "
                       "of the validated version (replayed by the server at load).",
@@ -71,7 +76,7 @@ def main(fv: flags.FlagValues) -> int:
         server=fv.server, image=fv.image, examples=fv.examples,
         saved_model_tags=fv.saved_model_tags, concurrency=fv.concurrency,
         duration=fv.duration, load_deadline=fv.load_deadline, atol=fv.atol, rtol=fv.rtol,
-        write_warmup=fv.write_warmup,
+        write_warmup=fv.write_warmup, allow_file_ops=fv.allow_file_ops,
     )
     result = validate(fv.model_base, options,
                       progress=lambda m: print(m, file=sys.stderr, flush=True))
