@@ -252,6 +252,23 @@ def test_stale_dirs_are_removed_only_when_their_owner_is_gone(tmp_path):
     assert not os.path.exists(staging_lib.owner_path(mine))
 
 
+def test_a_record_without_its_directory_is_swept_once_its_owner_is_gone(tmp_path):
+    # Killed between writing the record and making the directory (make_claimed_dir).
+    base = str(tmp_path)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    orphan = os.path.join(base, f"{PREFIX}7-x")
+    staging_lib.claim(orphan, staging_lib.owner_record(dead.pid))
+    live = os.path.join(base, f"{PREFIX}7-y")
+    staging_lib.claim(live)
+    empty = os.path.join(base, f"{PREFIX}7-z{staging_lib.OWNER_SUFFIX}")
+    open(empty, "w").close()  # killed before the record was written
+
+    assert staging_lib.remove_stale(base) == []
+
+    assert sorted(os.listdir(base)) == [os.path.basename(live) + staging_lib.OWNER_SUFFIX]
+
+
 def tempfile_dir(base: str, prefix: str) -> str:
     import tempfile
 

@@ -112,11 +112,22 @@ def make_claimed_dir(base: str, prefix: str) -> str:
         '/models/clf/.serving-opt-staging-validate-k2j4x'
     """
     os.makedirs(base, exist_ok=True)
-    directory = tempfile.mkdtemp(prefix=prefix, dir=base)
-    # mkdtemp makes it 0700; a server running as another user (Docker) must read it.
-    os.chmod(directory, 0o755)
-    claim(directory)
-    return directory
+    # The record first, the directory second: killed in between leaves a record without
+    # a directory (swept below), never an unclaimed directory.
+    for _ in range(100):
+        fd, record = tempfile.mkstemp(prefix=prefix, suffix=OWNER_SUFFIX, dir=base)
+        with os.fdopen(fd, "w") as f:
+            json.dump(owner_record(), f)
+        directory = record[:-len(OWNER_SUFFIX)]
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            os.remove(record)
+            continue
+        # A server running as another user (Docker) must read it.
+        os.chmod(directory, 0o755)
+        return directory
+    raise FileExistsError(f"no free name {prefix}* in {base}")
 
 
 def owner_alive(record: dict) -> bool:
