@@ -9,9 +9,11 @@ directories whose owner process no longer exists, and never those of a live run
 (another ``optimize`` working on the same base right now).
 
 The record sits beside the directory rather than inside it, so the directory renamed to
-``<base>/<version>`` holds exactly the SavedModel. A directory without a record (made by
-an older serving-opt, or a run killed in the instant between creating and claiming it)
-is removed only once it is :data:`UNCLAIMED_MAX_AGE_SECONDS` old.
+``<base>/<version>`` holds exactly the SavedModel. The record is written before the
+directory is made, so a killed run never leaves an unclaimed directory; one without a
+record (made by an older serving-opt) is removed only once it is
+:data:`UNCLAIMED_MAX_AGE_SECONDS` old. A version moved aside by ``--overwrite``
+(``.serving-opt-staging-old-*``) is never removed here.
 
 Example:
     >>> d = make_claimed_dir("/models/clf", ".serving-opt-staging-3-")
