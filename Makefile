@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 
 .PHONY: demo bench test venv lint pytest pytest-bazel bazel-setup bazel-test clean
 
@@ -31,8 +32,14 @@ demo: $(STAMP)
 	  --report=build/report/optimize.json
 	@echo; echo "JSON report: build/report/optimize.json (marker: build/report/VALIDATED)"
 
-# Before/after size, load time and latency of the sample models, side by side (slow).
-bench: $(STAMP)
+# The bench's extra (matplotlib, for its chart), on top of the dev install.
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,bench]'
+	@touch $(BENCH_STAMP)
+
+# Original vs lossless, int8, fp16 and GTT quantize_weights on the text classifier, wide &
+# deep and MobileNetV2, side by side (slow): build/bench/quantize.md and quantize.png.
+bench: $(BENCH_STAMP)
 	$(PY) benchmarks/compare.py
 
 lint: $(STAMP)

@@ -9,6 +9,7 @@ Usage:
     python -m serving_opt.samples --kind=classifier --output_dir=build/sample/1
     python -m serving_opt.samples --kind=text_classifier --output_dir=build/big/1 \
         --vocab_size=1000000 --embedding_dim=256   # ~2 GB, see build_text_classifier
+    python -m serving_opt.samples --kind=wide_deep --output_dir=build/wide_deep/1
 """
 
 from __future__ import annotations
@@ -24,11 +25,16 @@ VOCABULARY = ("apple", "banana", "cherry", "date", "elderberry", "fig", "grape",
 CLASS_NAMES = ("negative", "neutral", "positive")
 
 _KINDS = ("classifier", "multihead", "regressor", "convnet", "keras", "mobilenet_v2",
-          "resnet50", "text_classifier")
+          "resnet50", "text_classifier", "wide_deep")
 
 TEXT_CLASS_NAMES = tuple(f"topic_{i:02d}" for i in range(20))
 TEXT_OOV_BUCKETS = 100
 ADAGRAD_INITIAL_ACCUMULATOR = 0.1
+
+WIDE_DEEP_COUNTRIES = ("us", "gb", "de", "fr", "in", "br", "jp", "mx", "ca", "au")
+WIDE_DEEP_DEVICES = ("android", "ios", "web", "tv")
+WIDE_DEEP_OOV_BUCKETS = 10
+WIDE_DEEP_USER_BUCKETS = 100_000
 
 
 def _tf():
@@ -88,13 +94,18 @@ def _parsed_features(scratch: str):
     return serialized, v1.feature_column.input_layer(features, columns)
 
 
-def _save_with_tables(graph, export_dir: str, signatures: dict) -> None:
-    """Saves with Estimator's init op: local variables and tables initialized at load."""
+def _save_with_tables(graph, export_dir: str, signatures: dict, trained=()) -> None:
+    """Saves with Estimator's init op: local variables and tables initialized at load.
+
+    ``trained``: ops run after the variables' initializers (values "training" gave).
+    """
     v1 = _tf().compat.v1
     with graph.as_default():
         main_op = _tf().group(v1.local_variables_initializer(), v1.tables_initializer())
         with v1.Session(graph=graph) as sess:
             sess.run(v1.global_variables_initializer())
+            if trained:
+                sess.run(list(trained))
             _save_tf1(sess, export_dir, signatures, main_op)
 
 
@@ -249,15 +260,21 @@ def build_text_classifier(export_dir: str, seed: int = 0, vocab_size: int = 2000
             fc.categorical_column_with_vocabulary_file(
                 "text", vocab_path, vocabulary_size=vocab_size,
                 num_oov_buckets=TEXT_OOV_BUCKETS),
-            dimension=embedding_dim, combiner="mean")
+            dimension=embedding_dim, combiner="mean",
+            # Trained embeddings are far from their initial 1/sqrt(dim) scale; at it, every
+            # answer would be a near-uniform tie and say nothing about top-1 agreement.
+            initializer=v1.truncated_normal_initializer(stddev=1.0, seed=seed))
         with v1.variable_scope("dnn"):
             with v1.variable_scope("input_from_feature_columns"):
                 net = v1.feature_column.input_layer({"text": words}, [text_column])
             for i, units in enumerate((256, 128)):  # Glorot, as DNNClassifier's layers
                 net = tf.nn.relu(_dense(net, units, f"hiddenlayer_{i}", seed + 10 * i,
                                         v1.glorot_uniform_initializer(seed + 10 * i)))
+            # Logits of a trained classifier are large (confident answers); Glorot's would
+            # make every answer a near tie. 100x the variance: ~10x the logits.
             logits = _dense(net, len(TEXT_CLASS_NAMES), "logits", seed + 50,
-                            v1.glorot_uniform_initializer(seed + 50))
+                            v1.variance_scaling_initializer(100.0, "fan_avg", "uniform",
+                                                            seed=seed + 50))
         logits = tf.identity(logits, name="logits")
         probabilities = tf.nn.softmax(logits, name="probabilities")
         class_ids = tf.expand_dims(tf.argmax(logits, axis=1), -1, name="class_ids")
@@ -291,6 +308,112 @@ def _training_leftovers(embedding_slots: bool, global_step: int = 250_000) -> No
         v1.get_variable(  # Fill in the init graph, no constant of the table's size
             f"{var.op.name}/Adagrad", var.shape, var.dtype.base_dtype,
             initializer=v1.constant_initializer(ADAGRAD_INITIAL_ACCUMULATOR), trainable=False)
+
+
+def wide_deep_vocabulary(vocab_size: int) -> list[str]:
+    """The wide & deep model's item vocabulary: ``item0`` .. ``item<vocab_size - 1>``."""
+    return [f"item{i}" for i in range(vocab_size)]
+
+
+def _wide_deep_columns(vocab_path: str, vocab_size: int, embedding_dim: int, seed: int):
+    """(wide columns, deep columns), as a DNNLinearCombinedClassifier is given them."""
+    tf = _tf()
+    fc = tf.feature_column
+    item = fc.categorical_column_with_vocabulary_file(
+        "item_id", vocab_path, vocabulary_size=vocab_size,
+        num_oov_buckets=WIDE_DEEP_OOV_BUCKETS)
+    user = fc.categorical_column_with_hash_bucket("user_id", WIDE_DEEP_USER_BUCKETS)
+    country = fc.categorical_column_with_vocabulary_list("country", WIDE_DEEP_COUNTRIES,
+                                                         num_oov_buckets=1)
+    device = fc.categorical_column_with_vocabulary_list("device", WIDE_DEEP_DEVICES,
+                                                        num_oov_buckets=1)
+    wide = [item, user, country, device,
+            fc.crossed_column(["country", "device"], hash_bucket_size=1000),
+            fc.crossed_column(["user_id", "device"], hash_bucket_size=10_000)]
+    deep = [
+        # Trained embeddings are far from their initial 1/sqrt(dim) scale (see
+        # build_text_classifier): at it, the answers would be near ties.
+        fc.embedding_column(item, dimension=embedding_dim, combiner="mean",
+                            initializer=tf.compat.v1.truncated_normal_initializer(
+                                stddev=1.0, seed=seed)),
+        fc.indicator_column(country),
+        fc.indicator_column(device),
+        fc.numeric_column("age", normalizer_fn=lambda x: (x - 45.0) / 15.0),
+        fc.numeric_column("price", normalizer_fn=lambda x: tf.math.log1p(x) - 3.0),
+    ]
+    return wide, deep
+
+
+def build_wide_deep(export_dir: str, seed: int = 0, vocab_size: int = 100_000,
+                    embedding_dim: int = 32) -> str:
+    """Writes an Estimator-like wide & deep binary classifier SavedModel.
+
+    What ``DNNLinearCombinedClassifier`` exports, built with ``tf.compat.v1``: serialized
+    tf.Examples with ``item_id`` (string, vocabulary-file table of ``vocab_size`` items
+    ``item0``, ``item1``, ... plus 10 OOV buckets, asset ``vocab.txt``), ``user_id``
+    (string, hashed into 100,000 buckets), ``country`` and ``device`` (vocabulary lists),
+    ``age`` and ``price`` (floats). The **wide** part is a linear model
+    (``linear_model``) over the categorical columns and two hashed crosses (country x
+    device, user x device); the **deep** part embeds ``item_id`` (``embedding_column``,
+    ``vocab_size x embedding_dim``: 12.8 MB at the defaults, read through ResourceGather),
+    one-hot country and device and the numeric features into a 128-64 ReLU DNN. Their
+    logits are summed; a logistic head gives ``probabilities`` [batch, 2].
+
+    Weights look trained (linear weights non-zero, confident logits), so top-1 agreement
+    of a quantized copy means something. Signatures as the Estimator exports a binary
+    classifier: ``serving_default`` and ``classification`` (classify: ``classes``
+    "0"/"1" and ``scores``), ``regression`` (regress: P(class 1)), ``predict``
+    (``logits``, ``logistic``, ``probabilities``, ``class_ids``, ``classes``).
+
+    Example:
+        >>> build_wide_deep("/tmp/models/wide_deep/1", vocab_size=5000, embedding_dim=16)
+        '/tmp/models/wide_deep/1'
+    """
+    tf = _tf()
+    v1 = tf.compat.v1
+    sigs = v1.saved_model.signature_def_utils
+    with tf.Graph().as_default() as graph, tempfile.TemporaryDirectory() as scratch:
+        v1.set_random_seed(seed)
+        vocab_path = _write_vocabulary(scratch, wide_deep_vocabulary(vocab_size))
+        wide, deep = _wide_deep_columns(vocab_path, vocab_size, embedding_dim, seed)
+        serialized = v1.placeholder(tf.string, [None], name="input_example_tensor")
+        features = v1.io.parse_example(
+            serialized, tf.feature_column.make_parse_example_spec(wide + deep))
+        with v1.variable_scope("dnn"):
+            with v1.variable_scope("input_from_feature_columns"):
+                net = v1.feature_column.input_layer(features, deep)
+            for i, units in enumerate((128, 64)):
+                net = tf.nn.relu(_dense(net, units, f"hiddenlayer_{i}", seed + 10 * i,
+                                        v1.glorot_uniform_initializer(seed + 10 * i)))
+            # Confident logits, as a trained model's (see build_text_classifier).
+            dnn_logits = _dense(net, 1, "logits", seed + 50,
+                                v1.variance_scaling_initializer(100.0, "fan_avg", "uniform",
+                                                                seed=seed + 50))
+        with v1.variable_scope("linear"):
+            linear_logits = v1.feature_column.linear_model(features, wide, units=1)
+        # linear_model starts its weights at zero; training moves them.
+        linear_vars = v1.get_collection(v1.GraphKeys.GLOBAL_VARIABLES, scope="linear")
+        trained = [v.assign(v1.random_normal(v.shape, stddev=0.5, seed=seed + 100 + i))
+                   for i, v in enumerate(linear_vars)]
+        logits = tf.add(dnn_logits, linear_logits, name="logits")
+        logistic = tf.sigmoid(logits, name="logistic")
+        probabilities = tf.concat([1.0 - logistic, logistic], axis=1, name="probabilities")
+        class_ids = tf.cast(logits > 0.0, tf.int64, name="class_ids")  # [batch, 1]
+        classes = tf.strings.as_string(class_ids, name="classes")
+        all_classes = tf.tile(tf.constant([["0", "1"]]), tf.stack([tf.shape(logits)[0], 1]),
+                              name="all_classes")
+        classify = sigs.classification_signature_def(serialized, all_classes, probabilities)
+        regress = sigs.regression_signature_def(serialized, logistic)
+        predict = sigs.predict_signature_def(
+            {"examples": serialized},
+            {"logits": logits, "logistic": logistic, "probabilities": probabilities,
+             "class_ids": class_ids, "classes": classes},
+        )
+        _training_leftovers(embedding_slots=False)
+        _save_with_tables(graph, export_dir, {
+            "serving_default": classify, "classification": classify, "regression": regress,
+            "predict": predict}, trained=trained)
+    return export_dir
 
 
 def build_regressor(export_dir: str, seed: int = 0) -> str:
@@ -420,6 +543,7 @@ _BUILDERS = {
         "mobilenet_v2", export_dir, seed),
     "resnet50": lambda export_dir, seed=0: build_keras_application("resnet50", export_dir, seed),
     "text_classifier": build_text_classifier,
+    "wide_deep": build_wide_deep,
 }
 
 
@@ -427,7 +551,8 @@ def build(kind: str, export_dir: str, seed: int = 0, **options) -> str:
     """Builds the sample model ``kind`` (one of ``_KINDS``).
 
     ``options`` go to the builder: ``vocab_size``, ``embedding_dim`` and
-    ``optimizer_slots`` for text_classifier.
+    ``optimizer_slots`` for text_classifier; ``vocab_size`` and ``embedding_dim`` for
+    wide_deep.
 
     Example:
         >>> build("regressor", "/tmp/models/reg/1")
@@ -490,6 +615,41 @@ def text_examples(count: int = 8, seed: int = 0, vocab_size: int = 20000) -> lis
     return out
 
 
+def wide_deep_examples(count: int = 8, seed: int = 0, vocab_size: int = 100_000) -> list[bytes]:
+    """Serialized tf.Examples for wide_deep: items mostly of its vocabulary (5% out of
+    it), hashed users, countries and devices (a few unknown), ages and prices.
+
+    Example:
+        >>> len(wide_deep_examples(4))
+        4
+    """
+    tf = _tf()
+    rng = np.random.default_rng(seed)
+    countries = list(WIDE_DEEP_COUNTRIES) + ["zz"]
+    devices = list(WIDE_DEEP_DEVICES) + ["fridge"]
+
+    def strings(value: str):
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
+
+    def floats(value: float):
+        return tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
+
+    out = []
+    for _ in range(count):
+        item = int(rng.integers(vocab_size))
+        feature = {
+            "item_id": strings(f"item{item}" if rng.random() < 0.95 else f"new{item}"),
+            "user_id": strings(f"user{rng.integers(1_000_000)}"),
+            "country": strings(str(rng.choice(countries, p=[0.098] * 10 + [0.02]))),
+            "device": strings(str(rng.choice(devices, p=[0.245] * 4 + [0.02]))),
+            "age": floats(float(rng.uniform(18, 80))),
+            "price": floats(float(rng.lognormal(3.0, 1.0))),
+        }
+        example = tf.train.Example(features=tf.train.Features(feature=feature))
+        out.append(example.SerializeToString())
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
@@ -507,16 +667,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab_size", type=int, default=None,
-                        help="text_classifier only: words in vocab.txt (default 20000)")
+                        help="text_classifier and wide_deep: words (items) in vocab.txt "
+                             "(default 20000, wide_deep 100000)")
     parser.add_argument("--embedding_dim", type=int, default=None,
-                        help="text_classifier only: embedding width (default 64)")
+                        help="text_classifier and wide_deep: embedding width "
+                             "(default 64, wide_deep 32)")
     parser.add_argument("--nooptimizer_slots", dest="optimizer_slots", action="store_false",
                         help="text_classifier only: no Adagrad slot for the embedding "
                              "(halves the export at full size)")
     args = parser.parse_args(argv)
     options = {}
-    if args.kind == "text_classifier":
-        options = {"optimizer_slots": args.optimizer_slots}
+    if args.kind in ("text_classifier", "wide_deep"):
+        if args.kind == "text_classifier":
+            options = {"optimizer_slots": args.optimizer_slots}
+        elif not args.optimizer_slots:
+            parser.error("--nooptimizer_slots applies to --kind=text_classifier only")
         if args.vocab_size is not None:
             options["vocab_size"] = args.vocab_size
         if args.embedding_dim is not None:
@@ -524,7 +689,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.vocab_size is not None or args.embedding_dim is not None \
             or not args.optimizer_slots:
         parser.error("--vocab_size, --embedding_dim and --nooptimizer_slots apply to "
-                     "--kind=text_classifier only")
+                     "--kind=text_classifier and wide_deep only")
     if os.path.exists(os.path.join(args.output_dir, "saved_model.pb")):
         print(f"{args.output_dir} already holds a SavedModel; leaving it as it is")
         return 0
