@@ -60,6 +60,11 @@ def _serving_saved_model_impl(ctx):
     args.add("--freeze=" + ctx.attr.freeze)
     args.add("--atol=" + ctx.attr.atol)
     args.add("--rtol=" + ctx.attr.rtol)
+    args.add("--quantize=" + ctx.attr.quantize)
+    args.add("--quantize_min_elements=%d" % ctx.attr.quantize_min_elements)
+    args.add("--freeze_max_bytes=%d" % ctx.attr.freeze_max_bytes)
+    if not ctx.attr.cold_start:
+        args.add("--nocold_start")
     inputs = list(ctx.files.srcs)
     if ctx.file.examples:
         args.add("--examples=" + ctx.file.examples.path)
@@ -123,6 +128,21 @@ The `<name>.report.json` optimize report is in output group `report`.
         "freeze": attr.string(default = "auto", values = ["auto", "always", "never"]),
         "atol": attr.string(default = "1e-5", doc = "Parity gate: absolute tolerance."),
         "rtol": attr.string(default = "1e-4", doc = "Parity gate: relative tolerance."),
+        "quantize": attr.string(
+            default = "none",
+            values = ["none", "int8", "fp16"],
+            doc = "Store large weights as int8 or fp16 (lossy; the lossy gate decides).",
+        ),
+        "quantize_min_elements": attr.int(default = 16384),
+        "freeze_max_bytes": attr.int(
+            default = 10485760,
+            doc = "Variables larger than this stay variables, in a new checkpoint.",
+        ),
+        "cold_start": attr.bool(
+            default = True,
+            doc = "Refuse a result that loads slower, answers its first request slower " +
+                  "or needs more memory than the original (fresh-process measurement).",
+        ),
         "examples": attr.label(
             allow_single_file = True,
             doc = "Parity inputs: TFRecord of tf.Example or JSON lines (default: synthesized).",

@@ -33,6 +33,7 @@ from serving_opt.stages import checkpoint, coldstart, loader, parity, rewrites, 
 from serving_opt.stages import freeze as freeze_lib
 from serving_opt.stages import grappler as grappler_lib
 from serving_opt.stages import inputs as inputs_lib
+from serving_opt.stages import quantize as quantize_lib
 from serving_opt.stages import regression as regression_lib
 from serving_opt.stages import staging as staging_lib
 from serving_opt.stages import transforms as transforms_lib
@@ -80,6 +81,13 @@ class OptimizeOptions:
     # A model whose signatures touch files or the host (serving_opt.host_ops) is refused
     # before it runs at all, unless the user trusts it (--allow_file_ops).
     allow_file_ops: bool = False
+    # Lossy, opt-in: weights stored as int8 (per row / per channel scales) or fp16.
+    quantize: str = "none"
+    quantize_min_elements: int = quantize_lib.DEFAULT_MIN_ELEMENTS
+    # The lossy gate (quantize != none): classifiers' top-1 must agree this often, and
+    # probabilities/scores move at most this much; other float outputs are reported.
+    min_top1_agreement: float = parity.DEFAULT_MIN_TOP1_AGREEMENT
+    max_probability_error: float = parity.DEFAULT_MAX_PROBABILITY_ERROR
     # Serve the result over gRPC before publishing (serving-opt validate); None = skip.
     validate: object | None = None  # a serving_opt.serving.validate.ValidateOptions
 
@@ -138,6 +146,15 @@ def check_options(options: OptimizeOptions) -> None:
     if options.freeze_max_bytes < 0:
         raise UsageError("--freeze_max_bytes must be >= 0",
                          "e.g. --freeze_max_bytes=10485760 (0 keeps every variable)")
+    if options.quantize not in quantize_lib.MODES:
+        raise UsageError(f"--quantize={options.quantize} is not one of "
+                         f"{', '.join(quantize_lib.MODES)}", "use --quantize=int8 or fp16")
+    if options.quantize_min_elements < 0:
+        raise UsageError("--quantize_min_elements must be >= 0", "e.g. 16384")
+    if not 0.0 <= options.min_top1_agreement <= 1.0:
+        raise UsageError("--min_top1_agreement must be within [0, 1]", "e.g. 0.995")
+    if not 0.0 <= options.max_probability_error <= 1.0:
+        raise UsageError("--max_probability_error must be within [0, 1]", "e.g. 0.02")
     if options.cold_start_rounds < 1:
         raise UsageError("--cold_start_rounds must be >= 1", "e.g. --cold_start_rounds=3")
     if not options.regression_tolerance >= 1.0:  # also refuses nan
@@ -318,8 +335,8 @@ def build_candidate(run: Run) -> str:
     except UsageError:
         raise
     except Exception as e:  # noqa: BLE001 - auto must never crash on a freezing failure
-        if isinstance(e, ParityError) and run.plan.lossy:
-            raise
+        if isinstance(e, ParityError) and (run.plan.lossy or run.options.quantize != "none"):
+            raise  # the lossy work's verdict, not freezing's
         reason = first_line(e)
         if mode == "always":
             if isinstance(e, ServingOptError):
@@ -344,6 +361,8 @@ def _candidate(run: Run, frozen: bool, note: str = "") -> str:
     graph = rewrite(run, graph)
     if frozen and run.options.max_constant_bytes is not None:
         graph = externalize(run, graph)
+    if run.options.quantize != "none":
+        graph = quantize(run, graph)
     staging = write(run, graph)
     try:
         prove(run, graph, staging)
@@ -453,6 +472,25 @@ def externalize(run: Run, graph: ServingGraph) -> ServingGraph:
     return graph
 
 
+def quantize(run: Run, graph: ServingGraph) -> ServingGraph:
+    """Stage 5c (``--quantize``): large float weights stored as int8 or fp16."""
+    mode = run.options.quantize
+    with run.stage("quantize", f"quantizing weights ({mode})", step="-") as stage:
+        scratch = writer.make_staging_dir(run.output_base, run.plan.version)
+        run.scratch_dirs.append(scratch)
+        graph, done = quantize_lib.quantize(graph, mode, run.options.quantize_min_elements,
+                                            scratch)
+        run.graph = graph
+        run.kept_variables = graph.kept_variables
+        run.quantized = tuple(done)
+        stage.done(graph, f"{len(done)} tensors ({sum(q.bytes_before for q in done)} -> "
+                   f"{sum(q.bytes_after for q in done)} bytes)")
+    if not done:
+        run.warn(f"--quantize={mode}: no weight of this model was large enough or reachable "
+                 "as a variable (freezing off?)")
+    return graph
+
+
 def write(run: Run, graph: ServingGraph) -> str:
     """Stage 6: the SavedModel, in a hidden staging directory of the model base."""
     with run.stage("write", "writing the SavedModel") as stage:
@@ -470,12 +508,18 @@ def write(run: Run, graph: ServingGraph) -> str:
 def prove(run: Run, graph: ServingGraph, staging: str) -> None:
     """Stage 7: the parity gate on every signature, then the TF2 loader's structure check."""
     options, plan_, keys = run.options, run.plan, run.source.keys
+    batch_size, batches = options.parity_batch_size, options.parity_batches
+    lossy = options.quantize != "none"
+    if lossy:
+        # An agreement rate is a proportion: 32 rows cannot tell 99.5% from 97%.
+        batch_size, batches = max(batch_size, 64), max(batches, 8)
     with run.stage("parity", f"parity gate on {len(keys)} signature(s)") as stage:
         report = parity.check_parity(
             run.input_dir, staging, plan_.tags, keys,
             user_inputs=plan_.user_inputs, atol=options.atol, rtol=options.rtol,
-            batch_size=options.parity_batch_size, num_batches=options.parity_batches,
-            seed=options.seed,
+            batch_size=batch_size, num_batches=batches, seed=options.seed,
+            lossy=parity.LossyGate(options.min_top1_agreement, options.max_probability_error)
+            if lossy else None,
         )
         run.parity = report
         stage.done(graph, report.summary())

@@ -151,13 +151,22 @@ def format_optimize_report(report) -> str:
         p = report.parity
         out.append(f"parity (atol={p.atol:g}, rtol={p.rtol:g}, {p.batches_run} batches; "
                    f"inputs: {', '.join(sorted(set(p.input_sources.values()))) or '-'})")
+        lossy = any(getattr(o, "agreement", None) is not None for o in p.outputs)
         out.append(table(
             ["signature", "output", "dtype", "elements", "mismatches", "max abs diff",
-             "max rel diff", "ok"],
+             "max rel diff"] + (["top-1 agreement"] if lossy else []) + ["ok"],
             [[o.signature, o.output, o.dtype, o.elements, o.mismatches, f"{o.max_abs_diff:.3g}",
-              f"{o.max_rel_diff:.3g}", "yes" if o.ok else f"NO {o.detail}".strip()]
+              f"{o.max_rel_diff:.3g}"]
+             + ([f"{o.agreement:.4f}" if o.agreement is not None else "-"] if lossy else [])
+             + [("yes " + o.detail).strip() if o.ok else f"NO {o.detail}".strip()]
              for o in p.outputs],
         ))
+    quantized = getattr(report, "quantized", ())
+    if quantized:
+        out.append("")
+        out.append(table(["quantized weight", "as", "dequantized", "before", "after"],
+                         [[q.name, q.mode, q.dequantized, human_bytes(q.bytes_before),
+                           human_bytes(q.bytes_after)] for q in quantized]))
     cold = getattr(report, "cold_start", None)
     if cold is not None:
         b, a = cold.before, cold.after

@@ -103,6 +103,8 @@ class OptimizeReport:
     cold_start: object | None = None
     # Large variables kept as variables, each with the reason (checkpoint.KeptVariable).
     variables_kept: tuple = ()
+    # Weights stored quantized, and where they are turned back into float.
+    quantized: tuple = ()
     warnings: tuple[str, ...] = field(default_factory=tuple)
     validation: object | None = None  # a serving_opt.serving.validate.ValidationReport
 
@@ -124,7 +126,7 @@ class _Stage:
 
 # What one attempt at the candidate sets, undone when the attempt fails.
 _ATTEMPT_FIELDS = ("graph", "frozen", "freeze_note", "parity", "size_after", "cold_start",
-                   "benchmark", "kept_variables")
+                   "benchmark", "kept_variables", "quantized")
 
 
 class Run:
@@ -159,6 +161,7 @@ class Run:
         self.freeze_note = ""
         self.parity = None
         self.size_after = None
+        self.quantized: tuple = ()  # stages.quantize.QuantizedTensor
         self.kept_variables: tuple = ()  # checkpoint.KeptVariable: large ones not frozen
         self.scratch_dirs: list[str] = []  # removed when the run ends, however it ends
         self.validation = None
@@ -245,6 +248,7 @@ class Run:
             benchmark=self.benchmark,
             cold_start=self.cold_start,
             variables_kept=tuple(self.kept_variables),
+            quantized=tuple(self.quantized),
             warnings=tuple(self.warnings),
             validation=self.validation,
         )

@@ -45,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--examples")
     p.add_argument("--atol", type=float, default=1e-5)
     p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--quantize", default="none", choices=("none", "int8", "fp16"))
+    p.add_argument("--quantize_min_elements", type=int, default=16384)
+    p.add_argument("--freeze_max_bytes", type=int, default=10 * 2**20)
+    p.add_argument("--nocold_start", dest="cold_start", action="store_false")
     p.add_argument("--verbosity", type=int, default=0,
                    help="1: stage progress, TensorFlow's logs and tracebacks")
     p.add_argument("srcs", nargs="*", help="the model's files, all under --input_dir")
@@ -109,6 +113,10 @@ def build(args: argparse.Namespace) -> None:
         examples=args.examples,
         atol=args.atol,
         rtol=args.rtol,
+        quantize=args.quantize,
+        quantize_min_elements=args.quantize_min_elements,
+        freeze_max_bytes=args.freeze_max_bytes,
+        cold_start=args.cold_start,
         benchmark_runs=0,  # a build step: timing on a busy build machine means nothing
     )
     progress = (lambda m: print(m, file=sys.stderr, flush=True)) if args.verbosity > 0 else None

@@ -34,6 +34,28 @@ from serving_opt.stages import loader
 
 DEFAULT_ATOL = 1e-5
 DEFAULT_RTOL = 1e-4
+# The lossy gate (--quantize): int8 moves a probability by ~1e-3 on real classifiers;
+# 0.02 leaves room for that and still catches a broken table. Top-1 may flip on near
+# ties only: 99.5% of rows must keep their class.
+DEFAULT_MIN_TOP1_AGREEMENT = 0.995
+DEFAULT_MAX_PROBABILITY_ERROR = 0.02
+# Outputs a classifier's answer is read from: gated on top-1 agreement and max error.
+PROBABILITY_OUTPUTS = frozenset({"probabilities", "scores", "probs", "predictions"})
+
+
+@dataclass(frozen=True)
+class LossyGate:
+    """What "same answers" means for lossy work (quantized weights).
+
+    Probabilities/scores outputs: the row's top-1 class must agree in at least
+    ``min_top1_agreement`` of the rows, and no value may move more than
+    ``max_probability_error``. Integer and string outputs (class ids, class names):
+    at least ``min_top1_agreement`` of the elements equal. Other float outputs
+    (logits, embeddings) are reported, not gated.
+    """
+
+    min_top1_agreement: float = DEFAULT_MIN_TOP1_AGREEMENT
+    max_probability_error: float = DEFAULT_MAX_PROBABILITY_ERROR
 
 
 @dataclass(frozen=True)
@@ -50,6 +72,9 @@ class OutputParity:
     max_rel_diff: float
     ok: bool
     detail: str = ""
+    # Lossy gate only: fraction of rows whose top-1 class (or elements, for ints and
+    # strings) agree with the original.
+    agreement: float | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +188,7 @@ def check_parity(
     batch_size: int = 16,
     num_batches: int = 2,
     seed: int = 0,
+    lossy: LossyGate | None = None,
 ) -> ParityReport:
     """Runs every signature of both models on the same inputs and compares the outputs.
 
@@ -241,7 +267,8 @@ def check_parity(
             for alias, pairs in per_output.items():
                 if not pairs:
                     continue  # every batch was rejected, by both models
-                results.append(_summarize(key, alias, pairs, atol, rtol))
+                results.append(_summarize(key, alias, pairs, atol, rtol) if lossy is None
+                               else _summarize_lossy(key, alias, pairs, lossy))
     finally:
         cand_sess.close()
     return ParityReport(
@@ -284,4 +311,42 @@ def _summarize(signature: str, alias: str, pairs: list, atol: float, rtol: float
         max_rel_diff=max_rel,
         ok=mismatches == 0,
         detail="; ".join(dict.fromkeys(details)),
+    )
+
+
+def _summarize_lossy(signature: str, alias: str, pairs: list, gate: LossyGate) -> OutputParity:
+    """The lossy gate's verdict on one output (see LossyGate)."""
+    exact = _summarize(signature, alias, pairs, 0.0, 0.0)
+    if exact.detail and "differ" not in exact.detail:  # shape/dtype/missing: a real break
+        return exact
+    rows = agree = 0
+    for expected, actual in pairs:
+        expected, actual = np.asarray(expected), np.asarray(actual)
+        if expected.dtype.kind in "fc":
+            if expected.ndim < 2 or expected.shape[-1] < 2:
+                continue  # not per-class rows
+            e = expected.reshape(-1, expected.shape[-1])
+            a = actual.reshape(-1, actual.shape[-1])
+            rows += e.shape[0]
+            agree += int((e.argmax(axis=1) == a.argmax(axis=1)).sum())
+        else:
+            rows += expected.size
+            agree += int((expected == actual).sum())
+    is_float = exact.dtype.startswith(("float", "complex", "bfloat"))
+    # Float rows are scored for every output (logits too), gated for probabilities only.
+    gated = rows > 0 and (not is_float or alias.lower() in PROBABILITY_OUTPUTS)
+    agreement = agree / rows if rows else None
+    ok, detail = True, ""
+    if gated and agreement < gate.min_top1_agreement:
+        ok, detail = False, f"agreement {agreement:.4f} < {gate.min_top1_agreement}"
+    elif gated and is_float and exact.max_abs_diff > gate.max_probability_error:
+        ok, detail = False, (f"max abs diff {exact.max_abs_diff:.3g} > "
+                             f"{gate.max_probability_error}")
+    elif not gated:
+        detail = "reported, not gated (lossy)"
+    return OutputParity(
+        signature=signature, output=alias, dtype=exact.dtype, shape=exact.shape,
+        elements=exact.elements, mismatches=exact.mismatches,
+        max_abs_diff=exact.max_abs_diff, max_rel_diff=exact.max_rel_diff, ok=ok,
+        detail=detail, agreement=agreement,
     )

@@ -75,6 +75,21 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_bool("allow_regression", False,
                       "Publish even when the result is slower, bigger in memory or slower to "
                       "load than the original (the report says so).", flag_values=fv)
+    flags.DEFINE_enum("quantize", "none", ["none", "int8", "fp16"],
+                      "Store large float weights as int8 (scale per row for embedding "
+                      "tables, per output channel otherwise) or fp16. Tables are gathered "
+                      "quantized and only the gathered rows dequantized; other weights are "
+                      "dequantized once, at load. Lossy: the lossy gate decides.",
+                      flag_values=fv)
+    flags.DEFINE_integer("quantize_min_elements", 16384,
+                         "Weights with fewer elements stay float.", flag_values=fv)
+    flags.DEFINE_float("min_top1_agreement", 0.995,
+                       "With --quantize: fraction of rows whose top-1 class (probabilities/"
+                       "scores) or whose class ids/names must agree with the original.",
+                       flag_values=fv)
+    flags.DEFINE_float("max_probability_error", 0.02,
+                       "With --quantize: largest change allowed in a probability/score.",
+                       flag_values=fv)
     flags.DEFINE_bool("allow_file_ops", False,
                       "Run a model whose signatures touch files or the host (WriteFile, ReadFile, "
                       "PyFunc, checkpoint, summary and tf.data file ops, ...; see "
@@ -144,6 +159,10 @@ def main(fv: flags.FlagValues) -> int:
         regression_tolerance=fv.regression_tolerance,
         allow_regression=fv.allow_regression,
         allow_file_ops=fv.allow_file_ops,
+        quantize=fv.quantize,
+        quantize_min_elements=fv.quantize_min_elements,
+        min_top1_agreement=fv.min_top1_agreement,
+        max_probability_error=fv.max_probability_error,
     )
     if fv.write_warmup and not fv.validate:
         raise UsageError("--write_warmup needs --validate",

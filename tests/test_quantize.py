@@ -1,0 +1,205 @@
+"""--quantize: int8 / fp16 weights, dequantized where it costs nothing, behind a lossy gate.
+
+Specifications on real models: the Estimator-like text classifier (a vocab-file
+embedding read by ResourceGather), a Keras text model (Embedding read by ReadVariableOp
++ GatherV2 after inlining) and a conv net (weights dequantized once, at load).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from conftest import TEXT_CLASSIFIER_DIM, TEXT_CLASSIFIER_VOCAB
+
+from serving_opt import samples
+from serving_opt.errors import ServingOptError, UsageError
+from serving_opt.optimizer import OptimizeOptions, optimize
+from serving_opt.stages import loader
+
+EMBEDDING = "dnn/input_from_feature_columns/input_layer/text_embedding/embedding_weights"
+FAST = dict(benchmark_runs=0, freeze_max_bytes=512 * 1024)
+
+
+def _meta_graph(path: str):
+    return loader.find_meta_graph(loader.read_saved_model(path), {"serve"})
+
+
+def _request_path_reads_of(meta_graph, prefix: str) -> list[tuple[str, str]]:
+    """(op, input) for every node that reads a variable whose name starts with ``prefix``."""
+    handles = {n.name: n for n in meta_graph.graph_def.node if n.op == "VarHandleOp"
+               and n.name.startswith(prefix)}
+    out = []
+    for n in meta_graph.graph_def.node:
+        if n.name.startswith("serving_opt_saver/"):
+            continue  # the loader's restore
+        for i in n.input:
+            if i.split(":")[0].lstrip("^") in handles:
+                out.append((n.op, handles[i.split(":")[0].lstrip("^")].attr["dtype"].type))
+    return out
+
+
+def _predict(model_dir: str, examples: list[bytes]) -> dict:
+    sess, mg = loader.load_session(model_dir)
+    try:
+        sig = mg.signature_def["predict"]
+        return sess.run({k: v.name for k, v in sig.outputs.items()},
+                        {sig.inputs["examples"].name: examples})
+    finally:
+        sess.close()
+
+
+@pytest.fixture(scope="module", params=["int8", "fp16"])
+def quantized_text(request, text_classifier_base, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp(f"q_{request.param}"))
+    report = optimize(os.path.join(text_classifier_base, "1"), out,
+                      OptimizeOptions(quantize=request.param, **FAST))
+    return request.param, report
+
+
+def test_the_table_is_only_gathered_quantized_never_read_whole_as_float(quantized_text):
+    from tensorflow.core.framework import types_pb2
+
+    mode, report = quantized_text
+    mg = _meta_graph(report.output_dir)
+    reads = _request_path_reads_of(mg, EMBEDDING)
+    stored = types_pb2.DT_INT8 if mode == "int8" else types_pb2.DT_HALF
+    # Only row gathers touch the table; nothing reads it whole, nothing reads it as float.
+    assert reads and {op for op, _ in reads} == {"ResourceGather"}
+    assert stored in {dtype for _, dtype in reads}
+    assert EMBEDDING not in {n.name for n in mg.graph_def.node}  # the float table is gone
+    table = next(q for q in report.quantized if q.name == EMBEDDING)
+    assert table.dequantized == "per request, gathered rows only"
+    rows, dim = TEXT_CLASSIFIER_VOCAB + samples.TEXT_OOV_BUCKETS, TEXT_CLASSIFIER_DIM
+    assert table.bytes_before == rows * dim * 4
+    # int8: a byte per value plus a float scale per row; fp16: two bytes per value.
+    assert table.bytes_after == (rows * dim + rows * 4 if mode == "int8" else rows * dim * 2)
+
+
+def test_the_checkpoint_holds_the_quantized_table(quantized_text):
+    import tensorflow as tf
+
+    mode, report = quantized_text
+    dtypes = {name: tf.train.load_checkpoint(
+        os.path.join(report.output_dir, "variables", "variables")).get_tensor(name).dtype
+        for name, _ in tf.train.list_variables(
+            os.path.join(report.output_dir, "variables", "variables"))}
+    table = [d for name, d in dtypes.items() if name.startswith(EMBEDDING + "/")]
+    assert np.dtype(np.int8 if mode == "int8" else np.float16) in table
+    assert report.size_after.variables < report.size_before.variables / 2
+
+
+def test_answers_pass_the_lossy_gate_and_agree_on_top1(quantized_text, text_classifier_base):
+    mode, report = quantized_text
+    assert report.parity.ok
+    examples = samples.text_examples(64, seed=11, vocab_size=TEXT_CLASSIFIER_VOCAB)
+    before = _predict(os.path.join(text_classifier_base, "1"), examples)
+    after = _predict(report.output_dir, examples)
+    agreement = float(np.mean(before["class_ids"] == after["class_ids"]))
+    assert agreement >= 0.995
+    assert np.abs(before["probabilities"] - after["probabilities"]).max() <= 0.02
+    probabilities = next(o for o in report.parity.outputs if o.output == "probabilities")
+    assert probabilities.agreement is not None and probabilities.agreement >= 0.995
+
+
+def test_it_loads_with_tf_saved_model_load(quantized_text, text_classifier_base):
+    import tensorflow as tf
+
+    _, report = quantized_text
+    examples = samples.text_examples(8, seed=5, vocab_size=TEXT_CLASSIFIER_VOCAB)
+    expected = _predict(os.path.join(text_classifier_base, "1"), examples)
+    got = tf.saved_model.load(report.output_dir).signatures["predict"](
+        examples=tf.constant(examples))
+    np.testing.assert_allclose(got["probabilities"].numpy(), expected["probabilities"],
+                               atol=0.02)
+
+
+def test_dense_weights_are_dequantized_once_at_load_by_the_init_op(quantized_text):
+    mode, report = quantized_text
+    at_load = [q for q in report.quantized if q.dequantized == "at load (init op)"]
+    assert at_load  # the head's kernels
+    mg = _meta_graph(report.output_dir)
+    init = mg.collection_def["saved_model_main_op"].node_list.value[0]
+    assert init.startswith("serving_opt_quantized/")
+    nodes = {n.name: n for n in mg.graph_def.node}
+    assigns = [i.lstrip("^") for i in nodes[init].input if "dequantize" in i]
+    assert len(assigns) == len(at_load)
+    for q in at_load:
+        # Requests read the float variable, as before; only the init op reads the copy.
+        readers = [n.op for n in mg.graph_def.node if q.name in [i.split(":")[0]
+                                                                 for i in n.input]]
+        assert "AssignVariableOp" in readers and "ReadVariableOp" in readers
+
+
+def test_quantize_min_elements_leaves_small_tensors_alone(text_classifier_base, tmp_path):
+    report = optimize(os.path.join(text_classifier_base, "1"), str(tmp_path / "out"),
+                      OptimizeOptions(quantize="int8", quantize_min_elements=100_000, **FAST))
+    # 5100 x 32 = 163200 elements: the table only; the head's kernels (<= 32768) stay.
+    assert [q.name for q in report.quantized] == [EMBEDDING]
+
+
+def test_a_lossy_gate_too_tight_refuses_and_publishes_nothing(text_classifier_base, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(ServingOptError) as failure:
+        optimize(os.path.join(text_classifier_base, "1"), str(out),
+                 OptimizeOptions(quantize="int8", max_probability_error=1e-9, **FAST))
+    assert "parity failed" in failure.value.problem and "max abs diff" in failure.value.problem
+    assert not os.path.exists(out) or os.listdir(out) == []
+
+
+def test_bad_quantize_options_are_usage_errors(classifier_dir, tmp_path):
+    with pytest.raises(UsageError, match="--quantize=int4"):
+        optimize(classifier_dir, str(tmp_path / "o"), OptimizeOptions(quantize="int4"))
+    with pytest.raises(UsageError, match="min_top1_agreement"):
+        optimize(classifier_dir, str(tmp_path / "o"),
+                 OptimizeOptions(quantize="int8", min_top1_agreement=1.5))
+
+
+@pytest.fixture(scope="module")
+def keras_text_dir(tmp_path_factory) -> str:
+    """Keras 3 export: Embedding(20000, 32) -> mean -> Dense(4, softmax) named probs."""
+    import keras
+
+    keras.utils.set_random_seed(1)
+    ids = keras.Input(shape=(6,), dtype="int32", name="ids")
+    x = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(20000, 32)(ids))
+    out = keras.layers.Dense(4, activation="softmax", name="probs")(x)
+    path = os.path.join(str(tmp_path_factory.mktemp("keras_text")), "1")
+    keras.Model(ids, out).export(path, verbose=False)
+    return path
+
+
+def test_keras_embedding_int8_gathers_rows_and_agrees(keras_text_dir, tmp_path):
+    import tensorflow as tf
+    from tensorflow.core.framework import types_pb2
+
+    report = optimize(keras_text_dir, str(tmp_path / "out"),
+                      OptimizeOptions(quantize="int8", **FAST))
+    table = [q for q in report.quantized if q.dequantized.startswith("per request")]
+    assert len(table) == 1
+    mg = _meta_graph(report.output_dir)
+    reads = _request_path_reads_of(mg, table[0].name)
+    assert {op for op, _ in reads} == {"ResourceGather"}
+    assert types_pb2.DT_INT8 in {d for _, d in reads}
+    ids = np.random.default_rng(2).integers(0, 20000, size=(64, 6)).astype(np.int32)
+    before = tf.saved_model.load(keras_text_dir).signatures["serving_default"](
+        ids=tf.constant(ids))
+    after = tf.saved_model.load(report.output_dir).signatures["serving_default"](
+        ids=tf.constant(ids))
+    key = next(iter(before))
+    agree = np.mean(before[key].numpy().argmax(1) == after[key].numpy().argmax(1))
+    assert agree >= 0.95  # near-ties on random weights may flip; the gate saw its own rows
+    assert np.abs(before[key].numpy() - after[key].numpy()).max() <= 0.02
+
+
+def test_conv_net_weights_int8_dequantized_at_load(convnet_dir, tmp_path):
+    report = optimize(convnet_dir, str(tmp_path / "out"),
+                      OptimizeOptions(quantize="int8", quantize_min_elements=256,
+                                      max_constant_bytes=1024, benchmark_runs=0,
+                                      # tiny kernels (3x3x3x8): coarser than real ones
+                                      max_probability_error=0.1))
+    assert report.quantized and report.parity.ok
+    assert {q.dequantized for q in report.quantized} == {"at load (init op)"}
+    ops = {n.op for n in _meta_graph(report.output_dir).graph_def.node}
+    assert "Conv2D" in ops or "_FusedConv2D" in ops
