@@ -84,3 +84,13 @@ def regressions(cold=None, bench=None, tolerance: float = DEFAULT_TOLERANCE,
                 check(f"p99 at batch {lat.batch_size}", lat.p99_ms, other.p99_ms,
                       slack.p99_ms, lambda v: f"{v:.2f} ms")
     return found
+
+
+def measure_of(line: str) -> str:
+    """The measure a regression line names: ``'load time 12.84x the ...'`` -> ``'load time'``.
+
+    Example:
+        >>> measure_of("p50 at batch 32 1.31x the original (0.30 ms -> 0.39 ms)")
+        'p50 at batch 32'
+    """
+    return line.split(" the original")[0].rsplit(" ", 1)[0]
