@@ -66,3 +66,26 @@ def test_one_off_refuses_to_export_plain_models_into_the_served_base(trained_cla
         export_optimized_saved_model(estimator, base, receiver, OPTIONS,
                                      raw_export_dir_base=base)
     assert not os.path.exists(base)
+
+
+def test_one_off_export_int8_gathers_the_real_estimators_table_quantized(trained_classifier,
+                                                                          tmp_path):
+    from serving_opt.stages import loader
+
+    estimator, receiver = trained_classifier
+    base = str(tmp_path / "models" / "clf")
+    # The suite's Estimator is tiny: every variable counts as large, every weight as big
+    # enough, so the real embedding_column table takes the --quantize path.
+    options = OptimizeOptions(quantize="int8", quantize_min_elements=0, freeze_max_bytes=0,
+                              **FAST)
+
+    result = export_optimized_saved_model(estimator, base, receiver, options)
+
+    assert result.optimized and result.report.parity.ok
+    where = {q.name.rsplit("/", 1)[-1]: q.dequantized for q in result.report.quantized}
+    assert where.get("embedding_weights") == "per request, gathered rows only"
+    assert "at load (init op)" in where.values()  # the DNN's kernels
+    meta_graph = loader.find_meta_graph(loader.read_saved_model(result.export_dir), {"serve"})
+    gathers = [n for n in meta_graph.graph_def.node if n.op == "ResourceGather"
+               and "embedding_weights" in n.input[0]]
+    assert gathers and all("serving_opt_quantized" in n.input[0] for n in gathers)
