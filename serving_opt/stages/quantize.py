@@ -135,6 +135,35 @@ def _handle(name: str, dtype: int, shape):
                  shared_name=_attr(s=name.encode()), container=_attr(s=b""))
 
 
+def _store(name: str, value: np.ndarray, mode: str, scales: str, saved: dict, kept: list,
+           new_nodes: list) -> tuple[str, str, int]:
+    """Adds the quantized copy of ``name`` (and its scales, int8) as new checkpoint variables.
+
+    ``scales``: "rows" (a scale per table row), "channels" (per output channel, the last
+    axis) or "depthwise" (per input channel x multiplier). Returns the copy's name, the
+    scales' name and the copy's DataType.
+    """
+    from tensorflow.core.framework import types_pb2
+
+    qname, sname = f"{name}/{_SCOPE}_{mode}", f"{name}/{_SCOPE}_scale"
+    if mode == "fp16":
+        saved[qname] = value.astype(np.float16)
+        kept.append(KeptVariable(qname, "VarHandleOp", types_pb2.DT_HALF, saved[qname].nbytes,
+                                 f"fp16 copy of {name}"))
+        new_nodes.append(_handle(qname, types_pb2.DT_HALF, value.shape))
+        return qname, sname, types_pb2.DT_HALF
+    q, scale = _quantize_rows(value) if scales == "rows" \
+        else _quantize_channels(value, scales == "depthwise")
+    saved[qname], saved[sname] = q, scale
+    kept += [KeptVariable(qname, "VarHandleOp", types_pb2.DT_INT8, q.nbytes,
+                          f"int8 copy of {name}"),
+             KeptVariable(sname, "VarHandleOp", types_pb2.DT_FLOAT, scale.nbytes,
+                          f"{'row' if scales == 'rows' else 'channel'} scales of {name}")]
+    new_nodes += [_handle(qname, types_pb2.DT_INT8, q.shape),
+                  _handle(sname, types_pb2.DT_FLOAT, scale.shape)]
+    return qname, sname, types_pb2.DT_INT8
+
+
 def quantize(graph, mode: str, min_elements: int, work_dir: str) -> tuple:
     """Stores the graph's large float weights quantized; returns ``(graph, quantized)``.
 
@@ -154,7 +183,6 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str) -> tuple:
     nodes = {n.name: n for n in graph_def.node}
     depthwise_reads = {i.split(":")[0] for n in graph_def.node
                        if n.op == "DepthwiseConv2dNative" for i in n.input[1:2]}
-    half = types_pb2.DT_HALF
     kept: list[KeptVariable] = []
     done: list[QuantizedTensor] = []
     dequantize_assigns: list[str] = []
@@ -170,36 +198,20 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str) -> tuple:
             continue
         gathers = _gather_consumers(graph_def, var.name) if value.ndim >= 2 else None
         if gathers is not None:
-            qname, sname = f"{var.name}/{_SCOPE}_{mode}", f"{var.name}/{_SCOPE}_scale"
-            if mode == "int8":
-                q, scales = _quantize_rows(value)
-                saved[qname], saved[sname] = q, scales
-                kept.append(KeptVariable(qname, "VarHandleOp", types_pb2.DT_INT8, q.nbytes,
-                                         f"int8 rows of {var.name}"))
-                kept.append(KeptVariable(sname, "VarHandleOp", types_pb2.DT_FLOAT,
-                                         scales.nbytes, f"row scales of {var.name}"))
-                new_nodes += [_handle(qname, types_pb2.DT_INT8, q.shape),
-                              _handle(sname, types_pb2.DT_FLOAT, scales.shape)]
-            else:
-                q = value.astype(np.float16)
-                saved[qname] = q
-                kept.append(KeptVariable(qname, "VarHandleOp", half, q.nbytes,
-                                         f"fp16 copy of {var.name}"))
-                new_nodes.append(_handle(qname, half, q.shape))
+            qname, sname, stored_dtype = _store(var.name, value, mode, "rows", saved, kept,
+                                                new_nodes)
             for gather, _kind in gathers:
                 ids = gather.input[1]
                 base = gather.name
                 rows = f"{base}/{_SCOPE}/rows"
                 new_nodes.append(_node(rows, "ResourceGather", [qname, ids],
-                                       dtype=_attr(type=types_pb2.DT_INT8 if mode == "int8"
-                                                   else half),
+                                       dtype=_attr(type=stored_dtype),
                                        Tindices=gather.attr["Tindices"],
                                        batch_dims=_attr(i=0),
                                        validate_indices=_attr(b=True)))
                 cast = f"{base}/{_SCOPE}/cast"
                 new_nodes.append(_node(cast, "Cast", [rows],
-                                       SrcT=_attr(type=types_pb2.DT_INT8 if mode == "int8"
-                                                  else half),
+                                       SrcT=_attr(type=stored_dtype),
                                        DstT=_attr(type=types_pb2.DT_FLOAT),
                                        Truncate=_attr(b=False)))
                 controls = [i for i in gather.input if i.startswith("^")]
@@ -236,25 +248,9 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str) -> tuple:
         reads = [n.name for n in graph_def.node if n.op == "ReadVariableOp"
                  and n.input and n.input[0] == var.name]
         depthwise = any(r in depthwise_reads for r in reads)
-        qname = f"{var.name}/{_SCOPE}_{mode}"
-        if mode == "int8":
-            q, scale = _quantize_channels(value, depthwise)
-            sname = f"{var.name}/{_SCOPE}_scale"
-            saved[qname], saved[sname] = q, scale
-            kept += [KeptVariable(qname, "VarHandleOp", types_pb2.DT_INT8, q.nbytes,
-                                  f"int8 copy of {var.name}"),
-                     KeptVariable(sname, "VarHandleOp", types_pb2.DT_FLOAT, scale.nbytes,
-                                  f"channel scales of {var.name}")]
-            new_nodes += [_handle(qname, types_pb2.DT_INT8, q.shape),
-                          _handle(sname, types_pb2.DT_FLOAT, scale.shape)]
-            src = types_pb2.DT_INT8
-        else:
-            q = value.astype(np.float16)
-            saved[qname] = q
-            kept.append(KeptVariable(qname, "VarHandleOp", half, q.nbytes,
-                                     f"fp16 copy of {var.name}"))
-            new_nodes.append(_handle(qname, half, q.shape))
-            src = half
+        qname, sname, src = _store(var.name, value, mode,
+                                   "depthwise" if depthwise else "channels", saved, kept,
+                                   new_nodes)
         prefix = f"{var.name}/{_SCOPE}/dequantize"
         new_nodes.append(_node(f"{prefix}/read", "ReadVariableOp", [qname], dtype=_attr(type=src)))
         new_nodes.append(_node(f"{prefix}/cast", "Cast", [f"{prefix}/read"], SrcT=_attr(type=src),
@@ -270,7 +266,8 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str) -> tuple:
                                dtype=_attr(type=types_pb2.DT_FLOAT)))
         dequantize_assigns.append(f"{prefix}/assign")
         done.append(QuantizedTensor(var.name, mode, "at load (init op)", value.nbytes,
-                                    q.nbytes + (saved[sname].nbytes if mode == "int8" else 0)))
+                                    saved[qname].nbytes
+                                    + (saved[sname].nbytes if mode == "int8" else 0)))
     del reader
     if not done:
         return graph, []
