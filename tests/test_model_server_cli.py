@@ -103,14 +103,14 @@ def test_serve_exits_non_zero_when_the_model_does_not_load(processes, model_copy
     assert f"Can't parse {base}/1/saved_model.pb as binary proto" in last
 
 
-def test_serve_refuses_a_rest_port_with_a_usage_error(processes):
-    process = start_serve("--rest_api_port=8501", "--model_base_path=/models/m")
+def test_serve_refuses_a_rest_port_equal_to_the_grpc_port_with_a_usage_error(processes):
+    process = start_serve("--port=8500", "--rest_api_port=8500", "--model_base_path=/models/m")
     processes.append(process)
 
     stdout, stderr = process.communicate(timeout=60)
 
     assert process.returncode == 2
-    assert "--rest_api_port=8501 is not supported by the local server" in stderr
+    assert "--rest_api_port=8500 is the same as --port" in stderr
 
 
 def test_serve_refuses_a_relative_base_path_like_tf_serving(processes):

@@ -1,8 +1,10 @@
-"""Serve SavedModels over TF Serving's gRPC API with the local, TF-Serving-compatible server.
+"""Serve SavedModels over TF Serving's gRPC and REST APIs with the local, TF-Serving-compatible
+server.
 
 The dev/CI stand-in for tensorflow_model_server (flags are the same):
 
-    serving-opt serve --model_name=m --model_base_path=/abs/models/m --port=8500
+    serving-opt serve --model_name=m --model_base_path=/abs/models/m --port=8500 \
+        --rest_api_port=8501
 
 The base path holds integer version directories (1/, 2/, ...); the highest is served and
 new ones are picked up every --file_system_poll_wait_seconds. The port opens once the
@@ -22,7 +24,7 @@ from absl import flags
 
 from serving_opt.errors import UsageError
 
-SUMMARY = "run a local TF-Serving-compatible gRPC model server (dev/CI stand-in)"
+SUMMARY = "run a local TF-Serving-compatible gRPC/REST model server (dev/CI stand-in)"
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -32,8 +34,15 @@ def define_flags(fv: flags.FlagValues) -> None:
                         "Address to listen on (the real server listens on 0.0.0.0).",
                         flag_values=fv)
     flags.DEFINE_integer("rest_api_port", 0,
-                         "HTTP/REST port. Only 0 (off): the local server speaks gRPC only.",
-                         flag_values=fv)
+                         "HTTP/REST port (TF Serving's REST API); 0: no REST, -1: a free "
+                         "port (printed when ready; not in TF Serving).", flag_values=fv)
+    flags.DEFINE_integer("rest_api_num_threads", 0,
+                         "Requests the REST API runs at once (0: 4 per CPU, like TF "
+                         "Serving's auto setting).", flag_values=fv)
+    flags.DEFINE_integer("rest_api_timeout_in_ms", 30000,
+                         "Session run timeout of REST requests (<= 0: none).", flag_values=fv)
+    flags.DEFINE_boolean("rest_api_enable_cors_support", False,
+                         "Add CORS headers to REST answers.", flag_values=fv)
     flags.DEFINE_string("model_name", "default",
                         "Name of the model (ignored with --model_config_file).", flag_values=fv)
     flags.DEFINE_string("model_base_path", None,
@@ -77,11 +86,16 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 def _options(fv: flags.FlagValues):
     # Flag mistakes are reported before importing TensorFlow (seconds) for the server.
-    if fv.rest_api_port:
+    if not -1 <= fv.rest_api_port <= 65535:
         raise UsageError(
-            f"--rest_api_port={fv.rest_api_port} is not supported by the local server "
-            "(it serves gRPC only)",
-            "drop --rest_api_port or pass --rest_api_port=0",
+            f"--rest_api_port={fv.rest_api_port} is not a TCP port",
+            "pass 1..65535, 0 (no REST API) or -1 (any free port)",
+        )
+    if fv.rest_api_port > 0 and fv.rest_api_port == fv.port:
+        # tensorflow_model_server refuses this too.
+        raise UsageError(
+            f"--rest_api_port={fv.rest_api_port} is the same as --port",
+            "give the REST API its own port (TF Serving uses 8500 for gRPC, 8501 for REST)",
         )
     if fv.enable_batching:
         raise UsageError(
@@ -125,6 +139,10 @@ def _options(fv: flags.FlagValues):
         tensorflow_intra_op_parallelism=fv.tensorflow_intra_op_parallelism,
         tensorflow_inter_op_parallelism=fv.tensorflow_inter_op_parallelism,
         grpc_max_threads=fv.grpc_max_threads,
+        rest_api_port=fv.rest_api_port,
+        rest_api_num_threads=fv.rest_api_num_threads,
+        rest_api_timeout_in_ms=fv.rest_api_timeout_in_ms,
+        rest_api_enable_cors_support=fv.rest_api_enable_cors_support,
     )
 
 

@@ -43,8 +43,10 @@ class ServerOptions:
 
     Give ``model_base_path`` (absolute, holding integer version directories) with
     ``model_name``, or ``model_config_file`` (text ModelServerConfig). ``port`` 0 picks a
-    free port. ``startup_timeout_seconds`` bounds the initial load (None: wait forever,
-    like the real server when no version directory exists yet).
+    free port. ``rest_api_port`` 0 means no REST API (as upstream); None or -1 picks a
+    free port (not upstream: for tests and validate). ``startup_timeout_seconds`` bounds
+    the initial load (None: wait forever, like the real server when no version directory
+    exists yet).
 
     Example:
         >>> ServerOptions(model_base_path="/models/m").model_name
@@ -69,6 +71,10 @@ class ServerOptions:
     tensorflow_inter_op_parallelism: int = 0
     grpc_max_threads: int = 128
     startup_timeout_seconds: float | None = None
+    rest_api_port: int | None = 0
+    rest_api_num_threads: int = 0
+    rest_api_timeout_in_ms: int = 30000
+    rest_api_enable_cors_support: bool = False
 
 
 def build_model_server_config(options: ServerOptions):
@@ -135,11 +141,16 @@ class RunningServer:
         {'default': [1]}
     """
 
-    def __init__(self, grpc_server, core: ServerCore, host: str, port: int) -> None:
+    def __init__(
+        self, grpc_server, core: ServerCore, host: str, port: int, rest_server=None
+    ) -> None:
         self.core = core
         self.host = host
         self.port = port
         self._grpc_server = grpc_server
+        self._rest_server = rest_server
+        #: The REST port (0: REST is off).
+        self.rest_port = rest_server.port if rest_server is not None else 0
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
 
@@ -147,6 +158,11 @@ class RunningServer:
     def address(self) -> str:
         """``host:port`` for ``grpc.insecure_channel``."""
         return _bind_address(self.host, self.port)
+
+    @property
+    def rest_address(self) -> str | None:
+        """``host:port`` of the REST API, or None when REST is off."""
+        return _bind_address(self.host, self.rest_port) if self.rest_port else None
 
     def available_versions(self) -> dict[str, list[int]]:
         """Every model's AVAILABLE versions, ascending."""
@@ -165,8 +181,9 @@ class RunningServer:
             noun = "version" if len(versions) == 1 else "versions"
             parts.append(f"model '{name}' {noun} {shown}")
         models = "; ".join(parts) or "no models"
+        rest = f", REST on {self.rest_address}" if self.rest_port else ""
         return (
-            f"{READY_PREFIX} {models} {State.AVAILABLE.name} on {self.address} "
+            f"{READY_PREFIX} {models} {State.AVAILABLE.name} on {self.address}{rest} "
             "(local TF-Serving-compatible server)"
         )
 
@@ -178,6 +195,8 @@ class RunningServer:
         with self._stop_lock:
             if self._stopped.is_set():
                 return
+            if self._rest_server is not None:
+                self._rest_server.stop()
             self._grpc_server.stop(grace).wait()
             self.core.stop()
             self._stopped.set()
@@ -193,13 +212,47 @@ class RunningServer:
         self.stop()
 
 
+def _start_rest(options: ServerOptions, core: ServerCore, grpc_port: int, grpc_server):
+    from serving_opt.serving.model_server.rest import start_rest_server
+
+    if options.rest_api_port == grpc_port:
+        grpc_server.stop(None)
+        core.stop()
+        raise ServerStartError(
+            f"server_options.grpc_port: {grpc_port} is same as server_options.http_port: "
+            f"{options.rest_api_port}",
+            "give --rest_api_port a port different from --port",
+        )
+    timeout = options.rest_api_timeout_in_ms if options.rest_api_timeout_in_ms > 0 else None
+    try:
+        return start_rest_server(
+            core,
+            RequestOptions(
+                signature_method_name_check=options.enable_signature_method_name_check,
+                timeout_ms=timeout if options.enforce_session_run_timeout else None,
+            ),
+            host=options.host,
+            port=max(0, options.rest_api_port or 0),
+            num_threads=options.rest_api_num_threads,
+            enable_cors=options.rest_api_enable_cors_support,
+        )
+    except OSError as e:
+        grpc_server.stop(None)
+        core.stop()
+        address = _bind_address(options.host, max(0, options.rest_api_port or 0))
+        raise ServerStartError(
+            f"could not listen on {address} for the REST API: {e.strerror or e}",
+            "pick another --rest_api_port (or 0 to turn REST off)",
+        ) from None
+
+
 def serve(
     options: ServerOptions,
     *,
     config=None,
     on_ready: Callable[[str], None] | None = None,
 ) -> RunningServer:
-    """Loads the models, then opens the gRPC port; returns the running server.
+    """Loads the models, then opens the gRPC port (and the REST port); returns the server.
 
     ``config`` (a ModelServerConfig proto) overrides the model flags, for callers that
     build it in memory. ``on_ready`` receives :meth:`RunningServer.ready_line`. Raises
@@ -262,9 +315,14 @@ def serve(
             "the port is in use or the host is not a local address; pick another --port "
             "(0 chooses a free one) or --host",
         )
+    rest_server = None
+    if options.rest_api_port != 0:
+        rest_server = _start_rest(options, core, port, grpc_server)
     grpc_server.start()
-    running = RunningServer(grpc_server, core, options.host, port)
+    running = RunningServer(grpc_server, core, options.host, port, rest_server)
     log.info("Running gRPC ModelServer at %s ...", running.address)
+    if rest_server is not None:
+        log.info("Exporting HTTP/REST API at:%s ...", running.rest_address)
     if on_ready is not None:
         on_ready(running.ready_line())
     return running

@@ -1,0 +1,334 @@
+"""TF Serving's HTTP/REST API (model_servers/http_server.cc + http_rest_api_handler.cc).
+
+Served from the same process and the same ServerCore as gRPC: a REST request becomes the
+proto request gRPC would receive (json_tensor.py) and runs through the same
+``run_predict`` / ``run_classify`` / ``run_regress`` and the same status and metadata code,
+so both protocols answer alike.
+
+Endpoints (paths are matched case-insensitively, like upstream's RE2 patterns):
+
+* ``GET  /v1/models/NAME[/versions/N|/labels/L]``           model status
+* ``GET  /v1/models/NAME[/versions/N|/labels/L]/metadata``  signature defs
+* ``POST /v1/models/NAME[/versions/N|/labels/L]:predict``   ``instances`` or ``inputs``
+* ``POST ...:classify`` / ``...:regress``                   ``examples`` (+ ``context``)
+
+Errors are ``{"error": "<message>"}`` with upstream's status mapping (INVALID_ARGUMENT and
+FAILED_PRECONDITION -> 400, NOT_FOUND -> 404, DEADLINE_EXCEEDED -> 504, ...); another
+``/v1/...`` path is "Malformed request: GET /v1/..." (400); a path outside ``/v1/`` is a
+bare 404. ``rest_api_timeout_in_ms`` becomes the session run timeout of every request;
+``rest_api_num_threads`` bounds the requests running at once (connections each get a
+thread; HTTP/1.1 keep-alive is supported).
+
+Example:
+    >>> rest = start_rest_server(core, RequestOptions(), host="127.0.0.1", port=0)
+    >>> urllib.request.urlopen(f"http://127.0.0.1:{rest.port}/v1/models/m").status
+    200
+    >>> rest.stop()
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import grpc
+
+from serving_opt.serving.model_server import json_tensor
+from serving_opt.serving.model_server.core import ServerCore
+from serving_opt.serving.model_server.request_options import RequestOptions
+from serving_opt.serving.model_server.status import (
+    ServingStatusError,
+    failed_precondition,
+    invalid_argument,
+)
+
+log = logging.getLogger("serving_opt.model_server")
+
+_HANDLED = re.compile(r"/v1/.*", re.IGNORECASE | re.DOTALL)
+_PREDICTION = re.compile(
+    r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:"
+    r"(classify|regress|predict)",
+    re.IGNORECASE,
+)
+_STATUS = re.compile(
+    r"/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?",
+    re.IGNORECASE,
+)
+
+# http_server.cc ToHTTPStatusCode.
+_HTTP_STATUS = {
+    grpc.StatusCode.OK: 200,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNKNOWN: 500,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DATA_LOSS: 500,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+}
+_REASONS = {499: "Client Closed Request"}
+# What libevent's evhttp_send_error writes for a path no handler takes.
+_NOT_FOUND_PAGE = (
+    b"<HTML><HEAD>\n<TITLE>404 Not Found</TITLE>\n</HEAD><BODY>\n<H1>Not Found</H1>\n"
+    b"</BODY></HTML>\n"
+)
+_INT64_MAX = 2**63 - 1
+
+
+def http_status(code: grpc.StatusCode) -> int:
+    """Upstream's gRPC-code -> HTTP-status mapping.
+
+    Example:
+        >>> http_status(grpc.StatusCode.FAILED_PRECONDITION)
+        400
+    """
+    return _HTTP_STATUS.get(code, 500)
+
+
+class RestApiHandler:
+    """``HttpRestApiHandler::ProcessRequest``: (method, path, body) -> (HTTP status, body).
+
+    Example:
+        >>> RestApiHandler(core, RequestOptions()).process("GET", "/v1/models/m", b"")[0]
+        200
+    """
+
+    def __init__(self, core: ServerCore, options: RequestOptions) -> None:
+        from serving_opt.serving.model_server.model_service import ModelService
+        from serving_opt.serving.model_server.prediction_service import PredictionService
+
+        self._core = core
+        self._options = options
+        self._model_service = ModelService(core)
+        self._prediction_service = PredictionService(core, options)
+
+    def process(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        try:
+            output = self._dispatch(method, path, body)
+        except ServingStatusError as e:
+            return http_status(e.code), json_tensor.error_json(e.message)
+        except Exception as e:  # noqa: BLE001 - a server must answer, not die
+            log.exception("REST request failed unexpectedly")
+            return 500, json_tensor.error_json(f"{type(e).__name__}: {e}")
+        return 200, output
+
+    def _dispatch(self, method: str, path: str, body: bytes) -> bytes:
+        malformed = invalid_argument(f"Malformed request: {method} {path}")
+        if method == "POST":
+            match = _PREDICTION.fullmatch(path)
+        elif method == "GET":
+            match = _STATUS.fullmatch(path)
+        else:
+            raise malformed
+        if match is None:
+            raise malformed
+        name, version_text, label, verb = match.groups()
+        name = urllib.parse.unquote(name) if name else ""
+        version = None
+        if version_text:
+            version = int(version_text)
+            if version > _INT64_MAX:
+                raise invalid_argument(
+                    f"Failed to convert version: {version_text} to numeric."
+                )
+        if label:
+            label = urllib.parse.unquote(label)
+        label = label or None
+        if method == "POST":
+            if verb == "predict":
+                return self._predict(name, version, label, body)
+            if verb == "classify":
+                return self._classify_or_regress(name, version, label, body, classify=True)
+            if verb == "regress":
+                return self._classify_or_regress(name, version, label, body, classify=False)
+            raise malformed  # matched case-insensitively, compared case-sensitively
+        if verb and verb == "metadata":
+            return self._metadata(name, version, label)
+        return self._status(name, version, label)
+
+    def _spec(self, name: str, version: int | None, label: str | None):
+        from tensorflow_serving.apis import model_pb2
+
+        spec = model_pb2.ModelSpec()
+        json_tensor.fill_model_spec(spec, name, version, label)
+        return spec
+
+    def _input_infos(self, spec):
+        def lookup(signature_name: str):
+            with self._core.servable_handle(spec) as handle:
+                key = signature_name or "serving_default"
+                signature = handle.servable.signature_defs.get(key)
+                if signature is None:
+                    raise invalid_argument(
+                        f'Serving signature name: "{key}" not found in signature def'
+                    )
+                return dict(signature.inputs)
+
+        return lookup
+
+    def _predict(self, name, version, label, body: bytes) -> bytes:
+        from serving_opt.serving.model_server.predict import run_predict
+
+        request, fmt = json_tensor.parse_predict_request(
+            body, name, version, label, self._input_infos(self._spec(name, version, label))
+        )
+        with self._core.servable_handle(request.model_spec) as handle:
+            response = run_predict(handle.servable, request, self._options, handle.id.version)
+        return json_tensor.predict_response_json(response.outputs, fmt)
+
+    def _classify_or_regress(self, name, version, label, body: bytes, classify: bool) -> bytes:
+        from tensorflow_serving.apis import classification_pb2, regression_pb2
+
+        from serving_opt.serving.model_server.classifier import run_classify
+        from serving_opt.serving.model_server.regressor import run_regress
+
+        if classify:
+            request = classification_pb2.ClassificationRequest()
+        else:
+            request = regression_pb2.RegressionRequest()
+        json_tensor.fill_model_spec(request.model_spec, name, version, label)
+        json_tensor.parse_classify_regress_request(request, body)
+        runner = run_classify if classify else run_regress
+        with self._core.servable_handle(request.model_spec) as handle:
+            response = runner(handle.servable, request, self._options, handle.id.version)
+        if classify:
+            return json_tensor.classify_response_json(response.result)
+        return json_tensor.regress_response_json(response.result)
+
+    def _status(self, name, version, label) -> bytes:
+        from tensorflow_serving.apis import get_model_status_pb2
+
+        if not name:
+            raise invalid_argument("Missing model name in request.")
+        request = get_model_status_pb2.GetModelStatusRequest()
+        json_tensor.fill_model_spec(request.model_spec, name, version, label)
+        return json_tensor.status_response_json(self._model_service._status(request))
+
+    def _metadata(self, name, version, label) -> bytes:
+        from tensorflow_serving.apis import get_model_metadata_pb2
+
+        if not name:
+            raise invalid_argument("Missing model name in request.")
+        request = get_model_metadata_pb2.GetModelMetadataRequest()
+        request.metadata_field.append("signature_def")
+        json_tensor.fill_model_spec(request.model_spec, name, version, label)
+        return json_tensor.metadata_response_json(self._prediction_service._metadata(request))
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+
+def _make_handler_class(
+    handler: RestApiHandler, slots: threading.BoundedSemaphore, enable_cors: bool
+):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as evhttp
+        server_version = "serving-opt"
+        sys_version = ""
+
+        def log_message(self, format, *args):  # noqa: A002 - BaseHTTPRequestHandler API
+            log.debug("REST %s - %s", self.address_string(), format % args)
+
+        def _body(self) -> bytes:
+            length = int(self.headers.get("Content-Length") or 0)
+            return self.rfile.read(length) if length > 0 else b""
+
+        def _reply(self, status: int, body: bytes, content_type: str | None) -> None:
+            reason = _REASONS.get(status)
+            self.send_response(status, reason)
+            if content_type:
+                self.send_header("Content-Type", content_type)
+            if enable_cors:
+                self.send_header("Access-Control-Allow-Origin", "*")
+                self.send_header("Access-Control-Allow-Methods", "POST, GET")
+                self.send_header("Access-Control-Allow-Headers", "Content-Type")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _handle(self) -> None:
+            body = self._body()
+            path = urllib.parse.urlsplit(self.path).path
+            if not _HANDLED.fullmatch(path):
+                self._reply(404, _NOT_FOUND_PAGE, "text/html")
+                return
+            if self.command == "OPTIONS":
+                origin = self.headers.get("Origin") or ""
+                ok = re.search(r"https?://", origin) is not None
+                error = None if ok else failed_precondition(
+                    "Origin header is missing in CORS preflight"
+                )
+                self._reply(200 if ok else http_status(error.code), b"", "application/json")
+                return
+            with slots:
+                status, output = handler.process(self.command, path, body)
+            self._reply(status, output, "application/json")
+
+        do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _handle  # noqa: N815
+
+    return Handler
+
+
+class RestServer:
+    """A running REST server: ``port``, ``stop()``."""
+
+    def __init__(self, server: _Server, thread: threading.Thread) -> None:
+        self._server = server
+        self._thread = thread
+        self.port = server.server_address[1]
+
+    def stop(self) -> None:
+        """Stops accepting connections; idempotent."""
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join()
+        self._server.server_close()
+
+
+def start_rest_server(
+    core: ServerCore,
+    options: RequestOptions,
+    host: str,
+    port: int,
+    num_threads: int = 0,
+    enable_cors: bool = False,
+) -> RestServer:
+    """Opens the REST port (0 picks a free one) and serves it from a background thread.
+
+    ``options.timeout_ms`` is ``--rest_api_timeout_in_ms``; ``num_threads`` (0: 4 per CPU,
+    like upstream's auto setting) bounds the requests running at once. Raises OSError if
+    the port cannot be opened.
+    """
+    import os
+
+    if num_threads <= 0:
+        num_threads = 4 * (os.cpu_count() or 1)
+    handler = RestApiHandler(core, options)
+    cls = _make_handler_class(handler, threading.BoundedSemaphore(num_threads), enable_cors)
+    server_class = _Server
+    if ":" in host:
+        import socket
+
+        server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
+    server = server_class((host.strip("[]"), port), cls)
+    thread = threading.Thread(
+        target=server.serve_forever, name="serving-opt-rest", daemon=True
+    )
+    thread.start()
+    return RestServer(server, thread)
