@@ -207,8 +207,9 @@ def test_a_model_that_does_not_load_fails_the_start(model_copy, counter_base):
 
     assert str(info.value).startswith(
         "Failed to start server. Error: UNKNOWN: 1 model(s) did not become available: "
-        "{{{name: m version: 1} due to error: NOT_FOUND: Could not find SavedModel .pb or "
-        f".pbtxt at supplied export directory path: {base}/1."
+        "{{{name: m version: 1} due to error: NOT_FOUND: Specified file path does not "
+        "appear to contain a SavedModel bundle (should have a file called `saved_model.pb`)\n"
+        f"Specified file path: {base}/1"
     )
 
 

@@ -7,8 +7,13 @@ The dev/CI stand-in for tensorflow_model_server (flags are the same):
         --rest_api_port=8501
 
 The base path holds integer version directories (1/, 2/, ...); the highest is served and
-new ones are picked up every --file_system_poll_wait_seconds. The port opens once the
-models are loaded; one line is printed then. SIGTERM or Ctrl-C stops the server cleanly.
+new ones are picked up every --file_system_poll_wait_seconds. Every tensorflow_model_server
+flag is accepted: the ones that change answers or loading are implemented (including
+--rest_api_port, --model_config_file_poll_wait_seconds, and --batching_parameters_file,
+which is validated - requests are not batched); the others (threads, TLS, monitoring,
+TPU/GPU/TFLite options; IGNORED_FLAGS) are ignored with a one-line warning each. The port
+opens once the models are loaded; one line is printed then. SIGTERM or Ctrl-C stops the
+server cleanly.
 """
 
 from __future__ import annotations
@@ -25,6 +30,61 @@ from absl import flags
 from serving_opt.errors import UsageError
 
 SUMMARY = "run a local TF-Serving-compatible gRPC/REST model server (dev/CI stand-in)"
+
+
+# tensorflow_model_server flags (model_servers/main.cc) the local server accepts so the same
+# command line works, and ignores with a one-line warning: they tune threads, memory,
+# security or platforms of the real server, not what it answers.
+IGNORED_FLAGS = (
+    (str, "grpc_socket_path", ""),
+    (str, "grpc_channel_arguments", ""),
+    (bool, "enable_per_model_batching_parameters", False),
+    (bool, "force_allow_any_version_labels_for_unavailable_models", False),
+    (int, "num_load_threads", 0),
+    (int, "num_unload_threads", 0),
+    (bool, "flush_filesystem_caches", True),
+    (int, "tensorflow_session_parallelism", 0),
+    (str, "tensorflow_session_config_file", ""),
+    (bool, "use_alts_credentials", False),
+    (str, "ssl_config_file", ""),
+    (str, "platform_config_file", ""),
+    (float, "per_process_gpu_memory_fraction", 0.0),
+    (str, "monitoring_config_file", ""),
+    (bool, "remove_unused_fields_from_bundle_metagraph", True),
+    (bool, "prefer_tflite_model", False),
+    (int, "num_tflite_pools", 0),
+    (int, "num_tflite_interpreters_per_pool", 1),
+    (bool, "xla_cpu_compilation_enabled", False),
+    (bool, "xla_gpu_compilation_enabled", False),
+    (bool, "enable_profiler", True),
+    (str, "thread_pool_factory_config_file", ""),
+    (str, "mixed_precision", ""),
+    (bool, "skip_initialize_tpu", False),
+    (bool, "enable_grpc_healthcheck_service", False),
+    (bool, "enable_serialization_as_tensor_content", False),
+)
+
+
+def _warn(message: str) -> None:
+    print(f"serving-opt serve: warning: {message}", file=sys.stderr, flush=True)
+
+
+def warn_ignored_flags(fv: flags.FlagValues) -> list[str]:
+    """One warning line per given tensorflow_model_server flag the local server ignores.
+
+    Example:
+        >>> warn_ignored_flags(fv)   # after --ssl_config_file=/etc/ssl.config
+        serving-opt serve: warning: --ssl_config_file is a tensorflow_model_server flag ...
+        ['ssl_config_file']
+    """
+    given = [name for _, name, _ in IGNORED_FLAGS if fv[name].present]
+    for name in given:
+        _warn(f"--{name} is a tensorflow_model_server flag the local server does not "
+              "implement; ignored")
+    if fv.enable_batching:
+        _warn("--enable_batching: the local server runs requests one by one (no "
+              "server-side batching); --batching_parameters_file is only validated")
+    return given
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -74,8 +134,20 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_integer("tensorflow_inter_op_parallelism", 0,
                          "Ops run in parallel (0: TensorFlow's default).", flag_values=fv)
     flags.DEFINE_boolean("enable_batching", False,
-                         "Only false: the local server does not batch requests.",
+                         "Accepted; with --batching_parameters_file the file is parsed and "
+                         "validated, but requests are run one by one (a warning says so).",
                          flag_values=fv)
+    flags.DEFINE_string("batching_parameters_file", None,
+                        "Text BatchingParameters; parsed and validated like TF Serving.",
+                        flag_values=fv)
+    flags.DEFINE_float("model_config_file_poll_wait_seconds", 0,
+                       "Seconds between re-reads of --model_config_file (0: read once).",
+                       flag_values=fv)
+    for kind, name, default in IGNORED_FLAGS:
+        define = {bool: flags.DEFINE_boolean, int: flags.DEFINE_integer,
+                  float: flags.DEFINE_float, str: flags.DEFINE_string}[kind]
+        define(name, default, "tensorflow_model_server flag: accepted, not implemented by the "
+               "local server (a warning says so).", flag_values=fv)
     flags.DEFINE_integer("grpc_max_threads", 128, "Threads handling gRPC requests.",
                          flag_values=fv)
     flags.DEFINE_integer("parent_pipe_fd", -1,
@@ -96,11 +168,6 @@ def _options(fv: flags.FlagValues):
         raise UsageError(
             f"--rest_api_port={fv.rest_api_port} is the same as --port",
             "give the REST API its own port (TF Serving uses 8500 for gRPC, 8501 for REST)",
-        )
-    if fv.enable_batching:
-        raise UsageError(
-            "--enable_batching is not supported by the local server",
-            "drop --enable_batching (requests are run one by one)",
         )
     if not fv.model_config_file and not fv.model_base_path:
         raise UsageError(
@@ -143,6 +210,9 @@ def _options(fv: flags.FlagValues):
         rest_api_num_threads=fv.rest_api_num_threads,
         rest_api_timeout_in_ms=fv.rest_api_timeout_in_ms,
         rest_api_enable_cors_support=fv.rest_api_enable_cors_support,
+        model_config_file_poll_wait_seconds=fv.model_config_file_poll_wait_seconds,
+        enable_batching=fv.enable_batching,
+        batching_parameters_file=fv.batching_parameters_file,
     )
 
 
@@ -193,6 +263,7 @@ def configure_runtime() -> None:
 
 def main(fv: flags.FlagValues) -> int:
     options = _options(fv)
+    warn_ignored_flags(fv)
     _log_to_stderr(fv.verbosity)
     stop = threading.Event()
     ready = threading.Event()

@@ -35,11 +35,29 @@ def answer(context: grpc.ServicerContext, compute: Callable[[], T]) -> T:
     try:
         return compute()
     except ServingStatusError as e:
-        context.abort(e.code, e.message)
+        context.abort(e.code, truncate_message(e.message))
     except Exception as e:  # noqa: BLE001 - a server must answer, not die
         log.exception("request failed unexpectedly")
-        context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+        context.abort(grpc.StatusCode.INTERNAL, truncate_message(f"{type(e).__name__}: {e}"))
     raise AssertionError("unreachable: context.abort raises")
+
+
+ERROR_MESSAGE_LIMIT = 1024  # grpc_status_util.cc kErrorMessageLimit (bytes)
+
+
+def truncate_message(message: str) -> str:
+    """``ToGRPCStatus``: a message over 1024 bytes keeps its first 1024 + "...TRUNCATED".
+
+    Only gRPC answers are cut; REST error bodies carry the whole message, as upstream.
+
+    Example:
+        >>> truncate_message("x" * 1100)[-15:]
+        'xxx...TRUNCATED'
+    """
+    raw = message.encode("utf-8", "surrogatepass")
+    if len(raw) <= ERROR_MESSAGE_LIMIT:
+        return message
+    return raw[:ERROR_MESSAGE_LIMIT].decode("utf-8", "ignore") + "...TRUNCATED"
 
 
 def deadline_to_timeout_ms(context: grpc.ServicerContext) -> int | None:

@@ -118,6 +118,29 @@ def read_saved_model(export_dir: str):
     )
 
 
+def check_bundle_directory(export_dir: str) -> None:
+    """TF Serving's checks before loading a version (``LoadSessionBundleOrSavedModelBundle``).
+
+    A legacy SessionBundle (``export.meta``) is UNIMPLEMENTED; a directory with neither
+    ``saved_model.pb`` nor ``saved_model.pbtxt`` is NOT_FOUND, with upstream's texts.
+
+    Example:
+        >>> check_bundle_directory("/models/m/empty")
+        Traceback (most recent call last):
+        ServingStatusError: NOT_FOUND: Specified file path does not appear to contain a ...
+    """
+    if os.path.exists(os.path.join(export_dir, "export.meta")):
+        raise unimplemented("Session Bundle is deprecated and removed.")
+    if not any(
+        os.path.exists(os.path.join(export_dir, name))
+        for name in (SAVED_MODEL_PB, SAVED_MODEL_PBTXT)
+    ):
+        raise not_found(
+            "Specified file path does not appear to contain a SavedModel bundle (should have "
+            f"a file called `saved_model.pb`)\nSpecified file path: {export_dir}"
+        )
+
+
 def find_meta_graph(saved_model, tags: Sequence[str]):
     """The MetaGraphDef whose tag set equals ``tags`` exactly (C++ ``FindMetaGraphDef``).
 
@@ -176,6 +199,7 @@ class Servable:
 
         # Reading first gives the C++ loader's messages for the common failures; TF's
         # Python loader would raise OSError/RuntimeError with different wording.
+        check_bundle_directory(path)
         meta_graph_def = find_meta_graph(read_saved_model(path), options.tags)
         graph = tf.Graph()
         session = tf.compat.v1.Session(graph=graph, config=options.session_config)

@@ -46,7 +46,10 @@ class ServerOptions:
     free port. ``rest_api_port`` 0 means no REST API (as upstream); None or -1 picks a
     free port (not upstream: for tests and validate). ``startup_timeout_seconds`` bounds
     the initial load (None: wait forever, like the real server when no version directory
-    exists yet).
+    exists yet). ``model_config_file_poll_wait_seconds`` > 0 re-reads the config file that
+    often and applies it (models added or removed). ``enable_batching`` with
+    ``batching_parameters_file``: the file is parsed and validated (batching.py), requests
+    are not batched.
 
     Example:
         >>> ServerOptions(model_base_path="/models/m").model_name
@@ -75,6 +78,9 @@ class ServerOptions:
     rest_api_num_threads: int = 0
     rest_api_timeout_in_ms: int = 30000
     rest_api_enable_cors_support: bool = False
+    model_config_file_poll_wait_seconds: float = 0
+    enable_batching: bool = False
+    batching_parameters_file: str | None = None
 
 
 def build_model_server_config(options: ServerOptions):
@@ -153,6 +159,26 @@ class RunningServer:
         self.rest_port = rest_server.port if rest_server is not None else 0
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
+        self._stop_polling = threading.Event()
+        self._poller: threading.Thread | None = None
+
+    def poll_config_file(self, path: str, wait_seconds: float) -> None:
+        """Re-reads ``path`` every ``wait_seconds`` and reloads the core with it, like
+        ``--model_config_file_poll_wait_seconds``; a bad file is logged and skipped."""
+
+        def poll() -> None:
+            while not self._stop_polling.wait(wait_seconds):
+                try:
+                    self.core.reload_config(model_config.read_config_file(path))
+                except ServingStatusError as e:
+                    log.error("Failed to reload config file %s: %s", path, e.to_text())
+                except Exception:  # noqa: BLE001 - keep polling, like the C++ thread
+                    log.exception("Failed to reload config file %s", path)
+
+        self._poller = threading.Thread(
+            target=poll, name="serving-opt-config-poll", daemon=True
+        )
+        self._poller.start()
 
     @property
     def address(self) -> str:
@@ -195,6 +221,9 @@ class RunningServer:
         with self._stop_lock:
             if self._stopped.is_set():
                 return
+            self._stop_polling.set()
+            if self._poller is not None:
+                self._poller.join()
             if self._rest_server is not None:
                 self._rest_server.stop()
             self._grpc_server.stop(grace).wait()
@@ -270,6 +299,13 @@ def serve(
     from serving_opt.serving.model_server.model_service import ModelService
     from serving_opt.serving.model_server.prediction_service import PredictionService
 
+    if options.enable_batching and options.batching_parameters_file:
+        from serving_opt.serving.model_server.batching import read_batching_parameters
+
+        try:
+            read_batching_parameters(options.batching_parameters_file)
+        except ServingStatusError as e:
+            raise ServerStartError(f"Failed to start server. Error: {e.to_text()}") from None
     core = ServerCore(core_options(options))
     try:
         server_config = config if config is not None else build_model_server_config(options)
@@ -323,6 +359,10 @@ def serve(
     log.info("Running gRPC ModelServer at %s ...", running.address)
     if rest_server is not None:
         log.info("Exporting HTTP/REST API at:%s ...", running.rest_address)
+    if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
+        running.poll_config_file(
+            options.model_config_file, options.model_config_file_poll_wait_seconds
+        )
     if on_ready is not None:
         on_ready(running.ready_line())
     return running
