@@ -13,7 +13,8 @@ venv: $(STAMP)
 # Re-install only when the dependency pins or the package metadata change.
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	@# beam: serving-opt compare and its tests (tests/test_compare.py).
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,beam]'
 	@touch $(STAMP)
 	@# Bazel < 7.1 cannot watch the venv: re-list its packages so cached test results of
 	@# the previous venv are not reused (tools/bazel/venv_python.bzl).
@@ -34,7 +35,7 @@ demo: $(STAMP)
 
 # The bench's extra (matplotlib, for its chart), on top of the dev install.
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,bench]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,beam,bench]'
 	@touch $(BENCH_STAMP)
 
 # Original vs lossless, int8, fp16 and GTT quantize_weights on the text classifier, wide &

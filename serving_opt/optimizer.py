@@ -90,6 +90,9 @@ class OptimizeOptions:
     max_probability_error: float = parity.DEFAULT_MAX_PROBABILITY_ERROR
     # Serve the result over gRPC before publishing (serving-opt validate); None = skip.
     validate: object | None = None  # a serving_opt.serving.validate.ValidateOptions
+    # A last gate after parity: both models on every example of these TFRecord/JSON-lines
+    # shards, on Apache Beam's DirectRunner (serving_opt.compare; needs the beam extra).
+    compare_examples: str | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,10 @@ def check_options(options: OptimizeOptions) -> None:
     grappler_lib.parse_passes(options.grappler)
     if not loader.parse_tags(options.saved_model_tags):
         raise UsageError("--saved_model_tags is empty", "e.g. --saved_model_tags=serve")
+    if options.compare_examples:
+        from serving_opt.compare import require_beam
+
+        require_beam()
 
 
 def optimize(
@@ -530,10 +537,36 @@ def prove(run: Run, graph: ServingGraph, staging: str) -> None:
                 f"{report.summary()}; nothing was published",
                 "drop the lossy transform, or loosen --atol/--rtol if the drift is acceptable",
             )
+    if options.compare_examples:
+        compare_gate(run, graph, staging)
     with run.stage("tf2_load", "checking it loads with tf.saved_model.load", step="-") as stage:
         # The session loader ran in the gate; TF2's loader must take the result too.
         stage.done(graph, check_loads_in_tf2(staging, run.input_dir, plan_.tags,
                                              graph.signature_defs))
+
+
+def compare_gate(run: Run, graph: ServingGraph, staging: str) -> None:
+    """Stage 7b (``--compare_examples``): both models on every example of the shards, on
+    Beam's DirectRunner, judged like the parity gate (exact, or the lossy gate)."""
+    from serving_opt import compare as compare_lib
+
+    options = run.options
+    with run.stage("compare", f"comparing on {options.compare_examples}", step="-") as stage:
+        report = compare_lib.compare(run.input_dir, staging, options.compare_examples,
+                                     compare_lib.CompareOptions(
+                                         signatures=tuple(options.signatures),
+                                         saved_model_tags=options.saved_model_tags,
+                                         atol=options.atol, rtol=options.rtol,
+                                         allow_file_ops=options.allow_file_ops))
+        lossy = parity.LossyGate(options.min_top1_agreement, options.max_probability_error) \
+            if options.quantize != "none" else None
+        failures = report.failures(lossy)
+        stage.done(graph, f"{report.examples} examples: "
+                   + ("ok" if not failures else failures[0]))
+    if failures:
+        raise ParityError(f"compare on {options.compare_examples}: {failures[0]}; nothing "
+                          "was published",
+                          "see serving-opt compare for the full report of the examples")
 
 
 def serve_before_publishing(run: Run, staging: str):

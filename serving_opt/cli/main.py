@@ -22,7 +22,7 @@ from absl import flags
 from serving_opt.errors import EXIT_FAILURE, EXIT_USAGE, ServingOptError, first_line
 
 PROG = "serving-opt"
-COMMANDS = ("inspect", "optimize", "validate", "serve")
+COMMANDS = ("inspect", "optimize", "validate", "serve", "compare")
 
 
 def _command_module(name: str):
@@ -174,7 +174,9 @@ def _main(argv: list[str], default_command: str | None) -> int:
     except flags.Error as e:
         print(f"{PROG} {command}: {e}; see `{PROG} {command} --help`", file=sys.stderr)
         return EXIT_USAGE
-    if len(leftover) > 1:
+    # `serving-opt compare ... -- --project=p`: what follows -- is the command's own.
+    passes_args = getattr(module, "PASSES_ARGS_AFTER_DASHES", False)
+    if len(leftover) > 1 and not (passes_args and "--" in args):
         print(
             f"{PROG} {command}: unexpected argument(s) {' '.join(leftover[1:])}; "
             f"flags take the form --name=value, see `{PROG} {command} --help`",
@@ -198,7 +200,7 @@ def _main(argv: list[str], default_command: str | None) -> int:
         configure()  # before TensorFlow is imported, or it is too late
     _quiet_tensorflow(verbosity)
     try:
-        return int(module.main(fv) or 0)
+        return int((module.main(fv, leftover[1:]) if passes_args else module.main(fv)) or 0)
     except ServingOptError as e:
         if verbosity > 0:
             traceback.print_exc()

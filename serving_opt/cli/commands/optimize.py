@@ -98,6 +98,11 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("examples", None,
                         "Inputs for the parity check: TFRecord of tf.Example, or JSON lines "
                         "of {alias: value} requests (default: synthesized).", flag_values=fv)
+    flags.DEFINE_string("compare_examples", None,
+                        "A last gate before publishing: compare both models on every example "
+                        "of these TFRecord/JSON-lines shards (a glob; local, gs://, s3://) "
+                        "on Apache Beam, as serving-opt compare does. Needs "
+                        "pip install serving-opt[beam].", flag_values=fv)
     flags.DEFINE_float("atol", 1e-5, "Absolute tolerance for float outputs.", flag_values=fv)
     flags.DEFINE_float("rtol", 1e-4, "Relative tolerance for float outputs.", flag_values=fv)
     flags.DEFINE_integer("benchmark_runs", 100,
@@ -149,6 +154,7 @@ def main(fv: flags.FlagValues) -> int:
         overwrite=fv.overwrite,
         freeze=fv.freeze,
         examples=fv.examples,
+        compare_examples=fv.compare_examples,
         atol=fv.atol,
         rtol=fv.rtol,
         benchmark_runs=fv.benchmark_runs,

@@ -1,0 +1,89 @@
+"""Compare two SavedModels on a whole evaluation set, as a job on Apache Beam.
+
+Reads TFRecord shards of serialized tf.Example (or JSON lines of requests) matching
+--examples from any filesystem Beam reads (local, gs://, s3://), runs both models on
+every example with Beam's RunInference (the session loader, as TF Serving loads), and
+reports per signature output: mismatches under --atol/--rtol, abs/rel diffs and their
+histogram, top-1 agreement and class confusion for classifiers, and the worst examples
+(<shard>:<record index>). Exit 0 when nothing differs, 1 otherwise. Arguments after --
+go to Beam (--project, --region, --temp_location, ...). See docs/compare.md.
+
+Example:
+  serving-opt compare --baseline=models/clf/1 --candidate=models/clf/2 \\
+      --examples='/data/eval/part-*.tfrecord' --direct_num_workers=2
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import flags
+
+from serving_opt.cli import main as cli
+from serving_opt.errors import UsageError
+
+SUMMARY = "compare two models on every example of sharded TFRecords (Apache Beam)"
+PASSES_ARGS_AFTER_DASHES = True  # `-- --project=p --region=r`: Beam pipeline options
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string("baseline", None, "SavedModel whose answers are expected.",
+                        flag_values=fv)
+    flags.DEFINE_string("candidate", None, "SavedModel to compare with it.", flag_values=fv)
+    flags.DEFINE_string("examples", None,
+                        "Glob of TFRecord shards of serialized tf.Example, or of JSON-lines "
+                        "files of {alias: [rows]} requests; local, gs://, s3://.",
+                        flag_values=fv)
+    flags.DEFINE_list("signatures", [], "Signature keys to compare (default: every one the "
+                      "examples fit).", flag_values=fv)
+    flags.DEFINE_string("saved_model_tags", "serve", "MetaGraph tag set.", flag_values=fv)
+    flags.DEFINE_string("runner", "DirectRunner",
+                        "Beam runner: DirectRunner, PrismRunner, DataflowRunner, FlinkRunner, "
+                        "SparkRunner, ...", flag_values=fv)
+    flags.DEFINE_integer("direct_num_workers", 1,
+                         "DirectRunner: worker processes (>1 runs them in parallel).",
+                         flag_values=fv)
+    flags.DEFINE_integer("batch_size", 256, "Largest batch sent to a model.", flag_values=fv)
+    flags.DEFINE_integer("worst", 10, "Worst examples kept per output.", flag_values=fv)
+    flags.DEFINE_float("atol", 1e-5, "Absolute tolerance for float outputs.", flag_values=fv)
+    flags.DEFINE_float("rtol", 1e-4, "Relative tolerance for float outputs.", flag_values=fv)
+    flags.DEFINE_bool("allow_file_ops", False,
+                      "Run models whose signatures touch files or the host (see "
+                      "serving-opt validate --help). Only for models you trust.",
+                      flag_values=fv)
+    flags.DEFINE_string("report", None, "Also write the report as JSON to this file.",
+                        flag_values=fv)
+    flags.DEFINE_bool("json", False, "Print the report as JSON instead of a table.",
+                      flag_values=fv)
+    for name in ("baseline", "candidate", "examples"):
+        cli.required(name, fv)
+
+
+def main(fv: flags.FlagValues, pipeline_args: list[str] | None = None) -> int:
+    from serving_opt import report as report_lib
+    from serving_opt.compare import CompareOptions, compare, format_report
+
+    pipeline_args = list(pipeline_args or [])
+    stray = [a for a in pipeline_args if not a.startswith("-")]
+    if stray:
+        raise UsageError(f"unexpected argument(s) {' '.join(stray)}",
+                         "Beam options after -- take the form --name=value")
+    options = CompareOptions(
+        signatures=tuple(fv.signatures), saved_model_tags=fv.saved_model_tags,
+        runner=fv.runner, direct_num_workers=fv.direct_num_workers,
+        pipeline_args=tuple(pipeline_args), batch_size=fv.batch_size, atol=fv.atol,
+        rtol=fv.rtol, worst_k=fv.worst, allow_file_ops=fv.allow_file_ops,
+    )
+    result = compare(fv.baseline, fv.candidate, fv.examples, options,
+                     progress=lambda m: print(m, file=sys.stderr, flush=True))
+    if fv.report:
+        report_lib.write_json(result, fv.report)
+    if fv.json:
+        import json
+
+        print(json.dumps(report_lib.to_jsonable(result), indent=2))
+    else:
+        print(format_report(result))
+    if not result.ok:
+        print(f"serving-opt compare: {result.failures()[0]}", file=sys.stderr)
+    return 0 if result.ok else 1

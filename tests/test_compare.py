@@ -1,0 +1,238 @@
+"""serving-opt compare: both models on every example of sharded TFRecords, on Beam's
+DirectRunner, checked against an independent numpy computation over the same examples."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("apache_beam")
+
+import tensorflow as tf  # noqa: E402
+
+from serving_opt import samples  # noqa: E402
+from serving_opt.compare import CompareOptions, compare, format_report  # noqa: E402
+from serving_opt.errors import ServingOptError  # noqa: E402
+from serving_opt.stages import loader, parity  # noqa: E402
+from serving_opt.stages.parity import run_signature  # noqa: E402
+
+
+def write_shards(directory: str, records: list[bytes], shards: int) -> list[str]:
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for s in range(shards):
+        path = os.path.join(directory, f"part-{s:02d}.tfrecord")
+        with tf.io.TFRecordWriter(path) as w:
+            for r in records[s::shards]:
+                w.write(r)
+        paths.append(path)
+    return paths
+
+
+def keyed(paths: list[str], records: list[bytes], shards: int) -> tuple[list[str], list[bytes]]:
+    """The keys compare gives (``<shard>:<index>``), in the same order as the records."""
+    keys, ordered = [], []
+    for s, path in enumerate(paths):
+        for i, r in enumerate(records[s::shards]):
+            keys.append(f"{path}:{i}")
+            ordered.append(r)
+    return keys, ordered
+
+
+def answers(model_dir: str, signature: str, records: list[bytes]) -> dict:
+    """The model's outputs for ``records``, in one session run per 500 records."""
+    sess, mg = loader.load_session(model_dir)
+    try:
+        sig = mg.signature_def[signature]
+        alias = next(iter(sig.inputs))
+        parts = [run_signature(sess, sig, {alias: np.array(records[i:i + 500], dtype=object)})
+                 for i in range(0, len(records), 500)]
+    finally:
+        sess.close()
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def output(report, signature: str, name: str):
+    return next(o for o in report.outputs if o.signature == signature and o.output == name)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    records = samples.sample_examples(3000, seed=7)
+    paths = write_shards(str(tmp_path_factory.mktemp("examples")), records, 4)
+    keys, ordered = keyed(paths, records, 4)
+    return os.path.dirname(paths[0]) + "/part-*.tfrecord", keys, ordered
+
+
+def test_identical_models_match_on_every_example(classifier_dir, shards):
+    pattern, keys, _ = shards
+    report = compare(classifier_dir, classifier_dir, pattern)
+    assert report.ok, format_report(report)
+    assert report.examples == len(keys) == 3000 and report.shards == 4
+    assert {o.signature for o in report.outputs} == {"serving_default", "classification",
+                                                     "predict"}
+    for o in report.outputs:
+        assert o.examples == 3000 and o.mismatches == 0 and not o.worst
+    assert output(report, "predict", "probabilities").top1_agreement == 1.0
+    assert "OK" in format_report(report)
+
+
+def perturb(model_dir: str, destination: str, variable: str, delta: float) -> str:
+    """A copy of the model with one element of one variable changed in its checkpoint."""
+    shutil.copytree(model_dir, destination)
+    prefix = os.path.join(destination, "variables", "variables")
+    reader = tf.train.load_checkpoint(prefix)
+    names = sorted(reader.get_variable_to_shape_map())
+    values = [reader.get_tensor(n) for n in names]
+    index = names.index(variable)
+    changed = values[index].copy()
+    changed.flat[0] += delta
+    values[index] = changed
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
+                      tensors=values)
+    return destination
+
+
+def test_perturbed_weight_found_exactly(classifier_dir, shards, tmp_path):
+    pattern, keys, records = shards
+    weights = [n for n in tf.train.load_checkpoint(
+        os.path.join(classifier_dir, "variables", "variables")).get_variable_to_shape_map()
+        if n.startswith("logits_layer") and "kernel" in n]
+    candidate = perturb(classifier_dir, str(tmp_path / "perturbed"), weights[0], 0.5)
+    report = compare(classifier_dir, candidate, pattern,
+                     CompareOptions(signatures=("predict",), worst_k=5, batch_size=128))
+    assert not report.ok
+    b, c = answers(classifier_dir, "predict", records), answers(candidate, "predict", records)
+    for name in ("probabilities", "logits"):
+        got = output(report, "predict", name)
+        ref, cand = b[name].astype(np.float64), c[name].astype(np.float64)
+        close = np.isclose(cand, ref, atol=parity.DEFAULT_ATOL, rtol=parity.DEFAULT_RTOL)
+        diff = np.abs(cand - ref)
+        assert got.mismatches == int((~close).sum()) > 0
+        assert got.mismatched_examples == int((~close).any(axis=1).sum())
+        assert got.max_abs_diff == pytest.approx(diff.max(), rel=1e-12)
+        # Float32 kernels round a row slightly differently at other batch sizes.
+        assert got.mean_abs_diff == pytest.approx(diff.mean(), rel=1e-6)
+        assert sum(got.histogram.values()) == diff.size
+        row = diff.max(axis=1)
+        order = sorted((i for i in range(len(keys)) if row[i] > 0),
+                       key=lambda i: (-row[i], keys[i]))[:5]
+        assert [k for k, _ in got.worst] == [keys[i] for i in order]
+        assert [s for _, s in got.worst] == pytest.approx([row[i] for i in order])
+    probs = output(report, "predict", "probabilities")
+    agree = b["probabilities"].argmax(1) == c["probabilities"].argmax(1)
+    assert probs.top1_agreement == pytest.approx(agree.mean())
+    moved = {(x, y): n for x, y, n in probs.confusion}
+    assert sum(moved.values()) == len(records)
+    ids = output(report, "predict", "class_ids")
+    assert ids.mismatches == int((b["class_ids"] != c["class_ids"]).sum())
+    text = format_report(report)
+    assert "DIFFERENT" in text and probs.worst[0][0] in text
+
+
+def test_quantized_candidate_agreement_counted(text_classifier_base, tmp_path):
+    from conftest import TEXT_CLASSIFIER_VOCAB
+
+    from serving_opt.optimizer import OptimizeOptions, optimize
+
+    source = os.path.join(text_classifier_base, "1")
+    published = optimize(source, str(tmp_path / "models"), OptimizeOptions(
+        quantize="int8", benchmark_runs=0, cold_start=False, allow_regression=True,
+        min_top1_agreement=0.98)).output_dir  # this small table agrees ~99.4% on 512 rows
+    records = samples.text_examples(2000, seed=3, vocab_size=TEXT_CLASSIFIER_VOCAB)
+    paths = write_shards(str(tmp_path / "text"), records, 3)
+    _, ordered = keyed(paths, records, 3)
+    report = compare(source, published, str(tmp_path / "text" / "part-*"),
+                     CompareOptions(signatures=("predict",)))
+    b, c = answers(source, "predict", ordered), answers(published, "predict", ordered)
+    agree = int((b["probabilities"].argmax(1) == c["probabilities"].argmax(1)).sum())
+    got = output(report, "predict", "probabilities")
+    assert got.top1_rows == 2000
+    assert got.top1_agreement == agree / 2000
+    assert output(report, "predict", "class_ids").top1_agreement == \
+        float((b["class_ids"] == c["class_ids"]).mean())
+    assert got.max_abs_diff == pytest.approx(
+        np.abs(b["probabilities"].astype(np.float64) - c["probabilities"]).max(), rel=1e-6)
+    assert report.failures(parity.LossyGate()) == [] or agree / 2000 < 0.995
+
+
+def test_missing_empty_and_malformed_shards_named(classifier_dir, tmp_path):
+    with pytest.raises(ServingOptError, match="matches no files"):
+        compare(classifier_dir, classifier_dir, str(tmp_path / "nothing-*.tfrecord"))
+
+    good = write_shards(str(tmp_path / "a"), samples.sample_examples(20), 1)[0]
+    empty = tmp_path / "a" / "part-99.tfrecord"
+    empty.write_bytes(b"")
+    with pytest.raises(ServingOptError, match=f"shard {empty} is empty"):
+        compare(classifier_dir, classifier_dir, str(tmp_path / "a" / "part-*"))
+
+    # A TFRecord cut in the middle of a record.
+    data = open(good, "rb").read()
+    cut = tmp_path / "b" / "part-00.tfrecord"
+    cut.parent.mkdir()
+    cut.write_bytes(data[:len(data) - 30])
+    with pytest.raises(ServingOptError, match=f"shard {cut} record 19 is truncated"):
+        compare(classifier_dir, classifier_dir, str(cut))
+
+    # Valid framing, but a record that is not a tf.Example.
+    bad = tmp_path / "c" / "part-00.tfrecord"
+    bad.parent.mkdir()
+    with tf.io.TFRecordWriter(str(bad)) as w:
+        w.write(samples.sample_examples(1)[0])
+        w.write(b"\xff\xff\xff not a proto")
+    with pytest.raises(ServingOptError, match=f"shard {bad} record 1 is not a serialized "
+                                              "tf.Example"):
+        compare(classifier_dir, classifier_dir, str(bad))
+
+    junk = tmp_path / "d" / "part-00.tfrecord"
+    junk.parent.mkdir()
+    junk.write_bytes(b"hello, this is text and not records\n")
+    with pytest.raises(ServingOptError, match=f"shard {junk} is neither a TFRecord"):
+        compare(classifier_dir, classifier_dir, str(junk))
+
+
+def test_cli_two_workers_and_beam_args(classifier_dir, shards, tmp_path, capsys):
+    from serving_opt.cli.main import main
+
+    pattern, _, _ = shards
+    report_path = tmp_path / "compare.json"
+    code = main(["serving-opt", "compare", f"--baseline={classifier_dir}",
+                 f"--candidate={classifier_dir}", f"--examples={pattern}",
+                 "--signatures=predict", "--direct_num_workers=2", f"--report={report_path}",
+                 "--", "--direct_running_mode=multi_processing"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "3000 examples from 4 shard(s)" in out and "2 workers" in out
+    import json
+
+    assert json.loads(report_path.read_text())["examples"] == 3000
+
+
+def test_missing_beam_is_one_clear_line(monkeypatch):
+    import builtins
+
+    from serving_opt.compare import require_beam
+
+    real = builtins.__import__
+
+    def no_beam(name, *args, **kwargs):
+        if name == "apache_beam" or name.startswith("apache_beam."):
+            raise ImportError("No module named 'apache_beam'", name="apache_beam")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_beam)
+    with pytest.raises(ServingOptError, match=r"pip install serving-opt\[beam\]"):
+        require_beam()
+
+
+def test_optimize_compare_examples_gate(classifier_dir, shards, tmp_path):
+    from serving_opt.optimizer import OptimizeOptions, optimize
+
+    pattern, _, _ = shards
+    report = optimize(classifier_dir, str(tmp_path / "models"), OptimizeOptions(
+        compare_examples=pattern, benchmark_runs=0, cold_start=False))
+    assert os.path.isdir(report.output_dir)
+    assert any(s.name == "compare" and "3000 examples: ok" in s.note for s in report.stages)
