@@ -93,6 +93,12 @@ class OptimizeOptions:
     # A last gate after parity: both models on every example of these TFRecord/JSON-lines
     # shards, on Apache Beam's DirectRunner (serving_opt.compare; needs the beam extra).
     compare_examples: str | None = None
+    # The TensorFlow release of the TF Serving that will load the result: its op registry
+    # must have every op and attr written (installed once if missing). None: checked
+    # against the current TF Serving release only when a runtime for it is already here
+    # (cached, $SERVING_OPT_RUNTIME_X_Y, this interpreter); the report says which.
+    serving_version: str | None = None
+    serving_runtime_python: str | None = None  # an interpreter with that TensorFlow
 
 
 @dataclass(frozen=True)
@@ -171,6 +177,10 @@ def check_options(options: OptimizeOptions) -> None:
         from serving_opt.compare import require_beam
 
         require_beam()
+    if options.serving_version is not None:
+        from serving_opt.serving import runtime as runtime_lib
+
+        runtime_lib.check_version(options.serving_version)
 
 
 def optimize(
@@ -337,10 +347,12 @@ def build_candidate(run: Run) -> str:
     if mode == "never":
         return _candidate(run, frozen=False, note="--freeze=never")
     before = run.snapshot()
+    from serving_opt.serving.runtime import TargetRuntimeError
+
     try:
         return _candidate(run, frozen=True)
-    except UsageError:
-        raise
+    except (UsageError, TargetRuntimeError):
+        raise  # keeping the variables would not change the verdict
     except Exception as e:  # noqa: BLE001 - auto must never crash on a freezing failure
         if isinstance(e, ParityError) and (run.plan.lossy or run.options.quantize != "none"):
             raise  # the lossy work's verdict, not freezing's
@@ -372,6 +384,7 @@ def _candidate(run: Run, frozen: bool, note: str = "") -> str:
         graph = quantize(run, graph)
     staging = write(run, graph)
     try:
+        check_target_runtime(run, graph, staging)
         prove(run, graph, staging)
     except BaseException:
         writer.discard(staging)
@@ -510,6 +523,35 @@ def write(run: Run, graph: ServingGraph) -> str:
         run.size_after = SizeReport.of(staging)
         stage.done(graph)
     return staging
+
+
+def check_target_runtime(run: Run, graph: ServingGraph, staging: str) -> None:
+    """Stage 6b: every op and attr written must be in the target TF Serving's TensorFlow.
+
+    The written file is checked (the writer strips attrs at their default value, as TF
+    does, so a new attr left at its default does not count).
+    """
+    from serving_opt.serving import runtime as runtime_lib
+
+    version = run.options.serving_version
+    python = run.options.serving_runtime_python
+    target = version or runtime_lib.DEFAULT_SERVING_VERSION
+    with run.stage("target_check", f"checking ops against TensorFlow {target}'s registry",
+                   step="-") as stage:
+        if version is None:
+            runtime = runtime_lib.find_runtime(target, python)  # never a download
+            if runtime is None:
+                stage.done(graph, f"skipped: no TensorFlow {runtime_lib.major_minor(target)} "
+                           f"runtime here (--serving_version={target} installs one)")
+                return
+        else:
+            runtime = runtime_lib.resolve_runtime(version, python, run.say)
+        registry = runtime_lib.op_registry(runtime)
+        saved_model = loader.read_saved_model(staging)
+        checked = sum(runtime_lib.check_graph(mg.graph_def, registry, runtime.tf_version)
+                      for mg in saved_model.meta_graphs)
+        stage.done(graph, f"{checked} nodes: every op and attr is in TensorFlow "
+                   f"{runtime.tf_version} ({runtime.source})")
 
 
 def prove(run: Run, graph: ServingGraph, staging: str) -> None:

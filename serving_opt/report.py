@@ -212,21 +212,29 @@ def format_validation_report(report) -> str:
     verdict = "VALIDATED" if report.ok else "NOT VALIDATED"
     out = [f"serving-opt validate: {verdict} {report.model_name} version {report.version} "
            f"({report.backend}: {report.backend_note})",
+           f"  server     {getattr(report, 'server', '') or report.backend}",
+           f"  tensorflow {getattr(report, 'tensorflow_version', '') or 'unknown'}",
+           f"  protocols  {', '.join(getattr(report, 'protocols', ('grpc',)))}",
            f"  model base {report.model_base}",
            f"  reference  {report.reference_dir}"]
+    if getattr(report, "runtime_note", ""):
+        out.append(f"  note       {report.runtime_note}")
     if report.warmup_file:
         out.append(f"  warmup     {report.warmup_file}")
     out.append("")
     out.append(table(["check", "ok", "detail"],
                      [[c.name, "yes" if c.ok else "NO", c.detail] for c in report.checks]))
     if report.load_test is not None:
-        lt = report.load_test
+        rest_lt = getattr(report, "rest_load_test", None)
+        first = "gRPC" if "grpc" in getattr(report, "protocols", ("grpc",)) else "REST"
+        loads = [(first, report.load_test)] + ([("REST", rest_lt)] if rest_lt else [])
         out.append("")
         out.append(table(
             ["load phase", "clients", "seconds", "requests", "errors", "req/s", "p50 ms",
              "p99 ms"],
-            [["gRPC", lt.concurrency, f"{lt.seconds:.1f}", lt.requests, lt.errors,
-              f"{lt.requests_per_second:.0f}", f"{lt.p50_ms:.2f}", f"{lt.p99_ms:.2f}"]]))
+            [[name, lt.concurrency, f"{lt.seconds:.1f}", lt.requests, lt.errors,
+              f"{lt.requests_per_second:.0f}", f"{lt.p50_ms:.2f}", f"{lt.p99_ms:.2f}"]
+             for name, lt in loads]))
     if report.failures:
         out.append("")
         out.extend(f"FAILED: {f}" for f in report.failures)

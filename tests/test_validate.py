@@ -172,13 +172,13 @@ def _fake_executable(directory, name: str, script: str) -> str:
 
 def test_docker_command_mounts_read_only_and_binds_loopback():
     spec = backends.ServerSpec(model_name="clf", model_base="/srv/models/clf",
-                               image="tensorflow/serving:2.18.0")
+                               image="tensorflow/serving:2.20.0")
     command = backends.docker_command(spec, 9123, "so-test")
     assert command[:2] == ["docker", "run"] and "--rm" in command
     assert "/srv/models/clf:/models/clf:ro" in command
     assert "127.0.0.1:9123:8500" in command
     assert "MODEL_NAME=clf" in command
-    assert command[command.index("tensorflow/serving:2.18.0") - 1] == "MODEL_BASE_PATH=/models"
+    assert command[command.index("tensorflow/serving:2.20.0") - 1] == "MODEL_BASE_PATH=/models"
 
 
 def test_binary_command_uses_tensorflow_model_server_flags():

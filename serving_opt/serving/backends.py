@@ -1,6 +1,6 @@
 """Model server backends: the real TF Serving (Docker or binary) or the local stand-in.
 
-All three are a child process serving gRPC on a loopback port, so one small class
+All three are a child process serving gRPC (and REST) on loopback ports, so one small class
 handles starting, log capture and stopping (always, also on Ctrl-C): only the
 command line differs. TFX's InfraValidator splits it the same way (a serving
 binary + a runner); here the runner is always a local process.
@@ -29,10 +29,17 @@ when we are killed; :meth:`ServerProcess.log_tail` gives its last lines for erro
 messages, also after the server stopped.
 
   * ``docker``: ``docker run tensorflow/serving:<tag>`` with the model base mounted
-    read-only at ``/models/<name>`` and a free host port mapped to 8500.
-  * ``binary``: ``tensorflow_model_server`` from PATH.
+    read-only at ``/models/<name>`` and free host ports mapped to 8500 (gRPC) and 8501
+    (REST, which the image always serves).
+  * ``binary``: ``tensorflow_model_server`` from PATH (``--rest_api_port``).
   * ``local``: ``serving-opt serve``, this project's TF-Serving-compatible server
-    (same flags, same gRPC API) for machines where neither of the above runs.
+    (same flags, same gRPC and REST APIs) for machines where neither of the above runs,
+    run by the interpreter of the target TensorFlow (``runtime.Runtime``).
+
+Each server says what it is (``ServerProcess.description``) and which TensorFlow answers
+(``ServerProcess.tf_version``): the image tag's release for docker, ``tensorflow_model_server
+--version``'s "TensorFlow Library" for the binary, and the stand-in's own interpreter for
+local (confirmed by the ``TensorFlow X`` line ``serve`` logs when it prints one).
   * ``auto``: docker if a Docker engine answers, else the binary if on PATH, else local.
 """
 
@@ -54,9 +61,10 @@ from dataclasses import dataclass, field
 from serving_opt.errors import ServingOptError, UsageError
 
 BACKENDS = ("auto", "docker", "binary", "local")
-DEFAULT_IMAGE = "tensorflow/serving:2.18.0"
+DEFAULT_IMAGE = "tensorflow/serving:2.20.0"  # the current TF Serving release
 BINARY_NAME = "tensorflow_model_server"
 CONTAINER_GRPC_PORT = 8500
+CONTAINER_REST_PORT = 8501
 
 # What each concrete backend is, for reports: a "local" pass is not a TF Serving pass.
 BACKEND_NOTES = {
@@ -84,6 +92,7 @@ class ServerSpec:
     # TF Serving retries a failed initial load 5 times, 60 s apart, before exiting; a
     # validation run wants the failure now. Real tensorflow_model_server flag.
     max_num_load_retries: int = 0
+    rest_api: bool = True  # also serve TF Serving's REST API (on its own free port)
     extra_flags: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -99,10 +108,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _server_flags(spec: ServerSpec, port: int, base: str) -> list[str]:
+def _server_flags(spec: ServerSpec, port: int, base: str, rest_port: int = 0) -> list[str]:
     return [
         f"--port={port}",
-        "--rest_api_port=0",
+        f"--rest_api_port={rest_port}",
         f"--model_name={spec.model_name}",
         f"--model_base_path={base}",
         f"--file_system_poll_wait_seconds={spec.file_system_poll_wait_seconds}",
@@ -113,8 +122,9 @@ def _server_flags(spec: ServerSpec, port: int, base: str) -> list[str]:
     ]
 
 
-def docker_command(spec: ServerSpec, host_port: int, container_name: str) -> list[str]:
-    """``docker run`` for tensorflow/serving: read-only model mount, loopback-only port.
+def docker_command(spec: ServerSpec, host_port: int, container_name: str,
+                   rest_host_port: int = 0) -> list[str]:
+    """``docker run`` for tensorflow/serving: read-only model mount, loopback-only ports.
 
     Example:
         >>> docker_command(ServerSpec("clf", "/m/clf"), 9000, "so-1")[:4]
@@ -125,6 +135,7 @@ def docker_command(spec: ServerSpec, host_port: int, container_name: str) -> lis
     args = [
         "docker", "run", "--rm", "--name", container_name,
         "-p", f"127.0.0.1:{host_port}:{CONTAINER_GRPC_PORT}",
+        *(["-p", f"127.0.0.1:{rest_host_port}:{CONTAINER_REST_PORT}"] if rest_host_port else []),
         "-v", f"{os.path.abspath(spec.model_base)}:{container_base}:ro",
         "-e", f"MODEL_NAME={spec.model_name}",
         "-e", "MODEL_BASE_PATH=/models",
@@ -138,25 +149,28 @@ def docker_command(spec: ServerSpec, host_port: int, container_name: str) -> lis
     return args
 
 
-def binary_command(spec: ServerSpec, port: int, binary: str = BINARY_NAME) -> list[str]:
+def binary_command(spec: ServerSpec, port: int, binary: str = BINARY_NAME,
+                   rest_port: int = 0) -> list[str]:
     """``tensorflow_model_server`` with the usual flags.
 
     Example:
         >>> binary_command(ServerSpec("clf", "/m/clf"), 9000)[1]
         '--port=9000'
     """
-    return [binary, *_server_flags(spec, port, os.path.abspath(spec.model_base))]
+    return [binary, *_server_flags(spec, port, os.path.abspath(spec.model_base), rest_port)]
 
 
-def local_command(spec: ServerSpec, port: int) -> list[str]:
-    """``serving-opt serve`` (this project's TF-Serving-compatible server), same flags.
+def local_command(spec: ServerSpec, port: int, rest_port: int = 0,
+                  python: str | None = None) -> list[str]:
+    """``serving-opt serve`` (this project's TF-Serving-compatible server), same flags, run
+    by ``python`` (the target TensorFlow's interpreter; default: this one).
 
     Example:
-        >>> local_command(ServerSpec("clf", "/m/clf"), 9000)[-8]
+        >>> local_command(ServerSpec("clf", "/m/clf"), 9000)[4]
         '--port=9000'
     """
-    return [sys.executable, "-m", "serving_opt.cli", "serve",
-            *_server_flags(spec, port, os.path.abspath(spec.model_base))]
+    return [python or sys.executable, "-m", "serving_opt.cli", "serve",
+            *_server_flags(spec, port, os.path.abspath(spec.model_base), rest_port)]
 
 
 class ServerProcess:
@@ -170,10 +184,16 @@ class ServerProcess:
 
     def __init__(self, backend: str, command: Sequence[str], port: int,
                  cleanup: Sequence[str] | None = None, env: dict | None = None,
-                 parent_pipe_flag: str | None = None) -> None:
+                 parent_pipe_flag: str | None = None, rest_port: int = 0,
+                 description: str = "", tf_version: str = "") -> None:
         self.backend = backend
         self.command = list(command)
         self.port = port
+        self.rest_port = rest_port  # 0: no REST API
+        # What answers, for reports and markers: "docker:<image>", "binary:<path> <ver>",
+        # "local:serving-opt serve (stand-in) on TensorFlow X".
+        self.description = description or backend
+        self.tf_version = tf_version
         self.cleanup = list(cleanup) if cleanup else None
         self.env = env
         # A flag taking a file descriptor: the server exits when that pipe reaches EOF.
@@ -186,6 +206,10 @@ class ServerProcess:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def rest_address(self) -> str | None:
+        return f"127.0.0.1:{self.rest_port}" if self.rest_port else None
 
     @property
     def pid(self) -> int | None:
@@ -355,30 +379,80 @@ def resolve_backend(name: str) -> str:
     return "local"
 
 
-def make_server(backend: str, spec: ServerSpec) -> ServerProcess:
+def make_server(backend: str, spec: ServerSpec, runtime=None) -> ServerProcess:
     """Builds (does not start) the server process for a concrete backend.
+
+    ``runtime`` (a ``runtime.Runtime``; default: this interpreter) is the TensorFlow the
+    local stand-in runs under; the real servers bring their own.
 
     Example:
         >>> make_server("local", ServerSpec("clf", "/m/clf")).backend
         'local'
     """
+    from serving_opt.serving import runtime as runtime_lib
+
     port = spec.port or free_port()
+    rest_port = free_port() if spec.rest_api else 0
+    while rest_port and rest_port == port:
+        rest_port = free_port()
     if backend == "docker":
         name = f"serving-opt-{uuid.uuid4().hex[:10]}"
-        return ServerProcess("docker", docker_command(spec, port, name), port,
-                             cleanup=["docker", "rm", "-f", name])
+        release = runtime_lib.image_version(spec.image)
+        return ServerProcess("docker", docker_command(spec, port, name, rest_port), port,
+                             cleanup=["docker", "rm", "-f", name], rest_port=rest_port,
+                             description=f"docker:{spec.image}",
+                             tf_version=f"{release} (image tag)" if release
+                             else "unknown (image tag names no release)")
     if backend == "binary":
         binary = shutil.which(BINARY_NAME)
         if binary is None:
             raise ServingOptError(f"{BINARY_NAME} is not on PATH",
                                   "install TF Serving, or use --server=docker or local")
-        return ServerProcess("binary", binary_command(spec, port, binary), port)
+        # Its version is asked once it has served (identify()): not every executable
+        # named tensorflow_model_server answers --version and exits.
+        return ServerProcess("binary", binary_command(spec, port, binary, rest_port), port,
+                             rest_port=rest_port, description=f"binary:{binary}")
     if backend == "local":
-        env = dict(os.environ)
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        return ServerProcess("local", local_command(spec, port), port, env=env,
-                             parent_pipe_flag="--parent_pipe_fd")
+        if runtime is None:
+            runtime = runtime_lib.Runtime(sys.executable, runtime_lib.current_tf_version(),
+                                          "current interpreter", "")
+        return ServerProcess("local", local_command(spec, port, rest_port, runtime.python),
+                             port, env=runtime.env(), parent_pipe_flag="--parent_pipe_fd",
+                             rest_port=rest_port,
+                             description="local:serving-opt serve (stand-in) on TensorFlow "
+                             f"{runtime.tf_version}", tf_version=runtime.tf_version)
     raise UsageError(f"unknown backend {backend}", f"use one of {', '.join(BACKENDS)}")
+
+
+def identify(server: ServerProcess) -> None:
+    """Completes a binary server's description and TensorFlow version from ``--version``."""
+    if server.backend == "binary" and not server.tf_version:
+        server_version, server.tf_version = binary_versions(server.command[0])
+        server.description = f"binary:{server.command[0]} {server_version}"
+
+
+def binary_versions(binary: str, timeout: float = 10.0) -> tuple[str, str]:
+    """(model server version, TensorFlow version) from ``tensorflow_model_server --version``
+    ("TensorFlow ModelServer: 2.20.0-rc0+dev.sha.x" / "TensorFlow Library: 2.20.0").
+
+    Example:
+        >>> binary_versions("/usr/bin/tensorflow_model_server")
+        ('2.20.0', '2.20.0')
+    """
+    try:
+        result = subprocess.run([binary, "--version"], capture_output=True, text=True,
+                                timeout=timeout, check=False, stdin=subprocess.DEVNULL,
+                                preexec_fn=_die_with_parent())
+        text = result.stdout + result.stderr
+    except (OSError, subprocess.TimeoutExpired):
+        text = ""
+    server = library = "unknown"
+    for line in text.splitlines():
+        if line.startswith("TensorFlow ModelServer:"):
+            server = line.split(":", 1)[1].strip() or server
+        elif line.startswith("TensorFlow Library:"):
+            library = line.split(":", 1)[1].strip() or library
+    return server, library if library != "unknown" else "unknown (--version did not say)"
 
 
 def wait_for_port(server: ServerProcess, timeout: float) -> None:

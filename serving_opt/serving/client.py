@@ -260,6 +260,11 @@ def check_metadata(stub, model_name: str, version: int, served: dict,
     response = stub.GetModelMetadata(request, timeout=timeout)
     signature_map = md.SignatureDefMap()
     response.metadata["signature_def"].Unpack(signature_map)
+    return compare_signature_maps(signature_map, served)
+
+
+def compare_signature_maps(signature_map, served: dict) -> tuple[bool, str]:
+    """A server's SignatureDefMap vs ``served`` (key -> SignatureDef): (ok, detail)."""
     got = {k: v.SerializeToString(deterministic=True)
            for k, v in signature_map.signature_def.items()}
     want = {k: v.SerializeToString(deterministic=True) for k, v in served.items()}
@@ -280,36 +285,45 @@ def run_load_test(address: str, probes: Sequence[Probe], concurrency: int, secon
         0
     """
     grpc = serving_api().grpc
+    with prediction_service(address) as stub:
+        return load_test(lambda probe: call(stub, probe, timeout), probes, concurrency,
+                         seconds, timeout, (grpc.RpcError,), rpc_error)
+
+
+def load_test(send: Callable[[object], object], probes: Sequence, concurrency: int,
+              seconds: float, timeout: float, errors_caught: tuple,
+              describe: Callable[[BaseException], str]) -> LoadTest:
+    """``concurrency`` threads call ``send(probe)`` round robin for ``seconds``; the same
+    load phase for every protocol (``errors_caught`` count as failed requests)."""
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
     errors = [0] * concurrency
     first_error: list[str] = []
-    with prediction_service(address) as stub:
-        stop_at = time.monotonic() + seconds
+    stop_at = time.monotonic() + seconds
 
-        def client(i: int) -> None:
-            # Each client starts at a different probe so all of them are in flight.
-            n = i
-            while time.monotonic() < stop_at:
-                probe = probes[n % len(probes)]
-                n += 1
-                start = time.perf_counter()
-                try:
-                    call(stub, probe, timeout)
-                except grpc.RpcError as e:
-                    errors[i] += 1
-                    if not first_error:
-                        first_error.append(f"{probe.name}: {rpc_error(e)}")
-                    continue
-                latencies[i].append((time.perf_counter() - start) * 1000.0)
+    def client(i: int) -> None:
+        # Each client starts at a different probe so all of them are in flight.
+        n = i
+        while time.monotonic() < stop_at:
+            probe = probes[n % len(probes)]
+            n += 1
+            start = time.perf_counter()
+            try:
+                send(probe)
+            except errors_caught as e:
+                errors[i] += 1
+                if not first_error:
+                    first_error.append(f"{probe.name}: {describe(e)}")
+                continue
+            latencies[i].append((time.perf_counter() - start) * 1000.0)
 
-        threads = [threading.Thread(target=client, args=(i,), daemon=True)
-                   for i in range(concurrency)]
-        start = time.monotonic()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(seconds + timeout + 5)
-        elapsed = time.monotonic() - start
+    threads = [threading.Thread(target=client, args=(i,), daemon=True)
+               for i in range(concurrency)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + timeout + 5)
+    elapsed = time.monotonic() - start
     flat = [x for lat in latencies for x in lat]
     total = len(flat) + sum(errors)
     return LoadTest(

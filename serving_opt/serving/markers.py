@@ -3,7 +3,8 @@
 TFX's InfraValidator "blesses" a model by writing INFRA_BLESSED or
 INFRA_NOT_BLESSED into its output directory; serving-opt writes VALIDATED or
 NOT_VALIDATED beside the JSON report (``validate --report``, ``optimize
---validate --report``). Exactly one of the two exists after a run.
+--validate --report``). Exactly one of the two exists after a run. Its text names the
+server that answered and its TensorFlow version: a pass on the local stand-in says so.
 """
 
 from __future__ import annotations
@@ -34,5 +35,32 @@ def write_marker(report: ValidationReport, directory: str) -> str:
         os.remove(stale)
     path = os.path.join(directory, name)
     with open(path, "w") as f:
-        f.write(f"{report.model_name} version {report.version} via {report.backend}\n")
+        f.write(marker_text(report))
     return path
+
+
+def marker_text(report: ValidationReport) -> str:
+    """What the marker says: the verdict, what answered and on which TensorFlow, over which
+    protocols; a stand-in is named as one, so a pipeline can tell.
+
+    Example:
+        >>> print(marker_text(report))
+        VALIDATED clf version 1
+        server: local:serving-opt serve (stand-in) on TensorFlow 2.15.1
+        tensorflow: 2.15.1
+        tf_serving: no (stand-in)
+        protocols: grpc,rest
+    """
+    verdict = MARKER_OK if report.ok else MARKER_FAILED
+    server = getattr(report, "server", "") or report.backend
+    lines = [f"{verdict} {report.model_name} version {report.version}",
+             f"server: {server}",
+             f"tensorflow: {getattr(report, 'tensorflow_version', '') or 'unknown'}",
+             "tf_serving: " + ("no (stand-in)" if report.backend == "local" else "yes"),
+             f"protocols: {','.join(getattr(report, 'protocols', ('grpc',)))}"]
+    note = getattr(report, "runtime_note", "")
+    if note:
+        lines.append(f"note: {note}")
+    if not report.ok and report.failures:
+        lines.append(f"failure: {report.failures[0]}")
+    return "\n".join(lines) + "\n"

@@ -2,15 +2,24 @@
 
 TFX's InfraValidator only checks that requests do not fail. This compares every
 answer with the reference model run in-process (the original, when validating an
-optimized model), over TF Serving's gRPC API:
+optimized model), over TF Serving's gRPC API and its REST API (``--protocols``):
 
-1. start the server (``backends``) and wait until GetModelStatus reports the
-   version AVAILABLE (END, a dead process or the deadline fail, with the log);
-2. GetModelMetadata's SignatureDefMap must equal the SavedModel's;
+1. start the server (``backends``; the local stand-in under the target TensorFlow,
+   ``runtime``) and wait until the model status (GetModelStatus, and
+   ``GET /v1/models/NAME/versions/V``) reports the version AVAILABLE (END, a dead
+   process or the deadline fail, with the log);
+2. the metadata's SignatureDefMap (gRPC and REST) must equal the SavedModel's;
 3. every signature gets a Predict request; classify/regress signatures also a
-   Classify/Regress request; a model with both kinds a MultiInference request;
-   each answer is compared with the reference (same tolerances as the parity gate);
-4. a load phase: N concurrent clients for S seconds, zero errors required.
+   Classify/Regress request; a model with both kinds a MultiInference request (gRPC
+   only: REST has no such endpoint); each answer, over each protocol, is compared with
+   the reference (same tolerances as the parity gate; REST floats cast back to the
+   signature's dtype first);
+4. a load phase: N concurrent clients (split between the protocols) for S seconds,
+   zero errors required.
+
+The report and the marker name the server that answered (``docker:<image>``,
+``binary:<path> <version>``, ``local:serving-opt serve (stand-in) on TensorFlow X``) and
+its TensorFlow version; ``require_server="tf_serving"`` refuses to run on the stand-in.
 
 The server is always stopped, on failure and on Ctrl-C too.
 
@@ -28,7 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from serving_opt.errors import ServingOptError, UsageError
-from serving_opt.serving import backends, client, requests
+from serving_opt.serving import backends, client, requests, rest_client
+from serving_opt.serving import runtime as runtime_lib
 from serving_opt.serving.client import LoadTest
 from serving_opt.serving.markers import MARKER_FAILED, MARKER_OK, write_marker
 from serving_opt.stages import loader, parity, writer
@@ -38,6 +48,9 @@ __all__ = [
     "MARKER_FAILED", "MARKER_OK", "Check", "LoadTest", "ValidateOptions", "ValidationReport",
     "resolve_version", "validate", "write_marker",
 ]
+
+PROTOCOLS = ("grpc", "rest")
+REQUIRE_SERVER = ("any", "tf_serving")
 
 
 @dataclass(frozen=True)
@@ -66,6 +79,16 @@ class ValidateOptions:
     seed: int = 0
     # Serve (and run as the reference) a model whose signatures touch files or the host.
     allow_file_ops: bool = False
+    # Which APIs to prove: "grpc", "rest" or both (every backend serves both).
+    protocols: tuple[str, ...] = PROTOCOLS
+    # The TensorFlow release production's TF Serving runs; the local stand-in runs under
+    # it. None: the image's release when a runtime for it is here without a download
+    # (cached, $SERVING_OPT_RUNTIME_X_Y, or this interpreter), else this interpreter's
+    # TensorFlow, and the report says so. Given: installed once if missing.
+    serving_version: str | None = None
+    serving_runtime_python: str | None = None  # an interpreter with that TensorFlow
+    # "tf_serving": fail when only the local stand-in can run (no docker, no binary).
+    require_server: str = "any"
 
 
 @dataclass(frozen=True)
@@ -103,6 +126,14 @@ class ValidationReport:
     warmup_file: str | None = None
     server_log_tail: str = ""
     failures: tuple[str, ...] = field(default_factory=tuple)
+    # What answered: "docker:<image>", "binary:<path> <version>", or
+    # "local:serving-opt serve (stand-in) on TensorFlow X"; and that TensorFlow's version.
+    server: str = ""
+    tensorflow_version: str = ""
+    runtime_note: str = ""  # why the stand-in runs this TensorFlow, when not the target
+    protocols: tuple[str, ...] = ("grpc",)
+    rest_address: str | None = None
+    rest_load_test: LoadTest | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -147,6 +178,16 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),
     if options.concurrency < 0 or options.duration < 0:
         raise UsageError("--concurrency and --duration must be >= 0",
                          "0 skips the load phase")
+    protocols = parse_protocols(options.protocols)
+    if options.require_server not in REQUIRE_SERVER:
+        raise UsageError(f"--require_server={options.require_server} is not one of "
+                         f"{', '.join(REQUIRE_SERVER)}", "use --require_server=tf_serving or any")
+    if options.require_server == "tf_serving" and options.server == "local":
+        raise UsageError("--require_server=tf_serving contradicts --server=local (the local "
+                         "server is a stand-in, not TF Serving)",
+                         "use --server=auto, docker or binary")
+    if options.serving_version is not None:
+        runtime_lib.check_version(options.serving_version)
     model_base = os.path.abspath(model_base)
     version = resolve_version(model_base, options.version)
     model_dir = os.path.join(model_base, str(version))
@@ -160,12 +201,20 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),
     if not options.allow_file_ops:
         # A SavedModel is code: refused before the reference run or the server runs it.
         _refuse_host_ops(dict.fromkeys((model_dir, reference_dir)), tags)
+    backend = backends.resolve_backend(options.server)
+    if options.require_server == "tf_serving" and backend == "local":
+        raise ServingOptError(
+            "--require_server=tf_serving: only the local stand-in can run here (no Docker "
+            f"engine answers, no {backends.BINARY_NAME} on PATH); nothing was validated",
+            "run where Docker or tensorflow_model_server is available, or drop "
+            "--require_server")
     say(f"preparing requests from the reference model {reference_dir}")
     # Reads and checks the served model too: a bad model fails before any server starts.
     probes, served = requests.build_probes(
         model_dir, reference_dir, model_name, version, tags, examples=options.examples,
         batch_size=options.batch_size, seed=options.seed, atol=options.atol, rtol=options.rtol)
-    backend = backends.resolve_backend(options.server)
+    runtime, runtime_note = (_local_runtime(options, say) if backend == "local"
+                             else (None, ""))
 
     warmup_file = None
     if options.write_warmup:
@@ -175,40 +224,142 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),
         say(f"wrote {warmup_file}")
 
     spec = backends.ServerSpec(model_name=model_name, model_base=model_base, image=options.image,
-                               saved_model_tags=options.saved_model_tags)
-    server = backends.make_server(backend, spec)
+                               saved_model_tags=options.saved_model_tags,
+                               rest_api="rest" in protocols)
+    server = backends.make_server(backend, spec, runtime)
     checks: list[Check] = []
-    load_test = None
+    load_tests: dict[str, LoadTest] = {}
     failures: list[str] = []
+
+    def finish() -> ValidationReport:
+        return _finish(backend, model_name, model_base, version, reference_dir, checks,
+                       load_tests, warmup_file, server, failures, protocols, runtime_note)
+
     say(f"starting the {backend} server on {server.address}")
+    say(f"  {server.description}" + (f", REST on {server.rest_address}"
+                                     if server.rest_address else ""))
     server.start()
     try:
         try:
-            client.wait_until_available(server.address, model_name, version, server,
-                                        options.load_deadline, say)
-            checks.append(Check("model AVAILABLE", True, f"version {version}"))
+            if "grpc" in protocols:
+                client.wait_until_available(server.address, model_name, version, server,
+                                            options.load_deadline, say)
+                checks.append(Check("model AVAILABLE", True, f"version {version}"))
+            if "rest" in protocols:
+                rest_client.wait_until_available(server.rest_address, model_name, version,
+                                                 server, options.load_deadline, say)
+                checks.append(Check("REST model AVAILABLE", True, f"version {version}"))
         except ServingOptError as e:
-            checks.append(Check("model AVAILABLE", False, e.problem))
+            checks.append(Check(("REST " if checks else "") + "model AVAILABLE", False,
+                                e.problem))
             failures.append(e.problem)
-            return _finish(backend, model_name, model_base, version, reference_dir, checks,
-                           None, warmup_file, server, failures)
-        say("checking metadata and answers")
-        checks.extend(_answer_checks(server.address, model_name, version, served, probes,
-                                     options))
+            return finish()
+        say("checking metadata and answers over " + " and ".join(protocols))
+        if "grpc" in protocols:
+            checks.extend(_answer_checks(server.address, model_name, version, served, probes,
+                                         options))
+        rest_probes = [r for r in (rest_client.to_rest(p, served) for p in probes) if r]
+        if "rest" in protocols:
+            checks.extend(_rest_answer_checks(server.rest_address, model_name, version, served,
+                                              rest_probes, options))
         failures.extend(f"{c.name}: {c.detail}" for c in checks if not c.ok)
         # Load only a model that answers right: errors under load would just repeat
         # the failures already reported.
         if options.concurrency > 0 and options.duration > 0 and not failures:
-            say(f"load phase: {options.concurrency} clients for {options.duration:g} s")
-            load_test = client.run_load_test(server.address, probes, options.concurrency,
-                                             options.duration, options.request_timeout)
-            if load_test.errors:
-                failures.append(f"load phase: {load_test.errors} of {load_test.requests} "
-                                f"requests failed ({load_test.first_error})")
-        return _finish(backend, model_name, model_base, version, reference_dir, checks,
-                       load_test, warmup_file, server, failures)
+            say(f"load phase: {options.concurrency} clients ({', '.join(protocols)}) for "
+                f"{options.duration:g} s")
+            load_tests.update(_load_phase(server, protocols, probes, rest_probes, options))
+            for protocol, load_test in load_tests.items():
+                if load_test.errors:
+                    failures.append(f"load phase ({protocol}): {load_test.errors} of "
+                                    f"{load_test.requests} requests failed "
+                                    f"({load_test.first_error})")
+        return finish()
     finally:
         server.close()
+
+
+def parse_protocols(protocols) -> tuple[str, ...]:
+    """``"grpc,rest"`` or a sequence -> the protocols in a fixed order; UsageError else.
+
+    Example:
+        >>> parse_protocols("rest,grpc")
+        ('grpc', 'rest')
+    """
+    names = protocols.split(",") if isinstance(protocols, str) else list(protocols)
+    names = [n.strip().lower() for n in names if n.strip()]
+    unknown = [n for n in names if n not in PROTOCOLS]
+    if unknown or not names:
+        raise UsageError(f"--protocols={','.join(names)} must name grpc, rest or both",
+                         "e.g. --protocols=grpc,rest")
+    return tuple(p for p in PROTOCOLS if p in names)
+
+
+def _local_runtime(options: ValidateOptions, say) -> tuple:
+    """The runtime the local stand-in runs under, and a note when it is not the target."""
+    if options.serving_version is not None:
+        runtime = runtime_lib.resolve_runtime(options.serving_version,
+                                              options.serving_runtime_python, say)
+        return runtime, ""
+    target = runtime_lib.image_version(options.image) or runtime_lib.DEFAULT_SERVING_VERSION
+    runtime = runtime_lib.find_runtime(target, options.serving_runtime_python)
+    if runtime is not None:
+        return runtime, ""
+    current = runtime_lib.current_tf_version()
+    note = (f"the stand-in ran TensorFlow {current}, not the target TF Serving's "
+            f"{runtime_lib.major_minor(target)} (no runtime for it here; "
+            f"--serving_version={target} installs one)")
+    say(note)
+    return None, note
+
+
+def _rest_answer_checks(address: str, model_name: str, version: int, served: dict,
+                        rest_probes, options: ValidateOptions) -> list[Check]:
+    """The metadata check and every probe's answer over REST."""
+    checks = []
+    try:
+        ok, detail = rest_client.check_metadata(address, model_name, version, served,
+                                                options.request_timeout)
+        checks.append(Check("REST metadata signature_def", ok, detail))
+    except rest_client.RestError as e:
+        checks.append(Check("REST metadata signature_def", False, str(e)))
+    for probe in rest_probes:
+        try:
+            response = rest_client.call(address, probe, options.request_timeout)
+        except rest_client.RestError as e:
+            checks.append(Check(probe.name, False, str(e)))
+            continue
+        problem = probe.check(response)
+        checks.append(Check(probe.name, not problem, problem or "answers match the reference"))
+    return checks
+
+
+def _load_phase(server: backends.ServerProcess, protocols: tuple[str, ...], probes,
+                rest_probes, options: ValidateOptions) -> dict[str, LoadTest]:
+    """Both protocols at once, the clients split between them."""
+    import threading
+
+    active = [p for p in protocols if p == "grpc" or rest_probes]
+    share = {p: max(1, options.concurrency // len(active)
+                    + (1 if i < options.concurrency % len(active) else 0))
+             for i, p in enumerate(active)}
+    results: dict[str, LoadTest] = {}
+
+    def run(protocol: str) -> None:
+        if protocol == "grpc":
+            results[protocol] = client.run_load_test(server.address, probes, share[protocol],
+                                                     options.duration, options.request_timeout)
+        else:
+            results[protocol] = rest_client.run_load_test(
+                server.rest_address, rest_probes, share[protocol], options.duration,
+                options.request_timeout)
+
+    threads = [threading.Thread(target=run, args=(p,), daemon=True) for p in active]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {p: results[p] for p in active if p in results}
 
 
 def _refuse_host_ops(model_dirs, tags) -> None:
@@ -244,8 +395,10 @@ def _answer_checks(address: str, model_name: str, version: int, served: dict,
 
 
 def _finish(backend: str, model_name: str, model_base: str, version: int, reference_dir: str,
-            checks: list[Check], load_test: LoadTest | None, warmup_file: str | None,
-            server: backends.ServerProcess, failures: list[str]) -> ValidationReport:
+            checks: list[Check], load_tests: dict[str, LoadTest], warmup_file: str | None,
+            server: backends.ServerProcess, failures: list[str], protocols: tuple[str, ...],
+            runtime_note: str) -> ValidationReport:
+    backends.identify(server)
     return ValidationReport(
         ok=not failures,
         backend=backend,
@@ -256,9 +409,28 @@ def _finish(backend: str, model_name: str, model_base: str, version: int, refere
         version=version,
         reference_dir=reference_dir,
         checks=tuple(checks),
-        load_test=load_test,
+        load_test=load_tests.get("grpc") or load_tests.get("rest"),
         warmup_file=warmup_file,
         # The tail explains a failure; on success it would only be noise in the report.
         server_log_tail=server.log_tail(20) if failures else "",
         failures=tuple(failures),
+        server=server.description,
+        tensorflow_version=_answering_tf_version(server),
+        runtime_note=runtime_note,
+        protocols=protocols,
+        rest_address=server.rest_address,
+        rest_load_test=load_tests.get("rest") if "grpc" in load_tests else None,
     )
+
+
+def _answering_tf_version(server: backends.ServerProcess) -> str:
+    """The TensorFlow that answered: the server's own "TensorFlow X" log line when it
+    prints one (serve does), else what the backend knows (image tag, --version, the
+    interpreter it ran)."""
+    import re
+
+    if server.backend == "local":
+        match = re.search(r"serving-opt serve: TensorFlow (\S+)", server.log_tail(400))
+        if match:
+            return match.group(1)
+    return server.tf_version

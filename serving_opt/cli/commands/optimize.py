@@ -128,6 +128,21 @@ def define_flags(fv: flags.FlagValues) -> None:
                          flag_values=fv)
     flags.DEFINE_float("duration", 5.0, "With --validate: seconds of the load phase.",
                        flag_values=fv)
+    flags.DEFINE_string("serving_version", None,
+                        "TensorFlow release of the TF Serving that will load the result (e.g. "
+                        "2.15.1): an op or attr its registry lacks refuses the run (its runtime "
+                        "is installed once into ~/.cache/serving-opt if missing); with "
+                        "--validate the local server runs under it. Default: checked against "
+                        "the current TF Serving release only if its runtime is already here.",
+                        flag_values=fv)
+    flags.DEFINE_string("serving_runtime_python", None,
+                        "A python whose TensorFlow is --serving_version's (instead of a cached "
+                        "venv; also $SERVING_OPT_RUNTIME_<X>_<Y>).", flag_values=fv)
+    flags.DEFINE_list("protocols", ["grpc", "rest"],
+                      "With --validate: grpc, rest or both.", flag_values=fv)
+    flags.DEFINE_enum("require_server", "any", ["any", "tf_serving"],
+                      "With --validate: tf_serving fails when only the local stand-in can run.",
+                      flag_values=fv)
     cli.required("input_dir", fv)
     cli.required("output_base", fv)
 
@@ -169,6 +184,8 @@ def main(fv: flags.FlagValues) -> int:
         quantize_min_elements=fv.quantize_min_elements,
         min_top1_agreement=fv.min_top1_agreement,
         max_probability_error=fv.max_probability_error,
+        serving_version=fv.serving_version,
+        serving_runtime_python=fv.serving_runtime_python,
     )
     if fv.write_warmup and not fv.validate:
         raise UsageError("--write_warmup needs --validate",
@@ -182,6 +199,9 @@ def main(fv: flags.FlagValues) -> int:
             server=fv.server, examples=fv.examples, saved_model_tags=fv.saved_model_tags,
             concurrency=fv.concurrency, duration=fv.duration, atol=fv.atol, rtol=fv.rtol,
             write_warmup=fv.write_warmup, allow_file_ops=fv.allow_file_ops,
+            protocols=tuple(fv.protocols), serving_version=fv.serving_version,
+            serving_runtime_python=fv.serving_runtime_python,
+            require_server=fv.require_server,
         )
         if fv.image:
             validate_options = dataclasses.replace(validate_options, image=fv.image)

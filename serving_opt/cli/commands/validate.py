@@ -1,11 +1,16 @@
 """Serve a model base with TF Serving (or the local stand-in) and prove it answers right.
 
-Waits until the version is AVAILABLE, checks GetModelMetadata against the
+Waits until the version is AVAILABLE, checks the metadata against the
 SavedModel, sends Predict for every signature (Classify/Regress for those
 signatures, MultiInference when both kinds exist), compares every answer with
-the reference model run in-process, then runs a concurrent load phase. Exit 0
-only when everything held. With --report, writes the JSON report and a
-VALIDATED / NOT_VALIDATED marker file beside it.
+the reference model run in-process, over gRPC and REST (--protocols), then runs
+a concurrent load phase. Exit 0 only when everything held. With --report, writes
+the JSON report and a VALIDATED / NOT_VALIDATED marker file beside it, naming the
+server that answered and its TensorFlow version.
+
+The local stand-in runs under the target TF Serving's TensorFlow
+(--serving_version; installed once into ~/.cache/serving-opt/runtimes, or
+$SERVING_OPT_RUNTIME_2_15-style variables / --serving_runtime_python name one).
 
 Example:
   serving-opt validate --model_base=/models/clf --reference_dir=exports/1700000000
@@ -22,7 +27,7 @@ from serving_opt import report
 from serving_opt.cli import main as cli
 from serving_opt.serving import backends
 
-SUMMARY = "serve a model over gRPC (TF Serving or local) and compare its answers"
+SUMMARY = "serve a model over gRPC and REST (TF Serving or local) and compare its answers"
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -40,6 +45,7 @@ def define_flags(fv: flags.FlagValues) -> None:
                       "serve), or auto: the first that can run here.", flag_values=fv)
     flags.DEFINE_string("image", backends.DEFAULT_IMAGE, "Docker image for --server=docker.",
                         flag_values=fv)
+    define_runtime_flags(fv)
     flags.DEFINE_string("examples", None,
                         "Request inputs: TFRecord of tf.Example or JSON lines (default: "
                         "synthesized).", flag_values=fv)
@@ -68,6 +74,24 @@ def define_flags(fv: flags.FlagValues) -> None:
     cli.required("model_base", fv)
 
 
+def define_runtime_flags(fv: flags.FlagValues) -> None:
+    """Flags shared with optimize --validate."""
+    flags.DEFINE_list("protocols", ["grpc", "rest"],
+                      "APIs to validate: grpc, rest or both (every backend serves both).",
+                      flag_values=fv)
+    flags.DEFINE_string("serving_version", None,
+                        "TensorFlow release of the production TF Serving (e.g. 2.20.0): the "
+                        "local server runs under it, installed once into the cache if missing. "
+                        "Default: the image's release when a runtime for it is already here, "
+                        "else this TensorFlow (the report says so).", flag_values=fv)
+    flags.DEFINE_string("serving_runtime_python", None,
+                        "A python whose TensorFlow is --serving_version's (instead of a cached "
+                        "venv; also $SERVING_OPT_RUNTIME_<X>_<Y>).", flag_values=fv)
+    flags.DEFINE_enum("require_server", "any", ["any", "tf_serving"],
+                      "tf_serving: fail when only the local stand-in can run (no Docker "
+                      "engine, no tensorflow_model_server).", flag_values=fv)
+
+
 def main(fv: flags.FlagValues) -> int:
     from serving_opt.serving.validate import ValidateOptions, validate
 
@@ -77,6 +101,8 @@ def main(fv: flags.FlagValues) -> int:
         saved_model_tags=fv.saved_model_tags, concurrency=fv.concurrency,
         duration=fv.duration, load_deadline=fv.load_deadline, atol=fv.atol, rtol=fv.rtol,
         write_warmup=fv.write_warmup, allow_file_ops=fv.allow_file_ops,
+        protocols=tuple(fv.protocols), serving_version=fv.serving_version,
+        serving_runtime_python=fv.serving_runtime_python, require_server=fv.require_server,
     )
     result = validate(fv.model_base, options,
                       progress=lambda m: print(m, file=sys.stderr, flush=True))
