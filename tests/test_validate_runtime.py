@@ -248,7 +248,7 @@ def test_local_validation_under_the_tf215_runtime(regressor_base, tmp_path, monk
     # The runtime given by variable, as CI would: no download.
     monkeypatch.setenv("SERVING_OPT_RUNTIME_2_15", PY215)
     report = validate(regressor_base, ValidateOptions(
-        server="local", serving_version="2.15.1", protocols=("grpc",), concurrency=1,
+        server="local", serving_version="2.15.1", protocols=("grpc", "rest"), concurrency=1,
         duration=0.3))
     assert report.ok, (report.failures, report.server_log_tail)
     assert report.tensorflow_version == "2.15.1"

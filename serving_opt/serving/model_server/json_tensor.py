@@ -822,29 +822,31 @@ def error_json(message: str) -> bytes:
     return dumps({"error": message})
 
 
-def status_response_json(response) -> bytes:
-    """GetModelStatusResponse as JSON (``ToJsonString``: fields with defaults printed)."""
+def _message_to_json(message, **kwargs) -> str:
+    """``MessageToJson`` printing fields with default values, on protobuf 4 (TF 2.15's
+    runtime) and 5+ alike: the keyword was renamed in protobuf 5."""
     from google.protobuf import json_format
 
-    text = json_format.MessageToJson(
-        response, indent=1, always_print_fields_with_no_presence=True, ensure_ascii=False
-    )
-    return text.encode("utf-8")
+    try:
+        return json_format.MessageToJson(
+            message, always_print_fields_with_no_presence=True, **kwargs)
+    except TypeError:
+        return json_format.MessageToJson(message, including_default_value_fields=True,
+                                         **kwargs)
+
+
+def status_response_json(response) -> bytes:
+    """GetModelStatusResponse as JSON (``ToJsonString``: fields with defaults printed)."""
+    return _message_to_json(response, indent=1, ensure_ascii=False).encode("utf-8")
 
 
 def metadata_response_json(response) -> bytes:
     """GetModelMetadataResponse as JSON: model_spec and the unpacked SignatureDefMap."""
-    from google.protobuf import json_format
     from tensorflow_serving.apis import get_model_metadata_pb2
 
     def to_json(message) -> str:
-        return json_format.MessageToJson(
-            message,
-            indent=1,
-            preserving_proto_field_name=True,
-            ensure_ascii=False,
-            always_print_fields_with_no_presence=True,
-        )
+        return _message_to_json(message, indent=1, preserving_proto_field_name=True,
+                                ensure_ascii=False)
 
     if "signature_def" not in response.metadata:
         raise internal(
