@@ -241,8 +241,8 @@ def test_report_has_sizes_stages_and_side_by_side_latency(classifier_dir, tmp_pa
     report = optimize(classifier_dir, str(tmp_path / "out"),
                       OptimizeOptions(benchmark_runs=5))
     assert [s.name for s in report.stages] == [
-        "read", "freeze", "transforms", "grappler", "rewrites", "externalize", "write", "parity",
-        "tf2_load", "cold_start", "benchmark"]
+        "read", "freeze", "transforms", "grappler", "rewrites", "externalize", "write",
+        "target_check", "parity", "tf2_load", "cold_start", "benchmark"]
     assert [lat.batch_size for lat in report.benchmark.after] == [1, 32]
     assert report.benchmark.load_seconds_after > 0
     assert report.size_before.variables > 0 and report.size_after.variables == 0

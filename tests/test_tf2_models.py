@@ -258,7 +258,7 @@ def test_benchmark_runs_once_on_tf2(optimized_text_lstm):
     assert report.benchmark.load_seconds_after > 0
     assert [s.name for s in report.stages] == [
         "read", "freeze", "inline", "transforms", "grappler", "rewrites", "externalize", "write",
-        "parity", "tf2_load", "cold_start", "benchmark"]
+        "target_check", "parity", "tf2_load", "cold_start", "benchmark"]
     assert "tf.saved_model.load" in report.stages[-3].note
 
 
