@@ -354,6 +354,17 @@ def build_candidate(run: Run) -> str:
     except (UsageError, TargetRuntimeError):
         raise  # keeping the variables would not change the verdict
     except Exception as e:  # noqa: BLE001 - auto must never crash on a freezing failure
+        if isinstance(e, ParityError) and run.options.quantize != "none" \
+                and not run.quantize_tables_only \
+                and any(q.dequantized.startswith("at load") for q in run.quantized):
+            # Quantized dense weights only shrink files; tables shrink the server too.
+            # Keep what the gate accepts: the tables alone.
+            first = first_line(e)
+            run.restore(before)
+            run.quantize_tables_only = True
+            run.progress("-", f"lossy gate refused ({first}); retrying with only the "
+                              "embedding tables quantized")
+            return build_candidate(run)
         if isinstance(e, ParityError) and (run.plan.lossy or run.options.quantize != "none"):
             raise  # the lossy work's verdict, not freezing's
         reason = first_line(e)
@@ -499,12 +510,15 @@ def quantize(run: Run, graph: ServingGraph) -> ServingGraph:
         scratch = writer.make_staging_dir(run.output_base, run.plan.version)
         run.scratch_dirs.append(scratch)
         graph, done = quantize_lib.quantize(graph, mode, run.options.quantize_min_elements,
-                                            scratch)
+                                            scratch, tables_only=run.quantize_tables_only)
         run.graph = graph
         run.kept_variables = graph.kept_variables
         run.quantized = tuple(done)
         stage.done(graph, f"{len(done)} tensors ({sum(q.bytes_before for q in done)} -> "
                    f"{sum(q.bytes_after for q in done)} bytes)")
+    if run.quantize_tables_only:
+        run.warn(f"--quantize={mode}: the lossy gate refused the model with its dense "
+                 "weights quantized too; only the embedding tables are")
     if not done:
         run.warn(f"--quantize={mode}: no weight of this model was large enough or reachable "
                  "as a variable (freezing off?)")

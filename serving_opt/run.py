@@ -162,6 +162,8 @@ class Run:
         self.parity = None
         self.size_after = None
         self.quantized: tuple = ()  # stages.quantize.QuantizedTensor
+        # Set when the lossy gate refused quantized dense weights: tables only, then.
+        self.quantize_tables_only = False
         self.kept_variables: tuple = ()  # checkpoint.KeptVariable: large ones not frozen
         self.scratch_dirs: list[str] = []  # removed when the run ends, however it ends
         self.validation = None

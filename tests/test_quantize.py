@@ -203,3 +203,27 @@ def test_conv_net_weights_int8_dequantized_at_load(convnet_dir, tmp_path):
     assert {q.dequantized for q in report.quantized} == {"at load (init op)"}
     ops = {n.op for n in _meta_graph(report.output_dir).graph_def.node}
     assert "Conv2D" in ops or "_FusedConv2D" in ops
+
+
+def test_when_the_gate_refuses_dense_weights_only_the_tables_are_quantized(
+        text_classifier_base, tmp_path):
+    src = os.path.join(text_classifier_base, "1")
+
+    def max_probability_error(report) -> float:
+        return next(o.max_abs_diff for o in report.parity.outputs
+                    if o.output == "probabilities")
+
+    everything = optimize(src, str(tmp_path / "all"), OptimizeOptions(
+        quantize="int8", max_probability_error=1.0, min_top1_agreement=0.0, **FAST))
+    tables = optimize(src, str(tmp_path / "tables"), OptimizeOptions(
+        quantize="int8", quantize_min_elements=100_000, max_probability_error=1.0,
+        min_top1_agreement=0.0, **FAST))
+    worst, table_only = max_probability_error(everything), max_probability_error(tables)
+    assert table_only < worst  # the dense weights add error on top of the table's
+    # A gate between the two: everything quantized fails it, the tables alone pass.
+    report = optimize(src, str(tmp_path / "gated"), OptimizeOptions(
+        quantize="int8", max_probability_error=(worst + table_only) / 2,
+        min_top1_agreement=0.0, **FAST))
+    assert report.published
+    assert [q.name for q in report.quantized] == [EMBEDDING]
+    assert any("only the embedding tables" in w for w in report.warnings)

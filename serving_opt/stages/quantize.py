@@ -164,8 +164,13 @@ def _store(name: str, value: np.ndarray, mode: str, scales: str, saved: dict, ke
     return qname, sname, types_pb2.DT_INT8
 
 
-def quantize(graph, mode: str, min_elements: int, work_dir: str) -> tuple:
+def quantize(graph, mode: str, min_elements: int, work_dir: str,
+             tables_only: bool = False) -> tuple:
     """Stores the graph's large float weights quantized; returns ``(graph, quantized)``.
+
+    ``tables_only`` leaves the weights dequantized at load as they are (float): they
+    only make the files smaller, while the tables also make the server smaller, and
+    when the lossy gate refuses everything quantized it is usually the dense weights.
 
     Example:
         >>> graph, done = quantize(graph, "int8", 16384, "/models/clf/.staging-q")
@@ -242,6 +247,10 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str) -> tuple:
             done.append(QuantizedTensor(var.name, mode, "per request, gathered rows only",
                                         value.nbytes, sum(saved[k].nbytes for k in saved
                                                           if k.startswith(var.name + "/"))))
+            continue
+        if tables_only:
+            kept.append(var)
+            saved[var.name] = value
             continue
         # Dequantized once at load: the float variable stays, restored no more but
         # assigned by the init op from its quantized copy.
