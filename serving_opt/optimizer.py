@@ -163,7 +163,7 @@ def check_options(options: OptimizeOptions) -> None:
     if not 0.0 <= options.min_top1_agreement <= 1.0:
         raise UsageError("--min_top1_agreement must be within [0, 1]", "e.g. 0.995")
     if not 0.0 <= options.max_probability_error <= 1.0:
-        raise UsageError("--max_probability_error must be within [0, 1]", "e.g. 0.02")
+        raise UsageError("--max_probability_error must be within [0, 1]", "e.g. 0.05")
     if options.cold_start_rounds < 1:
         raise UsageError("--cold_start_rounds must be >= 1", "e.g. --cold_start_rounds=3")
     if not options.regression_tolerance >= 1.0:  # also refuses nan

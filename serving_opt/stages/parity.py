@@ -34,11 +34,13 @@ from serving_opt.stages import loader
 
 DEFAULT_ATOL = 1e-5
 DEFAULT_RTOL = 1e-4
-# The lossy gate (--quantize): int8 moves a probability by ~1e-3 on real classifiers;
-# 0.02 leaves room for that and still catches a broken table. Top-1 may flip on near
-# ties only: 99.5% of rows must keep their class.
+# The lossy gate (--quantize). Top-1 agreement is the verdict: 99.5% of rows keep
+# their class (flips happen on near ties). The probability bound is a guard against a
+# broken table (errors of 0.3 and more): measured here, int8 moves the worst of 10240
+# probabilities of a confident 20-class text classifier by 0.03 (its mean by 1e-3),
+# fp16 by 0.002.
 DEFAULT_MIN_TOP1_AGREEMENT = 0.995
-DEFAULT_MAX_PROBABILITY_ERROR = 0.02
+DEFAULT_MAX_PROBABILITY_ERROR = 0.05
 # Outputs a classifier's answer is read from: gated on top-1 agreement and max error.
 PROBABILITY_OUTPUTS = frozenset({"probabilities", "scores", "probs", "predictions"})
 
