@@ -9,8 +9,9 @@ The dev/CI stand-in for tensorflow_model_server (flags are the same):
 The base path holds integer version directories (1/, 2/, ...); the highest is served and
 new ones are picked up every --file_system_poll_wait_seconds. Every tensorflow_model_server
 flag is accepted: the ones that change answers or loading are implemented (including
---rest_api_port, --model_config_file_poll_wait_seconds, and --batching_parameters_file,
-which is validated - requests are not batched); the others (threads, TLS, monitoring,
+--rest_api_port, --model_config_file_poll_wait_seconds, and --enable_batching with
+--batching_parameters_file: concurrent requests are merged into shared session runs like
+TF Serving's BatchingSession); the others (threads, TLS, monitoring,
 TPU/GPU/TFLite options; IGNORED_FLAGS) are ignored with a one-line warning each. The port
 opens once the models are loaded; one line is printed then. SIGTERM or Ctrl-C stops the
 server cleanly.
@@ -81,9 +82,6 @@ def warn_ignored_flags(fv: flags.FlagValues) -> list[str]:
     for name in given:
         _warn(f"--{name} is a tensorflow_model_server flag the local server does not "
               "implement; ignored")
-    if fv.enable_batching:
-        _warn("--enable_batching: the local server runs requests one by one (no "
-              "server-side batching); --batching_parameters_file is only validated")
     return given
 
 
@@ -134,11 +132,11 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_integer("tensorflow_inter_op_parallelism", 0,
                          "Ops run in parallel (0: TensorFlow's default).", flag_values=fv)
     flags.DEFINE_boolean("enable_batching", False,
-                         "Accepted; with --batching_parameters_file the file is parsed and "
-                         "validated, but requests are run one by one (a warning says so).",
+                         "Batch concurrent session runs like TF Serving (parameters from "
+                         "--batching_parameters_file, else upstream's defaults).",
                          flag_values=fv)
     flags.DEFINE_string("batching_parameters_file", None,
-                        "Text BatchingParameters; parsed and validated like TF Serving.",
+                        "Text BatchingParameters for --enable_batching, validated like TF Serving.",
                         flag_values=fv)
     flags.DEFINE_float("model_config_file_poll_wait_seconds", 0,
                        "Seconds between re-reads of --model_config_file (0: read once).",

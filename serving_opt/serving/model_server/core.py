@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import grpc
 
@@ -99,6 +99,7 @@ class CoreOptions:
     load_retry_interval_micros: int = 60_000_000
     allow_version_labels_for_unavailable_models: bool = False
     signature_method_name_check: bool = False
+    batching: Any = None  # a batching.BatchingOptions: wrap every session for batching
 
 
 class ServableHandle(NamedTuple):
@@ -161,6 +162,11 @@ class ServerCore:
             target=self._manage, name="serving-opt-model-manager", daemon=True
         )
         self._thread_started = False
+        self.batch_scheduler = None
+        if options.batching is not None:
+            from serving_opt.serving.model_server.batching import BatchScheduler
+
+            self.batch_scheduler = BatchScheduler(options.batching)
 
     # ----------------------------------------------------------------- configuration
 
@@ -456,6 +462,9 @@ class ServerCore:
     def _load_once(self, harness: _Harness) -> Servable:
         servable = Servable.load(harness.id, harness.path, self.options.load_options)
         try:
+            if self.batch_scheduler is not None:
+                # Before warmup, as upstream: warmup runs through the batching session.
+                servable.enable_batching(self.batch_scheduler)
             if self.options.enable_model_warmup:
                 replay_warmup(
                     servable,
@@ -555,3 +564,5 @@ class ServerCore:
                 harness.servable, servable = None, harness.servable
                 harness.state = State.END
                 servable.close()
+        if self.batch_scheduler is not None:
+            self.batch_scheduler.stop()

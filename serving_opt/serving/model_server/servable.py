@@ -181,6 +181,17 @@ class Servable:
         self._graph = session.graph
         self._outputs: dict[tuple[str, bool], tuple[Any, int]] = {}
         self._outputs_lock = threading.Lock()
+        self.batching = None  # a batching.BatchingSession once enable_batching ran
+
+    def enable_batching(self, scheduler) -> None:
+        """Wraps the session for batching (upstream ``WrapSessionForBatching``).
+
+        Runs whose feeds and fetches are a SignatureDef's tensors then go through
+        ``scheduler`` and may share one session run with concurrent runs (batching.py).
+        """
+        from serving_opt.serving.model_server.batching import BatchingSession
+
+        self.batching = BatchingSession(scheduler, self.signature_defs, self.run_direct)
 
     @property
     def signature_defs(self) -> Mapping[str, Any]:
@@ -246,13 +257,30 @@ class Servable:
         fetches: Sequence[str],
         timeout_ms: int | None = None,
     ) -> list[Fetched]:
+        """``Session::Run`` through the batcher when batching is on, else :meth:`run_direct`.
+
+        Example:
+            >>> [f.dtype for f in servable.run({"x:0": np.ones([1, 5], np.float32)}, ["y:0"])]
+            [1]
+        """
+        if self.batching is not None:
+            return self.batching.run(feeds, fetches, timeout_ms)
+        return self.run_direct(feeds, fetches, timeout_ms)
+
+    def run_direct(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        fetches: Sequence[str],
+        timeout_ms: int | None = None,
+    ) -> list[Fetched]:
         """``Session::Run`` with feeds and fetches by tensor name, no client-side checks.
 
         ``timeout_ms`` becomes ``RunOptions.timeout_in_ms`` (how TF Serving enforces a
         client's gRPC deadline). Raises ServingStatusError with TF's code and message.
 
         Example:
-            >>> [f.dtype for f in servable.run({"x:0": np.ones([1, 5], np.float32)}, ["y:0"])]
+            >>> [f.dtype for f in servable.run_direct({"x:0": np.ones([1, 5], np.float32)},
+            ...                                       ["y:0"])]
             [1]
         """
         import tensorflow as tf
@@ -276,5 +304,11 @@ class Servable:
         return [Fetched(np.asarray(v), dtype) for v, (_, dtype) in zip(values, outputs)]
 
     def close(self) -> None:
-        """Releases the session (the unload step). Safe to call twice."""
+        """Releases the session (the unload step). Safe to call twice.
+
+        With batching, queued runs are run first and the queues removed.
+        """
+        batching, self.batching = self.batching, None
+        if batching is not None:
+            batching.close()
         self._session.close()

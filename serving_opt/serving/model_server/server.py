@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -47,9 +48,9 @@ class ServerOptions:
     free port (not upstream: for tests and validate). ``startup_timeout_seconds`` bounds
     the initial load (None: wait forever, like the real server when no version directory
     exists yet). ``model_config_file_poll_wait_seconds`` > 0 re-reads the config file that
-    often and applies it (models added or removed). ``enable_batching`` with
-    ``batching_parameters_file``: the file is parsed and validated (batching.py), requests
-    are not batched.
+    often and applies it (models added or removed). ``enable_batching``: concurrent
+    session runs are batched like TF Serving's BatchingSession (batching.py), with the
+    ``batching_parameters_file`` BatchingParameters or upstream's defaults.
 
     Example:
         >>> ServerOptions(model_base_path="/models/m").model_name
@@ -299,14 +300,23 @@ def serve(
     from serving_opt.serving.model_server.model_service import ModelService
     from serving_opt.serving.model_server.prediction_service import PredictionService
 
-    if options.enable_batching and options.batching_parameters_file:
-        from serving_opt.serving.model_server.batching import read_batching_parameters
+    batching = None
+    if options.enable_batching:
+        from serving_opt.serving.model_server.batching import (
+            BatchingOptions,
+            read_batching_parameters,
+        )
 
-        try:
-            read_batching_parameters(options.batching_parameters_file)
-        except ServingStatusError as e:
-            raise ServerStartError(f"Failed to start server. Error: {e.to_text()}") from None
-    core = ServerCore(core_options(options))
+        values = {}
+        if options.batching_parameters_file:
+            try:
+                values = read_batching_parameters(options.batching_parameters_file)
+            except ServingStatusError as e:
+                raise ServerStartError(
+                    f"Failed to start server. Error: {e.to_text()}"
+                ) from None
+        batching = BatchingOptions.from_values(values)
+    core = ServerCore(dataclasses.replace(core_options(options), batching=batching))
     try:
         server_config = config if config is not None else build_model_server_config(options)
         # Like the real server, the port opens only once every model is AVAILABLE.
