@@ -34,6 +34,51 @@ _ALWAYS_PROTECTED_OPS = frozenset({
 })
 
 
+def attr(**fields):
+    """An AttrValue: ``attr(type=DT_FLOAT)``, ``attr(b=True)``, ``attr(s=b"x")``.
+
+    Example:
+        >>> attr(i=0).i
+        0
+    """
+    from tensorflow.core.framework import attr_value_pb2
+
+    return attr_value_pb2.AttrValue(**fields)
+
+
+def make_node(name: str, op: str, inputs: Iterable[str] = (), **attrs):
+    """A NodeDef built directly, for rewrites that must not import a (huge) graph.
+
+    Example:
+        >>> make_node("n/cast", "Cast", ["n/read"], SrcT=attr(type=3), DstT=attr(type=1)).op
+        'Cast'
+    """
+    from tensorflow.core.framework import node_def_pb2
+
+    node = node_def_pb2.NodeDef(name=name, op=op, input=list(inputs))
+    for key, value in attrs.items():
+        node.attr[key].CopyFrom(value)
+    return node
+
+
+def var_handle(name: str, dtype: int, shape) -> object:
+    """A resource variable's VarHandleOp named ``name`` (also its shared_name).
+
+    ``shape`` is a TensorShapeProto or a sequence of ints.
+
+    Example:
+        >>> var_handle("emb/int8", 6, (100, 8)).attr["shape"].shape.dim[0].size
+        100
+    """
+    from tensorflow.core.framework import tensor_shape_pb2
+
+    if not isinstance(shape, tensor_shape_pb2.TensorShapeProto):
+        shape = tensor_shape_pb2.TensorShapeProto(
+            dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=int(d)) for d in shape])
+    return make_node(name, "VarHandleOp", dtype=attr(type=dtype), shape=attr(shape=shape),
+                     shared_name=attr(s=name.encode()), container=attr(s=b""))
+
+
 def node_name(tensor_or_node: str) -> str:
     """``"^a"``, ``"a:1"`` and ``"a"`` all name node ``a``.
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from serving_opt.graph import attr, make_node, var_handle
+
 SAVER_SCOPE = "serving_opt_saver"
 DEFAULT_MAX_CONSTANT_BYTES = 64 * 1024
 _RESOURCE_VARIABLE_OPS = frozenset({"VarHandleOp"})
@@ -72,20 +74,16 @@ def saver_nodes(kept: list[KeptVariable]) -> tuple[list, object]:
         >>> saver_def.restore_op_name
         'serving_opt_saver/restore_all'
     """
-    from tensorflow.core.framework import attr_value_pb2, node_def_pb2, types_pb2
+    from tensorflow.core.framework import attr_value_pb2, types_pb2
     from tensorflow.core.protobuf import saver_pb2
     from tensorflow.python.framework import tensor_util
 
-    def node(name: str, op: str, inputs=(), **attrs) -> node_def_pb2.NodeDef:
-        n = node_def_pb2.NodeDef(name=f"{SAVER_SCOPE}/{name}", op=op, input=list(inputs))
-        for key, value in attrs.items():
-            n.attr[key].CopyFrom(value)
-        return n
+    def node(name: str, op: str, inputs=(), **attrs):
+        return make_node(f"{SAVER_SCOPE}/{name}", op, inputs, **attrs)
 
-    def const(name: str, value) -> node_def_pb2.NodeDef:
-        return node(name, "Const",
-                    dtype=attr_value_pb2.AttrValue(type=types_pb2.DT_STRING),
-                    value=attr_value_pb2.AttrValue(tensor=tensor_util.make_tensor_proto(value)))
+    def const(name: str, value):
+        return node(name, "Const", dtype=attr(type=types_pb2.DT_STRING),
+                    value=attr(tensor=tensor_util.make_tensor_proto(value)))
 
     dtypes = attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
         type=[v.dtype for v in kept]))
@@ -101,15 +99,14 @@ def saver_nodes(kept: list[KeptVariable]) -> tuple[list, object]:
     assigns, saved = [], []
     for i, var in enumerate(kept):
         value = f"{scope}/RestoreV2:{i}" if i else f"{scope}/RestoreV2"
-        dtype = attr_value_pb2.AttrValue(type=var.dtype)
+        dtype = attr(type=var.dtype)
         if var.op in _RESOURCE_VARIABLE_OPS:
             nodes.append(node(f"assign_{i}", "AssignVariableOp", [var.name, value], dtype=dtype))
             nodes.append(node(f"read_{i}", "ReadVariableOp", [var.name], dtype=dtype))
             saved.append(f"{scope}/read_{i}")
         else:
             nodes.append(node(f"assign_{i}", "Assign", [var.name, value], T=dtype,
-                              validate_shape=attr_value_pb2.AttrValue(b=True),
-                              use_locking=attr_value_pb2.AttrValue(b=True)))
+                              validate_shape=attr(b=True), use_locking=attr(b=True)))
             saved.append(var.name)
         assigns.append(f"^{scope}/assign_{i}")
     nodes.append(node("restore_all", "NoOp", assigns))
@@ -118,7 +115,7 @@ def saver_nodes(kept: list[KeptVariable]) -> tuple[list, object]:
                        f"{scope}/shape_and_slices"] + saved, dtypes=dtypes))
     nodes.append(node("control_dependency", "Identity",
                       [f"{scope}/filename", f"^{scope}/SaveV2"],
-                      T=attr_value_pb2.AttrValue(type=types_pb2.DT_STRING)))
+                      T=attr(type=types_pb2.DT_STRING)))
     saver_def = saver_pb2.SaverDef(
         filename_tensor_name=f"{scope}/filename:0",
         save_tensor_name=f"{scope}/control_dependency:0",
@@ -128,6 +125,56 @@ def saver_nodes(kept: list[KeptVariable]) -> tuple[list, object]:
         version=saver_pb2.SaverDef.V2,
     )
     return nodes, saver_def
+
+
+def save_arrays(prefix: str, arrays: dict) -> str:
+    """Writes ``{name: ndarray}`` as a V2 checkpoint at ``prefix`` (eagerly, on the CPU).
+
+    Example:
+        >>> save_arrays("/models/.staging-x/part/variables", {"emb/int8": q})
+        '/models/.staging-x/part/variables'
+    """
+    import tensorflow as tf
+
+    os.makedirs(os.path.dirname(prefix), exist_ok=True)
+    with tf.device("/cpu:0"):
+        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=list(arrays),
+                          shape_and_slices=[""] * len(arrays),
+                          tensors=[tf.constant(v) for v in arrays.values()])
+    return prefix
+
+
+def replace_saver(graph, graph_def, kept: list[KeptVariable], variables_dir: str,
+                  removed: frozenset = frozenset(), protect: tuple = (), **changes):
+    """``graph`` with ``graph_def``, its saver rebuilt for ``kept`` over ``variables_dir``.
+
+    The saver this tool wrote before (for ``graph.kept_variables``) is taken out, and
+    so are the ``removed`` nodes with the control edges onto them; ``protect`` and the
+    new saver's ops join the protected nodes; ``changes`` are further ServingGraph
+    fields (the init op, for one).
+
+    Example:
+        >>> replace_saver(graph, graph_def, kept, "/models/.staging-x/merged").saver_def
+    """
+    old = {n.name for n in saver_nodes(list(graph.kept_variables))[0]} \
+        if graph.kept_variables else set()
+    old |= set(removed)
+    survivors = [n for n in graph_def.node if n.name not in old]
+    for n in survivors:
+        # Control edges onto a removed node (inlining leaves some on variables) go with it.
+        inputs = [i for i in n.input if not (i.startswith("^") and i[1:] in old)]
+        if len(inputs) != len(n.input):
+            del n.input[:]
+            n.input.extend(inputs)
+    del graph_def.node[:]
+    graph_def.node.extend(survivors)
+    nodes, saver_def = saver_nodes(kept)
+    graph_def.node.extend(nodes)
+    protected = tuple(dict.fromkeys(
+        [n for n in graph.protected_nodes if n not in old] + list(protect)
+        + [f"{SAVER_SCOPE}/restore_all", f"{SAVER_SCOPE}/control_dependency"]))
+    return graph.replace(graph_def=graph_def, saver_def=saver_def, variables_dir=variables_dir,
+                         kept_variables=tuple(kept), protected_nodes=protected, **changes)
 
 
 def externalize_constants(graph, min_bytes: int, work_dir: str) -> tuple:
@@ -148,7 +195,7 @@ def externalize_constants(graph, min_bytes: int, work_dir: str) -> tuple:
         53
     """
     import tensorflow as tf
-    from tensorflow.core.framework import attr_value_pb2, node_def_pb2, types_pb2
+    from tensorflow.core.framework import types_pb2
     from tensorflow.python.framework import tensor_util
 
     if graph.variables_dir is not None and not graph.kept_variables:
@@ -171,13 +218,7 @@ def externalize_constants(graph, min_bytes: int, work_dir: str) -> tuple:
         if value.nbytes < min_bytes:
             continue  # a broadcast constant: tiny in the graph, big as a variable
         handle = f"{node.name}/serving_opt_variable"
-        new_nodes.append(node_def_pb2.NodeDef(
-            name=handle, op="VarHandleOp", attr={
-                "dtype": attr_value_pb2.AttrValue(type=dtype),
-                "shape": attr_value_pb2.AttrValue(shape=tensor.tensor_shape),
-                "shared_name": attr_value_pb2.AttrValue(s=handle.encode()),
-                "container": attr_value_pb2.AttrValue(s=b""),
-            }))
+        new_nodes.append(var_handle(handle, dtype, tensor.tensor_shape))
         controls = [i for i in node.input if i.startswith("^")]
         node.op = "ReadVariableOp"
         del node.input[:]
@@ -191,11 +232,8 @@ def externalize_constants(graph, min_bytes: int, work_dir: str) -> tuple:
         return graph, []
     graph_def.node.extend(new_nodes)
     # Save the new values next to (then merged with) a checkpoint freezing already wrote.
-    part = os.path.join(work_dir, "externalized", "variables")
-    with tf.device("/cpu:0"):
-        tf.raw_ops.SaveV2(prefix=part, tensor_names=[v.name for v in moved],
-                          shape_and_slices=[""] * len(moved),
-                          tensors=[tf.constant(v) for v in values])
+    part = save_arrays(os.path.join(work_dir, "externalized", "variables"),
+                       {v.name: value for v, value in zip(moved, values)})
     del values
     prefixes = [part]
     if graph.variables_dir is not None:
@@ -204,17 +242,5 @@ def externalize_constants(graph, min_bytes: int, work_dir: str) -> tuple:
     tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=prefixes,
                                   destination_prefix=os.path.join(merged_dir, "variables"),
                                   delete_old_dirs=True)
-    kept = list(graph.kept_variables) + moved
-    old = {n.name for n in saver_nodes(list(graph.kept_variables))[0]} \
-        if graph.kept_variables else set()
-    survivors = [n for n in graph_def.node if n.name not in old]
-    del graph_def.node[:]
-    graph_def.node.extend(survivors)
-    nodes, saver_def = saver_nodes(kept)
-    graph_def.node.extend(nodes)
-    protected = tuple(dict.fromkeys(
-        [n for n in graph.protected_nodes if n not in old]
-        + [v.name for v in moved]
-        + [f"{SAVER_SCOPE}/restore_all", f"{SAVER_SCOPE}/control_dependency"]))
-    return graph.replace(graph_def=graph_def, saver_def=saver_def, variables_dir=merged_dir,
-                         kept_variables=tuple(kept), protected_nodes=protected), moved
+    return replace_saver(graph, graph_def, list(graph.kept_variables) + moved, merged_dir,
+                         protect=tuple(v.name for v in moved)), moved

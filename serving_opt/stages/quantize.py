@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from serving_opt.graph import attr, make_node, var_handle
 from serving_opt.stages import checkpoint
 from serving_opt.stages.checkpoint import SAVER_SCOPE, KeptVariable
 
@@ -111,30 +112,6 @@ def _quantize_channels(weight: np.ndarray, depthwise: bool) -> tuple[np.ndarray,
     return np.clip(np.rint(weight / scale), -127, 127).astype(np.int8), scale
 
 
-def _attr(**kw):
-    from tensorflow.core.framework import attr_value_pb2
-
-    return attr_value_pb2.AttrValue(**kw)
-
-
-def _node(name: str, op: str, inputs=(), **attrs):
-    from tensorflow.core.framework import node_def_pb2
-
-    n = node_def_pb2.NodeDef(name=name, op=op, input=list(inputs))
-    for k, v in attrs.items():
-        n.attr[k].CopyFrom(v)
-    return n
-
-
-def _handle(name: str, dtype: int, shape):
-    from tensorflow.core.framework import tensor_shape_pb2
-
-    proto = tensor_shape_pb2.TensorShapeProto(
-        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=int(d)) for d in shape])
-    return _node(name, "VarHandleOp", dtype=_attr(type=dtype), shape=_attr(shape=proto),
-                 shared_name=_attr(s=name.encode()), container=_attr(s=b""))
-
-
 def _store(name: str, value: np.ndarray, mode: str, scales: str, saved: dict, kept: list,
            new_nodes: list) -> tuple[str, str, int]:
     """Adds the quantized copy of ``name`` (and its scales, int8) as new checkpoint variables.
@@ -150,7 +127,7 @@ def _store(name: str, value: np.ndarray, mode: str, scales: str, saved: dict, ke
         saved[qname] = value.astype(np.float16)
         kept.append(KeptVariable(qname, "VarHandleOp", types_pb2.DT_HALF, saved[qname].nbytes,
                                  f"fp16 copy of {name}"))
-        new_nodes.append(_handle(qname, types_pb2.DT_HALF, value.shape))
+        new_nodes.append(var_handle(qname, types_pb2.DT_HALF, value.shape))
         return qname, sname, types_pb2.DT_HALF
     q, scale = _quantize_rows(value) if scales == "rows" \
         else _quantize_channels(value, scales == "depthwise")
@@ -159,9 +136,70 @@ def _store(name: str, value: np.ndarray, mode: str, scales: str, saved: dict, ke
                           f"int8 copy of {name}"),
              KeptVariable(sname, "VarHandleOp", types_pb2.DT_FLOAT, scale.nbytes,
                           f"{'row' if scales == 'rows' else 'channel'} scales of {name}")]
-    new_nodes += [_handle(qname, types_pb2.DT_INT8, q.shape),
-                  _handle(sname, types_pb2.DT_FLOAT, scale.shape)]
+    new_nodes += [var_handle(qname, types_pb2.DT_INT8, q.shape),
+                  var_handle(sname, types_pb2.DT_FLOAT, scale.shape)]
     return qname, sname, types_pb2.DT_INT8
+
+
+def _gather_rows(gather, nodes: dict, qname: str, sname: str | None, stored_dtype: int,
+                 new_nodes: list) -> None:
+    """Rewrites one gather of a float table into a gather of its quantized rows.
+
+    The gather node keeps its name (its consumers are untouched) and becomes
+    ``Cast(gather(q)) * expand_dims(gather(scales), -1)`` (int8) or ``Cast(gather(q))``
+    (fp16): only the rows asked for are turned back into float.
+    """
+    from tensorflow.core.framework import types_pb2
+    from tensorflow.python.framework import tensor_util
+
+    ids, base = gather.input[1], gather.name
+    float_type = attr(type=types_pb2.DT_FLOAT)
+
+    def gather_from(handle: str, dtype: int, name: str) -> str:
+        new_nodes.append(make_node(name, "ResourceGather", [handle, ids], dtype=attr(type=dtype),
+                                   Tindices=gather.attr["Tindices"], batch_dims=attr(i=0),
+                                   validate_indices=attr(b=True)))
+        return name
+
+    rows = gather_from(qname, stored_dtype, f"{base}/{_SCOPE}/rows")
+    cast = f"{base}/{_SCOPE}/cast"
+    new_nodes.append(make_node(cast, "Cast", [rows], SrcT=attr(type=stored_dtype),
+                               DstT=float_type, Truncate=attr(b=False)))
+    controls = [i for i in gather.input if i.startswith("^")]
+    if sname is None:
+        nodes[base].CopyFrom(make_node(base, "Identity", [cast] + controls, T=float_type))
+        return
+    scales = gather_from(sname, types_pb2.DT_FLOAT, f"{base}/{_SCOPE}/scales")
+    last = f"{base}/{_SCOPE}/last_axis"
+    new_nodes.append(make_node(last, "Const", dtype=attr(type=types_pb2.DT_INT32),
+                               value=attr(tensor=tensor_util.make_tensor_proto(-1))))
+    expand = f"{base}/{_SCOPE}/expand"
+    new_nodes.append(make_node(expand, "ExpandDims", [scales, last], T=float_type,
+                               Tdim=attr(type=types_pb2.DT_INT32)))
+    nodes[base].CopyFrom(make_node(base, "Mul", [cast, expand] + controls, T=float_type))
+
+
+def _dequantize_at_load(name: str, qname: str, sname: str | None, stored_dtype: int,
+                        new_nodes: list) -> str:
+    """Nodes assigning ``name = Cast(qname) [* sname]``; returns the assign, for the init op."""
+    from tensorflow.core.framework import types_pb2
+
+    prefix = f"{name}/{_SCOPE}/dequantize"
+    float_type = attr(type=types_pb2.DT_FLOAT)
+    new_nodes.append(make_node(f"{prefix}/read", "ReadVariableOp", [qname],
+                               dtype=attr(type=stored_dtype)))
+    value = f"{prefix}/cast"
+    new_nodes.append(make_node(value, "Cast", [f"{prefix}/read"], SrcT=attr(type=stored_dtype),
+                               DstT=float_type, Truncate=attr(b=False)))
+    if sname is not None:
+        new_nodes.append(make_node(f"{prefix}/scale", "ReadVariableOp", [sname],
+                                   dtype=float_type))
+        new_nodes.append(make_node(f"{prefix}/mul", "Mul", [value, f"{prefix}/scale"],
+                                   T=float_type))
+        value = f"{prefix}/mul"
+    new_nodes.append(make_node(f"{prefix}/assign", "AssignVariableOp", [name, value],
+                               dtype=float_type))
+    return f"{prefix}/assign"
 
 
 def quantize(graph, mode: str, min_elements: int, work_dir: str,
@@ -206,40 +244,8 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
             qname, sname, stored_dtype = _store(var.name, value, mode, "rows", saved, kept,
                                                 new_nodes)
             for gather, _kind in gathers:
-                ids = gather.input[1]
-                base = gather.name
-                rows = f"{base}/{_SCOPE}/rows"
-                new_nodes.append(_node(rows, "ResourceGather", [qname, ids],
-                                       dtype=_attr(type=stored_dtype),
-                                       Tindices=gather.attr["Tindices"],
-                                       batch_dims=_attr(i=0),
-                                       validate_indices=_attr(b=True)))
-                cast = f"{base}/{_SCOPE}/cast"
-                new_nodes.append(_node(cast, "Cast", [rows],
-                                       SrcT=_attr(type=stored_dtype),
-                                       DstT=_attr(type=types_pb2.DT_FLOAT),
-                                       Truncate=_attr(b=False)))
-                controls = [i for i in gather.input if i.startswith("^")]
-                if mode == "int8":
-                    row_scales = f"{base}/{_SCOPE}/scales"
-                    new_nodes.append(_node(row_scales, "ResourceGather", [sname, ids],
-                                           dtype=_attr(type=types_pb2.DT_FLOAT),
-                                           Tindices=gather.attr["Tindices"],
-                                           batch_dims=_attr(i=0),
-                                           validate_indices=_attr(b=True)))
-                    last = f"{base}/{_SCOPE}/last_axis"
-                    new_nodes.append(_node(last, "Const", dtype=_attr(type=types_pb2.DT_INT32),
-                                           value=_attr(tensor=tf.make_tensor_proto(-1))))
-                    expand = f"{base}/{_SCOPE}/expand"
-                    new_nodes.append(_node(expand, "ExpandDims", [row_scales, last],
-                                           T=_attr(type=types_pb2.DT_FLOAT),
-                                           Tdim=_attr(type=types_pb2.DT_INT32)))
-                    replacement = _node(base, "Mul", [cast, expand] + controls,
-                                        T=_attr(type=types_pb2.DT_FLOAT))
-                else:
-                    replacement = _node(base, "Identity", [cast] + controls,
-                                        T=_attr(type=types_pb2.DT_FLOAT))
-                nodes[base].CopyFrom(replacement)
+                _gather_rows(gather, nodes, qname, sname if mode == "int8" else None,
+                             stored_dtype, new_nodes)
             replaced.add(var.name)  # the float table: nothing reads it any more
             # Its reads: those feeding the gathers, and any a folded Shape left unused.
             replaced.update(n.name for n in graph_def.node if n.op == "ReadVariableOp"
@@ -260,20 +266,9 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
         qname, sname, src = _store(var.name, value, mode,
                                    "depthwise" if depthwise else "channels", saved, kept,
                                    new_nodes)
-        prefix = f"{var.name}/{_SCOPE}/dequantize"
-        new_nodes.append(_node(f"{prefix}/read", "ReadVariableOp", [qname], dtype=_attr(type=src)))
-        new_nodes.append(_node(f"{prefix}/cast", "Cast", [f"{prefix}/read"], SrcT=_attr(type=src),
-                               DstT=_attr(type=types_pb2.DT_FLOAT), Truncate=_attr(b=False)))
-        value_node = f"{prefix}/cast"
-        if mode == "int8":
-            new_nodes.append(_node(f"{prefix}/scale", "ReadVariableOp", [sname],
-                                   dtype=_attr(type=types_pb2.DT_FLOAT)))
-            new_nodes.append(_node(f"{prefix}/mul", "Mul", [value_node, f"{prefix}/scale"],
-                                   T=_attr(type=types_pb2.DT_FLOAT)))
-            value_node = f"{prefix}/mul"
-        new_nodes.append(_node(f"{prefix}/assign", "AssignVariableOp", [var.name, value_node],
-                               dtype=_attr(type=types_pb2.DT_FLOAT)))
-        dequantize_assigns.append(f"{prefix}/assign")
+        dequantize_assigns.append(_dequantize_at_load(var.name, qname,
+                                                      sname if mode == "int8" else None, src,
+                                                      new_nodes))
         done.append(QuantizedTensor(var.name, mode, "at load (init op)", value.nbytes,
                                     saved[qname].nbytes
                                     + (saved[sname].nbytes if mode == "int8" else 0)))
@@ -282,36 +277,18 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
         return graph, []
     graph_def.node.extend(new_nodes)
     # The new checkpoint: the quantized entries plus every untouched kept variable.
-    os.makedirs(os.path.dirname(part), exist_ok=True)
-    with tf.device("/cpu:0"):
-        tf.raw_ops.SaveV2(prefix=part, tensor_names=list(saved),
-                          shape_and_slices=[""] * len(saved),
-                          tensors=[tf.constant(v) for v in saved.values()])
+    checkpoint.save_arrays(part, saved)
     del saved
-    old = {n.name for n in checkpoint.saver_nodes(list(graph.kept_variables))[0]} | replaced
-    survivors = [n for n in graph_def.node if n.name not in old]
-    for n in survivors:
-        # Control edges onto a removed table (inlining leaves some) go with it.
-        kept_inputs = [i for i in n.input if not (i.startswith("^") and i[1:] in replaced)]
-        if len(kept_inputs) != len(n.input):
-            del n.input[:]
-            n.input.extend(kept_inputs)
-    del graph_def.node[:]
-    graph_def.node.extend(survivors)
-    saver, saver_def = checkpoint.saver_nodes(kept)
-    graph_def.node.extend(saver)
     init_op, init_source = graph.init_op, graph.init_op_source
-    protected = [n for n in graph.protected_nodes if n not in old]
+    protect = []
     if dequantize_assigns:
         # Right after the restore, TF Serving runs the init op: dequantize there, once.
         new_init = f"{_SCOPE}/init"
-        graph_def.node.append(_node(new_init, "NoOp", ([f"^{init_op}"] if init_op else [])
-                                    + [f"^{a}" for a in dequantize_assigns]))
-        init_op = new_init
-        init_source = init_source or "main_op"
-        protected.append(new_init)
-    protected += [f"{SAVER_SCOPE}/restore_all", f"{SAVER_SCOPE}/control_dependency"]
-    return graph.replace(graph_def=graph_def, saver_def=saver_def,
-                         variables_dir=os.path.dirname(part), kept_variables=tuple(kept),
-                         init_op=init_op, init_op_source=init_source,
-                         protected_nodes=tuple(dict.fromkeys(protected))), done
+        graph_def.node.append(make_node(new_init, "NoOp",
+                                        ([f"^{init_op}"] if init_op else [])
+                                        + [f"^{a}" for a in dequantize_assigns]))
+        init_op, init_source = new_init, init_source or "main_op"
+        protect.append(new_init)
+    return checkpoint.replace_saver(graph, graph_def, kept, os.path.dirname(part),
+                                    removed=frozenset(replaced), protect=tuple(protect),
+                                    init_op=init_op, init_op_source=init_source), done
