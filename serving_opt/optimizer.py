@@ -415,8 +415,7 @@ def freeze(run: Run, frozen: bool, note: str = "") -> ServingGraph:
             # Large variables are saved here from the loaded session, then linked into
             # the version written; a scratch directory of the model base, so nothing
             # half-written is ever where TF Serving looks.
-            scratch = writer.make_staging_dir(run.output_base, plan_.version)
-            run.scratch_dirs.append(scratch)
+            scratch = _scratch_dir(run)
             graph, info = freeze_lib.freeze_session_model(
                 run.input_dir, plan_.tags, keys, max_bytes=run.options.freeze_max_bytes,
                 variables_dir=os.path.join(scratch, "variables"))
@@ -493,8 +492,7 @@ def externalize(run: Run, graph: ServingGraph) -> ServingGraph:
     limit = run.options.max_constant_bytes
     with run.stage("externalize", f"constants over {limit} bytes to variables",
                    step="-") as stage:
-        scratch = writer.make_staging_dir(run.output_base, run.plan.version)
-        run.scratch_dirs.append(scratch)
+        scratch = _scratch_dir(run)
         graph, moved = checkpoint.externalize_constants(graph, limit, scratch)
         run.graph = graph
         run.kept_variables = graph.kept_variables
@@ -507,8 +505,7 @@ def quantize(run: Run, graph: ServingGraph) -> ServingGraph:
     """Stage 5c (``--quantize``): large float weights stored as int8 or fp16."""
     mode = run.options.quantize
     with run.stage("quantize", f"quantizing weights ({mode})", step="-") as stage:
-        scratch = writer.make_staging_dir(run.output_base, run.plan.version)
-        run.scratch_dirs.append(scratch)
+        scratch = _scratch_dir(run)
         graph, done = quantize_lib.quantize(graph, mode, run.options.quantize_min_elements,
                                             scratch, tables_only=run.quantize_tables_only)
         run.graph = graph
@@ -696,10 +693,7 @@ def measure(run: Run, staging: str) -> list[str]:
         message = f"cold start: load + first request in fresh processes " \
                   f"(x{options.cold_start_rounds})"
         with run.stage("cold_start", message) as stage:
-            feeds = inputs_lib.signature_feeds(run.source.meta_graph, run.input_dir,
-                                               seed=options.seed)(key, 1).batches[0]
-            run.cold_start = coldstart.measure(run.input_dir, staging, run.plan.tags, key,
-                                               feeds, rounds=options.cold_start_rounds)
+            run.cold_start = _cold_start(run, staging, key)
             stage.done(run.graph, _cold_note(run.cold_start))
     else:
         run.progress("cold_start", "cold start skipped (--nocold_start)")
@@ -709,10 +703,7 @@ def measure(run: Run, staging: str) -> list[str]:
         message = f"benchmark: load time and latency, {options.benchmark_runs} interleaved runs"
         with run.stage("benchmark", message) as stage:
             try:
-                run.benchmark = coldstart.benchmark_in_fresh_process(
-                    run.input_dir, staging, run.plan.tags, key,
-                    batch_sizes=options.benchmark_batch_sizes, runs=options.benchmark_runs,
-                    seed=options.seed)
+                run.benchmark = _steady_state(run, staging, key)
             except Exception as e:  # noqa: BLE001 - a failed measurement gates nothing
                 run.warn(f"benchmark skipped: {first_line(e)}")
             stage.done(run.graph, "" if run.benchmark else "failed, see warnings")
@@ -736,15 +727,9 @@ def _confirm(run: Run, staging: str, key: str, worse: list[str]) -> list[str]:
     cold, bench = run.cold_start, run.benchmark
     with run.stage("confirm", "confirming the regression", step="-") as stage:
         if cold is not None:
-            feeds = inputs_lib.signature_feeds(run.source.meta_graph, run.input_dir,
-                                               seed=options.seed)(key, 1).batches[0]
-            cold = coldstart.measure(run.input_dir, staging, run.plan.tags, key, feeds,
-                                     rounds=options.cold_start_rounds)
-        if bench is not None and any(line.startswith("p") for line in worse):
-            bench = coldstart.benchmark_in_fresh_process(
-                run.input_dir, staging, run.plan.tags, key,
-                batch_sizes=options.benchmark_batch_sizes, runs=options.benchmark_runs,
-                seed=options.seed)
+            cold = _cold_start(run, staging, key)
+        if bench is not None and any(regression_lib.is_steady_state(line) for line in worse):
+            bench = _steady_state(run, staging, key)
         again = regression_lib.regressions(cold, bench, options.regression_tolerance)
         stage.done(run.graph, "; ".join(again) or "not reproduced")
     first = {regression_lib.measure_of(line) for line in worse}
@@ -754,6 +739,30 @@ def _confirm(run: Run, staging: str, key: str, worse: list[str]) -> list[str]:
     else:
         run.warn(f"a first measurement was worse ({worse[0]}); a second one was not")
     return confirmed
+
+
+def _cold_start(run: Run, staging: str, key: str):
+    """Both models loaded in fresh processes, answering one synthesized request."""
+    feeds = inputs_lib.signature_feeds(run.source.meta_graph, run.input_dir,
+                                       seed=run.options.seed)(key, 1).batches[0]
+    return coldstart.measure(run.input_dir, staging, run.plan.tags, key, feeds,
+                             rounds=run.options.cold_start_rounds)
+
+
+def _steady_state(run: Run, staging: str, key: str):
+    """The interleaved latency benchmark of both models, in a measuring process."""
+    options = run.options
+    return coldstart.benchmark_in_fresh_process(
+        run.input_dir, staging, run.plan.tags, key, batch_sizes=options.benchmark_batch_sizes,
+        runs=options.benchmark_runs, seed=options.seed)
+
+
+def _scratch_dir(run: Run) -> str:
+    """A hidden directory of the model base for a stage's files, removed when the run
+    ends (however it ends); same filesystem, so its files are linked, not copied."""
+    scratch = writer.make_staging_dir(run.output_base, run.plan.version)
+    run.scratch_dirs.append(scratch)
+    return scratch
 
 
 def _cold_note(cold) -> str:

@@ -94,3 +94,13 @@ def measure_of(line: str) -> str:
         'p50 at batch 32'
     """
     return line.split(" the original")[0].rsplit(" ", 1)[0]
+
+
+def is_steady_state(line: str) -> bool:
+    """Whether a regression line is about steady-state latency (p50/p99), not cold start.
+
+    Example:
+        >>> is_steady_state("p99 at batch 1 1.31x the original (0.30 ms -> 0.39 ms)")
+        True
+    """
+    return measure_of(line).startswith(("p50 ", "p99 "))
