@@ -26,7 +26,7 @@ from typing import Protocol
 import numpy as np
 
 from serving_opt.errors import ServingOptError, first_line
-from serving_opt.graph import node_name
+from serving_opt.graph import CALL_OPS, node_name
 
 _PARSE_OPS = frozenset({"ParseExample", "ParseExampleV2", "ParseSingleExample"})
 _PASS_THROUGH_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "IdentityN"})
@@ -146,11 +146,8 @@ def find_example_spec(graph_def, input_tensor_name: str) -> ExampleSpec | None:
     return spec
 
 
-_CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
-
-
 def _feeds_a_call(node_defs, name: str) -> bool:
-    return any(n.op in _CALL_OPS and any(node_name(i) == name for i in n.input)
+    return any(n.op in CALL_OPS and any(node_name(i) == name for i in n.input)
                for n in node_defs)
 
 
@@ -176,7 +173,7 @@ def _trace_to_parse(node_defs, start: str, functions: dict,
                     return spec
             elif consumer.op in _PASS_THROUGH_OPS:
                 frontier.append(consumer.name)
-            elif consumer.op in _CALL_OPS and "f" in consumer.attr:
+            elif consumer.op in CALL_OPS and "f" in consumer.attr:
                 function = functions.get(consumer.attr["f"].func.name)
                 data = [i for i in consumer.input if not i.startswith("^")]
                 for index, inp in enumerate(data):

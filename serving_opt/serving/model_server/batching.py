@@ -51,12 +51,12 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
+from serving_opt.serving.model_server.model_config import read_text_file
 from serving_opt.serving.model_server.status import (
     ServingStatusError,
     failed_precondition,
     internal,
     invalid_argument,
-    not_found,
 )
 
 _INT64_WRAPPED = (
@@ -171,14 +171,7 @@ def _validate(values: dict) -> None:
 
 def read_batching_parameters(path: str) -> dict:
     """Reads ``--batching_parameters_file``; raises ServingStatusError like the server."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise not_found(f"{path}; No such file or directory") from None
-    except OSError as e:
-        raise invalid_argument(f"Could not read {path}: {e.strerror or e}") from None
-    return parse_batching_parameters(text, path)
+    return parse_batching_parameters(read_text_file(path), path)
 
 
 # ------------------------------------------------------------------------- batching

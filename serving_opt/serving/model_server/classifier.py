@@ -19,7 +19,8 @@ from serving_opt.serving.model_server.request_options import (
     METHOD_CLASSIFY,
     RequestOptions,
     fill_model_spec,
-    resolve_signature_name,
+    find_method_signature,
+    method_name_error,
 )
 from serving_opt.serving.model_server.servable import Fetched, Servable
 from serving_opt.serving.model_server.status import invalid_argument
@@ -36,19 +37,8 @@ def find_signature(signature_defs, signature_name: str, options: RequestOptions)
         >>> find_signature(servable.signature_defs, "", RequestOptions()).method_name
         'tensorflow/serving/classify'
     """
-    name = resolve_signature_name(signature_name)
-    signature = signature_defs.get(name)
-    if signature is None:
-        raise invalid_argument(f"No signature was found with the name: {name}")
-    if options.signature_method_name_check:
-        if signature.method_name != METHOD_CLASSIFY:
-            raise invalid_argument(
-                f"Expected classification signature method_name to be {METHOD_CLASSIFY}. "
-                f"Was: {signature.method_name}"
-            )
-    else:
-        tensor_names(signature, options)
-    return signature
+    return find_method_signature(signature_defs, signature_name, options, METHOD_CLASSIFY,
+                                 "classification", tensor_names)
 
 
 def tensor_names(signature, options: RequestOptions) -> tuple[str, list[str]]:
@@ -59,10 +49,7 @@ def tensor_names(signature, options: RequestOptions) -> tuple[str, list[str]]:
         ('input_example_tensor:0', ['classes:0', 'probabilities:0'])
     """
     if options.signature_method_name_check and signature.method_name != METHOD_CLASSIFY:
-        raise invalid_argument(
-            f"Expected classification signature method_name to be {METHOD_CLASSIFY}. "
-            f"Was: {signature.method_name}"
-        )
+        raise method_name_error(signature, METHOD_CLASSIFY, "classification")
     if len(signature.inputs) != 1:
         raise invalid_argument("Expected one input Tensor.")
     if len(signature.outputs) not in (1, 2):

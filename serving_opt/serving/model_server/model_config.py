@@ -64,14 +64,23 @@ def read_config_file(path: str):
         >>> read_config_file("/etc/models.config").WhichOneof("config")
         'model_config_list'
     """
+    return parse_config_text(read_text_file(path), path)
+
+
+def read_text_file(path: str) -> str:
+    """A text config file the server was given, failing with the server's status errors.
+
+    Example:
+        >>> read_text_file("/etc/models.config")[:18]
+        'model_config_list '
+    """
     try:
         with open(path, encoding="utf-8") as f:
-            text = f.read()
+            return f.read()
     except FileNotFoundError:
         raise not_found(f"{path}; No such file or directory") from None
     except OSError as e:
         raise invalid_argument(f"Could not read {path}: {e.strerror or e}") from None
-    return parse_config_text(text, path)
 
 
 def platform_of(model) -> str:

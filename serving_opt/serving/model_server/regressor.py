@@ -18,20 +18,14 @@ from serving_opt.serving.model_server.request_options import (
     METHOD_REGRESS,
     RequestOptions,
     fill_model_spec,
-    resolve_signature_name,
+    find_method_signature,
+    method_name_error,
 )
 from serving_opt.serving.model_server.servable import Servable
 from serving_opt.serving.model_server.status import failed_precondition, invalid_argument
 
 INPUTS = "inputs"
 OUTPUTS = "outputs"
-
-
-def _method_error(signature):
-    return invalid_argument(
-        f"Expected regression signature method_name to be {METHOD_REGRESS}. "
-        f"Was: {signature.method_name}"
-    )
 
 
 def find_signature(signature_defs, signature_name: str, options: RequestOptions):
@@ -41,16 +35,8 @@ def find_signature(signature_defs, signature_name: str, options: RequestOptions)
         >>> find_signature(servable.signature_defs, "regression", RequestOptions()).method_name
         'tensorflow/serving/regress'
     """
-    name = resolve_signature_name(signature_name)
-    signature = signature_defs.get(name)
-    if signature is None:
-        raise invalid_argument(f"No signature was found with the name: {name}")
-    if options.signature_method_name_check:
-        if signature.method_name != METHOD_REGRESS:
-            raise _method_error(signature)
-    else:
-        tensor_names(signature, options)
-    return signature
+    return find_method_signature(signature_defs, signature_name, options, METHOD_REGRESS,
+                                 "regression", tensor_names)
 
 
 def tensor_names(signature, options: RequestOptions) -> tuple[str, list[str]]:
@@ -61,7 +47,7 @@ def tensor_names(signature, options: RequestOptions) -> tuple[str, list[str]]:
         ('input_example_tensor:0', ['predictions:0'])
     """
     if options.signature_method_name_check and signature.method_name != METHOD_REGRESS:
-        raise _method_error(signature)
+        raise method_name_error(signature, METHOD_REGRESS, "regression")
     if len(signature.inputs) != 1:
         raise invalid_argument("Expected one input Tensor.")
     if len(signature.outputs) != 1:

@@ -8,7 +8,10 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from serving_opt.serving.model_server.status import invalid_argument
 
 DEFAULT_SIGNATURE = "serving_default"
 METHOD_PREDICT = "tensorflow/serving/predict"
@@ -43,6 +46,39 @@ def resolve_signature_name(name: str) -> str:
         'serving_default'
     """
     return name or DEFAULT_SIGNATURE
+
+
+def method_name_error(signature, method: str, kind: str):
+    """The error for a signature of the wrong method (``kind``: classification, regression).
+
+    Example:
+        >>> method_name_error(sig, METHOD_REGRESS, "regression").code
+    """
+    return invalid_argument(f"Expected {kind} signature method_name to be {method}. "
+                            f"Was: {signature.method_name}")
+
+
+def find_method_signature(signature_defs, signature_name: str, options: RequestOptions,
+                          method: str, kind: str, check_structure: Callable):
+    """C++ ``GetClassificationSignatureDef`` / ``GetRegressionSignatureDef``: the named
+    signature, checked for its method name when that check is on, else for the structure
+    (``check_structure(signature, options)``) the API needs.
+
+    Example:
+        >>> find_method_signature(defs, "", RequestOptions(), METHOD_CLASSIFY,
+        ...                       "classification", classifier.tensor_names).method_name
+        'tensorflow/serving/classify'
+    """
+    name = resolve_signature_name(signature_name)
+    signature = signature_defs.get(name)
+    if signature is None:
+        raise invalid_argument(f"No signature was found with the name: {name}")
+    if options.signature_method_name_check:
+        if signature.method_name != method:
+            raise method_name_error(signature, method, kind)
+    else:
+        check_structure(signature, options)
+    return signature
 
 
 def fill_model_spec(spec, name: str, signature_name: str | None, version: int | None) -> None:
