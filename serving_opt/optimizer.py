@@ -43,6 +43,9 @@ __all__ = ["OptimizeOptions", "OptimizeReport", "SizeReport", "StageReport", "ch
            "optimize"]
 
 FREEZE_MODES = ("auto", "always", "never")
+MAX_RTOL = 1.0  # a relative tolerance above 100% lets any answer through
+MAX_GRAPPLER_ROUNDS = 20
+MAX_REGRESSION_TOLERANCE = 100.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,7 @@ class Plan:
     tags: frozenset[str]
     version: int
     user_inputs: object | None  # inputs_lib.UserInputs
+    validate: object | None = None  # the ValidateOptions of --validate, shared values merged
 
 
 @dataclass(frozen=True)
@@ -139,17 +143,21 @@ def check_options(options: OptimizeOptions) -> None:
     if options.freeze not in FREEZE_MODES:
         raise UsageError(f"--freeze={options.freeze} is not one of {', '.join(FREEZE_MODES)}",
                          "use --freeze=auto, always or never")
-    if not (0 <= options.atol < math.inf and 0 <= options.rtol < math.inf):  # refuses nan
-        raise UsageError(f"--atol={options.atol} and --rtol={options.rtol} must be finite "
-                         "and >= 0", "e.g. --atol=1e-5 --rtol=1e-4")
+    if not (0 <= options.atol < math.inf and 0 <= options.rtol <= MAX_RTOL):  # refuses nan
+        raise UsageError(f"--atol={options.atol} and --rtol={options.rtol} must be finite, "
+                         f">= 0, and rtol at most {MAX_RTOL:g} (beyond that nothing is "
+                         "compared)", "e.g. --atol=1e-5 --rtol=1e-4")
     if options.version is not None and not (isinstance(options.version, int) and
                                             0 <= options.version <= writer.MAX_VERSION):
         raise UsageError(f"--version={options.version} is not a version TF Serving reads",
                          f"pass --version=N with 0 <= N <= {writer.MAX_VERSION} (int64)")
-    if options.grappler_rounds < 1:
-        raise UsageError("--grappler_rounds must be >= 1", "e.g. --grappler_rounds=2")
+    if not 1 <= options.grappler_rounds <= MAX_GRAPPLER_ROUNDS:
+        raise UsageError(f"--grappler_rounds={options.grappler_rounds} must be within "
+                         f"[1, {MAX_GRAPPLER_ROUNDS}] (a round that changes nothing ends the "
+                         "loop anyway)", "e.g. --grappler_rounds=2")
     if options.parity_batch_size < 1 or options.parity_batches < 1:
-        raise UsageError("parity batch size and count must be >= 1", "e.g. --parity_batch_size=16")
+        raise UsageError("OptimizeOptions.parity_batch_size and parity_batches must be >= 1",
+                         "e.g. OptimizeOptions(parity_batch_size=16, parity_batches=2)")
     if options.benchmark_runs < 0:
         raise UsageError("--benchmark_runs must be >= 0", "0 skips the benchmark")
     if options.freeze_max_bytes < 0:
@@ -166,9 +174,11 @@ def check_options(options: OptimizeOptions) -> None:
         raise UsageError("--max_probability_error must be within [0, 1]", "e.g. 0.05")
     if options.cold_start_rounds < 1:
         raise UsageError("--cold_start_rounds must be >= 1", "e.g. --cold_start_rounds=3")
-    if not options.regression_tolerance >= 1.0:  # also refuses nan
-        raise UsageError(f"--regression_tolerance={options.regression_tolerance} is below 1",
-                         "e.g. --regression_tolerance=1.1 (10% worse is tolerated)")
+    if not 1.0 <= options.regression_tolerance <= MAX_REGRESSION_TOLERANCE:  # refuses nan
+        raise UsageError(f"--regression_tolerance={options.regression_tolerance} must be "
+                         f"within [1, {MAX_REGRESSION_TOLERANCE:g}]",
+                         "e.g. --regression_tolerance=1.1 (10% worse is tolerated); "
+                         "--allow_regression publishes whatever the measures say")
     transforms_lib.resolve_spec(options.transforms)
     grappler_lib.parse_passes(options.grappler)
     if not loader.parse_tags(options.saved_model_tags):
@@ -181,6 +191,51 @@ def check_options(options: OptimizeOptions) -> None:
         from serving_opt.serving import runtime as runtime_lib
 
         runtime_lib.check_version(options.serving_version)
+    if options.validate is not None:
+        validate_options(options)
+
+
+# ValidateOptions fields that optimize decides: one setting for the whole run, so the
+# validation cannot judge with other tolerances, inputs or runtime than the gates did.
+_SHARED_WITH_VALIDATE = ("atol", "rtol", "examples", "saved_model_tags", "serving_version",
+                         "serving_runtime_python", "seed")
+
+
+def validate_options(options: OptimizeOptions):
+    """The ValidateOptions ``--validate`` runs with: the user's, with every setting shared
+    with optimize taken from ``options``; UsageError when the two disagree.
+
+    Example:
+        >>> validate_options(OptimizeOptions(atol=1e-3, validate=ValidateOptions())).atol
+        0.001
+    """
+    import dataclasses
+
+    from serving_opt.serving import validate as validate_lib
+
+    given = options.validate
+    if not isinstance(given, validate_lib.ValidateOptions):
+        raise UsageError(f"OptimizeOptions.validate is a {type(given).__name__}, not a "
+                         "ValidateOptions", "pass validate=ValidateOptions(...) or None")
+    defaults = validate_lib.ValidateOptions()
+    shared = {}
+    for name in _SHARED_WITH_VALIDATE:
+        mine, theirs = getattr(options, name), getattr(given, name)
+        if theirs != getattr(defaults, name) and theirs != mine:
+            raise UsageError(f"ValidateOptions.{name}={theirs!r} disagrees with "
+                             f"OptimizeOptions.{name}={mine!r}",
+                             f"set {name} once, on OptimizeOptions")
+        shared[name] = mine
+    merged = dataclasses.replace(
+        given, **shared, allow_file_ops=options.allow_file_ops or given.allow_file_ops)
+    if given.version is not None and options.version is not None \
+            and given.version != options.version:
+        raise UsageError(f"ValidateOptions.version={given.version} disagrees with "
+                         f"OptimizeOptions.version={options.version}",
+                         "leave ValidateOptions.version unset: optimize validates the version "
+                         "it writes")
+    validate_lib.check_options(merged)
+    return merged
 
 
 def optimize(
@@ -245,6 +300,7 @@ def plan(input_dir: str, output_base: str, options: OptimizeOptions) -> Plan:
         version=version,
         user_inputs=inputs_lib.read_examples_file(options.examples) if options.examples
         else None,
+        validate=validate_options(options) if options.validate is not None else None,
     )
 
 
@@ -367,7 +423,9 @@ def build_candidate(run: Run) -> str:
             return build_candidate(run)
         if isinstance(e, ParityError) and (run.plan.lossy or run.options.quantize != "none"):
             raise  # the lossy work's verdict, not freezing's
-        reason = first_line(e)
+        # What went wrong with the frozen graph, without the verdict a refused run would
+        # print ("nothing was published"): this run goes on, with the variables kept.
+        reason = getattr(e, "difference", None) or first_line(e)
         if mode == "always":
             if isinstance(e, ServingOptError):
                 raise
@@ -376,9 +434,13 @@ def build_candidate(run: Run) -> str:
                 "rerun with --freeze=auto (falls back) or --freeze=never",
             ) from e
         run.restore(before)
-        run.progress("-", f"frozen graph unusable ({reason}); retrying with variables kept")
-        note = f"frozen graph unusable ({reason}); optimizing with variables kept"
-        return _candidate(run, frozen=False, note=note)
+        what = "the frozen graph answered differently" if isinstance(e, ParityError) \
+            else "freezing failed"
+        run.progress("-", f"{what} ({reason}); retrying with the variables kept")
+        # _candidate warns "variables kept: <note>", naming the cause.
+        return _candidate(run, frozen=False,
+                          note=f"{what} ({reason}); optimized with the variables kept "
+                          "(--freeze=always makes that an error)")
 
 
 def _candidate(run: Run, frozen: bool, note: str = "") -> str:
@@ -586,10 +648,15 @@ def prove(run: Run, graph: ServingGraph, staging: str) -> None:
         if not report.ok:
             if not run.frozen:
                 run.warn(f"variables kept: {run.freeze_note}")
-            raise ParityError(
-                f"{report.summary()}; nothing was published",
-                "drop the lossy transform, or loosen --atol/--rtol if the drift is acceptable",
-            )
+            lossy_work = list(plan_.lossy) + ([f"--quantize={options.quantize}"] if lossy
+                                              else [])
+            fix = (f"drop the lossy work ({', '.join(lossy_work)}), or loosen the gate if the "
+                   "drift is acceptable" if lossy_work else
+                   "no lossy transform was asked for: report this; --freeze=never or "
+                   "--transforms=none narrows down which step changed the answers")
+            error = ParityError(f"{report.summary()}; nothing was published", fix)
+            error.difference = report.summary()  # what differed, without the verdict
+            raise error
     if options.compare_examples:
         compare_gate(run, graph, staging)
     with run.stage("tf2_load", "checking it loads with tf.saved_model.load", step="-") as stage:
@@ -642,12 +709,11 @@ def serve_before_publishing(run: Run, staging: str):
         os.rename(staging, served)
         try:
             opts = dataclasses.replace(
-                run.options.validate,
-                model_name=run.options.validate.model_name or os.path.basename(
+                run.plan.validate,
+                model_name=run.plan.validate.model_name or os.path.basename(
                     os.path.abspath(output_base)),
                 version=version,
                 reference_dir=run.input_dir,
-                allow_file_ops=run.options.allow_file_ops or run.options.validate.allow_file_ops,
             )
             result = validate_lib.validate(hidden_base, opts, progress=run.say)
         finally:
@@ -743,7 +809,10 @@ def _confirm(run: Run, staging: str, key: str, worse: list[str]) -> list[str]:
 
 def _cold_start(run: Run, staging: str, key: str):
     """Both models loaded in fresh processes, answering one synthesized request."""
+    # The user's examples when given: a model that checks its inputs (an Assert that
+    # x >= 0) must meet the requests it will really get, not synthesized ones.
     feeds = inputs_lib.signature_feeds(run.source.meta_graph, run.input_dir,
+                                       user=run.plan.user_inputs,
                                        seed=run.options.seed)(key, 1).batches[0]
     return coldstart.measure(run.input_dir, staging, run.plan.tags, key, feeds,
                              rounds=run.options.cold_start_rounds)
@@ -754,7 +823,7 @@ def _steady_state(run: Run, staging: str, key: str):
     options = run.options
     return coldstart.benchmark_in_fresh_process(
         run.input_dir, staging, run.plan.tags, key, batch_sizes=options.benchmark_batch_sizes,
-        runs=options.benchmark_runs, seed=options.seed)
+        runs=options.benchmark_runs, seed=options.seed, examples=options.examples)
 
 
 def _scratch_dir(run: Run) -> str:

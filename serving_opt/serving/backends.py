@@ -65,6 +65,7 @@ DEFAULT_IMAGE = "tensorflow/serving:2.20.0"  # the current TF Serving release
 BINARY_NAME = "tensorflow_model_server"
 CONTAINER_GRPC_PORT = 8500
 CONTAINER_REST_PORT = 8501
+CONTAINER_CONFIG_DIR = "/serving-opt-config"
 
 # What each concrete backend is, for reports: a "local" pass is not a TF Serving pass.
 BACKEND_NOTES = {
@@ -94,6 +95,37 @@ class ServerSpec:
     max_num_load_retries: int = 0
     rest_api: bool = True  # also serve TF Serving's REST API (on its own free port)
     extra_flags: tuple[str, ...] = field(default_factory=tuple)
+    # Serve this version only (a model config with a ``specific`` version policy): the
+    # server must never load, and run the init op of, a version nobody checked.
+    version: int | None = None
+
+
+CONFIG_FILENAME = "models.config"
+
+
+def model_config_text(spec: ServerSpec, base_path: str) -> str:
+    """The text ModelServerConfig TF Serving reads with ``--model_config_file``.
+
+    Example:
+        >>> print(model_config_text(ServerSpec("clf", "/m/clf", version=3), "/m/clf"))
+        model_config_list { config { name: "clf" base_path: "/m/clf" model_platform: ...
+    """
+    policy = (f" model_version_policy {{ specific {{ versions: {spec.version} }} }}"
+              if spec.version is not None else "")
+    return (f"model_config_list {{ config {{ name: {_quote(spec.model_name)} "
+            f"base_path: {_quote(base_path)} model_platform: \"tensorflow\"{policy} }} }}\n")
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_model_config(spec: ServerSpec, base_path: str) -> str:
+    """Writes the config into a new private directory; returns the directory."""
+    directory = tempfile.mkdtemp(prefix="serving-opt-config-")
+    with open(os.path.join(directory, CONFIG_FILENAME), "w") as f:
+        f.write(model_config_text(spec, base_path))
+    return directory
 
 
 def free_port() -> int:
@@ -108,12 +140,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _server_flags(spec: ServerSpec, port: int, base: str, rest_port: int = 0) -> list[str]:
+def _server_flags(spec: ServerSpec, port: int, base: str, rest_port: int = 0,
+                  config_file: str | None = None) -> list[str]:
+    model = ([f"--model_config_file={config_file}"] if config_file else
+             [f"--model_name={spec.model_name}", f"--model_base_path={base}"])
     return [
         f"--port={port}",
         f"--rest_api_port={rest_port}",
-        f"--model_name={spec.model_name}",
-        f"--model_base_path={base}",
+        *model,
         f"--file_system_poll_wait_seconds={spec.file_system_poll_wait_seconds}",
         f"--saved_model_tags={spec.saved_model_tags}",
         f"--enable_model_warmup={'true' if spec.enable_model_warmup else 'false'}",
@@ -123,7 +157,7 @@ def _server_flags(spec: ServerSpec, port: int, base: str, rest_port: int = 0) ->
 
 
 def docker_command(spec: ServerSpec, host_port: int, container_name: str,
-                   rest_host_port: int = 0) -> list[str]:
+                   rest_host_port: int = 0, config_dir: str | None = None) -> list[str]:
     """``docker run`` for tensorflow/serving: read-only model mount, loopback-only ports.
 
     Example:
@@ -137,9 +171,13 @@ def docker_command(spec: ServerSpec, host_port: int, container_name: str,
         "-p", f"127.0.0.1:{host_port}:{CONTAINER_GRPC_PORT}",
         *(["-p", f"127.0.0.1:{rest_host_port}:{CONTAINER_REST_PORT}"] if rest_host_port else []),
         "-v", f"{os.path.abspath(spec.model_base)}:{container_base}:ro",
+        *(["-v", f"{config_dir}:{CONTAINER_CONFIG_DIR}:ro"] if config_dir else []),
         "-e", f"MODEL_NAME={spec.model_name}",
         "-e", "MODEL_BASE_PATH=/models",
         spec.image,
+        # The config file wins over the entrypoint's --model_name/--model_base_path.
+        *([f"--model_config_file={CONTAINER_CONFIG_DIR}/{CONFIG_FILENAME}"] if config_dir
+          else []),
         f"--file_system_poll_wait_seconds={spec.file_system_poll_wait_seconds}",
         f"--saved_model_tags={spec.saved_model_tags}",
         f"--enable_model_warmup={'true' if spec.enable_model_warmup else 'false'}",
@@ -150,18 +188,19 @@ def docker_command(spec: ServerSpec, host_port: int, container_name: str,
 
 
 def binary_command(spec: ServerSpec, port: int, binary: str = BINARY_NAME,
-                   rest_port: int = 0) -> list[str]:
+                   rest_port: int = 0, config_file: str | None = None) -> list[str]:
     """``tensorflow_model_server`` with the usual flags.
 
     Example:
         >>> binary_command(ServerSpec("clf", "/m/clf"), 9000)[1]
         '--port=9000'
     """
-    return [binary, *_server_flags(spec, port, os.path.abspath(spec.model_base), rest_port)]
+    return [binary, *_server_flags(spec, port, os.path.abspath(spec.model_base), rest_port,
+                                   config_file)]
 
 
 def local_command(spec: ServerSpec, port: int, rest_port: int = 0,
-                  python: str | None = None) -> list[str]:
+                  python: str | None = None, config_file: str | None = None) -> list[str]:
     """``serving-opt serve`` (this project's TF-Serving-compatible server), same flags, run
     by ``python`` (the target TensorFlow's interpreter; default: this one).
 
@@ -170,7 +209,8 @@ def local_command(spec: ServerSpec, port: int, rest_port: int = 0,
         '--port=9000'
     """
     return [python or sys.executable, "-m", "serving_opt.cli", "serve",
-            *_server_flags(spec, port, os.path.abspath(spec.model_base), rest_port)]
+            *_server_flags(spec, port, os.path.abspath(spec.model_base), rest_port,
+                          config_file)]
 
 
 class ServerProcess:
@@ -185,8 +225,10 @@ class ServerProcess:
     def __init__(self, backend: str, command: Sequence[str], port: int,
                  cleanup: Sequence[str] | None = None, env: dict | None = None,
                  parent_pipe_flag: str | None = None, rest_port: int = 0,
-                 description: str = "", tf_version: str = "") -> None:
+                 description: str = "", tf_version: str = "",
+                 temp_dirs: Sequence[str] = ()) -> None:
         self.backend = backend
+        self.temp_dirs = list(temp_dirs)  # removed when the server stops (its config)
         self.command = list(command)
         self.port = port
         self.rest_port = rest_port  # 0: no REST API
@@ -268,6 +310,8 @@ class ServerProcess:
         finally:
             self._close_pipe()
             self._remove_log()
+            for directory in self.temp_dirs:
+                shutil.rmtree(directory, ignore_errors=True)
 
     def _terminate(self, timeout: float) -> None:
         process = self._process
@@ -395,10 +439,20 @@ def make_server(backend: str, spec: ServerSpec, runtime=None) -> ServerProcess:
     rest_port = free_port() if spec.rest_api else 0
     while rest_port and rest_port == port:
         rest_port = free_port()
+    if backend not in BACKENDS[1:]:
+        raise UsageError(f"unknown backend {backend}", f"use one of {', '.join(BACKENDS)}")
+    base = os.path.abspath(spec.model_base)
+    config_dir = None
+    if spec.version is not None:
+        container_base = f"/models/{spec.model_name}"
+        config_dir = write_model_config(spec, container_base if backend == "docker" else base)
+    config_file = os.path.join(config_dir, CONFIG_FILENAME) if config_dir else None
+    temp_dirs = [config_dir] if config_dir else []
     if backend == "docker":
         name = f"serving-opt-{uuid.uuid4().hex[:10]}"
         release = runtime_lib.image_version(spec.image)
-        return ServerProcess("docker", docker_command(spec, port, name, rest_port), port,
+        return ServerProcess("docker", docker_command(spec, port, name, rest_port, config_dir),
+                             port, temp_dirs=temp_dirs,
                              cleanup=["docker", "rm", "-f", name], rest_port=rest_port,
                              description=f"docker:{spec.image}",
                              tf_version=f"{release} (image tag)" if release
@@ -406,18 +460,24 @@ def make_server(backend: str, spec: ServerSpec, runtime=None) -> ServerProcess:
     if backend == "binary":
         binary = shutil.which(BINARY_NAME)
         if binary is None:
+            for directory in temp_dirs:
+                shutil.rmtree(directory, ignore_errors=True)
             raise ServingOptError(f"{BINARY_NAME} is not on PATH",
                                   "install TF Serving, or use --server=docker or local")
         # Its version is asked once it has served (identify()): not every executable
         # named tensorflow_model_server answers --version and exits.
-        return ServerProcess("binary", binary_command(spec, port, binary, rest_port), port,
-                             rest_port=rest_port, description=f"binary:{binary}")
+        return ServerProcess("binary", binary_command(spec, port, binary, rest_port,
+                                                      config_file),
+                             port, temp_dirs=temp_dirs, rest_port=rest_port,
+                             description=f"binary:{binary}")
     if backend == "local":
         if runtime is None:
             runtime = runtime_lib.Runtime(sys.executable, runtime_lib.current_tf_version(),
                                           "current interpreter", "")
-        return ServerProcess("local", local_command(spec, port, rest_port, runtime.python),
-                             port, env=runtime.env(), parent_pipe_flag="--parent_pipe_fd",
+        return ServerProcess("local", local_command(spec, port, rest_port, runtime.python,
+                                                    config_file),
+                             port, env=runtime.env(), temp_dirs=temp_dirs,
+                             parent_pipe_flag="--parent_pipe_fd",
                              rest_port=rest_port,
                              description="local:serving-opt serve (stand-in) on TensorFlow "
                              f"{runtime.tf_version}", tf_version=runtime.tf_version)

@@ -51,6 +51,8 @@ __all__ = [
 
 PROTOCOLS = ("grpc", "rest")
 REQUIRE_SERVER = ("any", "tf_serving")
+MAX_CLIENTS = 1024  # load-phase clients: threads of this process
+MAX_DURATION = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,8 @@ class ValidationReport:
     protocols: tuple[str, ...] = ("grpc",)
     rest_address: str | None = None
     rest_load_test: LoadTest | None = None
+    # Other versions in the base: not served, not run (a specific version policy).
+    ignored_versions: tuple[int, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -163,6 +167,54 @@ def resolve_version(model_base: str, version: int | None) -> int:
     return versions[-1]
 
 
+def check_options(options: ValidateOptions) -> None:
+    """Raises UsageError naming the first bad option; ``optimize`` calls it in its plan,
+    before any work, and ``validate`` before starting anything.
+
+    Example:
+        >>> check_options(ValidateOptions(protocols=("carrier_pigeon",)))
+        Traceback (most recent call last):
+        UsageError: --protocols=carrier_pigeon must name grpc, rest or both
+    """
+    import math
+
+    if options.server not in backends.BACKENDS:
+        raise UsageError(f"--server={options.server} is not one of "
+                         f"{', '.join(backends.BACKENDS)}", "e.g. --server=auto")
+    if not (isinstance(options.concurrency, int) and 0 <= options.concurrency <= MAX_CLIENTS):
+        raise UsageError(f"--concurrency={options.concurrency} must be within [0, {MAX_CLIENTS}]",
+                         "e.g. --concurrency=8 (0 skips the load phase)")
+    if not 0 <= options.duration <= MAX_DURATION:  # also refuses nan
+        raise UsageError(f"--duration={options.duration} must be within [0, {MAX_DURATION:g}] "
+                         "seconds", "e.g. --duration=5 (0 skips the load phase)")
+    for name in ("load_deadline", "request_timeout"):
+        value = getattr(options, name)
+        if not 0 < value < math.inf:
+            raise UsageError(f"{name}={value} must be a positive number of seconds",
+                             f"e.g. {name}=30")
+    if not (0 <= options.atol < math.inf and 0 <= options.rtol < math.inf):
+        raise UsageError(f"--atol={options.atol} and --rtol={options.rtol} must be finite "
+                         "and >= 0", "e.g. --atol=1e-5 --rtol=1e-4")
+    if options.batch_size < 1:
+        raise UsageError("batch_size must be >= 1", "e.g. ValidateOptions(batch_size=8)")
+    parse_protocols(options.protocols)
+    if options.require_server not in REQUIRE_SERVER:
+        raise UsageError(f"--require_server={options.require_server} is not one of "
+                         f"{', '.join(REQUIRE_SERVER)}", "use --require_server=tf_serving or any")
+    if options.require_server == "tf_serving" and options.server == "local":
+        raise UsageError("--require_server=tf_serving contradicts --server=local (the local "
+                         "server is a stand-in, not TF Serving)",
+                         "use --server=auto, docker or binary")
+    if options.version is not None and not (isinstance(options.version, int)
+                                            and 0 <= options.version <= writer.MAX_VERSION):
+        raise UsageError(f"--version={options.version} is not a version TF Serving reads",
+                         f"pass --version=N with 0 <= N <= {writer.MAX_VERSION}")
+    if not loader.parse_tags(options.saved_model_tags):
+        raise UsageError("--saved_model_tags is empty", "e.g. --saved_model_tags=serve")
+    if options.serving_version is not None:
+        runtime_lib.check_version(options.serving_version)
+
+
 def validate(model_base: str, options: ValidateOptions = ValidateOptions(),
              progress: Callable[[str], None] | None = None) -> ValidationReport:
     """Serves ``model_base`` and checks load, metadata, every signature's answers and load.
@@ -175,19 +227,8 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),
         True
     """
     say = progress or (lambda m: None)
-    if options.concurrency < 0 or options.duration < 0:
-        raise UsageError("--concurrency and --duration must be >= 0",
-                         "0 skips the load phase")
+    check_options(options)
     protocols = parse_protocols(options.protocols)
-    if options.require_server not in REQUIRE_SERVER:
-        raise UsageError(f"--require_server={options.require_server} is not one of "
-                         f"{', '.join(REQUIRE_SERVER)}", "use --require_server=tf_serving or any")
-    if options.require_server == "tf_serving" and options.server == "local":
-        raise UsageError("--require_server=tf_serving contradicts --server=local (the local "
-                         "server is a stand-in, not TF Serving)",
-                         "use --server=auto, docker or binary")
-    if options.serving_version is not None:
-        runtime_lib.check_version(options.serving_version)
     model_base = os.path.abspath(model_base)
     version = resolve_version(model_base, options.version)
     model_dir = os.path.join(model_base, str(version))
@@ -217,23 +258,31 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),
                              else (None, ""))
 
     warmup_file = None
-    if options.write_warmup:
-        from serving_opt.serving import warmup
-
-        warmup_file = warmup.write_warmup_file(model_dir, probes)
-        say(f"wrote {warmup_file}")
-
+    ignored = sorted(v for v in writer.existing_versions(model_base) if v != version)
+    if ignored:
+        say(f"serving version {version} only; ignoring version(s) "
+            f"{', '.join(map(str, ignored))} of {model_base}")
+    # A specific version policy: the server loads (and runs the init op of) this version
+    # and no other, whatever else the base holds.
     spec = backends.ServerSpec(model_name=model_name, model_base=model_base, image=options.image,
                                saved_model_tags=options.saved_model_tags,
-                               rest_api="rest" in protocols)
+                               rest_api="rest" in protocols, version=version)
     server = backends.make_server(backend, spec, runtime)
     checks: list[Check] = []
     load_tests: dict[str, LoadTest] = {}
     failures: list[str] = []
 
     def finish() -> ValidationReport:
+        nonlocal warmup_file
+        if options.write_warmup and not failures:
+            # Only requests whose answers matched become warmup, written once they did.
+            from serving_opt.serving import warmup
+
+            warmup_file = warmup.write_warmup_file(model_dir, probes)
+            say(f"wrote {warmup_file}")
         return _finish(backend, model_name, model_base, version, reference_dir, checks,
-                       load_tests, warmup_file, server, failures, protocols, runtime_note)
+                       load_tests, warmup_file, server, failures, protocols, runtime_note,
+                       ignored)
 
     say(f"starting the {backend} server on {server.address}")
     say(f"  {server.description}" + (f", REST on {server.rest_address}"
@@ -397,7 +446,7 @@ def _answer_checks(address: str, model_name: str, version: int, served: dict,
 def _finish(backend: str, model_name: str, model_base: str, version: int, reference_dir: str,
             checks: list[Check], load_tests: dict[str, LoadTest], warmup_file: str | None,
             server: backends.ServerProcess, failures: list[str], protocols: tuple[str, ...],
-            runtime_note: str) -> ValidationReport:
+            runtime_note: str, ignored: Sequence[int] = ()) -> ValidationReport:
     backends.identify(server)
     return ValidationReport(
         ok=not failures,
@@ -420,6 +469,7 @@ def _finish(backend: str, model_name: str, model_base: str, version: int, refere
         protocols=protocols,
         rest_address=server.rest_address,
         rest_load_test=load_tests.get("rest") if "grpc" in load_tests else None,
+        ignored_versions=tuple(ignored),
     )
 
 

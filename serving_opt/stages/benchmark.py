@@ -78,6 +78,7 @@ def benchmark(
     loads: int = 3,
     seed: int = 0,
     warmup: int = 5,
+    examples: str | None = None,
 ) -> BenchmarkReport:
     """Measures load time and p50/p99 latency of one signature, before vs. after.
 
@@ -101,11 +102,14 @@ def benchmark(
     try:
         sig_a = mg_a.signature_def[signature_key]
         sig_b = mg_b.signature_def[signature_key]
-        feeds = inputs_lib.signature_feeds(mg_a, before_dir, seed=seed)
+        # The user's examples when given (a model may refuse synthesized inputs), grown
+        # or cut to each batch size so the figure is for the batch it names.
+        user = inputs_lib.read_examples_file(examples) if examples else None
+        feeds = inputs_lib.signature_feeds(mg_a, before_dir, user=user, seed=seed)
         before: list[Latency] = []
         after: list[Latency] = []
         for batch in batch_sizes:
-            feed = feeds(signature_key, batch).batches[0]
+            feed = inputs_lib.resize_batch(feeds(signature_key, batch).batches, batch)
             call_a = _callable(sess_a, sig_a, feed)
             call_b = _callable(sess_b, sig_b, feed)
             for _ in range(warmup):

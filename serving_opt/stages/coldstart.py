@@ -160,7 +160,8 @@ def _rss_bytes(field: str) -> int:
 
 def benchmark_in_fresh_process(before_dir: str, after_dir: str, tags: frozenset[str],
                                signature_key: str, *, batch_sizes=(1, 32), runs: int = 100,
-                               seed: int = 0, timeout: float = 3600.0):
+                               seed: int = 0, examples: str | None = None,
+                               timeout: float = 3600.0):
     """The steady-state benchmark (``stages.benchmark``) run in a measuring process.
 
     The optimizer's own process has loaded, frozen and compared models for minutes,
@@ -178,7 +179,8 @@ def benchmark_in_fresh_process(before_dir: str, after_dir: str, tags: frozenset[
     (result,) = _run_jobs([{
         "kind": "benchmark", "before": os.path.abspath(before_dir),
         "after": os.path.abspath(after_dir), "tags": sorted(tags), "signature": signature_key,
-        "batch_sizes": list(batch_sizes), "runs": runs, "seed": seed}], timeout)
+        "batch_sizes": list(batch_sizes), "runs": runs, "seed": seed,
+        "examples": os.path.abspath(examples) if examples else None}], timeout)
     if "error" in result:
         raise ServingOptError(f"the benchmark failed: {result['error']}",
                               "rerun with --benchmark_runs=0 to skip it")
@@ -199,7 +201,7 @@ def _one_job(job: dict) -> dict:
 
         report = benchmark(job["before"], job["after"], frozenset(job["tags"]),
                            job["signature"], batch_sizes=tuple(job["batch_sizes"]),
-                           runs=job["runs"], seed=job["seed"])
+                           runs=job["runs"], seed=job["seed"], examples=job.get("examples"))
         return {"report": asdict(report)}
     return _cold_start(job)
 
@@ -242,8 +244,11 @@ def _serve_jobs() -> int:
             try:
                 result = _one_job(job)
             except BaseException as e:  # noqa: BLE001 - reported to the parent as data
-                first = (str(e).strip().splitlines() or [""])[0]
-                result = {"error": f"{type(e).__name__}: {first}"[:500]}
+                # TF's first line is often only a header ("Graph execution error:"); the
+                # cause (an Assert's own message, a missing shard) must reach the user.
+                from serving_opt.errors import first_line
+
+                result = {"error": f"{type(e).__name__}: {first_line(e)}"[:1000]}
             with os.fdopen(write_fd, "w") as out:
                 out.write(json.dumps(result))
             os._exit(0)

@@ -557,6 +557,34 @@ def inputs_for_signature(
     return SignatureInputs(key, tuple(batches), "synthesized")
 
 
+def resize_batch(batches: Sequence[dict], batch_size: int) -> dict:
+    """One feed of ``batch_size`` rows, made of the rows of ``batches`` in order (cycled
+    when there are fewer). Inputs without a batch dimension (scalars) are taken as they
+    are from the first batch.
+
+    Example:
+        >>> resize_batch([{"x": np.zeros((3, 2))}], 5)["x"].shape
+        (5, 2)
+    """
+    first = batches[0]
+    sizes = {len(v) for b in batches for v in b.values() if np.ndim(v) >= 1}
+    if not sizes or any(np.ndim(v) == 0 for v in first.values()):
+        return first
+    rows: dict[str, list] = {alias: [] for alias in first}
+    total = 0
+    while total < batch_size:
+        for feed in batches:
+            lengths = {len(v) for v in feed.values()}
+            if len(lengths) != 1 or 0 in lengths:  # no single, non-empty batch dimension
+                return first
+            for alias, value in feed.items():
+                rows[alias].append(np.asarray(value))
+            total += lengths.pop()
+            if total >= batch_size:
+                break
+    return {alias: np.concatenate(parts)[:batch_size] for alias, parts in rows.items()}
+
+
 class SignatureFeeds(Protocol):
     """What ``signature_feeds`` returns: ``feeds(key, batch_size, num_batches=1)``."""
 

@@ -187,9 +187,7 @@ def main(fv: flags.FlagValues) -> int:
         serving_version=fv.serving_version,
         serving_runtime_python=fv.serving_runtime_python,
     )
-    if fv.write_warmup and not fv.validate:
-        raise UsageError("--write_warmup needs --validate",
-                         "add --validate (warmup requests are the validated requests)")
+    check_dependent_flags(fv)
     if fv.validate:
         import dataclasses
 
@@ -215,6 +213,37 @@ def main(fv: flags.FlagValues) -> int:
         raise
     _emit(result, fv)
     return 0
+
+
+# Flags that mean nothing without another one: given alone they are a usage error
+# naming both, never silently ignored. (flag, what it needs, how to test that).
+_VALIDATE_FLAGS = ("server", "image", "write_warmup", "concurrency", "duration", "protocols",
+                   "require_server")
+_QUANTIZE_FLAGS = ("quantize_min_elements", "min_top1_agreement", "max_probability_error")
+
+
+def check_dependent_flags(fv: flags.FlagValues) -> None:
+    """UsageError for a flag given without the flag that gives it meaning.
+
+    Example:
+        serving-opt optimize ... --protocols=rest      # without --validate
+        -> usage error: --protocols has no effect without --validate
+    """
+    given = [name for name in _VALIDATE_FLAGS if fv[name].present]
+    if given and not fv.validate:
+        raise UsageError(f"--{given[0]} has no effect without --validate",
+                         f"add --validate, or drop --{given[0]}")
+    given = [name for name in _QUANTIZE_FLAGS if fv[name].present]
+    if given and fv.quantize == "none":
+        raise UsageError(f"--{given[0]} has no effect without --quantize",
+                         f"add --quantize=int8 (or fp16), or drop --{given[0]}")
+    if fv["cold_start_rounds"].present and not fv.cold_start:
+        raise UsageError("--cold_start_rounds has no effect with --nocold_start",
+                         "drop one of them")
+    if fv["allow_regression"].present and fv.allow_regression and not fv.cold_start \
+            and fv.benchmark_runs == 0:
+        raise UsageError("--allow_regression has no effect with --nocold_start and "
+                         "--benchmark_runs=0 (nothing is measured)", "drop one of them")
 
 
 def _emit(result, fv: flags.FlagValues) -> None:
