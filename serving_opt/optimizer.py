@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from dataclasses import dataclass
 
+from serving_opt import sandbox as sandbox_lib
 from serving_opt.errors import (
     ParityError,
     ServingOptError,
@@ -102,6 +104,9 @@ class OptimizeOptions:
     # (cached, $SERVING_OPT_RUNTIME_X_Y, this interpreter); the report says which.
     serving_version: str | None = None
     serving_runtime_python: str | None = None  # an interpreter with that TensorFlow
+    # Run the model outside the bubblewrap sandbox where none can start (serving_opt.sandbox).
+    allow_unsandboxed: bool = False
+    sandbox_memory_bytes: int | None = None  # per sandboxed process; None: 3/4 of the RAM
 
 
 @dataclass(frozen=True)
@@ -260,25 +265,167 @@ def optimize(
         + (("validate",) if options.validate is not None else ()) + ("publish",)
     run = Run(input_dir, output_base, options, progress, steps)
     run.plan = plan(input_dir, output_base, options)
+    sandboxed = sandbox_lib.require(options.allow_unsandboxed, f"optimize {input_dir}")
+    run.sandbox = sandbox_lib.describe(sandboxed)
+    _resolve_target(run, sandboxed)
     for stale in staging_lib.remove_stale(output_base):  # never a live run's
         run.progress("-", f"removed {stale}, left behind by a run that was killed")
-    staging = None
+    # Everything this run writes is inside one claimed, hidden directory of the model
+    # base: the only place its sandbox may write; removed however the run ends.
+    run.work_dir = staging_lib.make_claimed_dir(output_base, f"{writer.STAGING_PREFIX}run-")
+    staging = worker = None
     try:
+        if sandboxed:
+            # Started now, so it imports TensorFlow while this process reads and checks.
+            worker = sandbox_lib.Worker(_sandbox_policy(run), run.work_dir, run.say,
+                                        preload="optimize")
         run.source = read(run)
-        staging = build_proven_candidate(run)
-        if options.validate is not None:
-            run.validation = serve_before_publishing(run, staging)
+        if worker is not None:
+            staging, worker_report = worker.call(
+                "serving_opt.optimizer:build_in_worker",
+                WorkerJob(input_dir, output_base, options, run.plan, run.source, run.steps,
+                          tuple(run.stages), tuple(run.warnings), run.work_dir,
+                          run.target_registry))
+            run.adopt(worker_report)
+        else:
+            staging = build_proven_candidate(run)
+            if run.plan.validate is not None:
+                run.validation = serve_before_publishing(run, staging)
+        check_candidate(run, staging)
         run.output_dir = publish(run, staging)
         staging = None
+    except ServingOptError as e:
+        e.with_report(run.report() if e.report is None else run.adopted(e.report))
+        raise
+    finally:
+        if worker is not None:
+            worker.kill()
+            worker.close()
+        writer.discard(staging)
+        for scratch in run.scratch_dirs:
+            writer.discard(scratch)
+        shutil.rmtree(run.work_dir, ignore_errors=True)
+        staging_lib.release(run.work_dir)
+    return run.report()
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """What the sandboxed worker needs to build, prove and measure the candidate."""
+
+    input_dir: str
+    output_base: str
+    options: OptimizeOptions
+    plan: Plan
+    source: Source
+    steps: tuple[str, ...]
+    stages: tuple
+    warnings: tuple[str, ...]
+    work_dir: str
+    target_registry: object
+
+
+def build_in_worker(job: WorkerJob) -> tuple[str, OptimizeReport]:
+    """In the sandbox: freeze .. validate; returns the staging directory and the report.
+
+    The candidate stays in the work directory; the caller checks it and publishes it.
+    """
+    from serving_opt import sandbox as sandbox_lib
+
+    run = Run(job.input_dir, job.output_base, job.options, sandbox_lib.say, job.steps)
+    run.plan, run.source, run.work_dir = job.plan, job.source, job.work_dir
+    run.stages, run.warnings = list(job.stages), list(job.warnings)
+    run.target_registry = job.target_registry
+    try:
+        staging = build_proven_candidate(run)
+        if run.plan.validate is not None:
+            run.validation = serve_before_publishing(run, staging)
     except ServingOptError as e:
         if e.report is None:
             e.with_report(run.report())
         raise
     finally:
-        writer.discard(staging)
         for scratch in run.scratch_dirs:
             writer.discard(scratch)
-    return run.report()
+    return staging, run.report()
+
+
+def _sandbox_policy(run: Run) -> sandbox_lib.Policy:
+    """Read: the model, the user's example files, the target runtime; write: the work dir."""
+    options = run.options
+    read_only = [run.input_dir]
+    for path in (options.examples,):
+        if path:
+            read_only.append(path)
+    if options.compare_examples:
+        read_only.append(_glob_root(options.compare_examples))
+    validate = run.plan.validate
+    if validate is not None:
+        read_only.extend(_interpreter_dirs(validate.serving_runtime_python))
+        if validate.server == "binary":
+            from serving_opt.serving import backends
+
+            binary = shutil.which(backends.BINARY_NAME)
+            if binary:
+                read_only.append(os.path.dirname(os.path.realpath(binary)))
+    return sandbox_lib.Policy(read_only=tuple(read_only), writable=(run.work_dir,),
+                              memory_bytes=options.sandbox_memory_bytes)
+
+
+def _glob_root(pattern: str) -> str:
+    """The directory a local glob reads from (its part before the first wildcard)."""
+    head = pattern.split("*")[0].split("?")[0].split("[")[0]
+    return os.path.dirname(head) or "."
+
+
+def _interpreter_dirs(python: str | None) -> list[str]:
+    """A runtime interpreter's venv and base prefix (for --serving_version's stand-in)."""
+    if not python:
+        return []
+    venv = os.path.dirname(os.path.dirname(os.path.abspath(python)))
+    base = os.path.dirname(os.path.dirname(os.path.realpath(python)))
+    return [venv, base]
+
+
+def _resolve_target(run: Run, sandboxed: bool) -> None:
+    """Before any sandbox starts: the target runtime (installed if asked, which needs the
+    network) and its op registry; the validate backend (docker cannot be driven from a
+    sandbox: its client needs the Docker socket, which is root on the host)."""
+    import dataclasses
+
+    from serving_opt.serving import runtime as runtime_lib
+
+    options = run.options
+    version, python = options.serving_version, options.serving_runtime_python
+    target = version or runtime_lib.DEFAULT_SERVING_VERSION
+    runtime = runtime_lib.resolve_runtime(version, python, run.say) if version \
+        else runtime_lib.find_runtime(target, python)
+    if runtime is not None:
+        run.target_registry = (runtime.tf_version, runtime.source,
+                               runtime_lib.op_registry(runtime))
+    validate = run.plan.validate
+    if validate is None:
+        return
+    from serving_opt.serving import backends
+
+    backend = backends.resolve_backend(validate.server, sandboxed=sandboxed)
+    if backend == "local" and runtime is not None and version is not None:
+        validate = dataclasses.replace(validate, serving_runtime_python=runtime.python)
+    run.plan = dataclasses.replace(run.plan, validate=dataclasses.replace(validate,
+                                                                          server=backend))
+
+
+def check_candidate(run: Run, staging: str) -> None:
+    """What came out of the sandbox is checked like any model before it is published:
+    no link or special file, no host op the source did not have and the user allowed."""
+    from serving_opt import untrusted
+
+    loader.check_model_files(staging)
+    if not run.options.allow_file_ops:
+        meta_graph = loader.find_meta_graph(loader.read_saved_model(staging), run.plan.tags,
+                                            staging)
+        untrusted.refuse_host_ops(meta_graph, tuple(sorted(meta_graph.signature_def)),
+                                  "publish")
 
 
 def plan(input_dir: str, output_base: str, options: OptimizeOptions) -> Plan:
@@ -587,7 +734,7 @@ def quantize(run: Run, graph: ServingGraph) -> ServingGraph:
 def write(run: Run, graph: ServingGraph) -> str:
     """Stage 6: the SavedModel, in a hidden staging directory of the model base."""
     with run.stage("write", "writing the SavedModel") as stage:
-        staging = writer.make_staging_dir(run.output_base, run.plan.version)
+        staging = _work_subdir(run, f"{run.plan.version}-")
         try:
             writer.write_saved_model(graph, staging)
         except BaseException:
@@ -601,30 +748,26 @@ def write(run: Run, graph: ServingGraph) -> str:
 def check_target_runtime(run: Run, graph: ServingGraph, staging: str) -> None:
     """Stage 6b: every op and attr written must be in the target TF Serving's TensorFlow.
 
-    The written file is checked (the writer strips attrs at their default value, as TF
-    does, so a new attr left at its default does not count).
+    The registry was resolved before any work (``_resolve_target``: installing a runtime
+    needs the network, which no sandbox has). The written file is checked (the writer
+    strips attrs at their default value, as TF does, so a new attr left at its default
+    does not count).
     """
     from serving_opt.serving import runtime as runtime_lib
 
-    version = run.options.serving_version
-    python = run.options.serving_runtime_python
-    target = version or runtime_lib.DEFAULT_SERVING_VERSION
+    target = run.options.serving_version or runtime_lib.DEFAULT_SERVING_VERSION
     with run.stage("target_check", f"checking ops against TensorFlow {target}'s registry",
                    step="-") as stage:
-        if version is None:
-            runtime = runtime_lib.find_runtime(target, python)  # never a download
-            if runtime is None:
-                stage.done(graph, f"skipped: no TensorFlow {runtime_lib.major_minor(target)} "
-                           f"runtime here (--serving_version={target} installs one)")
-                return
-        else:
-            runtime = runtime_lib.resolve_runtime(version, python, run.say)
-        registry = runtime_lib.op_registry(runtime)
+        if run.target_registry is None:
+            stage.done(graph, f"skipped: no TensorFlow {runtime_lib.major_minor(target)} "
+                       f"runtime here (--serving_version={target} installs one)")
+            return
+        tf_version, source, registry = run.target_registry
         saved_model = loader.read_saved_model(staging)
-        checked = sum(runtime_lib.check_graph(mg.graph_def, registry, runtime.tf_version)
+        checked = sum(runtime_lib.check_graph(mg.graph_def, registry, tf_version)
                       for mg in saved_model.meta_graphs)
         stage.done(graph, f"{checked} nodes: every op and attr is in TensorFlow "
-                   f"{runtime.tf_version} ({runtime.source})")
+                   f"{tf_version} ({source})")
 
 
 def prove(run: Run, graph: ServingGraph, staging: str) -> None:
@@ -703,8 +846,7 @@ def serve_before_publishing(run: Run, staging: str):
     version, output_base = run.plan.version, run.output_base
     with run.stage("validate", "serving the result over gRPC before publishing (validate)") \
             as stage:
-        hidden_base = staging_lib.make_claimed_dir(output_base,
-                                                   f"{writer.STAGING_PREFIX}validate-")
+        hidden_base = _work_subdir(run, "validate-")
         served = os.path.join(hidden_base, str(version))
         os.rename(staging, served)
         try:
@@ -719,7 +861,6 @@ def serve_before_publishing(run: Run, staging: str):
         finally:
             os.rename(served, staging)
             os.rmdir(hidden_base)
-            staging_lib.release(hidden_base)
         # Report the paths the model is published under, not the hidden serving base.
         final = os.path.join(output_base, str(version))
         result = dataclasses.replace(
@@ -827,11 +968,17 @@ def _steady_state(run: Run, staging: str, key: str):
 
 
 def _scratch_dir(run: Run) -> str:
-    """A hidden directory of the model base for a stage's files, removed when the run
-    ends (however it ends); same filesystem, so its files are linked, not copied."""
-    scratch = writer.make_staging_dir(run.output_base, run.plan.version)
+    """A directory for a stage's files, removed when the run ends (however it ends); in
+    the model base's work directory, so its files are linked into the version, not copied."""
+    scratch = _work_subdir(run, f"scratch-{run.plan.version}-")
     run.scratch_dirs.append(scratch)
     return scratch
+
+
+def _work_subdir(run: Run, prefix: str) -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix=f"{writer.STAGING_PREFIX}{prefix}", dir=run.work_dir)
 
 
 def _cold_note(cold) -> str:

@@ -107,6 +107,7 @@ class OptimizeReport:
     quantized: tuple = ()
     warnings: tuple[str, ...] = field(default_factory=tuple)
     validation: object | None = None  # a serving_opt.serving.validate.ValidationReport
+    sandbox: str = ""  # how the model was isolated while it ran (serving_opt.sandbox)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -168,6 +169,10 @@ class Run:
         self.scratch_dirs: list[str] = []  # removed when the run ends, however it ends
         self.validation = None
         self.cold_start = None
+        self.work_dir: str | None = None  # the claimed directory everything is written in
+        self.sandbox = ""  # how the model was isolated (serving_opt.sandbox.describe)
+        self.target_registry = None  # (tf_version, source, op registry) of the target
+        self.worker_report: OptimizeReport | None = None  # the sandboxed worker's report
         self.benchmark = None
         self.output_dir: str | None = None
 
@@ -209,8 +214,26 @@ class Run:
         for k, v in fields.items():
             setattr(self, k, v)
 
+    def adopt(self, worker_report: OptimizeReport) -> None:
+        """Takes over what the sandboxed worker did: its stages, warnings and results."""
+        self.worker_report = worker_report
+        self.stages = list(worker_report.stages)
+        self.warnings = list(worker_report.warnings)
+
+    def adopted(self, worker_report: OptimizeReport) -> OptimizeReport:
+        """A failed worker's report, completed with what only this process knows."""
+        self.adopt(worker_report)
+        return self.report()
+
     def report(self) -> OptimizeReport:
         """The report of the run as far as it got (published or not)."""
+        if self.worker_report is not None:
+            import dataclasses
+
+            return dataclasses.replace(
+                self.worker_report, output_dir=self.output_dir,
+                published=self.output_dir is not None, stages=tuple(self.stages),
+                warnings=tuple(self.warnings), sandbox=self.sandbox)
         plan, source = self.plan, self.source
         graph = self.graph
         before = collections.Counter()
@@ -253,4 +276,5 @@ class Run:
             quantized=tuple(self.quantized),
             warnings=tuple(self.warnings),
             validation=self.validation,
+            sandbox=self.sandbox,
         )

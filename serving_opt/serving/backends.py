@@ -404,8 +404,10 @@ def docker_available(timeout: float = 5.0) -> bool:
     return result.returncode == 0 and bool(result.stdout.strip())
 
 
-def resolve_backend(name: str) -> str:
-    """``auto`` -> the first of docker, binary, local that can run here.
+def resolve_backend(name: str, sandboxed: bool = False) -> str:
+    """``auto`` -> the first of docker, binary, local that can run here; from a sandbox
+    (``serving_opt.sandbox``) docker is not one of them: its client needs the Docker
+    socket, which is root on the host.
 
     Example:
         >>> resolve_backend("auto")
@@ -414,9 +416,14 @@ def resolve_backend(name: str) -> str:
     if name not in BACKENDS:
         raise UsageError(f"--server={name} is not one of {', '.join(BACKENDS)}",
                          "use --server=auto, docker, binary or local")
+    if name == "docker" and sandboxed:
+        raise ServingOptError(
+            "--server=docker cannot be driven from the sandbox (the Docker client needs the "
+            "Docker socket, which is root on this host); nothing was run",
+            "use --server=binary or local, or --allow_unsandboxed for a model you trust")
     if name != "auto":
         return name
-    if docker_available():
+    if not sandboxed and docker_available():
         return "docker"
     if shutil.which(BINARY_NAME):
         return "binary"

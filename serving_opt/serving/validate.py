@@ -32,10 +32,12 @@ writes the VALIDATED / NOT_VALIDATED file.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from serving_opt import sandbox as sandbox_lib
 from serving_opt.errors import ServingOptError, UsageError
 from serving_opt.serving import backends, client, requests, rest_client
 from serving_opt.serving import runtime as runtime_lib
@@ -91,6 +93,8 @@ class ValidateOptions:
     serving_runtime_python: str | None = None  # an interpreter with that TensorFlow
     # "tf_serving": fail when only the local stand-in can run (no docker, no binary).
     require_server: str = "any"
+    # Run the reference model and the server outside the sandbox where none can start.
+    allow_unsandboxed: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,9 @@ class ValidationReport:
     rest_load_test: LoadTest | None = None
     # Other versions in the base: not served, not run (a specific version policy).
     ignored_versions: tuple[int, ...] = ()
+    sandbox: str = ""  # how the reference model and the server were isolated
+    # Serialized PredictionLogs of the matched probes, for validate() to write (bytes).
+    warmup_records: tuple[bytes, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -228,11 +235,9 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),
     """
     say = progress or (lambda m: None)
     check_options(options)
-    protocols = parse_protocols(options.protocols)
     model_base = os.path.abspath(model_base)
     version = resolve_version(model_base, options.version)
     model_dir = os.path.join(model_base, str(version))
-    model_name = options.model_name or os.path.basename(model_base.rstrip("/")) or "model"
     reference_dir = options.reference_dir or model_dir
     tags = loader.parse_tags(options.saved_model_tags)
     # A symlink out of a model is never followed: not by the server, not by the warmup
@@ -242,20 +247,77 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),
     if not options.allow_file_ops:
         # A SavedModel is code: refused before the reference run or the server runs it.
         _refuse_host_ops(dict.fromkeys((model_dir, reference_dir)), tags)
-    backend = backends.resolve_backend(options.server)
+    sandboxed = sandbox_lib.require(options.allow_unsandboxed, f"validate {model_dir}")
+    backend = backends.resolve_backend(options.server, sandboxed=sandboxed)
     if options.require_server == "tf_serving" and backend == "local":
         raise ServingOptError(
-            "--require_server=tf_serving: only the local stand-in can run here (no Docker "
-            f"engine answers, no {backends.BINARY_NAME} on PATH); nothing was validated",
-            "run where Docker or tensorflow_model_server is available, or drop "
-            "--require_server")
+            "--require_server=tf_serving: only the local stand-in can run here (no "
+            f"{backends.BINARY_NAME} on PATH" + (", and Docker cannot be driven from the "
+                                                  "sandbox)" if sandboxed else
+                                                  ", no Docker engine answers)")
+            + "; nothing was validated",
+            "run where tensorflow_model_server is available, or drop --require_server")
+    runtime_note = ""
+    if backend == "local":
+        # Resolved (installed, when asked) here: no sandbox has the network.
+        runtime, runtime_note = _local_runtime(options, say)
+        if runtime is not None:
+            options = dataclasses.replace(options, serving_runtime_python=runtime.python)
+    resolved = dataclasses.replace(options, server=backend, version=version)
+    if sandboxed:
+        report = sandbox_lib.call(
+            "serving_opt.serving.validate:execute", model_base, resolved, runtime_note,
+            policy=_sandbox_policy(model_base, resolved), progress=say)
+    else:
+        report = execute(model_base, resolved, runtime_note, say)
+    report = dataclasses.replace(report, sandbox=sandbox_lib.describe(sandboxed))
+    if report.ok and options.write_warmup:
+        # Written here, not by the process that ran the model: only records whose answers
+        # matched, once they did, into the version being validated.
+        from serving_opt.serving import warmup
+
+        path = warmup.write_warmup_records(model_dir, report.warmup_records)
+        say(f"wrote {path}")
+        report = dataclasses.replace(report, warmup_file=path)
+    return dataclasses.replace(report, warmup_records=())
+
+
+def _sandbox_policy(model_base: str, options: ValidateOptions) -> sandbox_lib.Policy:
+    """Read: the served base, the reference, the examples, the runtime; write: nothing."""
+    read_only = [model_base]
+    for path in (options.reference_dir, options.examples):
+        if path:
+            read_only.append(path)
+    python = options.serving_runtime_python
+    if python:
+        read_only += [os.path.dirname(os.path.dirname(os.path.abspath(python))),
+                      os.path.dirname(os.path.dirname(os.path.realpath(python)))]
+    if options.server == "binary":
+        import shutil
+
+        binary = shutil.which(backends.BINARY_NAME)
+        if binary:
+            read_only.append(os.path.dirname(os.path.realpath(binary)))
+    return sandbox_lib.Policy(read_only=tuple(read_only))
+
+
+def execute(model_base: str, options: ValidateOptions, runtime_note: str = "",
+            progress: Callable[[str], None] | None = None) -> ValidationReport:
+    """The executor (in the sandbox): serve, probe, compare, load; ``options`` resolved by
+    :func:`validate` (the backend, the version, the runtime's interpreter)."""
+    say = progress or sandbox_lib.say
+    protocols = parse_protocols(options.protocols)
+    version, backend = options.version, options.server
+    model_dir = os.path.join(model_base, str(version))
+    model_name = options.model_name or os.path.basename(model_base.rstrip("/")) or "model"
+    reference_dir = options.reference_dir or model_dir
+    tags = loader.parse_tags(options.saved_model_tags)
     say(f"preparing requests from the reference model {reference_dir}")
     # Reads and checks the served model too: a bad model fails before any server starts.
     probes, served = requests.build_probes(
         model_dir, reference_dir, model_name, version, tags, examples=options.examples,
         batch_size=options.batch_size, seed=options.seed, atol=options.atol, rtol=options.rtol)
-    runtime, runtime_note = (_local_runtime(options, say) if backend == "local"
-                             else (None, ""))
+    runtime = _local_runtime(options, say)[0] if backend == "local" else None
 
     warmup_file = None
     ignored = sorted(v for v in writer.existing_versions(model_base) if v != version)
@@ -273,16 +335,14 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),
     failures: list[str] = []
 
     def finish() -> ValidationReport:
-        nonlocal warmup_file
+        report = _finish(backend, model_name, model_base, version, reference_dir, checks,
+                         load_tests, warmup_file, server, failures, protocols, runtime_note,
+                         ignored)
         if options.write_warmup and not failures:
-            # Only requests whose answers matched become warmup, written once they did.
             from serving_opt.serving import warmup
 
-            warmup_file = warmup.write_warmup_file(model_dir, probes)
-            say(f"wrote {warmup_file}")
-        return _finish(backend, model_name, model_base, version, reference_dir, checks,
-                       load_tests, warmup_file, server, failures, protocols, runtime_note,
-                       ignored)
+            report = dataclasses.replace(report, warmup_records=warmup.records(probes))
+        return report
 
     say(f"starting the {backend} server on {server.address}")
     say(f"  {server.description}" + (f", REST on {server.rest_address}"

@@ -34,6 +34,32 @@ def prediction_log(method: str, request):
     return log
 
 
+def records(probes: Sequence, repeat: int = 1) -> tuple[bytes, ...]:
+    """The probes' requests as serialized PredictionLogs (at most MAX_RECORDS)."""
+    logs = [prediction_log(p.method, p.request) for p in probes for _ in range(repeat)]
+    return tuple(log.SerializeToString() for log in logs[:MAX_RECORDS])
+
+
+def write_warmup_records(model_dir: str, serialized: Sequence[bytes]) -> str:
+    """Writes serialized PredictionLogs as the model's warmup file (atomically).
+
+    Example:
+        >>> write_warmup_records("build/models/classifier/1", records(probes))
+        'build/models/classifier/1/assets.extra/tf_serving_warmup_requests'
+    """
+    import tensorflow as tf
+
+    directory = os.path.join(model_dir, "assets.extra")
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, WARMUP_FILENAME)
+    tmp = path + ".tmp"
+    with tf.io.TFRecordWriter(tmp) as writer:
+        for record in list(serialized)[:MAX_RECORDS]:
+            writer.write(bytes(record))
+    os.replace(tmp, path)
+    return path
+
+
 def write_warmup_file(model_dir: str, probes: Sequence, repeat: int = 1) -> str:
     """Writes the probes' requests as the model's warmup file (atomically).
 

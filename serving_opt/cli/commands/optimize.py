@@ -95,6 +95,13 @@ def define_flags(fv: flags.FlagValues) -> None:
                       "PyFunc, checkpoint, summary and tf.data file ops, ...; see "
                       "serving_opt/host_ops.py). Off: such a model is refused before it "
                       "runs. Only for models you trust: a SavedModel is code.", flag_values=fv)
+    flags.DEFINE_bool("allow_unsandboxed", False,
+                      "Run the model even where the bubblewrap sandbox cannot start (no "
+                      "bwrap, no user namespaces, not Linux). Only for models you trust.",
+                      flag_values=fv)
+    flags.DEFINE_integer("sandbox_memory_bytes", None,
+                         "Memory limit of each sandboxed process (default: 3/4 of the RAM).",
+                         lower_bound=1 << 28, flag_values=fv)
     flags.DEFINE_string("examples", None,
                         "Inputs for the parity check: TFRecord of tf.Example, or JSON lines "
                         "of {alias: value} requests (default: synthesized).", flag_values=fv)
@@ -186,6 +193,8 @@ def main(fv: flags.FlagValues) -> int:
         max_probability_error=fv.max_probability_error,
         serving_version=fv.serving_version,
         serving_runtime_python=fv.serving_runtime_python,
+        allow_unsandboxed=fv.allow_unsandboxed,
+        sandbox_memory_bytes=fv.sandbox_memory_bytes,
     )
     check_dependent_flags(fv)
     if fv.validate:

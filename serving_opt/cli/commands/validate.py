@@ -62,6 +62,9 @@ def define_flags(fv: flags.FlagValues) -> None:
                       "PyFunc, checkpoint, summary and tf.data file ops, ...; see "
                       "serving_opt/host_ops.py). Off: such a model is refused before it "
                       "runs. Only for models you trust: a SavedModel is code.", flag_values=fv)
+    flags.DEFINE_bool("allow_unsandboxed", False,
+                      "Run the reference model and the server even where the bubblewrap "
+                      "sandbox cannot start. Only for models you trust.", flag_values=fv)
     flags.DEFINE_bool("write_warmup", False,
                       "Write the validation requests to assets.extra/tf_serving_warmup_requests "
                       "of the validated version (replayed by the server at load).",
@@ -103,6 +106,7 @@ def main(fv: flags.FlagValues) -> int:
         write_warmup=fv.write_warmup, allow_file_ops=fv.allow_file_ops,
         protocols=tuple(fv.protocols), serving_version=fv.serving_version,
         serving_runtime_python=fv.serving_runtime_python, require_server=fv.require_server,
+        allow_unsandboxed=fv.allow_unsandboxed,
     )
     result = validate(fv.model_base, options,
                       progress=lambda m: print(m, file=sys.stderr, flush=True))

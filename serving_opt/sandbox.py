@@ -1,0 +1,486 @@
+"""Every process that runs a model runs in a sandbox: a SavedModel is code.
+
+A deny-list of ops (``untrusted``) always misses a route, so the processes that load
+and run a model (freezing, parity, the TF2 load check, cold start, the benchmark, the
+local server under ``validate``, ``compare``'s workers) run under bubblewrap
+(``bwrap``, Debian package ``bubblewrap``), each as if the static check were absent:
+
+* the filesystem is empty but for read-only binds of the system (``/usr``, the dynamic
+  loader's cache), the Python environment (the interpreter's prefixes and the
+  ``serving_opt`` package itself, nothing else of its checkout), the model directories
+  and the user's example files; ``/tmp`` is a private tmpfs; no home directory, no
+  ``/etc`` beyond the loader's cache;
+* one directory is writable: the run's own work directory (a hidden, claimed
+  directory of the model base that holds the candidate and scratch files);
+* no network (``--unshare-net``: a loopback of its own, so the local server and its
+  client talk inside it), no view of other processes (``--unshare-pid``), a new
+  session (no terminal injection), ``--die-with-parent``;
+* a memory limit (``RLIMIT_DATA``, every process of the sandbox).
+
+What comes back out is data, not code: a result is unpickled by :func:`loads`, which
+builds only serving_opt's own report dataclasses, numpy arrays and protobuf
+messages; the published model is checked statically again outside.
+
+Where bubblewrap cannot run (not installed, no user namespaces, not Linux),
+:func:`require` says so in one line and refuses unless the caller passed
+``allow_unsandboxed``; reports say which it was (:func:`describe`).
+
+    policy = Policy(read_only=("exports/1",), writable=("models/.serving-opt-run-x",))
+    result = call("serving_opt.optimizer:build_in_worker", job, policy=policy)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import io
+import os
+import pickle
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from serving_opt.errors import ServingOptError
+
+# Set inside a sandbox: code that would start one runs in-process instead.
+INSIDE_ENV = "SERVING_OPT_SANDBOXED"
+PROGRESS_PREFIX = "@@serving-opt-progress@@ "
+MAX_RESULT_BYTES = 512 << 20  # a report with its probes and arrays; never a model
+# Environment variables a sandboxed process keeps; everything else (tokens, cloud
+# credentials, proxies) stays outside.
+_KEEP_ENV_PREFIXES = ("TF_", "OMP_", "MKL_", "KMP_", "ONEDNN_", "DNNL_", "SERVING_OPT_",
+                      "LC_", "CUDA_")
+_KEEP_ENV = ("LANG", "LANGUAGE", "TZ", "PYTHONHASHSEED", "PYTHONWARNINGS")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a sandboxed process may see and touch.
+
+    Example:
+        >>> Policy(read_only=("exports/1",), writable=("/models/clf/.serving-opt-run-1",))
+    """
+
+    read_only: tuple[str, ...] = ()
+    writable: tuple[str, ...] = ()
+    network: bool = False  # never for a model; kept for what has no model in it
+    memory_bytes: int | None = None  # None: default_memory_bytes()
+
+
+def default_memory_bytes() -> int:
+    """Three quarters of the machine's memory, per sandboxed process."""
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        return int(pages * size * 3 // 4)
+    except (ValueError, OSError):
+        return 16 << 30
+
+
+def inside() -> bool:
+    """True in a process this module started (a sandbox does not nest)."""
+    return os.environ.get(INSIDE_ENV) == "1"
+
+
+@functools.lru_cache(maxsize=1)
+def unavailable_reason() -> str | None:
+    """None when bubblewrap runs here; else one line saying why not.
+
+    Example:
+        >>> unavailable_reason() is None   # Linux with bubblewrap installed
+        True
+    """
+    if not sys.platform.startswith("linux"):
+        return f"bubblewrap needs Linux (this is {sys.platform})"
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "bubblewrap (bwrap) is not installed (apt-get install bubblewrap)"
+    try:
+        done = subprocess.run(_bwrap_prefix(bwrap, Policy()) + ["/bin/true"],
+                              capture_output=True, timeout=30, text=True)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"bubblewrap does not start: {e}"
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        return f"bubblewrap cannot create its namespaces here ({why})"
+    return None
+
+
+def require(allow_unsandboxed: bool, what: str) -> bool:
+    """True when ``what`` will run sandboxed; False when it may run without (the user
+    said so); ServingOptError when it may not.
+
+    Example:
+        >>> require(False, "optimize")
+        True
+    """
+    if inside():
+        return False  # already in one: the caller's sandbox holds
+    reason = unavailable_reason()
+    if reason is None:
+        return True
+    if allow_unsandboxed:
+        return False
+    raise ServingOptError(
+        f"cannot sandbox {what}: {reason}; a SavedModel is code, so nothing was run",
+        "install bubblewrap (and allow user namespaces), or pass --allow_unsandboxed "
+        "for a model you trust")
+
+
+def describe(sandboxed: bool) -> str:
+    """The report's line on isolation."""
+    if sandboxed:
+        return "bubblewrap: read-only model and Python, writable work directory only, " \
+               "no network"
+    if inside():
+        return "inside the caller's bubblewrap sandbox"
+    reason = unavailable_reason()
+    return "off (--allow_unsandboxed" + (f"; {reason})" if reason else ")")
+
+
+def _python_binds() -> list[str]:
+    """The interpreter's prefixes and the real directory of the serving_opt package."""
+    import serving_opt
+
+    package = os.path.dirname(os.path.realpath(serving_opt.__file__))
+    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, package,
+             os.path.dirname(os.path.realpath(sys.executable))]
+    return [p for p in dict.fromkeys(os.path.realpath(p) for p in paths) if os.path.exists(p)]
+
+
+def package_parent() -> str:
+    import serving_opt
+
+    return os.path.dirname(os.path.dirname(os.path.realpath(serving_opt.__file__)))
+
+
+def _system_binds() -> list[tuple[str, str]]:
+    """(option, path) for the system: /usr and its merged-/usr links, the loader cache."""
+    binds: list[tuple[str, str]] = [("--ro-bind", "/usr")]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            binds.append(("--symlink", top))
+        elif os.path.isdir(top):
+            binds.append(("--ro-bind", top))
+    for path in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime",
+                 "/sys/devices/system/cpu", "/sys/fs/cgroup"):
+        if os.path.exists(path):
+            binds.append(("--ro-bind", path))
+    return binds
+
+
+def _bwrap_prefix(bwrap: str, policy: Policy) -> list[str]:
+    args = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",
+            "--unshare-uts", "--unshare-cgroup-try"]
+    if not policy.network:
+        args.append("--unshare-net")
+    for option, path in _system_binds():
+        if option == "--symlink":
+            args += ["--symlink", os.readlink(path), path]
+        else:
+            args += [option, path, path]
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for path in _python_binds():
+        args += ["--ro-bind", path, path]
+    for path in dict.fromkeys(os.path.realpath(p) for p in policy.read_only):
+        if os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    for path in dict.fromkeys(os.path.realpath(p) for p in policy.writable):
+        args += ["--bind", path, path]
+    args += ["--chdir", "/tmp"]
+    return args
+
+
+def command(argv: Sequence[str], policy: Policy) -> list[str]:
+    """``argv`` wrapped in bubblewrap with ``policy``; paths are bound at their real path.
+
+    Example:
+        >>> command(["python", "-c", "pass"], Policy())[:2]
+        ['/usr/bin/bwrap', '--die-with-parent']
+    """
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise ServingOptError("bubblewrap (bwrap) is not installed",
+                              "apt-get install bubblewrap")
+    return [*_bwrap_prefix(bwrap, policy), "--", *argv]
+
+
+def environment(extra: dict | None = None) -> dict:
+    """The environment inside: no secrets, HOME and TMPDIR in the private /tmp."""
+    env = {k: v for k, v in os.environ.items()
+           if k in _KEEP_ENV or k.startswith(_KEEP_ENV_PREFIXES)}
+    env.update({
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": "/tmp",
+        "TMPDIR": "/tmp",
+        "PYTHONPATH": package_parent(),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONNOUSERSITE": "1",
+        INSIDE_ENV: "1",
+    })
+    env.update(extra or {})
+    return env
+
+
+def preexec(memory_bytes: int | None) -> Callable[[], None]:
+    """Sets the memory limit in the child before bubblewrap runs (inherited by all)."""
+    limit = memory_bytes or default_memory_bytes()
+
+    def apply() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+    return apply
+
+
+# --- results: data only -------------------------------------------------------------
+
+_NUMPY_GLOBALS = {
+    ("numpy", "dtype"), ("numpy", "ndarray"),
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+}
+_BUILTINS = {"set", "frozenset", "tuple", "list", "dict", "complex", "bytearray", "slice",
+             "range"}
+_PROTO_MODULES = ("tensorflow_serving.apis.", "tensorflow.core.")
+
+
+class _DataUnpickler(pickle.Unpickler):
+    """Builds serving_opt's dataclasses, numpy arrays and protobuf messages; nothing that
+    could run code on the way in (TF's "restricting globals" recipe)."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in _NUMPY_GLOBALS:
+            return super().find_class(module, name)
+        if module == "builtins" and name in _BUILTINS:
+            return super().find_class(module, name)
+        if module == "collections" and name == "OrderedDict":
+            return super().find_class(module, name)
+        if module.startswith("numpy") and name.endswith("DType") and "dtypes" in module:
+            return super().find_class(module, name)  # numpy 2's dtype classes
+        if module.startswith("serving_opt."):
+            value = getattr(importlib.import_module(module), name, None)
+            if isinstance(value, type) and dataclasses.is_dataclass(value):
+                return value
+        if module.startswith(_PROTO_MODULES) and module.endswith("_pb2"):
+            from google.protobuf.message import Message
+
+            value = getattr(importlib.import_module(module), name, None)
+            if isinstance(value, type) and issubclass(value, Message):
+                return value
+        raise pickle.UnpicklingError(f"{module}.{name} is not data a sandbox may return")
+
+
+def loads(data: bytes):
+    """Unpickles a sandbox's result: only data types (see :class:`_DataUnpickler`).
+
+    Example:
+        >>> loads(pickle.dumps({"ok": True}))
+        {'ok': True}
+    """
+    return _DataUnpickler(io.BytesIO(data)).load()
+
+
+def _read_result(path: str) -> bytes:
+    """A regular file of bounded size, never followed through a link."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_RESULT_BYTES:
+            raise ServingOptError("the sandboxed process left no usable result",
+                                  "rerun with --verbosity=1 and report this")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(MAX_RESULT_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
+# --- calling a function in a sandbox ------------------------------------------------
+
+class Worker:
+    """A sandboxed Python process that imports TensorFlow at once and then runs one call
+    sent on its stdin; the caller can do other work (read, check) meanwhile.
+
+    Example:
+        >>> worker = Worker(Policy(read_only=("exports/1",)), scratch="/tmp/w")
+        >>> worker.call("serving_opt.stages.loader:read_saved_model", "exports/1")
+    """
+
+    def __init__(self, policy: Policy, scratch: str, progress: Callable[[str], None] | None = None,
+                 env: dict | None = None, preload: str = "tensorflow",
+                 sandboxed: bool = True) -> None:
+        self.scratch = scratch
+        self.result_path = os.path.join(scratch, ".sandbox-result.pickle")
+        self.progress = progress or (lambda _: None)
+        argv = [sys.executable, "-m", "serving_opt.sandbox", preload, self.result_path]
+        policy = dataclasses.replace(policy, writable=(*policy.writable, scratch))
+        run_env = environment(env) if sandboxed else {**os.environ, **(env or {})}
+        self._stderr = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(
+            command(argv, policy) if sandboxed else argv,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+            env=run_env, preexec_fn=preexec(policy.memory_bytes) if sandboxed else None,
+            cwd="/tmp" if sandboxed else None)
+        self._reader = threading.Thread(target=self._forward_progress, daemon=True)
+        self._reader.start()
+
+    def _forward_progress(self) -> None:
+        for raw in self.process.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            if line.startswith(PROGRESS_PREFIX):
+                # Printable text only: a model's names must not drive the terminal.
+                text = line[len(PROGRESS_PREFIX):]
+                self.progress("".join(c if c.isprintable() else "?" for c in text))
+
+    def call(self, target: str, *args, **kwargs):
+        """Runs ``module:function(*args, **kwargs)`` in the worker; returns its result
+        (data only) or raises the ServingOptError it raised."""
+        try:
+            pickle.dump((target, args, kwargs), self.process.stdin)
+            self.process.stdin.close()
+        except BrokenPipeError:
+            pass  # it died starting; the exit status below says why
+        try:
+            code = self.process.wait()
+        except BaseException:
+            self.kill()
+            raise
+        self._reader.join(timeout=5)
+        if code != 0 or not os.path.exists(self.result_path):
+            raise ServingOptError(f"the sandboxed process failed (exit {code}): "
+                                  f"{self.stderr_tail()}",
+                                  "rerun with --verbosity=1; --allow_unsandboxed runs it "
+                                  "without the sandbox, for a model you trust")
+        outcome = loads(_read_result(self.result_path))
+        os.unlink(self.result_path)
+        if not isinstance(outcome, dict):
+            raise ServingOptError("the sandboxed process returned something else than a result",
+                                  "report this")
+        if "error" in outcome:
+            raise _rebuild_error(outcome["error"])
+        return outcome.get("result")
+
+    def stderr_tail(self, lines: int = 1) -> str:
+        self._stderr.seek(0)
+        text = self._stderr.read().decode(errors="replace").strip().splitlines()
+        return " | ".join(text[-lines:]) or "no output"
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def close(self) -> None:
+        if self.process.stdin and not self.process.stdin.closed:
+            try:
+                self.process.stdin.close()  # a worker never sent a call exits
+            except OSError:
+                pass
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self._stderr.close()
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is not None:
+            self.kill()
+        self.close()
+
+
+def call(target: str, *args, policy: Policy, sandboxed: bool = True,
+         progress: Callable[[str], None] | None = None, **kwargs):
+    """One call in a fresh sandboxed worker (see :class:`Worker`); in-process when
+    ``sandboxed`` is False, or already inside a sandbox.
+
+    Example:
+        >>> call("serving_opt.serving.validate:execute", base, options,
+        ...      policy=Policy(read_only=(base,)))
+    """
+    if inside() or not sandboxed:
+        return _resolve(target)(*args, **kwargs)
+    scratch = tempfile.mkdtemp(prefix="serving-opt-sandbox-")
+    try:
+        with Worker(policy, scratch, progress) as worker:
+            return worker.call(target, *args, **kwargs)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+_ERRORS = ("ServingOptError", "UsageError", "ParityError", "ValidationError")
+
+
+def _rebuild_error(error: dict) -> ServingOptError:
+    from serving_opt import errors
+
+    cls_name = error.get("type")
+    cls = getattr(errors, cls_name) if cls_name in _ERRORS else ServingOptError
+    rebuilt = cls(str(error.get("problem", "")), error.get("fix"))
+    for name, value in (error.get("attrs") or {}).items():
+        if isinstance(value, str):
+            setattr(rebuilt, name, value)
+    if error.get("report") is not None:
+        rebuilt.with_report(error["report"])
+    return rebuilt
+
+
+def _resolve(target: str) -> Callable:
+    module, _, name = target.partition(":")
+    if not module.startswith("serving_opt."):
+        raise ValueError(f"{target} is not serving_opt's")
+    return getattr(importlib.import_module(module), name)
+
+
+def say(message: str) -> None:
+    """Progress from inside a worker, forwarded by the caller's :class:`Worker`."""
+    print(PROGRESS_PREFIX + message.replace("\n", " "), flush=True)
+
+
+def _serve(preload: str, result_path: str) -> int:
+    """The worker: import what is slow now, then run the one call sent on stdin."""
+    if preload == "optimize":
+        from serving_opt.stages import loader
+
+        loader.configure_for_optimizing()  # before TensorFlow is imported
+        loader.quiet_tensorflow_import()
+    elif preload == "tensorflow":
+        from serving_opt.stages import loader
+
+        loader.quiet_tensorflow_import()
+    request = sys.stdin.buffer.read()
+    if not request:
+        return 0  # the caller gave up before sending a call
+    target, args, kwargs = pickle.loads(request)  # from the caller: trusted
+    outcome: dict
+    try:
+        outcome = {"result": _resolve(target)(*args, **kwargs)}
+    except ServingOptError as e:
+        outcome = {"error": {"type": type(e).__name__, "problem": e.problem, "fix": e.fix,
+                             "report": e.report,
+                             "attrs": {k: v for k, v in vars(e).items()
+                                       if isinstance(v, str) and k not in ("problem", "fix")}}}
+    except Exception as e:  # noqa: BLE001 - reported to the caller as data
+        from serving_opt.errors import first_line
+
+        outcome = {"error": {"type": "ServingOptError",
+                             "problem": f"internal error in the sandboxed run: "
+                                        f"{type(e).__name__}: {first_line(e)}",
+                             "fix": "rerun with --verbosity=1 and report this"}}
+    with open(result_path + ".tmp", "wb") as f:
+        pickle.dump(outcome, f)
+    os.replace(result_path + ".tmp", result_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_serve(sys.argv[1], sys.argv[2]))
