@@ -12,9 +12,11 @@ flag is accepted: the ones that change answers or loading are implemented (inclu
 --rest_api_port, --model_config_file_poll_wait_seconds, and --enable_batching with
 --batching_parameters_file: concurrent requests are merged into shared session runs like
 TF Serving's BatchingSession); the others (threads, TLS, monitoring,
-TPU/GPU/TFLite options; IGNORED_FLAGS) are ignored with a one-line warning each. The port
-opens once the models are loaded; one line is printed then. SIGTERM or Ctrl-C stops the
-server cleanly.
+TPU/GPU/TFLite options; IGNORED_FLAGS) are ignored with a one-line warning each. One flag
+is its own: --max_request_bytes (default TF Serving's 2 GB gRPC message limit) bounds what
+one request may carry or make the server allocate, so a few bytes declaring a huge tensor
+are an error, not an out-of-memory kill. The port opens once the models are loaded; one
+line is printed then. SIGTERM or Ctrl-C stops the server cleanly.
 """
 
 from __future__ import annotations
@@ -148,6 +150,13 @@ def define_flags(fv: flags.FlagValues) -> None:
                "local server (a warning says so).", flag_values=fv)
     flags.DEFINE_integer("grpc_max_threads", 128, "Threads handling gRPC requests.",
                          flag_values=fv)
+    flags.DEFINE_integer("max_request_bytes", 2**31 - 1,
+                         "Most bytes one request may carry or make the server allocate: the "
+                         "gRPC message limit, the REST body limit (413 over it), and the "
+                         "decoded size of a request's input tensors (a short float_val is "
+                         "padded to its declared shape; INVALID_ARGUMENT over it). Default: "
+                         "TF Serving's gRPC message limit. Not a TF Serving flag.",
+                         flag_values=fv)
     flags.DEFINE_integer("parent_pipe_fd", -1,
                          "Internal (set by validate): stop when this inherited pipe reaches "
                          "EOF, i.e. when the process that started the server is gone.",
@@ -183,6 +192,11 @@ def _options(fv: flags.FlagValues):
         )
     if not 0 <= fv.port <= 65535:
         raise UsageError(f"--port={fv.port} is not a TCP port", "pass 0..65535 (0: any)")
+    if fv.max_request_bytes <= 0:
+        raise UsageError(
+            f"--max_request_bytes={fv.max_request_bytes} is not a byte count",
+            "pass a positive number of bytes (default 2147483647, TF Serving's gRPC limit)",
+        )
     from serving_opt.serving.model_server import ServerOptions
 
     return ServerOptions(
@@ -211,6 +225,7 @@ def _options(fv: flags.FlagValues):
         model_config_file_poll_wait_seconds=fv.model_config_file_poll_wait_seconds,
         enable_batching=fv.enable_batching,
         batching_parameters_file=fv.batching_parameters_file,
+        max_request_bytes=fv.max_request_bytes,
     )
 
 

@@ -39,6 +39,7 @@ import base64
 import binascii
 import json
 import math
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -190,11 +191,15 @@ def debug_string(value) -> str:
     return dumps(_single_lines(value), _MAX_DEBUG_BYTES).decode("utf-8", "replace")
 
 
-def _single_lines(value):
+def _single_lines(value, depth: int = 0):
+    # Below _MAX_DEBUG_BYTES levels nothing is printed (every level writes a byte): not
+    # descending further keeps a deeply nested request from overflowing the stack.
+    if depth > _MAX_DEBUG_BYTES:
+        return SingleLine()
     if isinstance(value, dict):
-        return {k: _single_lines(v) for k, v in value.items()}
+        return {k: _single_lines(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list):
-        return SingleLine(_single_lines(v) for v in value)
+        return SingleLine(_single_lines(v, depth + 1) for v in value)
     return value
 
 
@@ -272,10 +277,61 @@ def _innermost_open(prefix: str) -> str:
     return stack[-1] if stack else ""
 
 
-def _big_int_as_float(text: str):
-    value = int(text)
-    # rapidjson stores integers beyond uint64 as doubles.
-    return value if _INT64[0] <= value <= _UINT64[1] else float(text)
+class _NumberTooBig(Exception):
+    """A JSON number beyond the double range (rapidjson kParseErrorNumberTooBig)."""
+
+    def __init__(self, literal: str) -> None:
+        super().__init__(literal)
+        self.literal = literal
+
+
+# uint64's 20 digits; JSON forbids leading zeros, so a longer integer is beyond it.
+_UINT64_DIGITS = 20
+# Only a number with 309+ digits or a 3-digit exponent can be beyond the double range;
+# only a body holding one pays for a Python call per float.
+_MAYBE_TOO_BIG = re.compile(r"[0-9]{309}|[eE][-+]?[0-9]{3}")
+
+
+def _int_or_double(text: str):
+    # rapidjson stores integers beyond uint64 as doubles, and refuses those beyond the
+    # double range. The digit count is checked first: int() of a 5000-digit literal
+    # raises Python's own ValueError (the 4300-digit limit).
+    if len(text) - text.startswith("-") <= _UINT64_DIGITS:
+        value = int(text)
+        if _INT64[0] <= value <= _UINT64[1]:
+            return value
+    return _double(text)
+
+
+def _double(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NumberTooBig(text)
+    return value
+
+
+def _number_offset(text: str, start: int, literal: str) -> int:
+    """Where ``literal`` first stands as a number token (outside strings) after ``start``."""
+    in_string = escaped = False
+    number_chars = "0123456789.eE+-"
+    for i in range(start, len(text)):
+        ch = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif (
+            text.startswith(literal, i)
+            and (i == 0 or text[i - 1] not in number_chars)
+            and (text[i + len(literal): i + len(literal) + 1] or " ") not in number_chars
+        ):
+            return i
+    return start
 
 
 def parse_json(body: bytes) -> dict:
@@ -296,11 +352,19 @@ def parse_json(body: bytes) -> dict:
     start = len(text) - len(text.lstrip(" \t\r\n"))
     if start == len(text):
         raise invalid_argument(f"JSON Parse error: The document is empty. at offset: {start}")
-    decoder = json.JSONDecoder(parse_int=_big_int_as_float)
+    if _MAYBE_TOO_BIG.search(text):
+        decoder = json.JSONDecoder(parse_int=_int_or_double, parse_float=_double)
+    else:
+        decoder = json.JSONDecoder(parse_int=_int_or_double)
     try:
         doc, _ = decoder.raw_decode(text, start)  # kParseStopWhenDoneFlag
     except json.JSONDecodeError as e:
         raise _parse_error(e, text) from None
+    except _NumberTooBig as e:
+        offset = _number_offset(text, start, e.literal)
+        raise invalid_argument(
+            f"JSON Parse error: Number too big to be stored in double. at offset: {offset}"
+        ) from None
     except RecursionError:
         raise invalid_argument("JSON Parse error: Terminate parsing due to Handler error. "
                                "at offset: 0") from None
@@ -400,10 +464,20 @@ def _add_value(value, dtype: int, tensor) -> None:
         )
 
 
-def _dense_shape(value) -> list[int]:
+def _dense_shape(value, outer_dims: int = 0) -> list[int]:
+    """The shape the first elements describe; lists nested deeper than a tensor's 254
+    dimensions (counting ``outer_dims`` around them) are INVALID_ARGUMENT, before the
+    recursive fill could overflow the stack on them."""
+    from serving_opt.serving.model_server.tensors import MAX_DIMENSIONS
+
     shape = []
     while isinstance(value, list):
         shape.append(len(value))
+        if len(shape) + outer_dims > MAX_DIMENSIONS:
+            raise invalid_argument(
+                f"JSON lists nested more than {MAX_DIMENSIONS - outer_dims} deep; a tensor has "
+                f"at most {MAX_DIMENSIONS} dimensions"
+            )
         if not value:
             break
         value = value[0]
@@ -466,7 +540,7 @@ def _tensors_from_instances(instances: list, infos) -> dict:
         if name not in infos:
             raise invalid_argument(f"JSON object: does not have named input: {name}")
         tensor = tensors.setdefault(name, tensor_pb2.TensorProto())
-        shape = _dense_shape(item)
+        shape = _dense_shape(item, outer_dims=1)  # instances add the batch dimension
         size = _fill(item, 0, infos[name].dtype, tensor, shape)
         if name not in sizes:
             sizes[name], shapes[name] = size, shape

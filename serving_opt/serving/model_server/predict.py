@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from serving_opt.serving.model_server import tensors
 from serving_opt.serving.model_server.request_options import (
+    DEFAULT_MAX_REQUEST_BYTES,
     METHOD_CLASSIFY,
     METHOD_PREDICT,
     METHOD_REGRESS,
@@ -74,18 +75,22 @@ def verify_inputs_size(signature, request) -> None:
         )
 
 
-def input_feeds(signature, request_inputs) -> dict:
+def input_feeds(
+    signature, request_inputs, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+) -> dict:
     """Maps each signature alias to its tensor name and decoded value (TF ``GetInputValues``).
 
     A missing alias takes its SignatureDef.defaults entry; every request alias must be
-    used.
+    used. Every tensor is checked, and their decoded sizes summed against ``max_bytes``,
+    before any is decoded: a refused request allocates nothing.
 
     Example:
         >>> sorted(input_feeds(signature, request.inputs))
         ['images:0']
     """
-    feeds = {}
+    protos = {}
     used = set()
+    total = 0
     # Proto maps have no order in C++; sorted keeps our first-reported alias stable.
     for alias in sorted(signature.inputs.keys()):
         feed_name = signature.inputs[alias].name
@@ -101,15 +106,32 @@ def input_feeds(signature, request_inputs) -> dict:
                 f"{{{','.join(_keys(request_inputs))}}}, or default input alias set: "
                 f"{','.join(_keys(signature.defaults))}"
             )
-        value = tensors.from_proto(proto)
-        if value is None:
-            raise invalid_argument(f"tensor parsing error: {alias}")
-        feeds[feed_name] = value
+        # Checked where C++ decodes (so parsing errors come before "invalid name", as
+        # upstream), decoded only once every input has passed.
+        try:
+            size = tensors.decoded_bytes(proto)
+        except tensors.TensorProtoError as e:
+            raise invalid_argument(f"tensor parsing error: {alias}: {e}") from None
+        total += size
+        if total > max_bytes:
+            others = "" if total == size else f" ({total} with the inputs before it)"
+            raise invalid_argument(
+                f"tensor parsing error: {alias}: {tensors.describe_size(proto, size)}"
+                f"{others}; a request's inputs may hold at most {max_bytes} bytes "
+                "(--max_request_bytes)"
+            )
+        protos[alias] = (feed_name, proto)
     if len(request_inputs) and len(used) != len(request_inputs):
         raise invalid_argument(
             f"Inputs contains invalid name. Used request inputs: {','.join(sorted(used))}, "
             f"request input: {','.join(_keys(request_inputs))}"
         )
+    feeds = {}
+    for alias, (feed_name, proto) in protos.items():
+        try:
+            feeds[feed_name] = tensors.from_proto(proto)
+        except tensors.TensorProtoError as e:
+            raise invalid_argument(f"tensor parsing error: {alias}: {e}") from None
     return feeds
 
 
@@ -162,7 +184,7 @@ def run_predict(
 
     verify_signature(signature, options)
     verify_inputs_size(signature, request)
-    feeds = input_feeds(signature, request.inputs)
+    feeds = input_feeds(signature, request.inputs, options.max_request_bytes)
     selected = output_selection(signature, request.output_filter)
     fetched = servable.run(feeds, [name for _, name in selected], options.timeout_ms)
     for (alias, _), result in zip(selected, fetched):

@@ -17,13 +17,20 @@ DEFAULT_SIGNATURE = "serving_default"
 METHOD_PREDICT = "tensorflow/serving/predict"
 METHOD_CLASSIFY = "tensorflow/serving/classify"
 METHOD_REGRESS = "tensorflow/serving/regress"
+# TF Serving's gRPC message limit (std::numeric_limits<int32_t>::max()): by default a
+# request may make the server hold as much as the biggest message it could have sent.
+DEFAULT_MAX_REQUEST_BYTES = 2**31 - 1
 
 
 @dataclass(frozen=True)
 class RequestOptions:
     """``signature_method_name_check`` is ``--enable_signature_method_name_check`` (off in
     TF Serving, so Predict runs classify/regress signatures); ``timeout_ms`` is the session
-    run timeout derived from the client's gRPC deadline (None: no timeout).
+    run timeout derived from the client's gRPC deadline (None: no timeout);
+    ``max_request_bytes`` (``--max_request_bytes``, not a TF Serving flag) bounds a REST
+    body and the decoded size of a request's input tensors together, checked before any
+    of them is decoded: a short typed field is padded to its declared shape, so a few
+    bytes on the wire can declare gigabytes.
 
     Example:
         >>> RequestOptions(signature_method_name_check=True).signature_method_name_check
@@ -32,6 +39,7 @@ class RequestOptions:
 
     signature_method_name_check: bool = False
     timeout_ms: int | None = None
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
     def with_timeout(self, timeout_ms: int | None) -> RequestOptions:
         """A copy with another run timeout (one per request)."""

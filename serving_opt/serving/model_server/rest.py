@@ -19,6 +19,12 @@ bare 404. ``rest_api_timeout_in_ms`` becomes the session run timeout of every re
 ``rest_api_num_threads`` bounds the requests running at once (connections each get a
 thread; HTTP/1.1 keep-alive is supported).
 
+Bodies are framed by ``Content-Length`` or ``Transfer-Encoding: chunked`` (decoded), and
+bounded by ``max_request_bytes``: over it the answer is 413 before the rest is read, a
+``Content-Length`` that is not a byte count or malformed chunking is 400, another
+transfer coding 501; these answers are ``{"error": ...}`` too and close the connection,
+since the body's end is unknown.
+
 Example:
     >>> rest = start_rest_server(core, RequestOptions(), host="127.0.0.1", port=0)
     >>> urllib.request.urlopen(f"http://127.0.0.1:{rest.port}/v1/models/m").status
@@ -30,7 +36,9 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -85,6 +93,115 @@ _NOT_FOUND_PAGE = (
     b"</BODY></HTML>\n"
 )
 _INT64_MAX = 2**63 - 1
+# Bodies are read in pieces of this size: never one buffer of a size the client declared.
+_READ_PIECE = 1 << 20
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,19}")  # more digits overflow int64 (upstream's type)
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_MAX_CHUNK_LINE = 4096  # a chunk-size line with its extensions
+_MAX_TRAILERS = 100
+# After an error answer that leaves a body unread, the rest is read and dropped (for at
+# most this long / this much) so that closing does not reset the connection before the
+# client has read the answer.
+_LINGER_SECONDS = 2.0
+_LINGER_BYTES = 64 << 20
+
+
+class HttpError(Exception):
+    """A request the HTTP layer refuses before the API sees it: (status, message)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class _ClientGone(Exception):
+    """The connection ended in the middle of a body: nobody to answer."""
+
+
+def read_body(headers, rfile, max_bytes: int) -> bytes:
+    """The request body, framed by ``Transfer-Encoding: chunked`` or ``Content-Length``.
+
+    Raises HttpError: 413 when the body is (or declares itself) over ``max_bytes``, 400
+    for a ``Content-Length`` that is not a byte count or malformed chunking, 501 for
+    another transfer coding. Memory grows with what arrives, never with what is declared.
+
+    Example:
+        >>> headers = email.message.Message()
+        >>> headers["Content-Length"] = "2"
+        >>> read_body(headers, io.BytesIO(b"{}"), 1 << 20)
+        b'{}'
+    """
+    coding = headers.get("Transfer-Encoding")
+    if coding is not None:
+        codings = [c.strip().lower() for c in coding.split(",") if c.strip()]
+        if codings != ["chunked"]:
+            raise HttpError(
+                501, f"Transfer-Encoding: {coding!r} is not supported; send the body as is "
+                "or chunked"
+            )
+        # RFC 9112: chunked framing wins over any Content-Length.
+        return _read_chunked(rfile, max_bytes)
+    lengths = {v.strip() for v in headers.get_all("Content-Length", [])}
+    if not lengths:
+        return b""
+    if len(lengths) > 1:
+        raise HttpError(400, f"conflicting Content-Length headers: {', '.join(sorted(lengths))}")
+    text = lengths.pop()
+    if not _CONTENT_LENGTH.fullmatch(text):
+        if text.isascii() and text.isdigit():
+            raise HttpError(413, f"request body of {text} bytes is over the {max_bytes}-byte "
+                                 "limit (--max_request_bytes)")
+        raise HttpError(400, f"Content-Length: {text!r} is not a number of bytes")
+    length = int(text)
+    if length > max_bytes:
+        raise HttpError(413, f"request body of {length} bytes is over the {max_bytes}-byte "
+                             "limit (--max_request_bytes)")
+    return _read_exactly(rfile, length)
+
+
+def _read_exactly(rfile, length: int) -> bytes:
+    pieces = []
+    left = length
+    while left > 0:
+        piece = rfile.read(min(left, _READ_PIECE))
+        if not piece:
+            raise _ClientGone()
+        pieces.append(piece)
+        left -= len(piece)
+    return b"".join(pieces)
+
+
+def _read_chunked(rfile, max_bytes: int) -> bytes:
+    pieces = []
+    total = 0
+    while True:
+        line = rfile.readline(_MAX_CHUNK_LINE + 1)
+        if not line:
+            raise _ClientGone()
+        if not line.endswith(b"\n"):
+            raise HttpError(400, "malformed chunked body: chunk size line too long")
+        size_text = line.split(b";", 1)[0].strip()  # chunk extensions are ignored
+        if not _CHUNK_SIZE.fullmatch(size_text):
+            shown = size_text[:32].decode("latin-1")
+            raise HttpError(400, f"malformed chunked body: bad chunk size line {shown!r}")
+        size = int(size_text, 16)
+        if size == 0:
+            break
+        total += size
+        if total > max_bytes:
+            raise HttpError(413, f"chunked request body is over the {max_bytes}-byte limit "
+                                 "(--max_request_bytes)")
+        pieces.append(_read_exactly(rfile, size))
+        if rfile.readline(3) not in (b"\r\n", b"\n"):
+            raise HttpError(400, "malformed chunked body: chunk data not followed by CRLF")
+    for _ in range(_MAX_TRAILERS):  # trailer fields, dropped, up to the empty line
+        line = rfile.readline(_MAX_CHUNK_LINE + 1)
+        if not line:
+            raise _ClientGone()
+        if line in (b"\r\n", b"\n"):
+            return b"".join(pieces)
+    raise HttpError(400, f"malformed chunked body: more than {_MAX_TRAILERS} trailer lines")
 
 
 def http_status(code: grpc.StatusCode) -> int:
@@ -119,6 +236,9 @@ class RestApiHandler:
             output = self._dispatch(method, path, body)
         except ServingStatusError as e:
             return http_status(e.code), json_tensor.error_json(e.message)
+        except RecursionError:
+            # A JSON value nested deeper than a check caught: the client's doing, not ours.
+            return 400, json_tensor.error_json("JSON value nested too deeply")
         except Exception as e:  # noqa: BLE001 - a server must answer, not die
             log.exception("REST request failed unexpectedly")
             return 500, json_tensor.error_json(f"{type(e).__name__}: {e}")
@@ -234,7 +354,10 @@ class _Server(ThreadingHTTPServer):
 
 
 def _make_handler_class(
-    handler: RestApiHandler, slots: threading.BoundedSemaphore, enable_cors: bool
+    handler: RestApiHandler,
+    slots: threading.BoundedSemaphore,
+    enable_cors: bool,
+    max_body_bytes: int,
 ):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as evhttp
@@ -244,15 +367,16 @@ def _make_handler_class(
         def log_message(self, format, *args):  # noqa: A002 - BaseHTTPRequestHandler API
             log.debug("REST %s - %s", self.address_string(), format % args)
 
-        def _body(self) -> bytes:
-            length = int(self.headers.get("Content-Length") or 0)
-            return self.rfile.read(length) if length > 0 else b""
-
-        def _reply(self, status: int, body: bytes, content_type: str | None) -> None:
+        def _reply(
+            self, status: int, body: bytes, content_type: str | None, close: bool = False
+        ) -> None:
             reason = _REASONS.get(status)
             self.send_response(status, reason)
             if content_type:
                 self.send_header("Content-Type", content_type)
+            if close:
+                self.send_header("Connection", "close")
+                self.close_connection = True
             if enable_cors:
                 self.send_header("Access-Control-Allow-Origin", "*")
                 self.send_header("Access-Control-Allow-Methods", "POST, GET")
@@ -262,8 +386,47 @@ def _make_handler_class(
             if self.command != "HEAD":
                 self.wfile.write(body)
 
+        def handle_expect_100(self) -> bool:
+            # "Expect: 100-continue" with a body that will be refused: send the refusal
+            # (from _handle) instead of inviting the client to send the body.
+            length = (self.headers.get("Content-Length") or "").strip()
+            if self.headers.get("Transfer-Encoding") is None and not (
+                _CONTENT_LENGTH.fullmatch(length) and int(length) <= max_body_bytes
+            ):
+                return True
+            return super().handle_expect_100()
+
+        def _linger(self) -> None:
+            # Half-close, then drop what the client still sends: closing a socket with
+            # unread data resets it, and the client may lose the answer it was sent.
+            try:
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_WR)
+                deadline = time.monotonic() + _LINGER_SECONDS
+                dropped = 0
+                while dropped < _LINGER_BYTES:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.connection.settimeout(left)
+                    data = self.connection.recv(65536)
+                    if not data:
+                        break
+                    dropped += len(data)
+            except OSError:
+                pass
+
         def _handle(self) -> None:
-            body = self._body()
+            try:
+                body = read_body(self.headers, self.rfile, max_body_bytes)
+            except _ClientGone:
+                self.close_connection = True
+                return
+            except HttpError as e:
+                self._reply(e.status, json_tensor.error_json(e.message), "application/json",
+                            close=True)
+                self._linger()
+                return
             path = urllib.parse.urlsplit(self.path).path
             if not _HANDLED.fullmatch(path):
                 self._reply(404, _NOT_FOUND_PAGE, "text/html")
@@ -311,8 +474,9 @@ def start_rest_server(
 ) -> RestServer:
     """Opens the REST port (0 picks a free one) and serves it from a background thread.
 
-    ``options.timeout_ms`` is ``--rest_api_timeout_in_ms``; ``num_threads`` (0: 4 per CPU,
-    like upstream's auto setting) bounds the requests running at once. Raises OSError if
+    ``options.timeout_ms`` is ``--rest_api_timeout_in_ms`` and ``options.max_request_bytes``
+    bounds request bodies; ``num_threads`` (0: 4 per CPU, like upstream's auto setting)
+    bounds the requests running at once. Raises OSError if
     the port cannot be opened.
     """
     import os
@@ -320,7 +484,9 @@ def start_rest_server(
     if num_threads <= 0:
         num_threads = 4 * (os.cpu_count() or 1)
     handler = RestApiHandler(core, options)
-    cls = _make_handler_class(handler, threading.BoundedSemaphore(num_threads), enable_cors)
+    cls = _make_handler_class(
+        handler, threading.BoundedSemaphore(num_threads), enable_cors, options.max_request_bytes
+    )
     server_class = _Server
     if ":" in host:
         import socket

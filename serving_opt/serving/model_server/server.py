@@ -24,13 +24,16 @@ from dataclasses import dataclass
 from serving_opt.errors import ServingOptError
 from serving_opt.serving.model_server import model_config
 from serving_opt.serving.model_server.core import CoreOptions, ServerCore, State
-from serving_opt.serving.model_server.request_options import RequestOptions
+from serving_opt.serving.model_server.request_options import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    RequestOptions,
+)
 from serving_opt.serving.model_server.servable import LoadOptions
 from serving_opt.serving.model_server.status import ServingStatusError
 
 log = logging.getLogger("serving_opt.model_server")
 
-MAX_MESSAGE_BYTES = 2**31 - 1  # TF Serving: std::numeric_limits<int32_t>::max()
+MAX_MESSAGE_BYTES = DEFAULT_MAX_REQUEST_BYTES  # TF Serving: std::numeric_limits<int32_t>::max()
 READY_PREFIX = "serving-opt serve:"
 
 
@@ -51,6 +54,9 @@ class ServerOptions:
     often and applies it (models added or removed). ``enable_batching``: concurrent
     session runs are batched like TF Serving's BatchingSession (batching.py), with the
     ``batching_parameters_file`` BatchingParameters or upstream's defaults.
+    ``max_request_bytes`` (not a TF Serving flag; default TF Serving's INT32_MAX message
+    limit) bounds what one request may carry or make the server allocate: the gRPC
+    receive limit, a REST body, and the decoded size of a request's input tensors.
 
     Example:
         >>> ServerOptions(model_base_path="/models/m").model_name
@@ -82,6 +88,7 @@ class ServerOptions:
     model_config_file_poll_wait_seconds: float = 0
     enable_batching: bool = False
     batching_parameters_file: str | None = None
+    max_request_bytes: int = MAX_MESSAGE_BYTES
 
 
 def build_model_server_config(options: ServerOptions):
@@ -260,6 +267,7 @@ def _start_rest(options: ServerOptions, core: ServerCore, grpc_port: int, grpc_s
             RequestOptions(
                 signature_method_name_check=options.enable_signature_method_name_check,
                 timeout_ms=timeout if options.enforce_session_run_timeout else None,
+                max_request_bytes=options.max_request_bytes,
             ),
             host=options.host,
             port=max(0, options.rest_api_port or 0),
@@ -300,6 +308,11 @@ def serve(
     from serving_opt.serving.model_server.model_service import ModelService
     from serving_opt.serving.model_server.prediction_service import PredictionService
 
+    if options.max_request_bytes <= 0:
+        raise ServerStartError(
+            f"max_request_bytes must be positive, not {options.max_request_bytes}",
+            "pass a positive --max_request_bytes (default: TF Serving's gRPC message limit)",
+        )
     batching = None
     if options.enable_batching:
         from serving_opt.serving.model_server.batching import (
@@ -335,7 +348,9 @@ def serve(
         ),
         options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            # A message over the bound is RESOURCE_EXHAUSTED before it is even parsed.
+            ("grpc.max_receive_message_length", min(options.max_request_bytes,
+                                                    MAX_MESSAGE_BYTES)),
             # One server per port: never share a port with a stale process (SO_REUSEPORT).
             ("grpc.so_reuseport", 0),
         ],
@@ -343,7 +358,10 @@ def serve(
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
         PredictionService(
             core,
-            RequestOptions(signature_method_name_check=options.enable_signature_method_name_check),
+            RequestOptions(
+                signature_method_name_check=options.enable_signature_method_name_check,
+                max_request_bytes=options.max_request_bytes,
+            ),
             enforce_session_run_timeout=options.enforce_session_run_timeout,
         ),
         grpc_server,

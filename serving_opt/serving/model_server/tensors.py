@@ -2,10 +2,14 @@
 
 Requests are decoded with TensorFlow's own ``ParseTensor`` kernel, which calls the C++
 ``Tensor::FromProto`` the real server uses: the same padding of short typed fields with
-their last value, the same truncation of long ones, the same rejection of a
-``tensor_content`` of the wrong size. Replies are encoded like ``Tensor::AsProtoField``:
-dtype, shape and every element in the typed field (``float_val``, ``int_val``, ``half_val``
-as uint16 bits...), never ``tensor_content``.
+their last value (zeros when there is none), the same truncation of long ones, the same
+rejection of a ``tensor_content`` of the wrong size. Before that kernel runs,
+:func:`decoded_bytes` checks the proto without allocating anything (shape valid as
+``TensorShape::IsValidShape`` wants it, ``tensor_content`` of the right size) and says how
+many bytes the decoded tensor will hold, so a 30-byte request declaring a 12 GB tensor is
+refused instead of allocated (see predict.py's per-request bound). Replies are encoded
+like ``Tensor::AsProtoField``: dtype, shape and every element in the typed field
+(``float_val``, ``int_val``, ``half_val`` as uint16 bits...), never ``tensor_content``.
 
 Example:
     >>> import numpy as np
@@ -18,8 +22,23 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 from tensorflow.core.framework import tensor_pb2, types_pb2
+
+MAX_DIMENSIONS = 254  # TensorShape::MaxDimensions()
+_INT64_MAX = 2**63 - 1
+# In-memory bytes of one element of a type without a fixed size: a tstring's header
+# (sizeof(tensorflow::tstring); the characters are counted on top of it), and a floor
+# for a Variant or ResourceHandle.
+_STRING_ELEMENT_BYTES = 24
+_OPAQUE_ELEMENT_BYTES = 64
+_VARIABLE_SIZE = frozenset({types_pb2.DT_STRING, types_pb2.DT_VARIANT, types_pb2.DT_RESOURCE})
+
+
+class TensorProtoError(ValueError):
+    """A TensorProto that ``Tensor::FromProto`` refuses; the text says why, on one line."""
 
 # Quantized types come back from the eager kernel as plain ints; the session must be fed
 # TF's structured numpy dtypes or it sees e.g. int8 instead of qint8.
@@ -66,7 +85,7 @@ def dtype_name(dtype: int) -> str:
         return str(dtype)
 
 
-def shape_string(shape) -> str:
+def shape_string(shape: Iterable[int]) -> str:
     """``TensorShape::DebugString``: ``[2,3]``, ``[]`` for a scalar.
 
     Example:
@@ -76,8 +95,105 @@ def shape_string(shape) -> str:
     return "[" + ",".join(str(int(d)) for d in shape) + "]"
 
 
-def from_proto(proto: tensor_pb2.TensorProto) -> np.ndarray | None:
-    """Decodes a request tensor as C++ ``Tensor::FromProto`` does; None if that would fail.
+def num_elements(proto: tensor_pb2.TensorProto) -> int:
+    """The element count of a valid shape; TensorProtoError where ``TensorShape::IsValidShape``
+    fails: more than 254 dimensions, a negative one, or a product over 2**63 - 1.
+
+    Example:
+        >>> num_elements(tensor_pb2.TensorProto(tensor_shape={"dim": [{"size": 2}, {"size": 3}]}))
+        6
+    """
+    dims = proto.tensor_shape.dim
+    if len(dims) > MAX_DIMENSIONS:
+        # Not printed: the list itself is what the client got wrong.
+        raise TensorProtoError(
+            f"the shape has {len(dims)} dimensions; TensorFlow allows at most {MAX_DIMENSIONS}"
+        )
+    count = 1
+    for dim in dims:
+        if dim.size < 0:
+            raise TensorProtoError(
+                f"shape {shape_string(d.size for d in dims)} has a negative dimension"
+            )
+        count *= dim.size
+        if count > _INT64_MAX:  # C++ MultiplyWithoutOverflow; a 0 dimension keeps it at 0
+            raise TensorProtoError(
+                f"shape {shape_string(d.size for d in dims)} has more than 2**63 - 1 elements"
+            )
+    return count
+
+
+def decoded_bytes(proto: tensor_pb2.TensorProto) -> int:
+    """The bytes ``proto`` holds once decoded, from the proto alone (nothing is allocated).
+
+    That is what a short typed field padded to its declared shape (or a field with no
+    values, decoded as zeros) costs, not what the request carried. Raises TensorProtoError
+    for what ``Tensor::FromProto`` refuses before allocating: an invalid dtype or shape, a
+    ``tensor_content`` whose size does not match the shape.
+
+    Example:
+        >>> decoded_bytes(tensor_pb2.TensorProto(
+        ...     dtype=types_pb2.DT_FLOAT, tensor_shape={"dim": [{"size": 10**9}, {"size": 3}]}))
+        12000000000
+    """
+    import tensorflow as tf
+
+    dtype = proto.dtype
+    if dtype == types_pb2.DT_INVALID or dtype not in types_pb2.DataType.values():
+        raise TensorProtoError(f"dtype {dtype_name(dtype)} is not a TensorFlow type")
+    count = num_elements(proto)
+    if count == 0:
+        return 0
+    content = proto.tensor_content
+    if dtype in _VARIABLE_SIZE:
+        element = (
+            _STRING_ELEMENT_BYTES if dtype == types_pb2.DT_STRING else _OPAQUE_ELEMENT_BYTES
+        )
+        if content:
+            # Encoded as one varint length per element, then the bytes: an element takes
+            # at least one byte, and C++ allocates all of them before reading any.
+            if count > len(content):
+                raise TensorProtoError(
+                    f"tensor_content is {len(content)} bytes, too few for the {count} "
+                    f"elements of shape {_shape(proto)} of {dtype_name(dtype)}"
+                )
+            return count * element + len(content)
+        payload = 0
+        if dtype == types_pb2.DT_STRING:
+            values = proto.string_val
+            payload = sum(len(v) for v in values[:count])
+            if 0 < len(values) < count:  # each padded element is a copy of the last value
+                payload += (count - len(values)) * len(values[-1])
+        return count * element + payload
+    try:
+        itemsize = tf.as_dtype(dtype).size
+    except TypeError:  # an enum value this TensorFlow has no type for
+        raise TensorProtoError(f"dtype {dtype_name(dtype)} is not a TensorFlow type") from None
+    if not itemsize:  # no fixed size (and no typed field to pad): charge the floor
+        return count * _OPAQUE_ELEMENT_BYTES
+    size = count * itemsize
+    if content and len(content) != size:
+        raise TensorProtoError(
+            f"tensor_content is {len(content)} bytes but shape {_shape(proto)} of "
+            f"{dtype_name(dtype)} needs {size}"
+        )
+    return size
+
+
+def _shape(proto: tensor_pb2.TensorProto) -> str:
+    return shape_string(d.size for d in proto.tensor_shape.dim)
+
+
+def describe_size(proto: tensor_pb2.TensorProto, size: int) -> str:
+    """"shape [2,3] of DT_FLOAT holds 24 bytes once decoded", for error messages."""
+    return f"shape {_shape(proto)} of {dtype_name(proto.dtype)} holds {size} bytes once decoded"
+
+
+def from_proto(proto: tensor_pb2.TensorProto) -> np.ndarray:
+    """Decodes a request tensor as C++ ``Tensor::FromProto`` does.
+
+    Raises TensorProtoError where that fails. The caller bounds the size first
+    (:func:`decoded_bytes`): a valid proto may still decode to any size.
 
     Example:
         >>> p = tensor_pb2.TensorProto(dtype=types_pb2.DT_INT64, int64_val=[7],
@@ -89,9 +205,8 @@ def from_proto(proto: tensor_pb2.TensorProto) -> np.ndarray | None:
     from tensorflow.python.eager import context
     from tensorflow.python.ops import gen_parsing_ops
 
+    decoded_bytes(proto)  # the checks C++ makes before it allocates
     dtype = proto.dtype
-    if dtype == types_pb2.DT_INVALID or dtype not in types_pb2.DataType.values():
-        return None
     try:
         # eager_mode(): request threads must not inherit a graph context from elsewhere.
         with context.eager_mode():
@@ -99,7 +214,10 @@ def from_proto(proto: tensor_pb2.TensorProto) -> np.ndarray | None:
                 serialized=proto.SerializeToString(), out_type=tf.as_dtype(dtype)
             ).numpy()
     except (tf.errors.OpError, TypeError, ValueError):
-        return None
+        # TF's own text quotes the whole serialized proto: not a message for a client.
+        raise TensorProtoError(
+            f"Tensor::FromProto cannot decode it as a {dtype_name(dtype)} tensor"
+        ) from None
     value = np.asarray(value)
     if dtype in _QUANTIZED:
         value = value.view(tf.as_dtype(dtype).as_numpy_dtype)
