@@ -18,9 +18,13 @@ from conftest import tree_snapshot
 from serving_opt import samples
 from serving_opt.errors import ParityError, ServingOptError, UsageError
 from serving_opt.optimizer import OptimizeOptions, optimize
+from serving_opt.run import SizeReport
 from serving_opt.stages import loader
 
-FAST = OptimizeOptions(benchmark_runs=0)
+# The cold-start gate times fresh processes: on a busy machine it may see noise, confirm
+# it and retry with variables kept (or refuse). Only the test about measuring turns it on.
+NOT_MEASURED = dict(benchmark_runs=0, cold_start=False)
+FAST = OptimizeOptions(**NOT_MEASURED)
 
 
 def _signature_map(path: str) -> dict:
@@ -167,7 +171,7 @@ def test_overwrite_replaces_an_existing_version(classifier_dir, tmp_path):
     base = tmp_path / "out"
     os.makedirs(base / "2")
     report = optimize(classifier_dir, str(base),
-                      OptimizeOptions(version=2, overwrite=True, benchmark_runs=0))
+                      OptimizeOptions(version=2, overwrite=True, **NOT_MEASURED))
     assert os.path.exists(os.path.join(report.output_dir, "saved_model.pb"))
     assert sorted(os.listdir(base)) == ["2"]
 
@@ -195,7 +199,7 @@ def test_unknown_signature_is_rejected(classifier_dir, tmp_path):
 
 def test_selected_signatures_only_are_kept(classifier_dir, tmp_path):
     report = optimize(classifier_dir, str(tmp_path / "out"),
-                      OptimizeOptions(signatures=("predict",), benchmark_runs=0))
+                      OptimizeOptions(signatures=("predict",), **NOT_MEASURED))
     assert sorted(_signature_map(report.output_dir)) == ["predict"]
 
 
@@ -207,7 +211,7 @@ def test_output_inside_input_is_refused(model_copy, classifier_dir):
 
 def test_freeze_never_keeps_variables_and_still_matches(classifier_dir, tmp_path):
     report = optimize(classifier_dir, str(tmp_path / "out"),
-                      OptimizeOptions(freeze="never", benchmark_runs=0))
+                      OptimizeOptions(freeze="never", **NOT_MEASURED))
     assert not report.frozen and report.parity.ok
     assert os.path.exists(os.path.join(report.output_dir, "variables", "variables.index"))
 
@@ -219,7 +223,7 @@ def test_json_examples_drive_the_parity_check(convnet_dir, tmp_path):
         for _ in range(3):
             f.write(json.dumps({"images": rng.normal(size=(2, 16, 16, 3)).tolist()}) + "\n")
     report = optimize(convnet_dir, str(tmp_path / "out"),
-                      OptimizeOptions(examples=str(path), benchmark_runs=0))
+                      OptimizeOptions(examples=str(path), **NOT_MEASURED))
     assert report.parity.input_sources == {"serving_default": f"json:{path}"}
     assert report.parity.batches_run == 3
 
@@ -232,19 +236,39 @@ def test_tfrecord_examples_drive_the_parity_check(classifier_dir, tmp_path):
         for record in samples.sample_examples(20, seed=1):
             w.write(record)
     report = optimize(classifier_dir, str(tmp_path / "out"),
-                      OptimizeOptions(examples=path, benchmark_runs=0, parity_batch_size=8))
+                      OptimizeOptions(examples=path, parity_batch_size=8, **NOT_MEASURED))
     assert set(report.parity.input_sources.values()) == {f"examples:{path}"}
     assert report.parity.batches_run == 3 * 3  # 20 examples in batches of 8, 3 signatures
 
 
+def stage_names_without_confirm(report) -> list[str]:
+    """The stages run, with the regression gate's optional ``confirm`` checked and taken
+    out: a first measurement that looks worse (noise on a busy machine) is measured
+    again, once, after the measuring stages; that is the gate working, not a failure."""
+    names = [s.name for s in report.stages]
+    if "confirm" in names:
+        assert names.count("confirm") == 1, names
+        assert names.index("confirm") > max(names.index(n) for n in ("cold_start", "benchmark")
+                                            if n in names), names
+        names.remove("confirm")
+    return names
+
+
 def test_report_has_sizes_stages_and_side_by_side_latency(classifier_dir, tmp_path):
+    # freeze=always and allow_regression: whatever the (noisy) measurements say, the
+    # frozen candidate is the one published, so the report's shape does not depend on the
+    # machine's load; only a "confirm" stage may be added.
     report = optimize(classifier_dir, str(tmp_path / "out"),
-                      OptimizeOptions(benchmark_runs=5))
-    assert [s.name for s in report.stages] == [
+                      OptimizeOptions(benchmark_runs=5, freeze="always", allow_regression=True))
+    assert stage_names_without_confirm(report) == [
         "read", "freeze", "transforms", "grappler", "rewrites", "externalize", "write",
         "target_check", "parity", "tf2_load", "cold_start", "benchmark"]
     assert [lat.batch_size for lat in report.benchmark.after] == [1, 32]
-    assert report.benchmark.load_seconds_after > 0
+    assert [lat.batch_size for lat in report.benchmark.before] == [1, 32]
+    assert all(lat.runs == 5 for lat in report.benchmark.before + report.benchmark.after)
+    assert report.benchmark.load_seconds_after > 0 and report.cold_start is not None
+    assert report.size_before == SizeReport.of(classifier_dir)
+    assert report.size_after == SizeReport.of(report.output_dir)
     assert report.size_before.variables > 0 and report.size_after.variables == 0
     assert report.ops_removed.get("VarHandleOp", 0) > 0
 
