@@ -11,7 +11,39 @@ import dataclasses
 import json
 import os
 import tempfile
+import unicodedata
 from collections.abc import Sequence
+
+# Characters a terminal acts on instead of showing: control characters (newline, ESC,
+# ...), line and paragraph separators, and format characters (bidi overrides).
+_UNPRINTABLE_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: object) -> str:
+    """``str(text)`` with control and format characters escaped as in ``repr``.
+
+    A signature key, tensor name or path with a newline or an escape sequence in it
+    would otherwise break a table's rows or recolour the terminal; names are data.
+
+    Example:
+        >>> printable("pre\ndict\x1b[31m")
+        'pre\\ndict\\x1b[31m'
+    """
+    text = str(text)
+    if text.isprintable() and text.isascii():
+        return text  # the common case, unchanged
+    out = []
+    for char in text:
+        if unicodedata.category(char) not in _UNPRINTABLE_CATEGORIES:
+            out.append(char)
+        elif char in _SHORT_ESCAPES:
+            out.append(_SHORT_ESCAPES[char])
+        elif ord(char) < 0x100:
+            out.append(f"\\x{ord(char):02x}")
+        else:
+            out.append(f"\\u{ord(char):04x}" if ord(char) < 0x10000 else f"\\U{ord(char):08x}")
+    return "".join(out)
 
 
 def human_bytes(n: int | None) -> str:
@@ -46,7 +78,7 @@ def ratio(before: float | None, after: float | None) -> str:
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, indent: str = "",
           rule: bool = True) -> str:
     """A plain aligned text table, every line prefixed with ``indent``; ``rule`` draws
-    dashes under the headers.
+    dashes under the headers. Cells are :func:`printable`: one row is one line.
 
     Example:
         >>> print(table(["a", "b"], [[1, 2]]))
@@ -57,7 +89,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, indent: s
           a  b
           1  2
     """
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    cells = [[printable(h) for h in headers]] + [[printable(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
 
     def line(row: list[str]) -> str:
@@ -109,23 +141,26 @@ def format_optimize_report(report) -> str:
         True
     """
     out = []
-    verdict = f"published {report.output_dir}" if report.published else "NOT published"
+    verdict = f"published {printable(report.output_dir)}" if report.published \
+        else "NOT published"
     out.append(f"serving-opt optimize: {verdict}")
-    out.append(f"  input      {report.input_dir} ({report.model_kind}, "
+    out.append(f"  input      {printable(report.input_dir)} ({report.model_kind}, "
                f"{'frozen' if report.frozen else 'variables kept'}: {report.freeze_note})")
-    out.append(f"  signatures {', '.join(report.signatures)}")
-    out.append(f"  transforms {report.transforms or 'none'}")
+    out.append(f"  signatures {printable(', '.join(report.signatures))}")
+    out.append(f"  transforms {printable(report.transforms or 'none')}")
     out.append(f"  grappler   {','.join(report.grappler_passes) or 'none'} "
                f"x{report.grappler_rounds}")
+    if getattr(report, "sandbox", ""):
+        out.append(f"  sandbox    {report.sandbox}")
     kept = sorted(getattr(report, "variables_kept", ()), key=lambda v: -v.nbytes)
     for var in kept[:5]:
-        out.append(f"  kept       {var.name} as a variable: {var.reason}")
+        out.append(f"  kept       {printable(var.name)} as a variable: {printable(var.reason)}")
     if len(kept) > 5:
         rest = kept[5:]
         out.append(f"  kept       ... and {len(rest)} more as variables "
                    f"({human_bytes(sum(v.nbytes for v in rest))}; all in the JSON report)")
     for w in report.warnings:
-        out.append(f"  warning    {w}")
+        out.append(f"  warning    {printable(w)}")
     out.append("")
     before, after = report.size_before, report.size_after
     rows = []
@@ -145,7 +180,7 @@ def format_optimize_report(report) -> str:
         out.append("")
         changes = [f"-{n} {op}" for op, n in report.ops_removed.items()]
         changes += [f"+{n} {op}" for op, n in report.ops_added.items()]
-        out.append("op changes: " + ", ".join(changes))
+        out.append("op changes: " + printable(", ".join(changes)))
     if report.parity is not None:
         out.append("")
         p = report.parity
@@ -210,17 +245,18 @@ def format_validation_report(report) -> str:
         'serving-opt validate: VALIDATED clf version 1 (local: ...)'
     """
     verdict = "VALIDATED" if report.ok else "NOT VALIDATED"
-    out = [f"serving-opt validate: {verdict} {report.model_name} version {report.version} "
-           f"({report.backend}: {report.backend_note})",
-           f"  server     {getattr(report, 'server', '') or report.backend}",
+    out = [f"serving-opt validate: {verdict} {printable(report.model_name)} version "
+           f"{report.version} ({report.backend}: {printable(report.backend_note)})",
+           f"  server     {printable(getattr(report, 'server', '') or report.backend)}",
            f"  tensorflow {getattr(report, 'tensorflow_version', '') or 'unknown'}",
+           f"  sandbox    {getattr(report, 'sandbox', '') or 'unknown'}",
            f"  protocols  {', '.join(getattr(report, 'protocols', ('grpc',)))}",
-           f"  model base {report.model_base}",
-           f"  reference  {report.reference_dir}"]
+           f"  model base {printable(report.model_base)}",
+           f"  reference  {printable(report.reference_dir)}"]
     if getattr(report, "runtime_note", ""):
-        out.append(f"  note       {report.runtime_note}")
+        out.append(f"  note       {printable(report.runtime_note)}")
     if report.warmup_file:
-        out.append(f"  warmup     {report.warmup_file}")
+        out.append(f"  warmup     {printable(report.warmup_file)}")
     out.append("")
     out.append(table(["check", "ok", "detail"],
                      [[c.name, "yes" if c.ok else "NO", c.detail] for c in report.checks]))
@@ -237,8 +273,9 @@ def format_validation_report(report) -> str:
              for name, lt in loads]))
     if report.failures:
         out.append("")
-        out.extend(f"FAILED: {f}" for f in report.failures)
+        out.extend(f"FAILED: {printable(f)}" for f in report.failures)
         if report.server_log_tail:
             out.append("server log (last lines):")
-            out.extend("  " + line for line in report.server_log_tail.rstrip().splitlines())
+            out.extend("  " + printable(line)
+                       for line in report.server_log_tail.rstrip().splitlines())
     return "\n".join(out)

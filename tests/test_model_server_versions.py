@@ -400,3 +400,78 @@ def test_reload_config_without_a_model_unloads_it(serving, model_copy, counter_b
     status = client.wait_for(lambda s: s[1][0] == State.END)
     assert status == {1: (State.END, 0, "")}
     assert client.status("n")[1][0] == State.AVAILABLE
+
+
+# ------------------------------------- issue 18: version names and hostile saved_model.pb
+
+
+def test_version_directory_names_parse_like_safe_strto64():
+    # tensorflow_serving's ParseVersionNumber is strings::safe_strto64: C isspace around,
+    # an optional '-' (no '+'), ASCII digits, within int64.
+    from serving_opt.serving.model_server import storage_path
+
+    assert storage_path.parse_version("02") == 2
+    assert storage_path.parse_version(" 7\t") == 7
+    assert storage_path.parse_version("-3") == -3
+    for name in ("+3", "٣", "²", "0x10", "1_0", "", " ", "-", str(2**63)):
+        assert storage_path.parse_version(name) is None, name
+
+
+def test_02_and_2_are_one_version_served_from_2_with_a_warning(tmp_path, caplog):
+    from tensorflow_serving.config import model_server_config_pb2
+
+    from serving_opt.serving.model_server import storage_path
+
+    base = tmp_path / "m"
+    for name in ("1", "02", "2"):
+        (base / name).mkdir(parents=True)
+    policy = model_server_config_pb2.ModelConfig().model_version_policy
+    with caplog.at_level("WARNING", logger="serving_opt.model_server"):
+        aspired = storage_path.aspired_versions("m", str(base), policy)
+    # Upstream indexes the sorted names by version; the last one ("2" > "02") wins.
+    assert aspired == [storage_path.AspiredVersion(2, str(base / "2"))]
+    assert "Version 2 will be loaded from 2, 02 will be ignored" in caplog.text
+
+
+def _fails_fast(call, seconds: int = 30):
+    """Runs ``call`` with an alarm: a blocking open() of a FIFO is interrupted, not hung."""
+    import signal
+
+    def alarm(signum, frame):
+        raise TimeoutError(f"hung for {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(seconds)
+    try:
+        with pytest.raises(Exception) as info:
+            call()
+        return info.value
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_saved_model_pb_that_is_not_a_regular_file_fails_the_load(counter_base, tmp_path):
+    from serving_opt.serving.model_server import servable
+    from serving_opt.serving.model_server.status import ServingStatusError
+
+    version = tmp_path / "1"
+    shutil.copytree(os.path.join(counter_base, "1"), version)
+    pb = version / "saved_model.pb"
+    pb.unlink()
+    os.mkfifo(pb)
+    error = _fails_fast(lambda: servable.read_saved_model(str(version)))
+    assert isinstance(error, ServingStatusError), error
+    assert error.code == grpc.StatusCode.DATA_LOSS
+    assert f"{pb} is a named pipe (FIFO), not a regular file" in error.message
+    pb.unlink()
+    os.symlink("/dev/zero", pb)
+    error = _fails_fast(lambda: servable.read_saved_model(str(version)))
+    assert isinstance(error, ServingStatusError) and f"{pb} is a symlink" in error.message
+    pb.unlink()
+    shutil.copy(os.path.join(counter_base, "1", "saved_model.pb"), pb)
+    os.mkfifo(version / "variables" / "extra")
+    error = _fails_fast(lambda: servable.Servable.load(
+        servable.ServableId("m", 1), str(version), servable.LoadOptions()))
+    assert isinstance(error, ServingStatusError), error
+    assert "variables/extra is a named pipe (FIFO)" in error.message

@@ -13,13 +13,21 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 import traceback
 from collections.abc import Sequence
 
 from absl import flags
 
-from serving_opt.errors import EXIT_FAILURE, EXIT_USAGE, ServingOptError, first_line
+from serving_opt.errors import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    ServingOptError,
+    UsageError,
+    first_line,
+    storage_error,
+)
 
 PROG = "serving-opt"
 COMMANDS = ("inspect", "optimize", "validate", "serve", "compare")
@@ -110,6 +118,76 @@ def main(argv: Sequence[str] | None = None, default_command: str | None = None) 
         return 130
 
 
+# An integer flag's text: ASCII decimal digits, an optional leading '-'. absl's own
+# IntegerParser takes whatever int() takes: "0x10" (16), "0o7", "1_0" (10), " 5", and
+# non-ASCII digits ("٣" is 3).
+_DECIMAL = re.compile(r"-?[0-9]+")
+_NOT_A_VERSION = "not a version: TF Serving names versions by decimal ASCII digits only"
+
+
+def check_version_flag(text: str) -> int:
+    """``--version``'s text as a version TF Serving reads: ASCII decimal digits only.
+
+    absl would read ``--version=0x10`` as 16 and ``--version=٣`` as 3, and publish them as
+    directories 16 and 3. Raises UsageError (exit code 2). Values beyond int64 pass here
+    and are refused, with the int64 range in the message, by the optimizer's checks.
+
+    Example:
+        >>> check_version_flag("12")
+        12
+        >>> check_version_flag("0x10")
+        Traceback (most recent call last):
+        UsageError: --version='0x10' is not a version: ...
+    """
+    if not (text.isascii() and text.isdigit()):
+        raise UsageError(f"--version={text!r} is {_NOT_A_VERSION}",
+                         "pass --version=N, e.g. --version=3")
+    return int(text)
+
+
+class _DecimalIntegerParser(flags.IntegerParser):
+    """absl's IntegerParser without hex, octal, underscores, spaces or non-ASCII digits."""
+
+    def __init__(self, name: str, lower_bound=None, upper_bound=None) -> None:
+        super().__init__(lower_bound, upper_bound)
+        self._name = name
+
+    def convert(self, argument):
+        if isinstance(argument, str):
+            if self._name == "version":
+                try:
+                    return check_version_flag(argument)
+                except UsageError:
+                    # absl prefixes "flag --version=...: "; the text need not repeat it.
+                    raise ValueError(f"{_NOT_A_VERSION} (e.g. --version=3)") from None
+            if not _DECIMAL.fullmatch(argument):
+                raise ValueError(f"{argument!r} is not a decimal integer (ASCII digits 0-9)")
+        return super().convert(argument)
+
+
+def strict_integer_flags(fv: flags.FlagValues) -> None:
+    """Makes every integer flag of ``fv`` accept decimal ASCII digits only (see
+    :func:`check_version_flag`); a bad value is then absl's usage error (exit code 2).
+
+    Example:
+        >>> strict_integer_flags(fv)
+    """
+    for name in list(fv):
+        flag = fv[name]
+        parser = flag.parser
+        if type(parser) is flags.IntegerParser:  # exactly: a subclass keeps its own rules
+            flag.parser = _DecimalIntegerParser(name, parser.lower_bound, parser.upper_bound)
+
+
+def _published_statement() -> str:
+    """A true statement of what this process published (writer.publish records each)."""
+    staging = sys.modules.get("serving_opt.stages.staging")
+    published = list(getattr(staging, "published", ()))
+    if published:
+        return f"{', '.join(published)} was published (complete)"
+    return "nothing was published"
+
+
 def interrupted_message(command: str | None) -> str:
     """The one line for an interrupted command: a true statement of what was published.
 
@@ -166,6 +244,7 @@ def _main(argv: list[str], default_command: str | None) -> int:
         module_name=module.__name__,
     )
     module.define_flags(fv)
+    strict_integer_flags(fv)  # --version=0x10 and --version=٣ are usage errors
     if any(a in ("-h", "--help", "-help", "--helpfull") for a in args):
         print(_command_usage(command, fv))
         return 0
@@ -214,6 +293,11 @@ def _main(argv: list[str], default_command: str | None) -> int:
     except Exception as e:  # noqa: BLE001 - the last line of defence for a one-line error
         if verbosity > 0:
             traceback.print_exc()
+        # A full disk is not a bug to report: one line saying where, and what was published.
+        full = storage_error(e, published=_published_statement())
+        if full is not None:
+            print(f"{PROG} {command}: error: {full.one_line()}", file=sys.stderr)
+            return full.exit_code
         first = first_line(e)
         print(
             f"{PROG} {command}: internal error: {type(e).__name__}: {first}; "

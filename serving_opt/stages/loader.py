@@ -7,12 +7,15 @@ one clear :class:`~serving_opt.errors.ServingOptError` in one place.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from serving_opt.errors import ServingOptError, first_line
+from serving_opt.graph import PROTOBUF_LIMIT_BYTES
 
 SERVE_TAG = "serve"
 INIT_OP_SIGNATURE_KEY = "__saved_model_init_op"
@@ -97,10 +100,131 @@ def parse_tags(tags: str | Iterable[str]) -> frozenset[str]:
     return frozenset(t.strip() for t in tags if t.strip())
 
 
+# The largest message protobuf parses (INT_MAX bytes): a larger saved_model.pb cannot be
+# read by any TensorFlow, so it is refused before a byte of it is read.
+MAX_SAVED_MODEL_BYTES = PROTOBUF_LIMIT_BYTES - 1
+
+_FILE_KINDS = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISLNK, "a symlink"),
+)
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, for messages ("a named pipe (FIFO)", ...).
+
+    Example:
+        >>> file_kind(os.lstat("/dev/null").st_mode)
+        'a character device'
+    """
+    for test, kind in _FILE_KINDS:
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+class UnsafeModelFile(ServingOptError):
+    """A file of a model that is not read: a symlink where a regular file must be, a
+    special file (FIFO, device, socket) or a saved_model.pb over protobuf's limit.
+
+    ``reason`` is the problem without the fix, for servers that report their own way.
+    """
+
+    def __init__(self, path: str, reason: str, fix: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(reason, fix)
+
+
+def read_model_file(path: str, limit: int = MAX_SAVED_MODEL_BYTES) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``limit`` bytes; never blocks,
+    never reads more than the size it had when opened.
+
+    ``saved_model.pb`` as a FIFO would block the open forever, as a link to ``/dev/zero``
+    it would be read until memory runs out: the file is opened O_NOFOLLOW|O_NONBLOCK,
+    fstat'ed, and exactly st_size bytes are read. A symlink is followed only to a regular
+    file: Bazel runfiles and Kubernetes volumes present model files as links, and TF
+    Serving reads through them; the link is resolved first and its target opened with
+    O_NOFOLLOW, so a target swapped meanwhile is refused, not followed. Raises
+    :class:`UnsafeModelFile` (one line, naming the path and the fix) and
+    FileNotFoundError when it does not exist.
+
+    Example:
+        >>> len(read_model_file("build/sample/1/saved_model.pb")) > 0
+        True
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | \
+        getattr(os, "O_NOCTTY", 0)
+    target = ""
+    opened = path
+    if os.path.islink(path):
+        target = _readlink(path)
+        opened = os.path.realpath(path)
+        try:
+            mode = os.stat(opened).st_mode
+        except OSError:
+            raise UnsafeModelFile(
+                path, f"{path} is a symlink that points to nothing ({target})",
+                "replace the link with the file it should point to") from None
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, file_kind(mode), target)
+    try:
+        fd = os.open(opened, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # O_NOFOLLOW: made a symlink after the check above
+            raise _not_regular(path, "a symlink", target) from None
+        if e.errno == errno.ENXIO:  # a socket
+            raise _not_regular(path, file_kind(os.lstat(opened).st_mode), target) from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _not_regular(path, file_kind(info.st_mode), target)
+        if info.st_size > limit:
+            raise UnsafeModelFile(
+                path,
+                f"{path} is {info.st_size} bytes, over protobuf's 2 GiB limit "
+                f"({limit} bytes); no TensorFlow can parse it",
+                "re-export the model with its large weights as variables (in variables/), "
+                "not as constants in the graph",
+            )
+        data = bytearray(info.st_size)
+        view = memoryview(data)
+        done = 0
+        while done < info.st_size:  # a file truncated meanwhile ends early: parsing says so
+            n = os.readv(fd, [view[done:]])
+            if n == 0:
+                break
+            done += n
+        view.release()
+        del data[done:]
+        return bytes(data)
+    finally:
+        os.close(fd)
+
+
+def _not_regular(path: str, kind: str, target: str = "") -> UnsafeModelFile:
+    if target:
+        return UnsafeModelFile(
+            path, f"{path} is a symlink to {kind} ({target}), not to a regular file; "
+            "reading it could block or never end",
+            "replace it with the real file (copy the model again or re-export it)",
+        )
+    return UnsafeModelFile(
+        path, f"{path} is {kind}, not a regular file; reading it could block or never end",
+        "replace it with the real file (copy the model again or re-export it)",
+    )
+
+
 def read_saved_model(path: str):
     """Reads and parses ``saved_model.pb`` (or ``.pbtxt``) under ``path``.
 
-    Raises ServingOptError with a one-line explanation for every unreadable case.
+    Raises ServingOptError with a one-line explanation for every unreadable case: the
+    file is read only as a regular file within protobuf's 2 GiB limit (read_model_file).
 
     Example:
         >>> sm = read_saved_model("build/sample/1")
@@ -119,21 +243,27 @@ def read_saved_model(path: str):
         )
     pb_path = os.path.join(path, "saved_model.pb")
     pbtxt_path = os.path.join(path, "saved_model.pbtxt")
-    if not os.path.exists(pb_path) and not os.path.exists(pbtxt_path):
+    # lexists: a dangling link named saved_model.pb is refused as a link, not "missing".
+    use_pb = os.path.lexists(pb_path)
+    if not use_pb and not os.path.lexists(pbtxt_path):
         hint = _version_dir_hint(path)
         raise ServingOptError(
             f"no saved_model.pb in {path}",
             hint or "point at the directory written by tf.saved_model.save / "
             "Estimator.export_saved_model / model.export",
         )
-    # Imported only now: a typo in the path fails instantly, without TensorFlow's 3 s import.
+    # Read (bounded) before TensorFlow is imported: a bad file fails in milliseconds.
+    chosen = pb_path if use_pb else pbtxt_path
+    try:
+        data = read_model_file(chosen)
+    except OSError as e:
+        raise ServingOptError(f"cannot read {chosen}: {e.strerror or e}",
+                              "check the file's permissions") from e
     from google.protobuf import message, text_format
     from tensorflow.core.protobuf import saved_model_pb2
 
     saved_model = saved_model_pb2.SavedModel()
-    if os.path.exists(pb_path):
-        with open(pb_path, "rb") as f:
-            data = f.read()
+    if use_pb:
         try:
             saved_model.ParseFromString(data)
         except message.DecodeError as e:
@@ -141,22 +271,14 @@ def read_saved_model(path: str):
                 f"{pb_path} is corrupt or truncated ({len(data)} bytes, {e})",
                 "re-export the model or copy it again",
             ) from e
-    elif os.path.exists(pbtxt_path):
-        with open(pbtxt_path) as f:
-            try:
-                text_format.Parse(f.read(), saved_model)
-            except text_format.ParseError as e:
-                raise ServingOptError(
-                    f"{pbtxt_path} is not a valid text SavedModel ({e})",
-                    "re-export the model",
-                ) from e
     else:
-        hint = _version_dir_hint(path)
-        raise ServingOptError(
-            f"no saved_model.pb in {path}",
-            hint or "point at the directory written by tf.saved_model.save / "
-            "Estimator.export_saved_model / model.export",
-        )
+        try:
+            text_format.Parse(data.decode("utf-8", errors="replace"), saved_model)
+        except text_format.ParseError as e:
+            raise ServingOptError(
+                f"{pbtxt_path} is not a valid text SavedModel ({e})",
+                "re-export the model",
+            ) from e
     if not saved_model.meta_graphs:
         raise ServingOptError(
             f"{path}/saved_model.pb holds no MetaGraph (an empty or truncated file)",
@@ -333,8 +455,9 @@ class UnsafeLink:
 
 
 def unsafe_links(saved_model_dir: str) -> list[UnsafeLink]:
-    """Symlinks (files or directories) in ``assets/``, ``assets.extra/`` or ``variables/``
-    that lead outside the model directory, to nothing, or into a loop.
+    """Symlinks (files or directories) anywhere in the model directory (``assets/``,
+    ``assets.extra/``, ``variables/``, ``fingerprint.pb``, ...) that lead outside it, to
+    nothing, or into a loop.
 
     A link whose target is inside the model directory is harmless: copying it copies a
     file of the model. Nothing outside the model directory is opened or listed here.
@@ -345,8 +468,14 @@ def unsafe_links(saved_model_dir: str) -> list[UnsafeLink]:
     """
     root = os.path.realpath(saved_model_dir)
     found: list[UnsafeLink] = []
-    for sub in MODEL_FILE_DIRS:
-        _scan_links(os.path.join(saved_model_dir, sub), root, (root,), found)
+    try:
+        names = sorted(os.listdir(saved_model_dir))
+    except OSError:
+        return found  # unreadable: the reader says so
+    # The file directories first: their links are the ones copied into a result.
+    names.sort(key=lambda name: name not in MODEL_FILE_DIRS)
+    for name in names:
+        _scan_links(os.path.join(saved_model_dir, name), root, (root,), found)
     return found
 
 
@@ -377,10 +506,67 @@ def _scan_links(path: str, root: str, ancestors: tuple[str, ...],
         _scan_links(os.path.join(path, name), root, ancestors + (real,), found)
 
 
+@dataclass(frozen=True)
+class SpecialFile:
+    """An entry of a model that is not read: a FIFO, device or socket (``kind``), or a
+    symlink to one (``target``)."""
+
+    path: str
+    kind: str  # "a named pipe (FIFO)", "a character device", ...
+    target: str = ""  # for a symlink: what it points to
+
+
+def special_files(saved_model_dir: str) -> list[SpecialFile]:
+    """Entries of the model directory that no step may open: anything but regular files,
+    directories and symlinks, and symlinks inside the model that lead to such a file.
+    Only ``lstat``/``stat``: nothing is opened.
+
+    Opening a FIFO blocks until a writer comes; TensorFlow restoring from one, or
+    ``shutil.copytree`` copying one, would hang the run (links out of the model are
+    unsafe_links' business and are not followed here).
+
+    Example:
+        >>> special_files("build/sample/1")
+        []
+    """
+    root = os.path.realpath(saved_model_dir)
+    found: list[SpecialFile] = []
+    for dirpath, dirnames, filenames in os.walk(saved_model_dir):  # links are not entered
+        for name in sorted(dirnames + filenames):
+            path = os.path.join(dirpath, name)
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                continue
+            if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+                continue
+            if not stat.S_ISLNK(mode):
+                found.append(SpecialFile(path, file_kind(mode)))
+                continue
+            real = os.path.realpath(path)
+            if real != root and not real.startswith(root + os.sep):
+                continue
+            try:
+                mode = os.stat(path).st_mode
+            except OSError:
+                continue  # dangling or looping: unsafe_links says so
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                found.append(SpecialFile(path, file_kind(mode), _readlink(path)))
+    return found
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
+
+
 def check_model_files(saved_model_dir: str) -> None:
-    """Refuses a model whose ``assets/``, ``assets.extra/`` or ``variables/`` hold a
-    symlink leading outside the model directory (or to nothing, or into a loop): copying
-    it would publish a file of the build host. One line, naming the link and the fix.
+    """Refuses a model holding a symlink that leads outside the model directory (or to
+    nothing, or into a loop): copying it would publish a file of the build host; or a
+    special file (FIFO, device, socket, or a link to one): reading it could block forever
+    or never end. One line, naming the path and the fix.
 
     Example:
         >>> check_model_files("build/sample/1")   # raises ServingOptError for a bad link
@@ -395,6 +581,22 @@ def check_model_files(saved_model_dir: str) -> None:
             "replace the link with a copy of the file if it belongs to the model, "
             "or re-export the model",
         )
+    check_special_files(saved_model_dir)
+
+
+def check_special_files(saved_model_dir: str) -> None:
+    """Raises :class:`UnsafeModelFile` for the first of :func:`special_files`.
+
+    Example:
+        >>> check_special_files("build/sample/1")
+    """
+    found = special_files(saved_model_dir)
+    if not found:
+        return
+    first = found[0]
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    error = _not_regular(first.path, first.kind, first.target)
+    raise UnsafeModelFile(first.path, error.reason + more, error.fix)
 
 
 @dataclass(frozen=True)
@@ -447,6 +649,9 @@ def load_session(saved_model_dir: str, tags: Iterable[str] = (SERVE_TAG,), confi
 
     # Parse first: TF's own loader reports a missing tag or corrupt file as a long traceback.
     find_meta_graph(read_saved_model(saved_model_dir), tags, saved_model_dir)
+    # TF's loader opens variables/ and the assets fed to the init op: a FIFO there would
+    # block the restore forever (lstat only; links out are check_model_files' business).
+    check_special_files(saved_model_dir)
     graph = tf.Graph()
     sess = tf.compat.v1.Session(graph=graph, config=config)
     try:

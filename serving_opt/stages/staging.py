@@ -109,23 +109,43 @@ def release(directory: str) -> None:
 def make_claimed_dir(base: str, prefix: str) -> str:
     """A new hidden directory in ``base`` (mode 0755), claimed by this process.
 
+    A full disk (or quota, or read-only filesystem) is a one-line
+    :class:`~serving_opt.errors.DiskFullError` naming ``base``, and leaves nothing behind.
+
     Example:
         >>> make_claimed_dir("/models/clf", ".serving-opt-staging-validate-")
         '/models/clf/.serving-opt-staging-validate-k2j4x'
     """
+    try:
+        return _make_claimed_dir(base, prefix)
+    except OSError as e:
+        from serving_opt.errors import storage_error
+
+        full = storage_error(e, base)
+        if full is None:
+            raise
+        raise full from e
+
+
+def _make_claimed_dir(base: str, prefix: str) -> str:
     os.makedirs(base, exist_ok=True)
     # The record first, the directory second: killed in between leaves a record without
     # a directory (swept below), never an unclaimed directory.
     for _ in range(100):
         fd, record = tempfile.mkstemp(prefix=prefix, suffix=OWNER_SUFFIX, dir=base)
-        with os.fdopen(fd, "w") as f:
-            json.dump(owner_record(), f)
-        directory = record[:-len(OWNER_SUFFIX)]
         try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(owner_record(), f)
+            directory = record[:-len(OWNER_SUFFIX)]
             os.mkdir(directory)
         except FileExistsError:
             os.remove(record)
             continue
+        except BaseException:
+            # A full disk fails the record's write (or the mkdir): no half-written
+            # record is left behind in the user's model base.
+            os.remove(record)
+            raise
         # A server running as another user (Docker) must read it.
         os.chmod(directory, 0o755)
         return directory

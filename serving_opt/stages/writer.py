@@ -18,7 +18,7 @@ import re
 import shutil
 import tempfile
 
-from serving_opt.errors import ServingOptError
+from serving_opt.errors import ServingOptError, UsageError, storage_error
 from serving_opt.graph import PROTOBUF_LIMIT_BYTES, ServingGraph
 from serving_opt.stages import loader
 from serving_opt.stages import staging as staging_lib
@@ -46,11 +46,56 @@ def parse_version(name: str) -> int | None:
     return version if version <= MAX_VERSION else None
 
 
+# strings::safe_strto64, which TF Serving's FileSystemStoragePathSource parses child
+# names with: C isspace() around, an optional '-' (no '+'), ASCII digits.
+_C_SPACE = " \t\n\v\f\r"
+_SERVED_VERSION = re.compile(r"-?[0-9]+")
+
+
+def served_version(name: str) -> int | None:
+    """The version TF Serving reads a child directory name of a model base as, or None.
+
+    ``02``, ``007`` and `` 7`` are versions 2, 7 and 7 to TF Serving
+    (file_system_storage_path_source.cc, ParseVersionNumber = strings::safe_strto64);
+    ``+3``, ``٣``, ``0x10`` and names beyond int64 are not versions.
+
+    Example:
+        >>> served_version("02"), served_version(" 7"), served_version("+3"), served_version("٣")
+        (2, 7, None, None)
+    """
+    stripped = name.strip(_C_SPACE)
+    if not _SERVED_VERSION.fullmatch(stripped):
+        return None
+    value = int(stripped)
+    return value if -MAX_VERSION - 1 <= value <= MAX_VERSION else None
+
+
+def version_dirs(base: str) -> dict[int, list[str]]:
+    """Every entry of ``base`` TF Serving reads as a version, by version; each list in
+    the order upstream indexes them (sorted names), so the last one is the one served.
+
+    Example:
+        >>> version_dirs("/models/clf")   # holds 1/, 02/ and 2/
+        {1: ['1'], 2: ['02', '2']}
+    """
+    try:
+        names = sorted(os.listdir(base))
+    except OSError:
+        return {}
+    found: dict[int, list[str]] = {}
+    for name in names:
+        version = served_version(name)
+        if version is not None:
+            found.setdefault(version, []).append(name)
+    return found
+
+
 def existing_versions(base: str) -> list[int]:
     """Integer version directories in a model base, sorted.
 
-    Only directories named by a version in canonical form (``3``, not ``03``) count;
-    files and other names are not versions.
+    Only directories named by a version in canonical form (``3``, not ``03``) count, so
+    ``os.path.join(base, str(version))`` is each one's path; files and other names are
+    not versions. :func:`version_dirs` has every name TF Serving reads as a version.
 
     Example:
         >>> existing_versions("/models/clf")
@@ -68,19 +113,17 @@ def existing_versions(base: str) -> list[int]:
 
 
 def next_version(base: str) -> int:
-    """One more than the highest version name taken in ``base`` (1 for a new base).
+    """One more than the highest version TF Serving reads in ``base`` (1 for a new base).
 
-    Any entry named like a version takes it, a plain file included: the next version
-    is always free.
+    Any entry TF Serving reads as a version takes it (``02`` is version 2, `` 7`` is 7), a
+    plain file included: the next version is always free and always the one served.
 
     Example:
         >>> next_version("/models/new")
         1
     """
-    if not os.path.isdir(base):
-        return 1
-    taken = [v for v in map(parse_version, os.listdir(base)) if v is not None]
-    version = max(taken) + 1 if taken else 1
+    taken = version_dirs(base)
+    version = max([0, *taken]) + 1
     if version > MAX_VERSION:
         raise ServingOptError(f"{base} already holds version {MAX_VERSION}, the largest "
                               "TF Serving reads", "pass --version=N for a free N")
@@ -107,10 +150,79 @@ def check_version(version) -> None:
         )
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of what ``path`` resolves to, None if it does not exist: the same
+    directory reached through a bind mount, a symlink or another spelling is equal here,
+    where comparing realpath strings sees two directories."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _ancestors(path: str) -> list[str]:
+    """``path`` and every directory above it, symlinks resolved (realpath), nearest first."""
+    current = os.path.realpath(path)
+    chain = [current]
+    while os.path.dirname(current) != current:
+        current = os.path.dirname(current)
+        chain.append(current)
+    return chain
+
+
+def check_not_source(input_dir: str, output_base: str, version: int | None = None) -> None:
+    """Refuses an output that is, or would replace, the model being read, however reached.
+
+    Compares (st_dev, st_ino), not path strings, so no bind mount, symlink or alias name
+    can make the target the source: the output base (or a directory above it) must not
+    be ``input_dir`` (UsageError), and no directory TF Serving reads as ``version`` in the
+    output base (``3``, ``03``: overwriting replaces them all) may be ``input_dir`` or
+    contain it (ServingOptError). Hard links cannot join directories, and a file of the
+    target linked to a source file is safe: a version is replaced by rename, never written
+    into. A missing ``input_dir`` passes: the reader says what is wrong with it.
+
+    Example:
+        >>> check_not_source("/models/clf/1", "/mnt/clf", 1)   # /mnt/clf: bind mount of it
+        Traceback (most recent call last):
+        ServingOptError: version directory /mnt/clf/1 is the input model /models/clf/1 ...
+    """
+    source = _identity(input_dir)
+    if source is None:
+        return
+    for directory in _ancestors(output_base):
+        if _identity(directory) == source:
+            raise UsageError(
+                f"--output_base {output_base} is inside --input_dir {input_dir}"
+                + ("" if os.path.realpath(directory) == os.path.realpath(input_dir)
+                   else f" ({directory} is the same directory)"),
+                "write to a separate model base (e.g. the parent of the version directory)",
+            )
+    if version is None:
+        return
+    names = version_dirs(output_base).get(version, [])
+    source_chain = [_identity(d) for d in _ancestors(input_dir)]
+    for name in names:
+        target = os.path.join(output_base, name)
+        identity = _identity(target)
+        if identity is None or identity not in source_chain:
+            continue
+        same = identity == source
+        raise ServingOptError(
+            f"version directory {target} is the input model {input_dir}"
+            + ("" if same else " or contains it")
+            + (f" (TF Serving reads {name!r} as version {version})" if name != str(version)
+               else "")
+            + "; writing it would destroy the source",
+            "pick another --version or --output_base",
+        )
+
+
 def check_target(base: str, version: int, overwrite: bool = False,
                  source: str | None = None) -> str:
-    """Fails early when the version directory exists and overwriting was not asked for,
-    or when it is (or contains) ``source``, the model being read.
+    """Fails early when the version exists (under any name TF Serving reads as it: ``02``
+    is version 2) and overwriting was not asked for, or when it is (or contains)
+    ``source``, the model being read, however reached (:func:`check_not_source`).
 
     Example:
         >>> check_target("/models/clf", 3)
@@ -119,18 +231,16 @@ def check_target(base: str, version: int, overwrite: bool = False,
     check_version(version)
     target = os.path.join(base, str(version))
     if source is not None:
-        src = os.path.realpath(source)
-        dst = os.path.realpath(target)
-        if src == dst or src.startswith(dst + os.sep):
-            raise ServingOptError(
-                f"version directory {target} is the input model {source}"
-                + ("" if src == dst else " or contains it")
-                + "; writing it would destroy the source",
-                "pick another --version or --output_base",
-            )
-    if os.path.lexists(target) and not overwrite:
+        check_not_source(source, base, version)
+    names = version_dirs(base).get(version, [])
+    if os.path.lexists(target) and str(version) not in names:
+        names.append(str(version))  # unreadable base listing: the name itself still counts
+    if names and not overwrite:
+        taken = os.path.join(base, names[-1])
+        alias = f" (TF Serving reads {names[-1]!r} as version {version})" \
+            if names[-1] != str(version) else ""
         raise ServingOptError(
-            f"version directory {target} already exists",
+            f"version directory {taken} already exists{alias}",
             f"pick another --version (next free: {next_version(base)}) or pass --overwrite",
         )
     if os.path.exists(base) and not os.path.isdir(base):
@@ -239,11 +349,24 @@ def write_saved_model(graph: ServingGraph, export_dir: str) -> str:
     """Writes ``graph`` as a SavedModel into the (empty or new) ``export_dir``.
 
     Copies ``assets/`` and ``assets.extra/`` (warmup requests) from the source model.
+    A full disk (or quota, or a read-only filesystem) is a one-line
+    :class:`~serving_opt.errors.DiskFullError` naming the model base ``export_dir`` is
+    staged in; the caller discards ``export_dir``.
 
     Example:
         >>> write_saved_model(optimized, "/models/clf/.staging")
         '/models/clf/.staging'
     """
+    try:
+        return _write_saved_model(graph, export_dir)
+    except OSError as e:  # shutil.Error (copytree) is one too
+        full = storage_error(e, export_dir)
+        if full is None:
+            raise
+        raise full from e
+
+
+def _write_saved_model(graph: ServingGraph, export_dir: str) -> str:
     from tensorflow.core.protobuf import saved_model_pb2
 
     meta_graph = build_meta_graph(graph)
@@ -305,20 +428,34 @@ def publish(staging_dir: str, base: str, version: int, overwrite: bool = False) 
     """Renames the finished staging directory to ``<base>/<version>``.
 
     With ``overwrite`` an existing version is moved aside first and deleted after the
-    rename, so the directory TF Serving sees is always complete.
+    rename, so the directory TF Serving sees is always complete. Every other name TF
+    Serving reads as the same version (``02`` for 2) is moved aside too, right after
+    the rename, so the new directory is the only version ``version``. Directories are
+    only renamed and then unlinked, never written into: a file of the old version that
+    is a hard link of another file (the source's, say) is left as it is.
 
     Example:
         >>> publish("/models/clf/.serving-opt-staging-3-x", "/models/clf", 3)
         '/models/clf/3'
     """
     target = check_target(base, version, overwrite)
+    aliases = [name for name in version_dirs(base).get(version, []) if name != str(version)]
     old = None
-    if os.path.exists(target):
-        old = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}old-{version}-", dir=base)
+    if os.path.lexists(target) or aliases:
+        try:
+            old = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}old-{version}-", dir=base)
+        except OSError as e:
+            full = storage_error(e, base)
+            if full is None:
+                raise
+            raise full from e
+    if os.path.lexists(target):
         os.rename(target, os.path.join(old, "model"))
     os.rename(staging_dir, target)
     staging_lib.release(staging_dir)
     staging_lib.published.append(target)
+    for number, name in enumerate(aliases):
+        os.rename(os.path.join(base, name), os.path.join(old, f"alias-{number}"))
     if old:
         shutil.rmtree(old, ignore_errors=True)
     return target

@@ -80,6 +80,11 @@ class Fetched(NamedTuple):
 def read_saved_model(export_dir: str):
     """Reads ``saved_model.pb``/``.pbtxt`` with the C++ reader's error codes and texts.
 
+    The file is read only as a regular file (a symlink only to one, as TF Serving follows
+    links) within protobuf's 2 GiB limit (loader.read_model_file): a FIFO would hang the
+    load and a link to /dev/zero would be read until memory runs out; both fail the load
+    with DATA_LOSS instead, upstream's code for a file it cannot parse.
+
     Example:
         >>> len(read_saved_model("/models/m/1").meta_graphs)
         1
@@ -91,9 +96,8 @@ def read_saved_model(export_dir: str):
     saved_model = saved_model_pb2.SavedModel()
     pb_path = os.path.join(export_dir, SAVED_MODEL_PB)
     pbtxt_path = os.path.join(export_dir, SAVED_MODEL_PBTXT)
-    if os.path.isfile(pb_path):
-        with open(pb_path, "rb") as f:
-            data = f.read()
+    if os.path.lexists(pb_path):
+        data = _read_model_file(pb_path)
         try:
             saved_model.ParseFromString(data)
         except message.DecodeError:
@@ -101,9 +105,8 @@ def read_saved_model(export_dir: str):
                 grpc.StatusCode.DATA_LOSS, f"Can't parse {pb_path} as binary proto"
             ) from None
         return saved_model
-    if os.path.isfile(pbtxt_path):
-        with open(pbtxt_path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
+    if os.path.lexists(pbtxt_path):
+        text = _read_model_file(pbtxt_path).decode("utf-8", errors="replace")
         try:
             text_format.Parse(text, saved_model)
         except text_format.ParseError:
@@ -116,6 +119,41 @@ def read_saved_model(export_dir: str):
         f"{export_dir}. Check that the directory exists and that you have the right "
         "permissions for accessing it."
     )
+
+
+def _read_model_file(path: str) -> bytes:
+    import grpc
+
+    from serving_opt.stages import loader
+
+    try:
+        return loader.read_model_file(path)
+    except loader.UnsafeModelFile as e:
+        raise _unsafe_file_status(e) from None
+    except OSError as e:
+        raise ServingStatusError(grpc.StatusCode.DATA_LOSS,
+                                 f"Can't read {path}: {e.strerror or e}") from None
+
+
+def _unsafe_file_status(error) -> ServingStatusError:
+    import grpc
+
+    return ServingStatusError(grpc.StatusCode.DATA_LOSS, error.reason)
+
+
+def check_special_files(export_dir: str) -> None:
+    """Fails the load (DATA_LOSS) when the version holds a FIFO, device or socket (or a
+    link to one) that TensorFlow's restore or the init op would block on forever.
+
+    Example:
+        >>> check_special_files("/models/m/1")
+    """
+    from serving_opt.stages import loader
+
+    try:
+        loader.check_special_files(export_dir)
+    except loader.UnsafeModelFile as e:
+        raise _unsafe_file_status(e) from None
 
 
 def check_bundle_directory(export_dir: str) -> None:
@@ -212,6 +250,7 @@ class Servable:
         # Python loader would raise OSError/RuntimeError with different wording.
         check_bundle_directory(path)
         meta_graph_def = find_meta_graph(read_saved_model(path), options.tags)
+        check_special_files(path)
         graph = tf.Graph()
         session = tf.compat.v1.Session(graph=graph, config=options.session_config)
         if not all(hasattr(session, a) for a in ("_call_tf_sessionrun", "_extend_graph")):

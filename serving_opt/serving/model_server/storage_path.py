@@ -1,9 +1,11 @@
 """Which version directories of a model base path should be served (the "aspired" versions).
 
 Mirrors file_system_storage_path_source.cc: children of the base path whose names parse as
-integers (absl ``SimpleAtoi``: optional whitespace and sign) are versions, anything else is
-ignored; the version policy picks the latest N (default 1), all, or specific versions.
-A missing base path is an error for the whole poll, as in C++.
+integers (``ParseVersionNumber`` = ``strings::safe_strto64``: C whitespace around, an
+optional ``-`` but no ``+``, ASCII digits, within int64) are versions, anything else is
+ignored; ``02`` and ``2`` are both version 2 and the later name in sorted order is served,
+with upstream's warning. The version policy picks the latest N (default 1), all, or
+specific versions. A missing base path is an error for the whole poll, as in C++.
 
 Example:
     >>> aspired_versions("m", "/models/m", policy)  # /models/m holds 1/, 2/ and tmp/
@@ -14,17 +16,12 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass
 
 from serving_opt.serving.model_server.status import invalid_argument
+from serving_opt.stages.writer import served_version
 
 log = logging.getLogger("serving_opt.model_server")
-
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-_VERSION = re.compile(r"[+-]?[0-9]+")
-# absl's ascii whitespace, not Python's Unicode notion of it.
-_ASCII_SPACE = " \t\n\v\f\r"
 
 
 @dataclass(frozen=True, order=True)
@@ -38,15 +35,14 @@ class AspiredVersion:
 def parse_version(name: str) -> int | None:
     """A child directory name as a version number, or None if it is not one.
 
+    The optimizer's writer counts versions with the same function, so the version it
+    publishes is the one this server (and TF Serving) serves.
+
     Example:
-        >>> parse_version("0003"), parse_version("3a"), parse_version("1_0")
+        >>> parse_version("0003"), parse_version("3a"), parse_version("+3")
         (3, None, None)
     """
-    stripped = name.strip(_ASCII_SPACE)
-    if not _VERSION.fullmatch(stripped):
-        return None
-    value = int(stripped)
-    return value if _INT64_MIN <= value <= _INT64_MAX else None
+    return served_version(name)
 
 
 def _children_by_version(base_path: str) -> dict[int, str]:
