@@ -113,8 +113,10 @@ def test_perturbed_weight_found_exactly(classifier_dir, shards, tmp_path):
         diff = np.abs(cand - ref)
         assert got.mismatches == int((~close).sum()) > 0
         assert got.mismatched_examples == int((~close).any(axis=1).sum())
-        assert got.max_abs_diff == pytest.approx(diff.max(), rel=1e-12)
-        # Float32 kernels round a row slightly differently at other batch sizes.
+        # Float32 kernels round a row slightly differently at other batch sizes (compare
+        # batches by 128, this test by 500): a few float32 ulps of the largest value.
+        ulps = 4 * float(np.finfo(np.float32).eps) * max(1.0, float(np.abs(ref).max()))
+        assert got.max_abs_diff == pytest.approx(diff.max(), abs=ulps)
         assert got.mean_abs_diff == pytest.approx(diff.mean(), rel=1e-6)
         assert sum(got.histogram.values()) == diff.size
         row = diff.max(axis=1)
