@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo bench test venv lint pytest pytest-bazel bazel-setup bazel-test clean
+.PHONY: demo bench test venv lint pytest pytest-bazel bazel-setup bazel-test clean sandbox
 
 venv: $(STAMP)
 
@@ -21,8 +21,17 @@ $(STAMP): pyproject.toml constraints.txt
 	@if command -v bazel >/dev/null 2>&1 && [ -f .bazelrc.offline ]; then \
 	  bazel sync --only=serving_opt_venv_python --noshow_progress >/dev/null 2>&1 || true; fi
 
+# bubblewrap: every process that runs a model runs in its sandbox (serving_opt/sandbox.py).
+SANDBOX_STAMP := $(VENV)/.installed-bwrap
+$(SANDBOX_STAMP): $(STAMP)
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y bubblewrap; }
+	@touch $(SANDBOX_STAMP)
+
+sandbox: $(SANDBOX_STAMP)
+
 # The sample is built once; optimizing it again replaces version 1 (--overwrite).
-demo: $(STAMP)
+demo: $(STAMP) $(SANDBOX_STAMP)
 	@$(PY) -m serving_opt.samples --kind=classifier --output_dir=build/sample/1
 	@echo; echo "== serving-opt inspect build/sample/1"
 	@$(VENV)/bin/serving-opt inspect --saved_model_dir=build/sample/1
@@ -40,20 +49,20 @@ $(BENCH_STAMP): $(STAMP)
 
 # Original vs lossless, int8, fp16 and GTT quantize_weights on the text classifier, wide &
 # deep and MobileNetV2, side by side (slow): build/bench/quantize.md and quantize.png.
-bench: $(BENCH_STAMP)
+bench: $(BENCH_STAMP) $(SANDBOX_STAMP)
 	$(PY) benchmarks/compare.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check serving_opt tests examples benchmarks
 
 # Every test file, straight through pytest (what a developer runs while working).
-pytest: $(STAMP) bazel-setup  # tests/test_bazel.py calls bazel
+pytest: $(STAMP) $(SANDBOX_STAMP) bazel-setup  # tests/test_bazel.py calls bazel
 	$(PY) -m pytest -q tests
 
 # The whole suite, each test file once: every tests/test_*.py (and examples/) as a Bazel
 # py_test that runs it through pytest, two at a time; then the tests that drive Bazel
 # itself (they cannot run inside a Bazel test); then the Estimator suite on TF 2.15.
-test: $(STAMP) lint bazel-test pytest-bazel test-estimator
+test: $(STAMP) $(SANDBOX_STAMP) lint bazel-test pytest-bazel test-estimator
 
 pytest-bazel: $(STAMP) bazel-setup
 	$(PY) -m pytest -q tests/test_bazel.py
@@ -65,7 +74,7 @@ bazel-setup:
 	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y bazel-bootstrap bazel-rules-java; }
 	@tools/bazel/offline_setup.sh
 
-bazel-test: $(STAMP) bazel-setup
+bazel-test: $(STAMP) $(SANDBOX_STAMP) bazel-setup
 	bazel test //... --test_output=errors --noshow_progress --test_summary=terse
 
 clean:
@@ -93,5 +102,5 @@ $(STAMP215): pyproject.toml constraints-tf215.txt
 
 # Also needs .venv: it checks that models optimized under TF 2.21 load under 2.15.
 # --confcutdir: the suite has its own fixtures, not the main suite's.
-test-estimator: $(STAMP) $(STAMP215)
+test-estimator: $(STAMP) $(STAMP215) $(SANDBOX_STAMP)
 	$(PY215) -m pytest -q --confcutdir=tests/estimator tests/estimator

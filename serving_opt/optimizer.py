@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from serving_opt import sandbox as sandbox_lib
 from serving_opt.errors import (
+    DiskFullError,
     ParityError,
     ServingOptError,
     UsageError,
@@ -435,6 +436,7 @@ def plan(input_dir: str, output_base: str, options: OptimizeOptions) -> Plan:
     default_preset = options.transforms is None or \
         options.transforms.strip().lower() == "default"
     _check_paths(input_dir, output_base)
+    writer.check_not_source(input_dir, output_base)  # by device and inode, not by name
     version = options.version if options.version is not None else writer.next_version(output_base)
     writer.check_target(output_base, version, options.overwrite, source=input_dir)
     writer.check_writable(output_base)
@@ -554,7 +556,7 @@ def build_candidate(run: Run) -> str:
 
     try:
         return _candidate(run, frozen=True)
-    except (UsageError, TargetRuntimeError):
+    except (UsageError, TargetRuntimeError, DiskFullError):
         raise  # keeping the variables would not change the verdict
     except Exception as e:  # noqa: BLE001 - auto must never crash on a freezing failure
         if isinstance(e, ParityError) and run.options.quantize != "none" \

@@ -210,3 +210,13 @@ def test_model_config_pins_the_version():
     model = config.model_config_list.config[0]
     assert (model.name, model.base_path) == ("clf", "/m/clf")
     assert list(model.model_version_policy.specific.versions) == [7]
+
+
+def test_validate_reads_a_zero_padded_directory_as_its_version(regressor_dir, tmp_path):
+    # TF Serving reads "02" as version 2; validate serves and checks that directory.
+    base = str(tmp_path / "base")
+    shutil.copytree(regressor_dir, os.path.join(base, "02"))
+    report = validate(base, ValidateOptions(server="local", concurrency=0,
+                                            protocols=("grpc",), load_deadline=120))
+    assert report.ok, report.failures
+    assert report.version == 2

@@ -76,7 +76,7 @@ def test_wrong_answers_are_not_validated(regressor_dir, tmp_path):
     # Deliberately lossy, with the parity gate loosened so it gets published.
     base = str(tmp_path / "lossy")
     optimize(regressor_dir, base, OptimizeOptions(
-        transforms="round_weights(num_steps=2)", atol=1e3, rtol=1e3, benchmark_runs=0))
+        transforms="round_weights(num_steps=2)", atol=1e3, rtol=1.0, benchmark_runs=0))
     report = validate(base, ValidateOptions(server="local", reference_dir=regressor_dir,
                                             concurrency=0))
     assert not report.ok

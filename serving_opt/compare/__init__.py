@@ -64,6 +64,9 @@ class CompareOptions:
     rtol: float = parity.DEFAULT_RTOL
     worst_k: int = 10
     allow_file_ops: bool = False
+    # Run the models outside the bubblewrap sandbox where none can start (local runners;
+    # a remote runner's workers run them elsewhere).
+    allow_unsandboxed: bool = False
 
 
 @dataclass(frozen=True)
@@ -311,10 +314,8 @@ def compare(baseline: str, candidate: str, examples: str,
     if options.batch_size < 1 or options.worst_k < 0 or options.direct_num_workers < 1:
         raise UsageError("--batch_size and --direct_num_workers must be >= 1, --worst_k >= 0",
                          "e.g. --batch_size=256")
-    import apache_beam as beam
-
+    from serving_opt import sandbox as sandbox_lib
     from serving_opt import untrusted
-    from serving_opt.compare import pipeline as pl
     from serving_opt.stages import loader
 
     tags = loader.parse_tags(options.saved_model_tags)
@@ -325,6 +326,44 @@ def compare(baseline: str, candidate: str, examples: str,
         untrusted.refuse_host_ops(base_mg, keys, "compare")
         untrusted.refuse_host_ops(cand_mg, [k for k in keys if k in cand_mg.signature_def],
                                   "compare")
+    del base_mg, cand_mg
+    local_runner = options.runner.lower().replace("runner", "") in ("direct", "prism",
+                                                                   "interactive")
+    sandboxed = local_runner and sandbox_lib.require(options.allow_unsandboxed,
+                                                     f"compare {candidate}")
+    if not sandboxed:
+        return execute(baseline, candidate, examples, options, say)
+    if "://" in examples:
+        raise ServingOptError(
+            f"--examples={examples} needs the network, which the sandbox running the models "
+            "does not have; nothing was run",
+            "copy the shards to a local directory, or pass --allow_unsandboxed for models "
+            "you trust")
+    policy = sandbox_lib.Policy(read_only=(baseline, candidate, _glob_root(examples)))
+    return sandbox_lib.call("serving_opt.compare:execute", baseline, candidate, examples,
+                            options, policy=policy, progress=say)
+
+
+def _glob_root(pattern: str) -> str:
+    """The directory a local glob reads from (its part before the first wildcard)."""
+    head = pattern.split("*")[0].split("?")[0].split("[")[0]
+    return os.path.dirname(os.path.abspath(head)) if head else os.getcwd()
+
+
+def execute(baseline: str, candidate: str, examples: str, options: CompareOptions,
+            progress: Callable[[str], None] | None = None) -> CompareReport:
+    """The pipeline itself (in the sandbox for local runners): both models on every example."""
+    import apache_beam as beam
+
+    from serving_opt import sandbox as sandbox_lib
+    from serving_opt.compare import pipeline as pl
+    from serving_opt.stages import loader
+
+    say = progress or sandbox_lib.say
+    tags = loader.parse_tags(options.saved_model_tags)
+    base_mg = _meta_graph(baseline, tags)
+    cand_mg = _meta_graph(candidate, tags)
+    keys = loader.select_signatures(base_mg, options.signatures)
     shards = _match_shards(examples)
     kind, aliases = _input_kind(shards[0])
     plans, skipped = _plans(base_mg, cand_mg, keys, bool(options.signatures), kind, aliases)

@@ -47,6 +47,7 @@ def marker_text(report: ValidationReport) -> str:
         >>> print(marker_text(report))
         VALIDATED clf version 1
         server: local:serving-opt serve (stand-in) on TensorFlow 2.15.1
+        sandbox: bubblewrap: read-only model and Python, writable work directory only, ...
         tensorflow: 2.15.1
         tf_serving: no (stand-in)
         protocols: grpc,rest
@@ -55,6 +56,7 @@ def marker_text(report: ValidationReport) -> str:
     server = getattr(report, "server", "") or report.backend
     lines = [f"{verdict} {report.model_name} version {report.version}",
              f"server: {server}",
+             f"sandbox: {getattr(report, 'sandbox', '') or 'unknown'}",
              f"tensorflow: {getattr(report, 'tensorflow_version', '') or 'unknown'}",
              "tf_serving: " + ("no (stand-in)" if report.backend == "local" else "yes"),
              f"protocols: {','.join(getattr(report, 'protocols', ('grpc',)))}"]

@@ -150,6 +150,18 @@ class ValidationReport:
         return asdict(self)
 
 
+def _versions(model_base: str) -> dict[int, str]:
+    """Version -> the directory TF Serving serves for it (``02`` is version 2; when ``2``
+    and ``02`` both exist, the one upstream indexes last)."""
+    return {v: names[-1] for v, names in writer.version_dirs(model_base).items()
+            if os.path.isdir(os.path.join(model_base, names[-1]))}
+
+
+def version_dir(model_base: str, version: int) -> str:
+    """The directory of ``version`` in ``model_base`` as TF Serving names it."""
+    return os.path.join(model_base, _versions(model_base).get(version, str(version)))
+
+
 def resolve_version(model_base: str, version: int | None) -> int:
     """``version`` if the base has it, else (None) the highest version in the base.
 
@@ -160,7 +172,7 @@ def resolve_version(model_base: str, version: int | None) -> int:
     if not os.path.isdir(model_base):
         raise ServingOptError(f"model base {model_base} does not exist",
                               "point --model_base at the directory holding version directories")
-    versions = writer.existing_versions(model_base)
+    versions = sorted(_versions(model_base))
     if version is not None:
         if version not in versions:
             raise ServingOptError(f"version {version} is not in {model_base} (it has {versions})",
@@ -237,7 +249,7 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),
     check_options(options)
     model_base = os.path.abspath(model_base)
     version = resolve_version(model_base, options.version)
-    model_dir = os.path.join(model_base, str(version))
+    model_dir = version_dir(model_base, version)
     reference_dir = options.reference_dir or model_dir
     tags = loader.parse_tags(options.saved_model_tags)
     # A symlink out of a model is never followed: not by the server, not by the warmup
@@ -308,7 +320,7 @@ def execute(model_base: str, options: ValidateOptions, runtime_note: str = "",
     say = progress or sandbox_lib.say
     protocols = parse_protocols(options.protocols)
     version, backend = options.version, options.server
-    model_dir = os.path.join(model_base, str(version))
+    model_dir = version_dir(model_base, version)
     model_name = options.model_name or os.path.basename(model_base.rstrip("/")) or "model"
     reference_dir = options.reference_dir or model_dir
     tags = loader.parse_tags(options.saved_model_tags)
@@ -320,7 +332,7 @@ def execute(model_base: str, options: ValidateOptions, runtime_note: str = "",
     runtime = _local_runtime(options, say)[0] if backend == "local" else None
 
     warmup_file = None
-    ignored = sorted(v for v in writer.existing_versions(model_base) if v != version)
+    ignored = sorted(v for v in _versions(model_base) if v != version)
     if ignored:
         say(f"serving version {version} only; ignoring version(s) "
             f"{', '.join(map(str, ignored))} of {model_base}")

@@ -47,6 +47,10 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_integer("worst", 10, "Worst examples kept per output.", flag_values=fv)
     flags.DEFINE_float("atol", 1e-5, "Absolute tolerance for float outputs.", flag_values=fv)
     flags.DEFINE_float("rtol", 1e-4, "Relative tolerance for float outputs.", flag_values=fv)
+    flags.DEFINE_bool("allow_unsandboxed", False,
+                      "Run the models even where the bubblewrap sandbox cannot start, or on "
+                      "remote examples with a local runner. Only for models you trust.",
+                      flag_values=fv)
     flags.DEFINE_bool("allow_file_ops", False,
                       "Run models whose signatures touch files or the host (see "
                       "serving-opt validate --help). Only for models you trust.",
@@ -73,6 +77,7 @@ def main(fv: flags.FlagValues, pipeline_args: list[str] | None = None) -> int:
         runner=fv.runner, direct_num_workers=fv.direct_num_workers,
         pipeline_args=tuple(pipeline_args), batch_size=fv.batch_size, atol=fv.atol,
         rtol=fv.rtol, worst_k=fv.worst, allow_file_ops=fv.allow_file_ops,
+        allow_unsandboxed=fv.allow_unsandboxed,
     )
     result = compare(fv.baseline, fv.candidate, fv.examples, options,
                      progress=lambda m: print(m, file=sys.stderr, flush=True))

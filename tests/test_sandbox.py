@@ -1,0 +1,281 @@
+"""The sandbox alone holds: hostile SavedModels run with the static check switched off
+(``allow_file_ops`` and the check patched out) write nothing outside the run's work
+directory, read no host file, reach no host socket, and publish nothing host-side; and
+with the sandbox switched off, the static check alone refuses them.
+
+The canary is a real host path the model names: a file the sandbox must not see (it
+holds a secret), or a path the model would create. Nothing here trusts a refusal: the
+runs are let through and the host is inspected afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+from hostile_models import HOSTILE, REQUEST, canary_files
+
+from serving_opt import OptimizeOptions, optimize, sandbox
+from serving_opt.errors import ServingOptError
+
+SECRET = "host-secret-7f3a9c"
+QUICK = dict(benchmark_runs=0, cold_start=False, allow_file_ops=True, parity_batches=1)
+
+
+@pytest.fixture
+def static_check_off(monkeypatch):
+    """The static check switched off in this process (the sandbox must hold alone)."""
+    from serving_opt import inspection, untrusted
+    from serving_opt.serving import validate as validate_lib
+
+    monkeypatch.setattr(untrusted, "refuse_host_ops", lambda *a, **k: None)
+    monkeypatch.setattr(inspection, "inspect_saved_model",
+                        lambda *a, **k: types.SimpleNamespace(risks=[]))
+    monkeypatch.setattr(validate_lib, "_refuse_host_ops", lambda *a, **k: None)
+
+
+@pytest.fixture
+def host(tmp_path):
+    """A host directory the model names but no sandbox binds: the canary lives here."""
+    directory = tmp_path / "host"
+    directory.mkdir()
+    return directory
+
+
+def _build(route: str, tmp_path, canary: str) -> str:
+    return HOSTILE[route].build(str(tmp_path / "models"), canary)
+
+
+def _files_under(path) -> dict[str, bytes]:
+    found = {}
+    for root, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            with open(full, "rb") as f:
+                found[os.path.relpath(full, path)] = f.read()
+    return found
+
+
+def _attempt(run) -> ServingOptError | None:
+    try:
+        run()
+    except ServingOptError as e:
+        return e
+    return None
+
+
+WRITE_ROUTES = [r for r, h in HOSTILE.items() if h.effect == "writes"]
+READ_ROUTES = [r for r, h in HOSTILE.items() if h.effect == "reads"]
+
+
+@pytest.mark.parametrize("route", WRITE_ROUTES)
+def test_optimize_a_writing_model_leaves_the_host_untouched(route, tmp_path, host,
+                                                            static_check_off):
+    canary = str(host / "canary")
+    model = _build(route, tmp_path, canary)
+    before = _files_under(model)
+    out = tmp_path / "out"
+    _attempt(lambda: optimize(model, str(out), OptimizeOptions(**QUICK)))
+    assert canary_files(canary) == []  # the model's write went to the sandbox's tmpfs
+    assert os.listdir(host) == []
+    assert _files_under(model) == before  # the input is never modified
+    # The model base holds at most the published version: no work directory left.
+    assert [n for n in os.listdir(out) if n != "1"] == [] if out.exists() else True
+
+
+@pytest.mark.parametrize("route", READ_ROUTES)
+def test_optimize_a_reading_model_never_sees_the_host_file(route, tmp_path, host,
+                                                          static_check_off):
+    canary = host / "canary"
+    canary.write_text(f"{SECRET}\n")
+    model = _build(route, tmp_path, str(canary))
+    out = tmp_path / "out"
+    error = _attempt(lambda: optimize(model, str(out), OptimizeOptions(**QUICK)))
+    if error is not None:
+        # The model failed because the file does not exist where it runs: proof that
+        # the sandbox hid it (the file is there on the host).
+        assert "No such file" in str(error) or "not found" in str(error).lower(), str(error)
+    published = _files_under(out) if out.exists() else {}
+    assert not any(SECRET.encode() in data for data in published.values())
+    assert canary.read_text() == f"{SECRET}\n"
+
+
+def test_validate_a_hostile_model_leaves_the_host_untouched(tmp_path, host, static_check_off):
+    canary = str(host / "canary")
+    model = _build("init_op_write", tmp_path, canary)
+    base = os.path.dirname(model)
+    from serving_opt.serving.validate import ValidateOptions, validate
+
+    report = validate(base, ValidateOptions(server="local", allow_file_ops=True,
+                                            concurrency=0, protocols=("grpc",),
+                                            load_deadline=120))
+    # The init op's write fails or lands in the sandbox; either way not on the host.
+    assert canary_files(canary) == []
+    assert report.sandbox.startswith("bubblewrap")
+
+
+def test_a_requests_write_in_the_served_model_stays_in_the_sandbox(tmp_path, host,
+                                                                   static_check_off):
+    canary = str(host / "canary")
+    model = _build("saver_save_in_signature", tmp_path, canary)
+    from serving_opt.serving.validate import ValidateOptions, validate
+
+    validate(os.path.dirname(model), ValidateOptions(server="local", allow_file_ops=True,
+                                                     concurrency=2, duration=1.0,
+                                                     protocols=("grpc", "rest"),
+                                                     load_deadline=120))
+    assert canary_files(canary) == []
+
+
+def test_compare_a_hostile_model_leaves_the_host_untouched(tmp_path, host, static_check_off):
+    pytest.importorskip("apache_beam")
+    from serving_opt.compare import CompareOptions, compare
+
+    canary = str(host / "canary")
+    model = _build("gradient_host_op", tmp_path, canary)
+    examples = tmp_path / "examples.jsonl"
+    examples.write_text("".join(json.dumps({"x": REQUEST}) + "\n" for _ in range(4)))
+    _attempt(lambda: compare(model, model, str(examples),
+                             CompareOptions(allow_file_ops=True)))
+    assert canary_files(canary) == []
+
+
+def test_a_network_op_reaches_no_host_socket(tmp_path):
+    # A listener on the host's loopback; the model's RegisterDataset dials it. The run is
+    # a separate process (static check patched out there too), bounded in time: a
+    # tf.data service client retries, and a sandbox dies with its parent.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    model = HOSTILE["register_dataset"].build(str(tmp_path / "models"), "", address)
+    script = textwrap.dedent(f"""
+        import types
+        from serving_opt import inspection, untrusted, OptimizeOptions, optimize
+        untrusted.refuse_host_ops = lambda *a, **k: None
+        inspection.inspect_saved_model = lambda *a, **k: types.SimpleNamespace(risks=[])
+        try:
+            optimize({model!r}, {str(tmp_path / 'out')!r},
+                     OptimizeOptions(**{QUICK!r}))
+        except Exception as e:
+            print("refused:", e)
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        process.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        process.wait()
+    try:
+        connection, _ = listener.accept()
+        connection.close()
+        connected = True
+    except BlockingIOError:
+        connected = False
+    listener.close()
+    assert not connected, "the model reached a host socket"
+
+
+@pytest.mark.parametrize("route", list(HOSTILE))
+def test_without_the_sandbox_the_static_check_alone_refuses(route, tmp_path, host,
+                                                            monkeypatch):
+    # The sandbox switched off as on a machine without bubblewrap, with the user's
+    # consent to run unsandboxed: nothing but the static check stands in the way.
+    monkeypatch.setattr(sandbox, "unavailable_reason", lambda: "switched off by the test")
+    canary = host / "canary"
+    canary.write_text(SECRET)
+    model = _build(route, tmp_path, str(canary))
+    out = tmp_path / "out"
+    with pytest.raises(ServingOptError):
+        optimize(model, str(out), OptimizeOptions(benchmark_runs=0, cold_start=False,
+                                                  allow_unsandboxed=True))
+    assert [p for p in canary_files(str(canary)) if p != str(canary)] == []
+    assert canary.read_text() == SECRET
+    assert not (out / "1").exists()
+
+
+def test_no_sandbox_and_no_consent_refuses_before_running(tmp_path, monkeypatch,
+                                                          classifier_dir):
+    monkeypatch.setattr(sandbox, "unavailable_reason", lambda: "no user namespaces")
+    with pytest.raises(ServingOptError) as failure:
+        optimize(classifier_dir, str(tmp_path / "out"), OptimizeOptions(benchmark_runs=0))
+    assert "no user namespaces" in str(failure.value)
+    assert "--allow_unsandboxed" in str(failure.value)
+    assert not (tmp_path / "out" / "1").exists()
+
+
+def test_the_report_says_the_run_was_sandboxed(tmp_path, classifier_dir):
+    report = optimize(classifier_dir, str(tmp_path / "out"),
+                      OptimizeOptions(benchmark_runs=0, cold_start=False))
+    assert report.published
+    assert report.sandbox.startswith("bubblewrap")
+    # Only the version is left in the base: the work directory went with the run.
+    assert sorted(os.listdir(tmp_path / "out")) == ["1"]
+
+
+def test_a_sandboxed_process_sees_no_home_no_secrets_and_no_network(tmp_path):
+    readable = tmp_path / "readable"
+    readable.mkdir()
+    (readable / "data").write_text("ok")
+    script = textwrap.dedent("""
+        import os, socket, sys
+        out = {}
+        out["home"] = os.path.exists(os.path.expanduser("~root/.bashrc")) or \\
+            os.path.isdir("/root/.cache")
+        out["etc_passwd"] = os.path.exists("/etc/shadow") or os.path.exists("/etc/passwd")
+        out["readable"] = open(sys.argv[1]).read()
+        try:
+            open(sys.argv[1] + "-new", "w")
+            out["wrote"] = True
+        except OSError:
+            out["wrote"] = False
+        s = socket.socket()
+        s.settimeout(5)
+        try:
+            s.connect(("1.1.1.1", 53))
+            out["net"] = True
+        except OSError:
+            out["net"] = False
+        out["env"] = sorted(k for k in os.environ if "TOKEN" in k or "SECRET" in k)
+        print(repr(out))
+    """)
+    env = sandbox.environment()
+    done = subprocess.run(
+        sandbox.command([sys.executable, "-c", script, str(readable / "data")],
+                        sandbox.Policy(read_only=(str(readable),))),
+        capture_output=True, text=True, timeout=120, env=env)
+    out = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307 - our own repr
+    assert out == {"home": False, "etc_passwd": False, "readable": "ok", "wrote": False,
+                   "net": False, "env": []}
+
+
+def test_environment_drops_credentials(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/root/key.json")
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    env = sandbox.environment()
+    assert "AWS_SECRET_ACCESS_KEY" not in env and "GOOGLE_APPLICATION_CREDENTIALS" not in env
+    assert env["TF_CPP_MIN_LOG_LEVEL"] == "2" and env["HOME"] == "/tmp"
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("true",))
+
+
+def test_a_sandbox_result_is_data_only():
+    assert sandbox.loads(pickle.dumps({"a": (1, 2.0, "x", b"y")})) == {"a": (1, 2.0, "x", b"y")}
+    with pytest.raises(pickle.UnpicklingError):
+        sandbox.loads(pickle.dumps(_Evil()))
+    with pytest.raises(pickle.UnpicklingError):
+        sandbox.loads(pickle.dumps(shutil.rmtree))
