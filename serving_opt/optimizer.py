@@ -279,7 +279,7 @@ def optimize(
         if sandboxed:
             # Started now, so it imports TensorFlow while this process reads and checks.
             worker = sandbox_lib.Worker(_sandbox_policy(run), run.work_dir, run.say,
-                                        preload="optimize")
+                                        preload="optimize", env=_sandbox_env(run))
         run.source = read(run)
         if worker is not None:
             staging, worker_report = worker.call(
@@ -362,15 +362,21 @@ def _sandbox_policy(run: Run) -> sandbox_lib.Policy:
         read_only.append(_glob_root(options.compare_examples))
     validate = run.plan.validate
     if validate is not None:
-        read_only.extend(_interpreter_dirs(validate.serving_runtime_python))
-        if validate.server == "binary":
-            from serving_opt.serving import backends
+        from serving_opt.serving import validate as validate_lib
 
-            binary = shutil.which(backends.BINARY_NAME)
-            if binary:
-                read_only.append(os.path.dirname(os.path.realpath(binary)))
+        read_only.extend(_interpreter_dirs(validate.serving_runtime_python))
+        read_only.extend(validate_lib.binary_dirs(validate))
     return sandbox_lib.Policy(read_only=tuple(read_only), writable=(run.work_dir,),
                               memory_bytes=options.sandbox_memory_bytes)
+
+
+def _sandbox_env(run: Run) -> dict:
+    """A tensorflow_model_server outside /usr on the worker's PATH (--server=binary)."""
+    if run.plan.validate is None:
+        return {}
+    from serving_opt.serving import validate as validate_lib
+
+    return sandbox_lib.search_path(*validate_lib.binary_dirs(run.plan.validate))
 
 
 def _glob_root(pattern: str) -> str:

@@ -210,6 +210,12 @@ def command(argv: Sequence[str], policy: Policy) -> list[str]:
     return [*_bwrap_prefix(bwrap, policy), "--", *argv]
 
 
+def search_path(*directories: str) -> dict:
+    """``{"PATH": ...}`` for :func:`environment`: the system's, after ``directories``
+    (a tensorflow_model_server outside /usr, bound read-only by the policy)."""
+    return {"PATH": os.pathsep.join([*directories, "/usr/local/bin", "/usr/bin", "/bin"])}
+
+
 def environment(extra: dict | None = None) -> dict:
     """The environment inside: no secrets, HOME and TMPDIR in the private /tmp."""
     env = {k: v for k, v in os.environ.items()
@@ -399,7 +405,7 @@ class Worker:
 
 
 def call(target: str, *args, policy: Policy, sandboxed: bool = True,
-         progress: Callable[[str], None] | None = None, **kwargs):
+         progress: Callable[[str], None] | None = None, env: dict | None = None, **kwargs):
     """One call in a fresh sandboxed worker (see :class:`Worker`); in-process when
     ``sandboxed`` is False, or already inside a sandbox.
 
@@ -411,7 +417,7 @@ def call(target: str, *args, policy: Policy, sandboxed: bool = True,
         return _resolve(target)(*args, **kwargs)
     scratch = tempfile.mkdtemp(prefix="serving-opt-sandbox-")
     try:
-        with Worker(policy, scratch, progress) as worker:
+        with Worker(policy, scratch, progress, env=env) as worker:
             return worker.call(target, *args, **kwargs)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -277,9 +277,10 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),
             options = dataclasses.replace(options, serving_runtime_python=runtime.python)
     resolved = dataclasses.replace(options, server=backend, version=version)
     if sandboxed:
+        policy = _sandbox_policy(model_base, resolved)
         report = sandbox_lib.call(
             "serving_opt.serving.validate:execute", model_base, resolved, runtime_note,
-            policy=_sandbox_policy(model_base, resolved), progress=say)
+            policy=policy, progress=say, env=sandbox_lib.search_path(*binary_dirs(resolved)))
     else:
         report = execute(model_base, resolved, runtime_note, say)
     report = dataclasses.replace(report, sandbox=sandbox_lib.describe(sandboxed))
@@ -304,13 +305,22 @@ def _sandbox_policy(model_base: str, options: ValidateOptions) -> sandbox_lib.Po
     if python:
         read_only += [os.path.dirname(os.path.dirname(os.path.abspath(python))),
                       os.path.dirname(os.path.dirname(os.path.realpath(python)))]
-    if options.server == "binary":
-        import shutil
-
-        binary = shutil.which(backends.BINARY_NAME)
-        if binary:
-            read_only.append(os.path.dirname(os.path.realpath(binary)))
+    read_only += binary_dirs(options)
     return sandbox_lib.Policy(read_only=tuple(read_only))
+
+
+def binary_dirs(options: ValidateOptions) -> list[str]:
+    """Where ``--server=binary``'s tensorflow_model_server is (its name's directory, then
+    the file's own): bound read-only in the sandbox, the first on its PATH."""
+    if options.server != "binary":
+        return []
+    import shutil
+
+    binary = shutil.which(backends.BINARY_NAME)
+    if binary is None:
+        return []
+    return list(dict.fromkeys([os.path.dirname(os.path.abspath(binary)),
+                               os.path.dirname(os.path.realpath(binary))]))
 
 
 def execute(model_base: str, options: ValidateOptions, runtime_note: str = "",
