@@ -7,7 +7,8 @@ $SERVING_OPT_RUNTIME_2_15), so no test downloads a TensorFlow.
 
 Two stand-ins, named where used: a REST proxy that corrupts the numbers of Predict
 answers (HTTP level only; gRPC stays right), and fake `tensorflow_model_server` /
-`docker` executables for what the machines lack.
+`docker` executables for what the machines lack. What the host has installed never
+decides a result: the tests that depend on what is on PATH set PATH themselves.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -24,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from serving_opt import sandbox as sandbox_lib
 from serving_opt.errors import ServingOptError, UsageError
 from serving_opt.optimizer import OptimizeOptions, optimize
 from serving_opt.serving import backends, rest_client, runtime
@@ -112,6 +115,10 @@ class _CorruptingProxy:
 
 def test_a_wrong_rest_answer_fails_validation_while_grpc_is_right(regressor_base,
                                                                   monkeypatch):
+    # The proxy sits between validate's client and the server, in this process: validate
+    # must run here too, as it does where no sandbox can start (--allow_unsandboxed); a
+    # sandboxed client has a network of its own that no proxy outside can reach.
+    monkeypatch.setattr(sandbox_lib, "unavailable_reason", lambda: "test: proxy in-process")
     proxy = _CorruptingProxy()
     real = backends.ServerProcess.rest_address
 
@@ -121,7 +128,8 @@ def test_a_wrong_rest_answer_fails_validation_while_grpc_is_right(regressor_base
 
     monkeypatch.setattr(backends.ServerProcess, "rest_address", property(through_proxy))
     try:
-        report = validate(regressor_base, ValidateOptions(server="local", concurrency=0))
+        report = validate(regressor_base, ValidateOptions(server="local", concurrency=0,
+                                                          allow_unsandboxed=True))
     finally:
         proxy.http.shutdown()
     assert not report.ok
@@ -170,7 +178,16 @@ def test_docker_and_binary_get_a_rest_port():
     assert "127.0.0.1:9124:8501" in command and "127.0.0.1:9123:8500" in command
     assert "--rest_api_port=9124" in backends.binary_command(spec, 9123, "tms", 9124)
     assert "--rest_api_port=9124" in backends.local_command(spec, 9123, 9124)
-    assert backends.DEFAULT_IMAGE == "tensorflow/serving:2.20.0"
+
+
+def test_the_default_image_is_the_release_the_target_check_assumes():
+    # Without --image, docker serves DEFAULT_IMAGE; without --serving_version, optimize
+    # checks ops against DEFAULT_SERVING_VERSION's registry: the same TF Serving release.
+    spec = backends.ServerSpec(model_name="clf", model_base="/srv/models/clf")
+    command = backends.docker_command(spec, 9123, "so-test", 9124)
+    assert command[command.index("MODEL_BASE_PATH=/models") + 1] == backends.DEFAULT_IMAGE
+    assert ValidateOptions().image == backends.DEFAULT_IMAGE
+    assert runtime.image_version(backends.DEFAULT_IMAGE) == runtime.DEFAULT_SERVING_VERSION
 
 
 def test_bad_protocols_are_a_usage_error(regressor_base):
@@ -261,9 +278,21 @@ def test_local_validation_under_the_tf215_runtime(regressor_base, tmp_path, monk
     assert "tensorflow: 2.15.1" in text and "tf_serving: no (stand-in)" in text
 
 
+def _another_release() -> str:
+    """A TensorFlow release that is surely not this interpreter's (the next minor)."""
+    import tensorflow as tf
+
+    major, minor = tf.__version__.split(".")[:2]
+    return f"{major}.{int(minor) + 1}.0"
+
+
 def test_a_runtime_of_the_wrong_version_is_refused():
-    with pytest.raises(ServingOptError, match="runs TensorFlow 2.21"):
-        runtime.resolve_runtime("2.15.1", python=sys.executable)
+    import tensorflow as tf
+
+    wanted = _another_release()
+    with pytest.raises(ServingOptError,
+                       match=re.escape(f"runs TensorFlow {tf.__version__}, not {wanted}")):
+        runtime.resolve_runtime(wanted, python=sys.executable)
 
 
 def test_the_current_interpreter_is_the_runtime_of_its_own_release():
@@ -280,11 +309,12 @@ def test_installing_a_runtime_offline_fails_in_one_line(monkeypatch):
     monkeypatch.setenv("PIP_TIMEOUT", "2")
     monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
     lines = []
+    wanted = _another_release()  # not this interpreter's: it must be installed
     with pytest.raises(ServingOptError) as raised:
-        runtime.resolve_runtime("2.12.0", progress=lines.append)
-    assert "tensorflow-cpu==2.12.0" in raised.value.problem
+        runtime.resolve_runtime(wanted, progress=lines.append)
+    assert f"tensorflow-cpu=={wanted}" in raised.value.problem
     assert "\n" not in raised.value.problem
-    assert any("installing the TensorFlow 2.12.0 runtime" in line for line in lines)
+    assert any(f"installing the TensorFlow {wanted} runtime" in line for line in lines)
 
 
 # --- honest markers --------------------------------------------------------------------------
@@ -295,12 +325,16 @@ def test_marker_names_the_stand_in_and_its_tensorflow(regressor_base, tmp_path):
     report = validate(regressor_base, ValidateOptions(server="local", concurrency=0))
     assert report.ok, report.failures
     assert report.server == f"local:serving-opt serve (stand-in) on TensorFlow {tf.__version__}"
-    # No 2.20 runtime here: the stand-in ran this TensorFlow, and says so.
-    assert "not the target TF Serving's 2.20" in report.runtime_note
     text = open(write_marker(report, str(tmp_path))).read()
     assert text.startswith(f"VALIDATED {report.model_name} version 1\n")
     assert f"tensorflow: {tf.__version__}" in text and "protocols: grpc,rest" in text
-    assert "note: the stand-in ran TensorFlow" in text
+    assert "tf_serving: no (stand-in)" in text
+    target = runtime.major_minor(runtime.DEFAULT_SERVING_VERSION)
+    if runtime.major_minor(tf.__version__) != target:
+        # No runtime of the target release here (private cache, no variable): the
+        # stand-in ran this TensorFlow, and says so.
+        assert f"not the target TF Serving's {target}" in report.runtime_note
+        assert "note: the stand-in ran TensorFlow" in text
 
 
 def _fake_executable(directory, name: str, script: str) -> str:
@@ -311,9 +345,44 @@ def _fake_executable(directory, name: str, script: str) -> str:
     return path
 
 
-def test_binary_backend_names_its_version(regressor_base, tmp_path, monkeypatch):
-    # Stand-in tensorflow_model_server: answers --version like the real one, otherwise
-    # hands its command line to `serving-opt serve`.
+def _path_without_servers(tmp_path, *stand_ins: tuple[str, str]) -> str:
+    """A PATH of one new directory: no docker, no tensorflow_model_server (whatever the
+    host has), only the given stand-ins (name, script) and bubblewrap, which the sandbox
+    needs (its absence would only change which error comes first)."""
+    bin_dir = tmp_path / "path"
+    bin_dir.mkdir()
+    bwrap = shutil.which("bwrap")
+    if bwrap:
+        os.symlink(bwrap, bin_dir / "bwrap")
+    for name, script in stand_ins:
+        _fake_executable(str(bin_dir), name, script)
+    return str(bin_dir)
+
+
+_DOCKER_ENGINE = "#!/bin/sh\n[ \"$1\" = info ] && echo 27.0.1 && exit 0\nexit 1\n"
+_VERSION_ONLY_BINARY = "#!/bin/sh\necho 'TensorFlow ModelServer: 2.20.0'\nexit 0\n"
+
+
+def test_auto_picks_docker_then_the_binary_then_the_stand_in(tmp_path, monkeypatch):
+    # Stand-ins for what this machine lacks: a `docker` client whose `docker info` names an
+    # engine, and an executable named tensorflow_model_server. Neither is run to serve.
+    monkeypatch.setenv("PATH", _path_without_servers(tmp_path))
+    assert backends.resolve_backend("auto") == "local"
+    both = tmp_path / "both"
+    both.mkdir()
+    monkeypatch.setenv("PATH", _path_without_servers(
+        both, ("docker", _DOCKER_ENGINE), ("tensorflow_model_server", _VERSION_ONLY_BINARY)))
+    assert backends.resolve_backend("auto") == "docker"
+    # A sandboxed run cannot drive docker (the socket is root on the host).
+    assert backends.resolve_backend("auto", sandboxed=True) == "binary"
+
+
+def test_binary_backend_names_the_binary_and_the_version_it_reports(regressor_base, tmp_path,
+                                                                    monkeypatch):
+    # Stand-in for the tensorflow_model_server this machine lacks: answers --version like
+    # the real one, otherwise hands its command line to `serving-opt serve`. What validate
+    # can truthfully say is which executable answered and what its --version claimed;
+    # whether that is really TF Serving, nothing here can know.
     bin_dir = str(tmp_path / "bin")
     os.makedirs(bin_dir)
     _fake_executable(bin_dir, "tensorflow_model_server",
@@ -327,29 +396,50 @@ def test_binary_backend_names_its_version(regressor_base, tmp_path, monkeypatch)
     binary = os.path.join(bin_dir, "tensorflow_model_server")
     assert report.server == f"binary:{binary} 2.20.0-rc0+dev.sha.abc"
     assert report.tensorflow_version == "2.20.0"
-    assert "tf_serving: yes" in open(write_marker(report, str(tmp_path / "m"))).read()
+    text = open(write_marker(report, str(tmp_path / "m"))).read()
+    assert f"server: binary:{binary} 2.20.0-rc0+dev.sha.abc\n" in text
+    assert "tensorflow: 2.20.0\n" in text
 
 
 def test_docker_backend_names_its_image():
+    # Built, never started: no Docker engine is needed.
     server = backends.make_server("docker", backends.ServerSpec("clf", "/srv/clf"))
-    assert server.description == "docker:tensorflow/serving:2.20.0"
-    assert server.tf_version == "2.20.0 (image tag)" and server.rest_port
+    assert server.description == f"docker:{backends.DEFAULT_IMAGE}" and server.rest_port
+    older = backends.make_server("docker", backends.ServerSpec(
+        "clf", "/srv/clf", image="tensorflow/serving:2.15.1-gpu"))
+    assert older.description == "docker:tensorflow/serving:2.15.1-gpu"
+    assert older.tf_version == "2.15.1 (image tag)"
+    latest = backends.make_server("docker", backends.ServerSpec(
+        "clf", "/srv/clf", image="tensorflow/serving:latest"))
+    assert latest.tf_version == "unknown (image tag names no release)"
 
 
 def test_require_tf_serving_fails_when_only_the_stand_in_can_run(regressor_base, tmp_path,
                                                                  monkeypatch):
-    # No Docker engine and no tensorflow_model_server here (environment.md).
-    assert backends.resolve_backend("auto") == "local"
+    path = _path_without_servers(tmp_path)
+    monkeypatch.setenv("PATH", path)
+    options = ValidateOptions(require_server="tf_serving", allow_unsandboxed=True)
     with pytest.raises(ServingOptError, match="only the local stand-in") as raised:
-        validate(regressor_base, ValidateOptions(require_server="tf_serving"))
+        validate(regressor_base, options)
     assert "\n" not in raised.value.problem
     with pytest.raises(UsageError, match="contradicts --server=local"):
         validate(regressor_base, ValidateOptions(server="local", require_server="tf_serving"))
     result = subprocess.run(
         [sys.executable, "-m", "serving_opt.cli", "validate", f"--model_base={regressor_base}",
-         "--require_server=tf_serving", f"--report={tmp_path}/r.json"],
-        capture_output=True, text=True, timeout=300)
+         "--require_server=tf_serving", "--allow_unsandboxed", f"--report={tmp_path}/r.json"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PATH": path})
     assert result.returncode == 1
     errors = [ln for ln in result.stderr.splitlines() if ln.startswith("serving-opt")]
     assert len(errors) == 1 and "--require_server=tf_serving" in errors[0]
     assert not os.path.exists(tmp_path / MARKER_OK)
+
+
+def test_require_tf_serving_accepts_a_binary_on_path(regressor_base, tmp_path, monkeypatch):
+    # The same check passes once a tensorflow_model_server (a stand-in that serves
+    # nothing: validation then fails on the server, not on --require_server) is on PATH.
+    monkeypatch.setenv("PATH", _path_without_servers(
+        tmp_path, ("tensorflow_model_server", "#!/bin/sh\nexit 1\n")))
+    report = validate(regressor_base, ValidateOptions(require_server="tf_serving",
+                                                      allow_unsandboxed=True,
+                                                      concurrency=0, load_deadline=30))
+    assert report.backend == "binary" and not report.ok
