@@ -44,13 +44,14 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import shutil
 import tempfile
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from serving_opt import optimizer as optimizer_lib
@@ -221,6 +222,37 @@ def _summary(report: OptimizeReport) -> str:
     return line
 
 
+@contextlib.contextmanager
+def isolated_from_caller_graph() -> Iterator[None]:
+    """Runs the optimizer as ``serving-opt optimize`` runs: eagerly, with a fresh default graph.
+
+    An exporter runs inside the training loop, where the default graph is the training
+    graph, finalized by the MonitoredSession, and TensorFlow is in graph mode. A stage
+    building an op there fails with "Graph is finalized and cannot be modified." (and
+    ``--freeze=auto`` then published every export unfrozen, every variable and
+    ``global_step`` kept), or builds it without running it. A sandboxed worker is a
+    process of its own; in this process (no bubblewrap, ``allow_unsandboxed``) the
+    stages build their ops in graphs of their own, and this keeps anything else (TF's
+    own loaders) away from the caller's graph, device scopes and graph mode too.
+
+    Example:
+        >>> with isolated_from_caller_graph():
+        ...     report = optimizer_lib.optimize(raw_dir, base, options)
+    """
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    with tf.Graph().as_default(), context.eager_mode():
+        yield
+
+
+def _log_warnings(report: OptimizeReport | None, where: str) -> None:
+    # The CLI prints these under its report; a training job only has its log, and a
+    # fallback such as "variables kept: freezing failed (...)" must not hide at INFO.
+    for warning in report.warnings if report is not None else ():
+        logger.warning("serving-opt: %s: %s", where, warning)
+
+
 def _optimize_and_publish(raw_dir: str, base: str, options: OptimizeOptions,
                           fatal: bool) -> OptimizedExport:
     """Optimizes the plain export ``raw_dir`` into ``base``; the plain one on non-fatal failure."""
@@ -231,12 +263,14 @@ def _optimize_and_publish(raw_dir: str, base: str, options: OptimizeOptions,
     # The newest export must be the highest version, or TF Serving keeps serving an older one.
     version = max(version, writer.next_version(base))
     try:
-        report = optimizer_lib.optimize(
-            raw_dir, base, dataclasses.replace(options, version=version, overwrite=False),
-            progress=lambda message: logger.info("serving-opt: %s", message.strip()),
-        )
+        with isolated_from_caller_graph():
+            report = optimizer_lib.optimize(
+                raw_dir, base, dataclasses.replace(options, version=version, overwrite=False),
+                progress=lambda message: logger.info("serving-opt: %s", message.strip()),
+            )
     except Exception as e:  # any failure: a failed optimization must not kill training
         problem = e.one_line() if isinstance(e, ServingOptError) else f"{type(e).__name__}: {e}"
+        _log_warnings(getattr(e, "report", None), raw_dir)
         if fatal:
             error = ExportOptimizationError(
                 f"optimizing the export {raw_dir} failed: {problem}",
@@ -256,6 +290,7 @@ def _optimize_and_publish(raw_dir: str, base: str, options: OptimizeOptions,
                                problem)
     logger.info("serving-opt: published optimized export %s (%s)", report.output_dir,
                 _summary(report))
+    _log_warnings(report, report.output_dir)
     logger.debug("serving-opt report:\n%s", report_lib.format_optimize_report(report))
     return OptimizedExport(report.output_dir, raw_dir, version, True, report)
 

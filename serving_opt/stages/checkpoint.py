@@ -16,7 +16,10 @@ anything else the serving graph does not read are left behind.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from serving_opt.graph import attr, make_node, var_handle
 
@@ -127,8 +130,31 @@ def saver_nodes(kept: list[KeptVariable]) -> tuple[list, object]:
     return nodes, saver_def
 
 
+def run_in_own_graph(build: Callable[[], object], feeds: dict | None = None):
+    """Builds ops with ``build()`` in a new graph and runs what it returns in a session.
+
+    Never the caller's default graph: inside ``train_and_evaluate`` that is the training
+    graph, finalized by its MonitoredSession ("Graph is finalized and cannot be
+    modified."), and in graph mode an op built there would not even run. ``feeds`` maps
+    names of placeholders ``build`` made to values, so large arrays are fed, not copied
+    into a GraphDef (which a 2 GiB table would not fit).
+
+    Example:
+        >>> run_in_own_graph(lambda: tf.raw_ops.MergeV2Checkpoints(...))
+    """
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default(), tf.device("/cpu:0"):
+        fetches = build()
+    graph.finalize()  # everything is built: nothing later slips into this graph either
+    with tf.compat.v1.Session(graph=graph) as sess:
+        return sess.run(fetches, {graph.get_tensor_by_name(f"{name}:0"): value
+                                  for name, value in (feeds or {}).items()})
+
+
 def save_arrays(prefix: str, arrays: dict) -> str:
-    """Writes ``{name: ndarray}`` as a V2 checkpoint at ``prefix`` (eagerly, on the CPU).
+    """Writes ``{name: ndarray}`` as a V2 checkpoint at ``prefix`` (on the CPU).
 
     Example:
         >>> save_arrays("/models/.staging-x/part/variables", {"emb/int8": q})
@@ -137,11 +163,36 @@ def save_arrays(prefix: str, arrays: dict) -> str:
     import tensorflow as tf
 
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
-    with tf.device("/cpu:0"):
-        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=list(arrays),
-                          shape_and_slices=[""] * len(arrays),
-                          tensors=[tf.constant(v) for v in arrays.values()])
+    values = [np.asarray(v) for v in arrays.values()]
+    feeds = {f"value_{i}": v for i, v in enumerate(values)}
+
+    def dtype(value: np.ndarray):
+        # Strings come back from a checkpoint reader as object arrays of bytes.
+        return tf.string if value.dtype.kind in "OSU" else tf.as_dtype(value.dtype)
+
+    def build():
+        return tf.raw_ops.SaveV2(
+            prefix=prefix, tensor_names=list(arrays), shape_and_slices=[""] * len(arrays),
+            tensors=[tf.compat.v1.placeholder(dtype(v), v.shape, name=name)
+                     for name, v in zip(feeds, values)])
+
+    run_in_own_graph(build, feeds)
     return prefix
+
+
+def merge_checkpoints(prefixes: list[str], destination_prefix: str) -> str:
+    """Merges V2 checkpoints into one at ``destination_prefix``, deleting the parts.
+
+    Example:
+        >>> merge_checkpoints(["/w/a/variables", "/w/b/variables"], "/w/merged/variables")
+        '/w/merged/variables'
+    """
+    import tensorflow as tf
+
+    run_in_own_graph(lambda: tf.raw_ops.MergeV2Checkpoints(
+        checkpoint_prefixes=prefixes, destination_prefix=destination_prefix,
+        delete_old_dirs=True))
+    return destination_prefix
 
 
 def replace_saver(graph, graph_def, kept: list[KeptVariable], variables_dir: str,
@@ -194,7 +245,6 @@ def externalize_constants(graph, min_bytes: int, work_dir: str) -> tuple:
         >>> len(moved)
         53
     """
-    import tensorflow as tf
     from tensorflow.core.framework import types_pb2
     from tensorflow.python.framework import tensor_util
 
@@ -239,8 +289,6 @@ def externalize_constants(graph, min_bytes: int, work_dir: str) -> tuple:
     if graph.variables_dir is not None:
         prefixes.insert(0, os.path.join(graph.variables_dir, "variables"))
     merged_dir = os.path.join(work_dir, "merged")
-    tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=prefixes,
-                                  destination_prefix=os.path.join(merged_dir, "variables"),
-                                  delete_old_dirs=True)
+    merge_checkpoints(prefixes, os.path.join(merged_dir, "variables"))
     return replace_saver(graph, graph_def, list(graph.kept_variables) + moved, merged_dir,
                          protect=tuple(v.name for v in moved)), moved

@@ -35,11 +35,15 @@ def check_loads_in_tf2(candidate_dir: str, reference_dir: str, tags: frozenset[s
     import tempfile
 
     import tensorflow as tf
+    from tensorflow.python.eager import context
 
     def load(path: str) -> dict:
-        loaded = tf.saved_model.load(path, tags=sorted(tags))
-        out = {k: sorted(loaded.signatures[k].structured_outputs)
-               for k in signature_defs if k in loaded.signatures}
+        # TF2 Python serving loads eagerly, and never into the caller's default graph
+        # (finalized inside train_and_evaluate: both loads would fail, skipping the check).
+        with tf.Graph().as_default(), context.eager_mode():
+            loaded = tf.saved_model.load(path, tags=sorted(tags))
+            out = {k: sorted(loaded.signatures[k].structured_outputs)
+                   for k in signature_defs if k in loaded.signatures}
         del loaded
         gc.collect()
         return out

@@ -26,10 +26,12 @@ REGRESS = "tensorflow/serving/regress"
 PREDICT = "tensorflow/serving/predict"
 
 
-def write_vocabulary(directory: str) -> str:
-    path = os.path.join(directory, "words.txt")
+def write_vocabulary(directory: str, size: int = len(WORDS)) -> str:
+    """The vocabulary file: WORDS first, then filler words up to ``size`` lines."""
+    path = os.path.join(directory, "words.txt" if size == len(WORDS) else f"words{size}.txt")
+    filler = [f"word{i:05d}" for i in range(size - len(WORDS))]
     with open(path, "w") as f:
-        f.write("\n".join(WORDS) + "\n")
+        f.write("\n".join(WORDS + tuple(filler)) + "\n")
     return path
 
 
@@ -77,13 +79,15 @@ def run_config(model_dir: str, checkpoint_every: int) -> tf.estimator.RunConfig:
                                   log_step_count_steps=10_000)
 
 
-def dnn_classifier(model_dir: str, vocab_path: str, checkpoint_every: int = 10):
+def dnn_classifier(model_dir: str, vocab_path: str, checkpoint_every: int = 10, *,
+                   dimension: int = 4, hidden_units: tuple[int, ...] = (8, 4),
+                   batch_norm: bool = False):
     """DNNClassifier over a vocabulary-file embedding column; returns (estimator, receiver)."""
-    columns = [tf.feature_column.embedding_column(_word_column(vocab_path), dimension=4),
+    columns = [tf.feature_column.embedding_column(_word_column(vocab_path), dimension=dimension),
                _age_column()]
     estimator = tf.estimator.DNNClassifier(
-        hidden_units=[8, 4], feature_columns=columns, n_classes=3,
-        config=run_config(model_dir, checkpoint_every))
+        hidden_units=list(hidden_units), feature_columns=columns, n_classes=3,
+        batch_norm=batch_norm, config=run_config(model_dir, checkpoint_every))
     return estimator, receiver_fn(columns)
 
 
@@ -157,6 +161,47 @@ def run_examples(export_dir: str, signature_key: str, serialized: list[bytes]) -
         return sess.run(fetches, {input_info.name: serialized})
     finally:
         sess.close()
+
+
+def saved_model_pb(export_dir: str):
+    """The SavedModel proto of ``export_dir``, parsed."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved_model = saved_model_pb2.SavedModel()
+    with open(os.path.join(export_dir, "saved_model.pb"), "rb") as f:
+        saved_model.ParseFromString(f.read())
+    return saved_model
+
+
+def op_histogram(export_dir: str) -> dict[str, int]:
+    """Op type -> count over every MetaGraph's nodes, library functions included."""
+    from collections import Counter
+
+    from serving_opt.graph import all_node_defs
+
+    counts: Counter = Counter()
+    for meta_graph in saved_model_pb(export_dir).meta_graphs:
+        counts.update(n.op for n in all_node_defs(meta_graph.graph_def))
+    return dict(sorted(counts.items()))
+
+
+VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "_VarHandlesOp"})
+
+
+def variable_nodes(export_dir: str) -> set[str]:
+    """Names of the variable nodes of every MetaGraph (what a checkpoint restores into)."""
+    from serving_opt.graph import all_node_defs
+
+    return {n.name for mg in saved_model_pb(export_dir).meta_graphs
+            for n in all_node_defs(mg.graph_def) if n.op in VARIABLE_OPS}
+
+
+def checkpoint_variables(export_dir: str) -> dict[str, list[int]]:
+    """Name -> shape of what the export's checkpoint holds ({} without a checkpoint)."""
+    prefix = os.path.join(export_dir, "variables", "variables")
+    if not os.path.exists(prefix + ".index"):
+        return {}
+    return dict(tf.train.list_variables(prefix))
 
 
 def tree(path: str) -> dict[str, bytes]:
