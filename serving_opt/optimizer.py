@@ -273,7 +273,8 @@ def optimize(
         run.progress("-", f"removed {stale}, left behind by a run that was killed")
     # Everything this run writes is inside one claimed, hidden directory of the model
     # base: the only place its sandbox may write; removed however the run ends.
-    run.work_dir = staging_lib.make_claimed_dir(output_base, f"{writer.STAGING_PREFIX}run-")
+    run.work_dir = os.path.abspath(
+        staging_lib.make_claimed_dir(output_base, f"{writer.STAGING_PREFIX}run-"))
     staging = worker = None
     try:
         if sandboxed:
@@ -283,10 +284,7 @@ def optimize(
         run.source = read(run)
         if worker is not None:
             staging, worker_report = worker.call(
-                "serving_opt.optimizer:build_in_worker",
-                WorkerJob(input_dir, output_base, options, run.plan, run.source, run.steps,
-                          tuple(run.stages), tuple(run.warnings), run.work_dir,
-                          run.target_registry))
+                "serving_opt.optimizer:build_in_worker", _worker_job(run))
             run.adopt(worker_report)
         else:
             staging = build_proven_candidate(run)
@@ -324,6 +322,24 @@ class WorkerJob:
     warnings: tuple[str, ...]
     work_dir: str
     target_registry: object
+
+
+def _worker_job(run: Run) -> WorkerJob:
+    """The job, every path absolute: the worker runs elsewhere (cwd /tmp, in its sandbox)."""
+    import dataclasses
+
+    def absolute(path: str | None) -> str | None:
+        return os.path.abspath(path) if path and "://" not in path else path
+
+    options = dataclasses.replace(run.options, examples=absolute(run.options.examples),
+                                  compare_examples=absolute(run.options.compare_examples))
+    plan_ = run.plan
+    if plan_.validate is not None:
+        plan_ = dataclasses.replace(plan_, validate=dataclasses.replace(
+            plan_.validate, examples=absolute(plan_.validate.examples)))
+    return WorkerJob(os.path.abspath(run.input_dir), os.path.abspath(run.output_base), options,
+                     plan_, run.source, run.steps, tuple(run.stages), tuple(run.warnings),
+                     run.work_dir, run.target_registry)
 
 
 def build_in_worker(job: WorkerJob) -> tuple[str, OptimizeReport]:

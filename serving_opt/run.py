@@ -231,7 +231,8 @@ class Run:
             import dataclasses
 
             return dataclasses.replace(
-                self.worker_report, output_dir=self.output_dir,
+                self.worker_report, input_dir=self.input_dir, output_base=self.output_base,
+                output_dir=self.output_dir,
                 published=self.output_dir is not None, stages=tuple(self.stages),
                 warnings=tuple(self.warnings), sandbox=self.sandbox)
         plan, source = self.plan, self.source

@@ -279,3 +279,13 @@ def test_a_sandbox_result_is_data_only():
         sandbox.loads(pickle.dumps(_Evil()))
     with pytest.raises(pickle.UnpicklingError):
         sandbox.loads(pickle.dumps(shutil.rmtree))
+
+
+def test_relative_paths_reach_the_sandboxed_worker(tmp_path, classifier_dir, monkeypatch):
+    # The worker runs in /tmp of its own sandbox: every path it is given is absolute, and
+    # the report names the paths as the user gave them.
+    shutil.copytree(classifier_dir, tmp_path / "model")
+    monkeypatch.chdir(tmp_path)
+    report = optimize("model", "out", OptimizeOptions(benchmark_runs=0, cold_start=False))
+    assert (report.input_dir, report.output_dir) == ("model", os.path.join("out", "1"))
+    assert os.path.isfile(tmp_path / "out" / "1" / "saved_model.pb")

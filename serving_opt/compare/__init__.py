@@ -339,9 +339,17 @@ def compare(baseline: str, candidate: str, examples: str,
             "does not have; nothing was run",
             "copy the shards to a local directory, or pass --allow_unsandboxed for models "
             "you trust")
+    # Absolute paths: the pipeline runs elsewhere (cwd /tmp, in its sandbox); the report
+    # names the paths as the user gave them.
+    given = {"baseline": baseline, "candidate": candidate, "examples_pattern": examples}
+    baseline, candidate = os.path.abspath(baseline), os.path.abspath(candidate)
+    examples = os.path.abspath(examples)
     policy = sandbox_lib.Policy(read_only=(baseline, candidate, _glob_root(examples)))
-    return sandbox_lib.call("serving_opt.compare:execute", baseline, candidate, examples,
-                            options, policy=policy, progress=say)
+    report = sandbox_lib.call("serving_opt.compare:execute", baseline, candidate, examples,
+                              options, policy=policy, progress=say)
+    import dataclasses
+
+    return dataclasses.replace(report, **given)
 
 
 def _glob_root(pattern: str) -> str:

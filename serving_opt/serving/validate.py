@@ -275,7 +275,12 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),
         runtime, runtime_note = _local_runtime(options, say)
         if runtime is not None:
             options = dataclasses.replace(options, serving_runtime_python=runtime.python)
-    resolved = dataclasses.replace(options, server=backend, version=version)
+    # Absolute paths: the executor runs elsewhere (cwd /tmp, in its sandbox).
+    resolved = dataclasses.replace(
+        options, server=backend, version=version,
+        reference_dir=os.path.abspath(options.reference_dir) if options.reference_dir
+        else None,
+        examples=os.path.abspath(options.examples) if options.examples else None)
     if sandboxed:
         policy = _sandbox_policy(model_base, resolved)
         report = sandbox_lib.call(
