@@ -6,6 +6,11 @@ a TF Serving polling the model base would see (no integer version directory, or 
 complete one), that no process of the run survives (the local model server stops within
 seconds: it watches a pipe only the optimizer held), and that the next run succeeds and
 removes the staging directories the killed one left.
+
+Signals are timed by what the child shows, never by sleeping: a progress line on its
+stderr, a process it started, a library it mapped, a port its server listens on, or a
+write it is blocked in. Every wait has a deadline that fails the test saying what did
+not happen.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ import textwrap
 import threading
 import time
 
+import numpy as np
 import pytest
 
+from serving_opt import samples
 from serving_opt.errors import ServingOptError, first_line
 from serving_opt.stages import staging as staging_lib
 from serving_opt.stages import writer
@@ -36,11 +43,11 @@ PREFIX = writer.STAGING_PREFIX
 class Cli:
     """``serving-opt optimize`` in a subprocess, its stderr lines readable as they come."""
 
-    def __init__(self, *args: str) -> None:
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    def __init__(self, *args: str, stdout=subprocess.DEVNULL, env: dict | None = None) -> None:
+        env = env or dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "serving_opt.cli", "optimize", *args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+            stdout=stdout, stderr=subprocess.PIPE, text=True, env=env,
             # A test runner started in the background ignores SIGINT; the CLI must not.
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
@@ -53,7 +60,7 @@ class Cli:
             self._queue.put(line.rstrip("\n"))
         self._queue.put(None)
 
-    def wait_for(self, pattern: str, timeout: float = 45.0) -> str:
+    def wait_for(self, pattern: str, timeout: float = 180.0) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -96,7 +103,7 @@ def processes_mentioning(text: str) -> dict[int, str]:
     return found
 
 
-def wait_until_gone(text: str, timeout: float = 10.0) -> dict[int, str]:
+def wait_until_gone(text: str, timeout: float = 30.0) -> dict[int, str]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         alive = processes_mentioning(text)
@@ -104,6 +111,73 @@ def wait_until_gone(text: str, timeout: float = 10.0) -> dict[int, str]:
             return {}
         time.sleep(0.2)
     return processes_mentioning(text)
+
+
+def wait_until(condition, what: str, timeout: float = 120.0):
+    """Polls ``condition`` until it returns something true, which is returned; fails naming
+    ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = condition()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout} s")
+        time.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie's cmdline is empty)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return bool(f.read())
+    except OSError:
+        return False
+
+
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        try:
+            pid = parent_of(pid)
+        except OSError:
+            return False
+        if pid == ancestor:
+            return True
+    return False
+
+
+def descendants_mentioning(ancestor: int, text: str) -> list[int]:
+    return [pid for pid in processes_mentioning(text) if descends_from(pid, ancestor)]
+
+
+def listens_on(pid: int, port: int) -> bool:
+    """Whether a socket of ``pid``'s network namespace listens on ``port`` (read from /proc,
+    so it works for a server in a sandbox with a network of its own)."""
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":  # LISTEN
+                return True
+    return False
+
+
+def maps_tensorflow(pid: int) -> bool:
+    """Whether ``pid`` has loaded TensorFlow's shared library: its import is under way."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "_pywrap_tensorflow_internal" in f.read()
+    except OSError:
+        return False
 
 
 def hidden_entries(base: str) -> list[str]:
@@ -153,15 +227,20 @@ def test_sigkill_at_a_stage_leaves_nothing_running_and_the_next_run_cleans_up(
     base = str(tmp_path / "models" / "reg")
     cli = Cli(f"--input_dir={source}", f"--output_base={base}", "--validate",
               "--server=local", "--benchmark_runs=0", "--nocold_start", "--concurrency=0")
-    cli.wait_for(STAGES[stage])
+    line = cli.wait_for(STAGES[stage])
     if stage == "validate":
-        # Kill while the model server is up and loading/serving the candidate.
-        deadline = time.monotonic() + 20
-        while not processes_mentioning(f"--model_base_path={base}/{PREFIX}"):
-            assert time.monotonic() < deadline, "the local server never started"
-            time.sleep(0.1)
-        time.sleep(1.0)
+        # Killed while the model server serves the candidate: once the server exists, the
+        # process driving it (its parent, which would check and then publish) is stopped;
+        # the server goes on loading until it listens, and then the CLI is killed.
+        port = int(re.search(r"127\.0\.0\.1:(\d+)", line).group(1))
+        server = wait_until(lambda: descendants_mentioning(cli.process.pid, f"--port={port}"),
+                            "the local server started")[0]
+        os.kill(parent_of(server), signal.SIGSTOP)
+        wait_until(lambda: listens_on(server, port), "the local server listening")
     cli.kill()
+    if stage == "validate":
+        # Its command line names a config file in the sandbox, not the base: by its pid.
+        wait_until(lambda: not alive(server), "the local server gone", timeout=30.0)
 
     # No process of the run survives: the server notices its parent is gone (pipe EOF).
     assert wait_until_gone(base) == {}
@@ -337,17 +416,12 @@ def test_a_server_client_gets_sigterm_when_its_parent_is_killed(backend, executa
                               env=env)
     try:
         pid = int(parent.stdout.readline())
-        deadline = time.monotonic() + 20
-        while not os.path.exists(out + ".pid"):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: os.path.exists(out + ".pid"), "the stand-in server started")
         parent.kill()
         parent.wait()
 
-        deadline = time.monotonic() + 10
-        while not os.path.exists(out + ".term"):
-            assert time.monotonic() < deadline, "the server outlived its parent"
-            time.sleep(0.05)
+        wait_until(lambda: os.path.exists(out + ".term"),
+                   "SIGTERM reached the server (else it outlived its parent)", timeout=30.0)
         assert wait_until_gone(out) == {}
         assert pid == int(open(out + ".pid").read())
     finally:
@@ -366,10 +440,7 @@ def test_the_server_log_is_unlinked_and_its_tail_kept(tmp_path):
                                               "sleep 30"], backends.free_port())
     server.start()
     try:
-        deadline = time.monotonic() + 10
-        while "failed" not in server.log_tail():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: "failed" in server.log_tail(), "the server's second log line")
         # Nothing in /tmp even if we were killed now.
         assert os.readlink(f"/proc/self/fd/{server._log.fileno()}").endswith("(deleted)")
     finally:
@@ -384,7 +455,9 @@ def test_the_server_log_is_unlinked_and_its_tail_kept(tmp_path):
 def test_ctrl_c_during_the_tensorflow_import_is_one_line(source, tmp_path):
     base = str(tmp_path / "reg")
     cli = Cli(f"--input_dir={source}", f"--output_base={base}")
-    time.sleep(1.5)  # python is up, TensorFlow (seconds) is being imported
+    # TensorFlow's library is mapped early in its import, which then runs for seconds.
+    wait_until(lambda: maps_tensorflow(cli.process.pid), "TensorFlow's import started",
+               timeout=60.0)
     cli.process.send_signal(signal.SIGINT)
     code, lines = cli.finish()
 
@@ -399,7 +472,10 @@ def test_ctrl_c_during_the_benchmark_says_nothing_was_published(source, tmp_path
     cli = Cli(f"--input_dir={source}", f"--output_base={base}", "--nocold_start",
               "--benchmark_runs=100000")
     cli.wait_for(r"^\[9/\d+\] benchmark")
-    time.sleep(1.0)
+    # Interrupted while the measuring process (it runs 100000 timed runs) is alive.
+    measuring = wait_until(
+        lambda: descendants_mentioning(cli.process.pid, "serving_opt.stages.coldstart"),
+        "the benchmark's measuring process started")
     cli.process.send_signal(signal.SIGINT)
     code, lines = cli.finish()
 
@@ -409,16 +485,80 @@ def test_ctrl_c_during_the_benchmark_says_nothing_was_published(source, tmp_path
     assert what_tf_serving_sees(base) == {}
     assert hidden_entries(base) == []
     assert wait_until_gone(base) == {}
+    for pid in measuring:
+        wait_until(lambda p=pid: not alive(p), f"the measuring process {pid} gone",
+                   timeout=30.0)
 
 
-def test_ctrl_c_after_publishing_names_the_published_version(monkeypatch):
-    from serving_opt.cli import main as cli_main
+def full_pipe() -> tuple[int, int]:
+    """A pipe whose buffer is already full: a process writing to it blocks at once."""
+    import fcntl
 
-    monkeypatch.setattr(staging_lib, "published", ["/models/reg/3"])
-    message = cli_main.interrupted_message("optimize")
+    read_end, write_end = os.pipe()
+    flags = fcntl.fcntl(write_end, fcntl.F_GETFL)
+    fcntl.fcntl(write_end, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+    try:
+        while True:
+            os.write(write_end, b"x" * 4096)
+    except BlockingIOError:
+        pass
+    fcntl.fcntl(write_end, fcntl.F_SETFL, flags)  # the child must block, not fail
+    return read_end, write_end
 
-    assert message.startswith("serving-opt optimize: interrupted after publishing "
-                              "/models/reg/3 (complete)")
+
+def test_ctrl_c_after_publishing_names_the_published_version(source, tmp_path):
+    from serving_opt.stages import loader
+
+    base = str(tmp_path / "reg")
+    # The CLI prints its report on stdout only once optimize has returned; with stdout a
+    # full pipe (and unbuffered), that first write blocks, so the CLI cannot exit on its
+    # own before the Ctrl-C.
+    read_end, write_end = full_pipe()
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    cli = Cli(f"--input_dir={source}", f"--output_base={base}", "--nocold_start",
+              "--benchmark_runs=0", stdout=write_end, env=env)
+    os.close(write_end)
+    try:
+        published = cli.wait_for(r"^\s*published ")
+        assert published.split("published ", 1)[1] == os.path.join(base, "1")
+        # Optimize's last act is removing its work directory and that directory's owner
+        # record; once both are gone it has returned (or is returning) to the CLI.
+        wait_until(lambda: not hidden_entries(base), "the run's work directory removed")
+        cli.process.send_signal(signal.SIGINT)
+        # Read what it printed, so nothing it writes while exiting blocks it again.
+        threading.Thread(target=_drain, args=(read_end,), daemon=True).start()
+        code, lines = cli.finish()
+    finally:
+        cli.process.kill()
+
+    assert code == 130, lines
+    assert lines[-1] == (f"serving-opt optimize: interrupted after publishing "
+                         f"{os.path.join(base, '1')} (complete); any server or staging "
+                         "directory it had started is stopped and removed"), lines
+    assert not any("Traceback" in line for line in lines), lines
+    # The published version is whole: it loads and answers like the source.
+    assert what_tf_serving_sees(base) == {"1": True}
+    assert hidden_entries(base) == []
+    examples = samples.sample_examples(8, seed=5)
+    answers = []
+    for model in (source, os.path.join(base, "1")):
+        sess, meta_graph = loader.load_session(model)
+        try:
+            sig = meta_graph.signature_def["serving_default"]
+            feed = {sig.inputs[next(iter(sig.inputs))].name: examples}
+            answers.append(sess.run({k: v.name for k, v in sig.outputs.items()}, feed))
+        finally:
+            sess.close()
+    for key in answers[0]:
+        np.testing.assert_allclose(answers[1][key], answers[0][key], rtol=1e-4, atol=1e-5)
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 1 << 16):
+            pass
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------------ errors keep the cause
