@@ -524,18 +524,21 @@ def _link_risk(link: loader.UnsafeLink, model_dir: str) -> Risk:
 # -------------------------------------------------------------------------- reachability
 
 
+# Every host op is an error: optimize, validate and compare refuse the model for any
+# of them, and `inspect --fail_on=error` must fail a pipeline on the same models (a
+# read is no milder than a write: it can put a server file into a response).
 _OP_RISKS = {
     host_ops.RUNS_CODE: ("code_execution_op", SEVERITY_ERROR,
                          "runs Python code: TF Serving does not have the op, and it executes "
                          "arbitrary code"),
     host_ops.WRITES_FILES: ("file_write_op", SEVERITY_ERROR,
-                            "writes files: a request can write to the server's disk"),
-    host_ops.READS_FILES: ("file_read_op", SEVERITY_WARNING,
-                           "reads files: a request can read server files, and the model "
-                           "depends on files outside the SavedModel"),
+                            "writes files on the machine that runs the model"),
+    host_ops.READS_FILES: ("file_read_op", SEVERITY_ERROR,
+                           "reads files of the machine that runs the model (and the model "
+                           "depends on files outside the SavedModel)"),
     host_ops.TOUCHES_HOST: ("host_op", SEVERITY_ERROR,
-                            "touches the host (network, the process, filesystem "
-                            "configuration): a request acts on the server itself"),
+                            "touches the host (network, the process, native code, system "
+                            "configuration): the model acts on the server itself"),
 }
 
 
@@ -558,26 +561,24 @@ def _signature_risks(
                         "signature (re-export the model)",
                         f"{sig.key}/{direction}/{tensor.alias}", tags,
                     ))
-    # The same walk (and exceptions: the loader's saver, asset table initializers) as
-    # the refusal of optimize/validate: from the outputs (inputs are fed, so nothing
-    # upstream of them runs) and the init op, into every function called on the way
-    # (each called function's whole body counts: the runtime keeps its stateful ops).
+    # The same whole-graph check as the refusal of optimize/validate/compare: every node
+    # of the graph and of every library function, the loader's own saver and asset
+    # reads excepted only in the shape TF writes them (serving_opt.untrusted).
     present = [sig.key for sig in signatures if sig.key in meta_graph.signature_def]
     for use in untrusted.host_op_uses(meta_graph, present):
         code, severity, what = _OP_RISKS[use.kind]
         risks.append(Risk(
-            code, severity,
-            f"{use.op} node {use.label!r} is reachable from {_reached_from(use)}: it {what}",
+            code, severity, f"{use.describe()}: it {what}{_also_reached_by(use)}",
             use.label, tags,
         ))
     return risks
 
 
-def _reached_from(use: untrusted.HostOpUse) -> str:
-    keys = sorted(k for k in use.signatures if k != untrusted.INIT_OP)
-    if not keys:
-        return "the init op"
-    return f"signature(s) {', '.join(keys)}"
+def _also_reached_by(use: untrusted.HostOpUse) -> str:
+    keys = [k for k in use.signatures if k != untrusted.INIT_OP]
+    if len(keys) < 2:
+        return ""
+    return f" (signatures reaching it: {', '.join(sorted(keys))})"
 
 
 def _init_op_risks(

@@ -1,193 +1,842 @@
 """The untrusted-model stance: a SavedModel is code, and nothing of it runs on the
 build host that touches files or the host, unless the user says so.
 
-:func:`host_op_uses` finds the ops of :mod:`serving_opt.host_ops` a signature (or the
-init op, which the loader runs) can execute, at the top level and inside every
-function called on the way, except the loader's own: the checkpoint ops of the
-SaverDef's save/restore subgraph, and table initializers reading an asset
-(``InitializeTableFromTextFile`` whose file name is an asset tensor, or, inside a
-function, a function argument: TF2 passes the asset path in). :func:`refuse_host_ops`
-turns the first of them into the one-line error ``optimize`` and ``validate`` raise
-before running the model at all; ``--allow_file_ops`` opts in.
+The check is static and covers the whole model: every node of the graph and of every
+library function (called or not, reached through a call, a function-valued attr of any
+depth, an ``If``/``While`` branch or the ``library.gradient`` of a ``SymbolicGradient``)
+whose op is in :mod:`serving_opt.host_ops`. Reachability decides only how a finding is
+described (its *route*: which signature or loader op runs it, and through what) and
+whether one of the loader's own two uses of files applies, each accepted only in the
+exact shape TensorFlow's exporters write and the loaders run:
+
+* **The saver** named by ``saver_def``: its checkpoint ops, when the restore op and the
+  save tensor are built like ``tf.compat.v1.train.Saver`` (TF1: ``RestoreV2`` /
+  ``SaveV2`` / ``MergeV2Checkpoints`` / ``StringJoin`` / ``ShardedFilename`` / ``Const``
+  / ``Identity`` / ``Assign*`` / ``NoOp`` over variables and mutable tables) or
+  ``tf.saved_model.save`` (TF2: one call of a ``_traced_restore``/``_traced_save``
+  function with the same ops, called by nothing else), every file name derived from
+  the ``filename_tensor_name`` placeholder the loader feeds (plus the
+  ``_temp/part``-style suffixes and shard numbers TF adds), with no other input, and
+  never reached from a signature or the init op. A second TF1 saver of that shape which
+  saver_def does not name (a training script's own ``Saver``, next to the one the
+  SavedModel builder adds) is tolerated while nothing a loader or a request runs
+  reaches it.
+* **Reading an asset** (``InitializeTableFromTextFile*``, ``ReadFile``): the file name
+  comes, through ``Identity`` only, from a node of the MetaGraph's asset_file_def (or
+  the ``saved_model_assets`` collection of TF1 exports, as the loaders read it) that is
+  a ``Placeholder`` or ``Const`` the loader feeds, or, in TF2, from the variable
+  ``tf.saved_model.save`` assigns that placeholder to; inside a function, from an
+  argument the object graph binds to an ``asset`` and every call of the function
+  passes such a path. The loaders feed asset paths only when they run the init op (and
+  the restore op), so a signature must not reach the op: a request would read whatever
+  the node holds (a TF1 asset Const holds the *build host's* absolute path).
+
+Everything else is a finding: :func:`host_op_uses` lists them, ``inspect`` rates them,
+and :func:`refuse_host_ops` turns the first into the one-line error ``optimize``,
+``validate`` and ``compare`` raise before running the model; ``--allow_file_ops`` opts
+in.
 
 Example:
     >>> uses = host_op_uses(meta_graph)
-    >>> uses[0].op, uses[0].signatures
-    ('WriteFile', ('serving_default',))
+    >>> uses[0].op, uses[0].describe()
+    ('WriteFile', "WriteFile node 'hook', control input of save/restore_all (the saver's
+    restore op, run at every load)")
 """
 
 from __future__ import annotations
 
 import collections
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from serving_opt.errors import ServingOptError
-from serving_opt.graph import (
-    node_name,
-    reachable_functions,
-    reachable_nodes,
-    tensor_info_nodes,
+from serving_opt.graph import CALL_OPS, node_name, tensor_info_nodes
+from serving_opt.host_ops import (
+    ASSET_READ_OPS,
+    CHECKPOINT_OPS,
+    READS_FILES,
+    RUNS_CODE,
+    TOUCHES_HOST,
+    WRITES_FILES,
+    host_op_kind,
 )
-from serving_opt.host_ops import CHECKPOINT_OPS, TABLE_FROM_FILE_OPS, host_op_kind
 
 INIT_OP = "init op"  # the pseudo-signature name of the loader's init op
-_PASS_THROUGH = frozenset({"Identity", "IdentityN", "ReadVariableOp"})
+
+# Findings are reported most dangerous first.
+_KIND_ORDER = {RUNS_CODE: 0, WRITES_FILES: 1, TOUCHES_HOST: 2, READS_FILES: 3}
 
 
 @dataclass(frozen=True)
 class HostOpUse:
-    """One host op a run can execute: ``function`` is None at the top level."""
+    """One host op of the model: ``function`` is None at the top level.
+
+    ``signatures`` are the serving signatures (and :data:`INIT_OP`) whose run reaches it,
+    empty when none does (the saver's restore op or nothing at all may run it); ``route``
+    says how it runs; ``reason`` why the loader's own use of files (saver, assets) does
+    not cover it, empty for ops no exception is made for.
+    """
 
     op: str
     name: str
     function: str | None
     kind: str  # host_ops.WRITES_FILES, ...
-    signatures: tuple[str, ...]  # keys that reach it (INIT_OP for the init op)
+    signatures: tuple[str, ...]
+    route: str = ""
+    reason: str = ""
 
     @property
     def label(self) -> str:
         return f"{self.function}/{self.name}" if self.function else self.name
 
+    @property
+    def where(self) -> str:
+        where = f"node {self.name!r}"
+        return f"{where} in function {self.function}" if self.function else where
 
-def _closure(graph_def, roots: Iterable[str]) -> tuple[set[str], set[str]]:
-    """(top-level node names, library function names) a run of ``roots`` may execute."""
-    nodes = {n.name: n for n in graph_def.node}
-    top = reachable_nodes(graph_def, roots)
-    functions = reachable_functions(graph_def, [nodes[n] for n in top])
-    return top, functions
+    def describe(self) -> str:
+        """The op, where it is, how it runs and why it is not the loader's: one clause.
+
+        Example:
+            >>> use.describe()
+            "WriteFile node 'WriteFile' in function HostGrad_x via library.gradient of
+            SymbolicGradient g/SymbolicGradient, reached from signature serving_default"
+        """
+        sep = " " if self.function else ", "
+        text = f"{self.op} {self.where}{sep}{self.route}"
+        return f"{text} ({self.reason})" if self.reason else text
 
 
-def _asset_nodes(meta_graph) -> set[str]:
-    """Nodes of the asset tensors the loader feeds with asset paths."""
-    from tensorflow.core.protobuf import meta_graph_pb2
+# ------------------------------------------------------------------------ graph index
 
+
+@dataclass(frozen=True)
+class _Ref:
+    """A reference to a library function: from ``node`` (in ``function``, None at the
+    top level), described by ``how``; ``call_arg`` when it is the ``f`` of a call op
+    (so the call's inputs are the function's arguments)."""
+
+    function: str | None
+    node: str
+    how: str
+    call_arg: bool
+
+
+@dataclass(frozen=True)
+class _Root:
+    """Something a loader or a request runs: a signature's outputs, the init op, the
+    saver's restore op or its save tensor."""
+
+    key: str  # signature key, INIT_OP, "restore" or "save"
+    kind: str  # "signature", "init", "restore", "save"
+    desc: str
+    start_desc: str
+    starts: tuple[str, ...]
+
+
+def _data_inputs(node) -> list[str]:
+    return [i for i in node.input if not i.startswith("^")]
+
+
+def _attr(node, name: str):
+    """``node.attr[name]`` without adding it: indexing a proto map inserts the key, and
+    the check must leave the MetaGraph exactly as it found it (inspect measures it)."""
+    from tensorflow.core.framework import attr_value_pb2
+
+    return node.attr[name] if name in node.attr else attr_value_pb2.AttrValue()
+
+
+class _Graph:
+    """The top-level nodes, the library, who references which function, and walks."""
+
+    def __init__(self, graph_def) -> None:
+        self.nodes = {n.name: n for n in graph_def.node}
+        self.library = {f.signature.name: f for f in graph_def.library.function}
+        self.gradients = {g.function_name: g.gradient_func for g in graph_def.library.gradient}
+        self.gradient_of = {g.gradient_func: g.function_name
+                            for g in graph_def.library.gradient}
+        self.refs: dict[str, list[_Ref]] = collections.defaultdict(list)
+        self.top_calls: dict[str, list[tuple[str, str]]] = {}
+        self.function_calls: dict[str, list[tuple[str, str]]] = {}
+        for node in graph_def.node:
+            calls = self._function_refs(node)
+            self.top_calls[node.name] = [(f, how) for f, how, _ in calls]
+            self.refs_from(None, node, calls)
+        for function in graph_def.library.function:
+            found = []
+            for node in function.node_def:
+                calls = self._function_refs(node)
+                found += [(f, f"{how} in function {function.signature.name}")
+                          for f, how, _ in calls]
+                self.refs_from(function.signature.name, node, calls)
+            self.function_calls[function.signature.name] = found
+        self.consumers: dict[str, list[str]] = collections.defaultdict(list)
+        for node in graph_def.node:
+            for i in node.input:
+                self.consumers[node_name(i)].append(node.name)
+
+    def refs_from(self, function: str | None, node, calls) -> None:
+        for fname, how, call_arg in calls:
+            self.refs[fname].append(_Ref(function, node.name, how, call_arg))
+
+    def _function_refs(self, node) -> list[tuple[str, str, bool]]:
+        """(function, how, is the f of a call op) for every function ``node`` may run:
+        func attrs and func lists at any depth (a func's own attrs can hold funcs), its
+        op type when that is a library function, and for a SymbolicGradient the
+        gradient function ``library.gradient`` registers for its ``f``."""
+        out: list[tuple[str, str, bool]] = []
+
+        def visit(attr: str, name_attr_list) -> None:
+            name = name_attr_list.name
+            if name in self.library:
+                if attr == "f" and node.op in CALL_OPS:
+                    out.append((name, f"a call by {node.op} {node.name}", True))
+                else:
+                    out.append((name, f"{attr} of {node.op} {node.name}", False))
+            if node.op == "SymbolicGradient" and attr == "f" and name in self.gradients:
+                out.append((self.gradients[name],
+                            f"library.gradient of SymbolicGradient {node.name}", False))
+            for key, value in name_attr_list.attr.items():
+                from_value(f"{attr}.{key}", value)
+
+        def from_value(attr: str, value) -> None:
+            if value.HasField("func"):
+                visit(attr, value.func)
+            for func in value.list.func:
+                visit(attr, func)
+
+        for key, value in node.attr.items():
+            from_value(key, value)
+        if node.op in self.library:
+            out.append((node.op, f"a call as an op by {node.name}", False))
+        return out
+
+    def walk(self, starts: Iterable[str]) -> dict[tuple[str, str], tuple]:
+        """Everything a run of ``starts`` may execute: place -> (parent place, how).
+
+        A place is ``("node", name)`` at the top level or ``("function", name)``; inputs
+        (data and control) are followed backwards, and a function counts whole: the
+        function runtime runs every stateful op of a body. Breadth first, so the
+        recorded route is a shortest one.
+        """
+        parents: dict[tuple[str, str], tuple] = {}
+        queue: collections.deque = collections.deque()
+        for start in starts:
+            place = ("node", start)
+            if start in self.nodes and place not in parents:
+                parents[place] = (None, "")
+                queue.append(place)
+        while queue:
+            place = queue.popleft()
+            kind, name = place
+            if kind == "node":
+                node = self.nodes[name]
+                for i in node.input:
+                    source = ("node", node_name(i))
+                    if source[1] in self.nodes and source not in parents:
+                        how = "control input" if i.startswith("^") else "input"
+                        parents[source] = (place, how)
+                        queue.append(source)
+                calls = self.top_calls[name]
+            else:
+                calls = self.function_calls[name]
+            for fname, how in calls:
+                target = ("function", fname)
+                if target not in parents:
+                    parents[target] = (place, how)
+                    queue.append(target)
+        return parents
+
+    def all_nodes(self) -> Iterable[tuple[str | None, object]]:
+        for node in self.nodes.values():
+            yield None, node
+        for name, function in self.library.items():
+            for node in function.node_def:
+                yield name, node
+
+
+# --------------------------------------------------------------------------- routes
+
+
+def _roots(meta_graph, graph: _Graph, first_keys: Sequence[str]) -> list[_Root]:
     from serving_opt.stages import loader
 
-    out = {node_name(a.tensor_info.name) for a in meta_graph.asset_file_def}
-    collections_ = meta_graph.collection_def
-    if loader.SAVED_MODEL_ASSETS_COLLECTION in collections_:
-        for value in collections_[loader.SAVED_MODEL_ASSETS_COLLECTION].any_list.value:
-            asset = meta_graph_pb2.AssetFileDef()
-            value.Unpack(asset)
-            out.add(node_name(asset.tensor_info.name))
-    if loader.ASSET_FILEPATHS_COLLECTION in collections_:
-        out.update(node_name(n) for n in
-                   collections_[loader.ASSET_FILEPATHS_COLLECTION].node_list.value)
+    serving = loader.serving_signatures(meta_graph)  # the init-op signature is no request
+    keys = list(dict.fromkeys([*first_keys, *sorted(serving)]))
+    roots = []
+    for key in keys:
+        if key not in serving:
+            continue
+        sig = serving[key]
+        # Inputs are fed, but whatever is upstream of them is walked too: it can only
+        # make a finding's route more conservative.
+        starts = tuple(n for info in sig.outputs.values() for n in tensor_info_nodes(info))
+        roots.append(_Root(key, "signature", f"signature {key}",
+                           f"an output of signature {key}", starts))
+    init_op = loader.find_init_op(meta_graph)
+    if init_op:
+        roots.append(_Root(INIT_OP, "init", "the init op, run at every load",
+                           "the init op, run at every load", (init_op.name,)))
+    # Every other init op the MetaGraph declares: another loader (an older TF Serving
+    # knows only legacy_init_op) may run it instead.
+    for name, source in _declared_init_ops(meta_graph):
+        if init_op is None or name != init_op.name:
+            desc = f"the {source} (run by loaders that prefer it)"
+            roots.append(_Root(INIT_OP, "init", desc, desc, (name,)))
+    if meta_graph.HasField("saver_def"):
+        saver = meta_graph.saver_def
+        if saver.restore_op_name:
+            roots.append(_Root("restore", "restore", "the saver's restore op, run at every load",
+                               "the saver's restore op, run at every load",
+                               (node_name(saver.restore_op_name),)))
+        if saver.save_tensor_name:
+            roots.append(_Root("save", "save", "saver_def.save_tensor_name",
+                               "saver_def.save_tensor_name", (node_name(saver.save_tensor_name),)))
+    return roots
+
+
+def _declared_init_ops(meta_graph) -> list[tuple[str, str]]:
+    """(node, where declared) for every init op declaration of the MetaGraph."""
+    from serving_opt.stages import loader
+
+    out = []
+    sig = meta_graph.signature_def.get(loader.INIT_OP_SIGNATURE_KEY)
+    if sig is not None:
+        out += [(n, "init-op signature") for info in sig.outputs.values()
+                for n in tensor_info_nodes(info)]
+    for key in (loader.MAIN_OP_COLLECTION, loader.LEGACY_INIT_OP_COLLECTION):
+        collection = meta_graph.collection_def.get(key)
+        if collection is not None:
+            out += [(node_name(n), key) for n in collection.node_list.value]
     return out
 
 
-def _asset_fed(graph_def, node, asset_nodes: set[str]) -> bool:
-    """Top-level table initializer whose file name is an asset tensor (via Identity)."""
-    nodes = {n.name: n for n in graph_def.node}
-    data = [i for i in node.input if not i.startswith("^")]
-    if len(data) < 2:
+def _route(graph: _Graph, place: tuple[str, str], walks: list[tuple[_Root, dict]]) -> str:
+    """How ``place`` runs, through the first root (in the order of ``walks``) reaching it."""
+    for root, parents in walks:
+        if place not in parents:
+            continue
+        parent, how = parents[place]
+        if place[0] == "node":
+            if parent is None:
+                return f"{root.start_desc}"
+            if parents[parent][0] is None:
+                return f"{how} of {parent[1]} ({root.start_desc})"
+            return f"{how} of {parent[1]}, reached from {root.desc}"
+        return f"via {how}, reached from {root.desc}"
+    # Nothing the loaders or a request runs reaches it: still checked, since "nothing
+    # runs it" is exactly what a crafted model would like us to believe.
+    if place[0] == "node":
+        return "on no path of a signature or of the loader (every node is checked)"
+    refs = graph.refs.get(place[1])
+    if refs:
+        where = f" in function {refs[0].function}" if refs[0].function else ""
+        return f"via {refs[0].how}{where}, on no path of a signature or of the loader"
+    if place[1] in graph.gradient_of:
+        return (f"(library.gradient of {graph.gradient_of[place[1]]}), which no "
+                "SymbolicGradient runs")
+    return "(a library function no node calls; every function is checked)"
+
+
+# ----------------------------------------------------------------------------- saver
+
+_FILENAME_FEEDS = frozenset({"Placeholder", "PlaceholderWithDefault", "Const"})
+# The ops tf.compat.v1.train.Saver / tf.saved_model.save put around the checkpoint ops.
+# ExpandDims and SelectV2: Grappler's arithmetic optimizer rewrites a one-input Pack (the
+# merge's prefix list) and Select, so an optimized model's saver has them.
+_NAME_OPS = frozenset({"Const", "Identity", "StringJoin", "ShardedFilename", "Select",
+                       "SelectV2", "StaticRegexFullMatch", "Pack", "ExpandDims"})
+_SAVED_OBJECTS = frozenset({
+    "VarHandleOp", "VariableV2", "Variable", "MutableHashTableV2",
+    "MutableHashTableOfTensorsV2", "MutableDenseHashTableV2", "MutableHashTable",
+    "MutableHashTableOfTensors", "MutableDenseHashTable",
+    "BoostedTreesEnsembleResourceHandleOp", "BoostedTreesQuantileStreamResourceHandleOp",
+})
+_RESTORE_OPS = frozenset({
+    "NoOp", "RestoreV2", "Restore", "RestoreSlice", "Assign", "AssignVariableOp",
+    "LookupTableImportV2", "LookupTableImport", "BoostedTreesDeserializeEnsemble",
+    "BoostedTreesQuantileStreamResourceDeserialize",
+}) | _NAME_OPS | _SAVED_OBJECTS
+_SAVE_OPS = frozenset({
+    "NoOp", "SaveV2", "Save", "SaveSlices", "MergeV2Checkpoints", "ReadVariableOp",
+    "DisableCopyOnRead", "LookupTableExportV2", "LookupTableExport",
+    "BoostedTreesSerializeEnsemble", "BoostedTreesQuantileStreamResourceGetBucketBoundaries",
+}) | _NAME_OPS | _SAVED_OBJECTS
+# What TF2's save function is passed besides the saved objects themselves.
+_SAVED_OBJECT_READS = frozenset({"LookupTableExportV2", "LookupTableExport"})
+# The inputs of a checkpoint op that name files.
+_FILE_INPUTS = {"SaveV2": (0,), "Save": (0,), "SaveSlices": (0,), "RestoreV2": (0,),
+                "Restore": (0,), "RestoreSlice": (0,), "MergeV2Checkpoints": (0, 1)}
+# What TF appends to the prefix for sharded saves: ".part" (s3), "_temp/part" (TF 2),
+# "_temp_<uuid hex>/part" (TF 1.x).
+_SHARD_SUFFIX = re.compile(r"\.part|_temp(_[0-9a-f]{32})?/part")
+_MAX_NAME_DEPTH = 16
+
+
+def _const_string(node) -> str | None:
+    if node is None or node.op != "Const" or _data_inputs(node):
+        return None
+    values = _attr(node, "value").tensor.string_val
+    return values[0].decode("utf-8", "replace") if len(values) == 1 else None
+
+
+class _FileNames:
+    """Whether a tensor of ``body`` (top-level nodes, or one function's body) is the
+    checkpoint prefix, or a name TF's savers derive from it."""
+
+    def __init__(self, body: dict, prefix: str) -> None:
+        self.body = body
+        self.prefix = prefix
+
+    def from_prefix(self, tensor: str, depth: int = 0) -> bool:
+        name = node_name(tensor)
+        if name == self.prefix:
+            return True
+        node = self.body.get(name)
+        if node is None or depth > _MAX_NAME_DEPTH:
+            return False
+        data = _data_inputs(node)
+        if node.op == "Identity":
+            return len(data) == 1 and self.from_prefix(data[0], depth + 1)
+        if node.op == "StringJoin":
+            return (_attr(node, "separator").s == b"" and len(data) >= 2
+                    and self.from_prefix(data[0], depth + 1)
+                    and all(self._suffix(d, depth + 1) for d in data[1:]))
+        if node.op == "ShardedFilename":
+            return (len(data) == 3 and self.from_prefix(data[0], depth + 1)
+                    and all(self._int_const(d) for d in data[1:]))
+        if node.op == "Pack":
+            return bool(data) and all(self.from_prefix(d, depth + 1) for d in data)
+        if node.op == "ExpandDims":
+            return (len(data) == 2 and self.from_prefix(data[0], depth + 1)
+                    and self._int_const(data[1]))
         return False
-    source = nodes.get(node_name(data[1]))
-    while source is not None and source.name not in asset_nodes and \
-            source.op in _PASS_THROUGH and source.input:
-        source = nodes.get(node_name(source.input[0]))
-    return source is not None and source.name in asset_nodes
+
+    def _suffix(self, tensor: str, depth: int) -> bool:
+        node = self.body.get(node_name(tensor))
+        value = _const_string(node)
+        if value is not None:
+            return bool(_SHARD_SUFFIX.fullmatch(value))
+        if node is None or node.op not in ("Select", "SelectV2"):
+            return False
+        data = _data_inputs(node)
+        if len(data) != 3:
+            return False
+        cond = self.body.get(node_name(data[0]))
+        return (cond is not None and cond.op == "StaticRegexFullMatch"
+                and len(_data_inputs(cond)) == 1
+                and self.from_prefix(_data_inputs(cond)[0], depth + 1)
+                and all(self._suffix(d, depth + 1) for d in data[1:]))
+
+    def _int_const(self, tensor: str) -> bool:
+        # Grappler's constant folding gives the Consts it makes control inputs; what
+        # those run is checked with the rest of the saver.
+        node = self.body.get(node_name(tensor))
+        return node is not None and node.op == "Const" and not _data_inputs(node)
 
 
-def _argument_fed(function, node) -> bool:
-    """Table initializer inside a function whose file name is a function argument."""
-    args = {a.name for a in function.signature.input_arg}
-    body = {n.name: n for n in function.node_def}
-    data = [i for i in node.input if not i.startswith("^")]
-    if len(data) < 2:
-        return False
-    name = data[1].split(":")[0]
-    while name in body and body[name].op in _PASS_THROUGH and body[name].input:
-        name = body[name].input[0].split(":")[0]
-    return name in args
+def _bad_ops(body: dict, names: Iterable[str], allowed: frozenset, prefix: str) -> list[str]:
+    return [f"{body[n].op} {n!r}" for n in sorted(names)
+            if n != prefix and n in body and body[n].op not in allowed]
 
 
-def host_op_uses(meta_graph, signature_keys: Sequence[str] | None = None,
-                 include_init_op: bool = True) -> list[HostOpUse]:
-    """Host ops the signatures (default: all serving ones) and the init op can run.
+def _file_name_problems(body: dict, names: Iterable[str], prefix: str, what: str) -> list[str]:
+    names_ok = _FileNames(body, prefix)
+    problems = []
+    for name in sorted(names):
+        node = body.get(name)
+        if node is None or node.op not in _FILE_INPUTS:
+            continue
+        data = _data_inputs(node)
+        for index in _FILE_INPUTS[node.op]:
+            if index >= len(data) or not names_ok.from_prefix(data[index]):
+                source = node_name(data[index]) if index < len(data) else "nothing"
+                problems.append(f"{node.op} {name!r} takes its file name from {source!r}, "
+                                f"not from {what}")
+    return problems
+
+
+@dataclass
+class _Side:
+    """The restore op or the save tensor of the SaverDef, and what is wrong with it."""
+
+    root: str
+    desc: str
+    nodes: set
+    functions: set
+    problems: list
+
+
+class _Saver:
+    """The SaverDef's subgraph, checked against the shapes TF's savers build."""
+
+    def __init__(self, meta_graph, graph: _Graph) -> None:
+        self.graph = graph
+        self.sides: list[_Side] = []
+        if not meta_graph.HasField("saver_def"):
+            return
+        saver = meta_graph.saver_def
+        self.prefix = node_name(saver.filename_tensor_name)
+        prefix_problems = self._prefix_problems(self.prefix, saver.filename_tensor_name)
+        for tensor, desc, allowed in (
+                (saver.restore_op_name, "the saver's restore op", _RESTORE_OPS),
+                (saver.save_tensor_name, "saver_def.save_tensor_name", _SAVE_OPS)):
+            if not tensor:
+                continue
+            root = node_name(tensor)
+            node = graph.nodes.get(root)
+            if node is None:
+                side = _Side(root, f"{desc} {root}", set(), set(), [f"{root!r} is no node"])
+            elif node.op in CALL_OPS:
+                side = self._functional_side(node, f"{desc} {root}", allowed)
+            else:
+                side = self._graph_side(root, f"{desc} {root}", allowed)
+            side.problems[:0] = prefix_problems
+            self.sides.append(side)
+
+    def _prefix_problems(self, prefix: str, tensor: str) -> list[str]:
+        """The file name the loader feeds: a string Placeholder, or the Const /
+        PlaceholderWithDefault(-of-Const) chain TF1 savers write (fed, so its default
+        never runs)."""
+        node = self.graph.nodes.get(prefix)
+        where = f"saver_def.filename_tensor_name {tensor!r}"
+        if node is None:
+            return [f"{where} is no node"]
+        if node.op not in _FILENAME_FEEDS or _attr(node, "dtype").type != 7:  # DT_STRING
+            return [f"{where} is a {node.op}, not a string placeholder the loader feeds"]
+        if tensor.split(":")[1:] not in ([], ["0"]):
+            return [f"{where} is not the node's only output"]
+        chain = node
+        for _ in range(_MAX_NAME_DEPTH):
+            if chain.op != "PlaceholderWithDefault":
+                break
+            data = _data_inputs(chain)
+            if len(chain.input) != 1 or len(data) != 1:
+                return [f"{where} has inputs a saver does not give it"]
+            chain = self.graph.nodes.get(node_name(data[0]))
+            if chain is None or chain.op not in ("PlaceholderWithDefault", "Const"):
+                return [f"{where} defaults to something other than a constant"]
+        if chain.op != "PlaceholderWithDefault" and chain.input:
+            return [f"{where} has inputs a saver does not give it"]
+        return []
+
+    def _closure(self, root: str, prefix: str) -> set[str]:
+        nodes: set[str] = set()
+        stack = [root]
+        while stack:
+            name = stack.pop()
+            if name in nodes or name not in self.graph.nodes:
+                continue
+            nodes.add(name)
+            if name != prefix:  # fed by the loader: nothing upstream of it runs
+                stack.extend(node_name(i) for i in self.graph.nodes[name].input)
+        return nodes
+
+    def _graph_side(self, root: str, desc: str, allowed: frozenset) -> _Side:
+        """TF1: the nodes the op runs, up to the fed file name."""
+        nodes = self._closure(root, self.prefix)
+        problems = [f"{root} also runs {op}" for op in
+                    _bad_ops(self.graph.nodes, nodes, allowed, self.prefix)]
+        problems += _file_name_problems(self.graph.nodes, nodes, self.prefix,
+                                        "saver_def.filename_tensor_name")
+        return _Side(root, desc, nodes, set(), problems)
+
+    def _spare_saver(self, node, reaching: list[_Root]) -> str | None:
+        """A TF1 saver that saver_def does not name (a training script's
+        tf.compat.v1.train.Saver, next to the one the SavedModel builder adds): accepted
+        when it has exactly a saver's shape and nothing a loader or request runs reaches
+        it, so it never runs."""
+        not_ours = "not part of the saver that saver_def names"
+        if reaching:
+            return f"{reaching[0].desc} reaches it, and it is {not_ours}"
+        data = _data_inputs(node)
+        prefix = data[0] if data else ""
+        for _ in range(_MAX_NAME_DEPTH):
+            source = self.graph.nodes.get(node_name(prefix))
+            if source is None or source.op in _FILENAME_FEEDS or not _data_inputs(source):
+                break
+            prefix = _data_inputs(source)[0]
+        prefix = node_name(prefix)
+        problems = self._prefix_problems(prefix, prefix) if prefix in self.graph.nodes \
+            else ["its file name comes from no saver's file name placeholder"]
+        if not problems:
+            allowed = _RESTORE_OPS if node.op.startswith("Restore") else _SAVE_OPS
+            nodes = self._closure(node.name, prefix)
+            problems = [f"it also runs {op}" for op in
+                        _bad_ops(self.graph.nodes, nodes, allowed, prefix)]
+            problems += _file_name_problems(self.graph.nodes, nodes, prefix, repr(prefix))
+        if problems:
+            return f"{not_ours}, nor a spare saver of TF's shape: {problems[0]}"
+        return None
+
+    def _functional_side(self, call, desc: str, allowed: frozenset) -> _Side:
+        """TF2: one call of a function whose first argument is the file name, whose other
+        arguments are the saved objects (and the object-graph Const), called by nothing
+        else."""
+        problems: list[str] = []
+        fname = _attr(call, "f").func.name
+        function = self.graph.library.get(fname)
+        data = _data_inputs(call)
+        nodes = {call.name, self.prefix}
+        if function is None:
+            return _Side(call.name, desc, nodes, set(), [f"{call.name} calls no library function"])
+        if len(data) != len(call.input):
+            problems.append(f"{call.name} has control inputs")
+        if not data or node_name(data[0]) != self.prefix:
+            problems.append(f"{call.name} is not passed saver_def.filename_tensor_name first")
+        for tensor in data[1:]:
+            source = self.graph.nodes.get(node_name(tensor))
+            saved = source
+            if source is not None and source.op in _SAVED_OBJECT_READS and \
+                    len(source.input) == 1:
+                # A mutable table's save: its contents exported at the top level.
+                saved = self.graph.nodes.get(node_name(source.input[0]))
+            if not self._saved_object(saved):
+                what = f"{source.op} {source.name!r}" if source is not None else repr(tensor)
+                problems.append(f"{call.name} is passed {what}, not a saved object")
+            else:
+                nodes.update({source.name, saved.name})
+        others = [r for r in self.graph.refs[fname] if r.node != call.name or r.function]
+        if others:
+            where = f" in function {others[0].function}" if others[0].function else ""
+            problems.append(f"function {fname} is also reached via {others[0].how}{where}")
+        body = {n.name: n for n in function.node_def}
+        calls = self.graph.function_calls.get(fname)
+        if calls:
+            problems.append(f"function {fname} calls {calls[0][0]}")
+        args = [a.name for a in function.signature.input_arg]
+        prefix_arg = args[0] if args else ""
+        problems += [f"function {fname} also runs {op}"
+                     for op in _bad_ops(body, body, allowed, prefix_arg)]
+        problems += _file_name_problems(body, body, prefix_arg, f"its argument {prefix_arg!r}")
+        return _Side(call.name, desc, nodes, {fname}, problems)
+
+    def _saved_object(self, node) -> bool:
+        """A variable or table handle (a dense table's keys are Consts), or a Const."""
+        if node is None or node.op not in _SAVED_OBJECTS | {"Const"}:
+            return False
+        sources = [self.graph.nodes.get(node_name(i)) for i in node.input]
+        return node.op != "Const" and all(
+            not i.startswith("^") and s is not None and s.op == "Const" and not s.input
+            for i, s in zip(node.input, sources)) or not node.input
+
+    def problem(self, function: str | None, node, reaching: list[_Root]) -> str | None:
+        """None when ``node`` (a checkpoint op) is the loader's saver, run only by it."""
+        for side in self.sides:
+            inside = function in side.functions if function else node.name in side.nodes
+            if not inside:
+                continue
+            runners = [r for r in reaching if r.kind in ("signature", "init")]
+            reasons = [f"{runners[0].desc} reaches {side.desc}, which only the loader may "
+                       "run"] if runners else []
+            reasons += [f"{side.desc} is not what TF's savers build: {p}"
+                        for p in side.problems[:2]]
+            return "; ".join(reasons) or None
+        if function is None:
+            return self._spare_saver(node, reaching)
+        return "not part of the saver that saver_def names"
+
+
+# ---------------------------------------------------------------------------- assets
+
+
+class _Assets:
+    """Where the loaders feed asset paths, and whether a file-reading op reads one."""
+
+    def __init__(self, meta_graph, graph: _Graph) -> None:
+        from tensorflow.core.protobuf import meta_graph_pb2
+
+        from serving_opt.stages import loader
+
+        self.graph = graph
+        # The loaders' own choice (loader.cc GetAssetFileDefs, Python's
+        # _get_asset_tensors): asset_file_def, else the TF1 saved_model_assets collection.
+        defs = list(meta_graph.asset_file_def)
+        collection = meta_graph.collection_def.get(loader.SAVED_MODEL_ASSETS_COLLECTION)
+        if not defs and collection is not None:
+            for value in collection.any_list.value:
+                asset = meta_graph_pb2.AssetFileDef()
+                value.Unpack(asset)
+                defs.append(asset)
+        self.asset_nodes = {node_name(a.tensor_info.name) for a in defs}
+        self.signature_inputs = {
+            n for sig in loader.serving_signatures(meta_graph).values()
+            for info in sig.inputs.values() for n in tensor_info_nodes(info)}
+        objects = meta_graph.object_graph_def
+        self.object_nodes = list(objects.nodes)
+        self.bound = {name: list(f.bound_inputs)
+                      for name, f in objects.concrete_functions.items()}
+
+    def problem(self, function: str | None, node, reaching: list[_Root]) -> str | None:
+        """None when ``node`` (an op of host_ops.ASSET_READ_OPS) reads an asset path the
+        loader feeds, and only the loader runs it."""
+        runners = [r for r in reaching if r.kind in ("signature", "save")]
+        if runners:
+            return (f"{runners[0].desc} runs it, and the loaders feed asset paths only to "
+                    "the init op: it reads the path the graph holds")
+        data = _data_inputs(node)
+        index = ASSET_READ_OPS[node.op]
+        if index >= len(data):
+            return "it is given no file name"
+        if function is None:
+            return self._top_level(data[index])
+        return self._argument(function, data[index])
+
+    def _follow_identity(self, body: dict, tensor: str) -> str:
+        name = node_name(tensor)
+        for _ in range(_MAX_NAME_DEPTH):
+            node = body.get(name)
+            if node is None or node.op != "Identity" or len(_data_inputs(node)) != 1:
+                break
+            name = node_name(_data_inputs(node)[0])
+        return name
+
+    def _asset_node(self, name: str) -> str | None:
+        node = self.graph.nodes[name]
+        if node.op not in ("Placeholder", "Const"):
+            return f"asset node {name!r} is a {node.op}, not a node the loader can feed"
+        if name in self.signature_inputs:
+            return f"asset node {name!r} is also a signature input: a client names the file"
+        return None
+
+    def _top_level(self, tensor: str) -> str | None:
+        name = self._follow_identity(self.graph.nodes, tensor)
+        node = self.graph.nodes.get(name)
+        if node is None:
+            return f"its file name {tensor!r} is no node"
+        if name in self.asset_nodes:
+            return self._asset_node(name)
+        if node.op == "ReadVariableOp" and _data_inputs(node):
+            return self._asset_variable(node_name(_data_inputs(node)[0]), name)
+        return f"its file name comes from {node.op} {name!r}, which is no asset the loader feeds"
+
+    def _asset_variable(self, handle: str, read: str) -> str | None:
+        """TF2: tf.saved_model.save assigns the asset placeholder to a variable the init
+        op reads: accepted when nothing else writes it or hands it on."""
+        variable = self.graph.nodes.get(handle)
+        if variable is None or variable.op != "VarHandleOp":
+            return f"its file name is read from {handle!r}, which is no variable"
+        assigned = False
+        for consumer_name in self.graph.consumers[handle]:
+            consumer = self.graph.nodes[consumer_name]
+            data = _data_inputs(consumer)
+            if consumer.op in ("ReadVariableOp", "VarIsInitializedOp"):
+                continue
+            if consumer.op == "AssignVariableOp" and len(data) == 2 and \
+                    node_name(data[0]) == handle:
+                source = self._follow_identity(self.graph.nodes, data[1])
+                if source in self.asset_nodes and self._asset_node(source) is None:
+                    assigned = True
+                    continue
+            return (f"its file name is read from variable {handle!r}, which {consumer.op} "
+                    f"{consumer_name!r} also uses")
+        if not assigned:
+            return f"its file name is read from variable {handle!r}, which no asset sets"
+        return None
+
+    def _argument(self, fname: str, tensor: str) -> str | None:
+        function = self.graph.library[fname]
+        body = {n.name: n for n in function.node_def}
+        args = [a.name for a in function.signature.input_arg]
+        name = self._follow_identity(body, tensor)
+        if name not in args:
+            op = body[name].op if name in body else "nothing"
+            return f"its file name comes from {op} {name!r} inside the function, not an asset"
+        index = args.index(name)
+        if self.object_nodes:
+            # TF2: the Python loader binds captured inputs from the object graph.
+            bound = self.bound.get(fname)
+            if bound is None:
+                return (f"function {fname} is no saved function of the object graph: no "
+                        f"loader binds argument {name!r} to an asset")
+            offset = len(args) - len(bound)
+            if index < offset or not 0 <= bound[index - offset] < len(self.object_nodes):
+                return f"argument {name!r} is no captured asset"
+            kind = self.object_nodes[bound[index - offset]].WhichOneof("kind")
+            if kind != "asset":
+                return f"argument {name!r} is bound to a {kind} of the object graph, not an asset"
+        refs = self.graph.refs.get(fname, [])
+        if not refs and not self.object_nodes:
+            return f"no node calls function {fname}, so nothing passes it an asset"
+        # The session loaders (TF Serving, this tool) run the graph's calls.
+        for ref in refs:
+            if ref.function is not None or not ref.call_arg:
+                where = f" in function {ref.function}" if ref.function else ""
+                return (f"function {fname} is reached via {ref.how}{where}; only a "
+                        "graph-level call can pass it an asset path")
+            call = self.graph.nodes[ref.node]
+            data = _data_inputs(call)
+            if index >= len(data):
+                return f"{call.name} passes no argument {name!r}"
+            problem = self._top_level(data[index])
+            if problem:
+                return f"{call.name} passes argument {name!r}, and {problem}"
+        return None
+
+
+# ------------------------------------------------------------------------------- check
+
+
+def host_op_uses(meta_graph, signature_keys: Sequence[str] | None = None) -> list[HostOpUse]:
+    """Every host op of the model, except the loader's own saver and asset reads.
+
+    ``signature_keys`` only orders the routes (the whole graph is always checked):
+    routes through these signatures are preferred, then the others, the init op and the
+    saver. Most dangerous first: Python, writes, the host, reads; unreached ones last.
 
     Example:
-        >>> [u.label for u in host_op_uses(meta_graph, ["serving_default"])]
-        ['write_it']
+        >>> [u.describe() for u in host_op_uses(meta_graph, ["serving_default"])]
+        ["WriteFile node 'write_it', control input of y (an output of signature
+        serving_default)"]
     """
-    from serving_opt.stages import loader
-
-    graph_def = meta_graph.graph_def
-    library = {f.signature.name: f for f in graph_def.library.function}
-    keys = list(signature_keys) if signature_keys is not None \
-        else sorted(loader.serving_signatures(meta_graph))
-    roots: dict[str, list[str]] = {}
-    for key in keys:
-        sig = meta_graph.signature_def[key]
-        # Inputs are fed: nothing upstream of them runs.
-        roots[key] = [n for info in sig.outputs.values() for n in tensor_info_nodes(info)]
-    init_op = loader.init_op_name(meta_graph) if include_init_op else None
-    if init_op:
-        roots[INIT_OP] = [init_op]
-
-    # The loader's own saver: its checkpoint ops are not the model's doing.
-    saver_top: set[str] = set()
-    saver_functions: set[str] = set()
-    if meta_graph.HasField("saver_def"):
-        saver = meta_graph.saver_def
-        saver_top, saver_functions = _closure(
-            graph_def, [node_name(n) for n in (saver.restore_op_name, saver.save_tensor_name)
-                        if n])
-    asset_nodes = _asset_nodes(meta_graph)
-
-    reached: dict[tuple, list[str]] = collections.defaultdict(list)
-    kinds: dict[tuple, tuple[str, str]] = {}
-    top_nodes = {n.name: n for n in graph_def.node}
-    for key, starts in roots.items():
-        top, functions = _closure(graph_def, starts)
-        for name in top:
-            node = top_nodes[name]
-            kind = host_op_kind(node)
-            if kind is None:
-                continue
-            if node.op in CHECKPOINT_OPS and name in saver_top:
-                continue
-            if node.op in TABLE_FROM_FILE_OPS and _asset_fed(graph_def, node, asset_nodes):
-                continue
-            reached[(None, name)].append(key)
-            kinds[(None, name)] = (node.op, kind)
-        for fname in functions:
-            function = library[fname]
-            for node in function.node_def:
-                kind = host_op_kind(node)
-                if kind is None:
-                    continue
-                if node.op in CHECKPOINT_OPS and fname in saver_functions:
-                    continue
-                if node.op in TABLE_FROM_FILE_OPS and _argument_fed(function, node):
-                    continue
-                reached[(fname, node.name)].append(key)
-                kinds[(fname, node.name)] = (node.op, kind)
-    uses = [HostOpUse(kinds[k][0], k[1], k[0], kinds[k][1], tuple(dict.fromkeys(v)))
-            for k, v in reached.items()]
-    return sorted(uses, key=lambda u: (u.signatures[0] == INIT_OP, u.label))
+    graph = _Graph(meta_graph.graph_def)
+    roots = _roots(meta_graph, graph, list(signature_keys or ()))
+    walks = [(root, graph.walk(root.starts)) for root in roots]
+    saver = _Saver(meta_graph, graph)
+    assets = _Assets(meta_graph, graph)
+    found = []
+    for function, node in graph.all_nodes():
+        kind = host_op_kind(node)
+        if kind is None:
+            continue
+        place = ("function", function) if function else ("node", node.name)
+        reaching = [root for root, parents in walks if place in parents]
+        reason = ""
+        if node.op in CHECKPOINT_OPS:
+            reason = saver.problem(function, node, reaching)
+        elif node.op in ASSET_READ_OPS:
+            reason = assets.problem(function, node, reaching)
+        if reason is None:  # the loader's own use of a file
+            continue
+        keys = tuple(r.key for r in reaching if r.kind in ("signature", "init"))
+        use = HostOpUse(node.op, node.name, function, kind, keys,
+                        _route(graph, place, walks), reason)
+        found.append(((not reaching, _KIND_ORDER.get(kind, 9), use.label), use))
+    return [use for _, use in sorted(found, key=lambda item: item[0])]
 
 
 def refuse_host_ops(meta_graph, signature_keys: Sequence[str], what: str) -> None:
-    """Raises the one-line refusal for the first host op ``signature_keys`` can run.
+    """Raises the one-line refusal for the model's first host op (the whole graph is
+    checked; ``signature_keys`` only picks the route named).
 
     Example:
         >>> refuse_host_ops(meta_graph, ["serving_default"], "optimize")
         Traceback (most recent call last):
-        ServingOptError: signature serving_default runs WriteFile (node 'write_it'): ...
+        ServingOptError: WriteFile node 'write_it', control input of y (an output of
+        signature serving_default): it writes files on the machine running the model;
+        refusing to optimize it, nothing was run; the model is untrusted code: ...
     """
     uses = host_op_uses(meta_graph, signature_keys)
     if not uses:
         return
     first = uses[0]
-    where = "the init op" if first.signatures[0] == INIT_OP else \
-        f"signature {first.signatures[0]}"
     more = f" (and {len(uses) - 1} more host op(s))" if len(uses) > 1 else ""
     raise ServingOptError(
-        f"{where} runs {first.op} (node {first.label!r}), which {first.kind} on the machine "
-        f"running the model{more}; refusing to {what} it: nothing was run",
-        "the model is untrusted code; pass --allow_file_ops only if you trust it",
+        f"{first.describe()}: it {first.kind} on the machine running the model{more}; "
+        f"refusing to {what} it, nothing was run",
+        "the model is untrusted code: pass --allow_file_ops only for a model you trust "
+        "(serving-opt inspect lists every host op)",
     )
 
 

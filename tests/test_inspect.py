@@ -330,10 +330,13 @@ def test_read_file_reachable_from_a_signature_is_a_risk(read_file_dir):
     nodes = _read_proto(read_file_dir).meta_graphs[0].graph_def.node
     (read_node,) = [n.name for n in nodes if n.op == "ReadFile"]
     (risk,) = inspection.inspect_saved_model(read_file_dir).risks
+    # An error, like every host op: optimize refuses the model, `inspect --fail_on=error`
+    # must fail a pipeline on it too.
     assert (risk.code, risk.severity, risk.subject, risk.tags) == (
-        "file_read_op", "warning", read_node, ("serve",),
+        "file_read_op", "error", read_node, ("serve",),
     )
-    assert "serving_default" in risk.message
+    assert "ReadFile node 'read_file'" in risk.message
+    assert "reached from signature serving_default" in risk.message
 
 
 def test_py_func_behind_a_control_input_is_a_risk(classifier_dir, model_copy):
@@ -347,10 +350,13 @@ def test_py_func_behind_a_control_input_is_a_risk(classifier_dir, model_copy):
     assert all(k in risk.message for k in ("classification", "predict", "serving_default"))
 
 
-def test_py_func_that_no_signature_reaches_is_not_a_risk(classifier_dir, model_copy):
+def test_py_func_that_no_signature_reaches_is_still_a_risk(classifier_dir, model_copy):
+    # The whole graph is checked: "nothing runs it" is what a crafted model would claim.
     model = model_copy(classifier_dir)
     _edit_proto(model, lambda mg: mg.graph_def.node.add(name="orphan_py_func", op="PyFunc"))
-    assert inspection.inspect_saved_model(model).risks == ()
+    (risk,) = inspection.inspect_saved_model(model).risks
+    assert (risk.code, risk.subject) == ("code_execution_op", "orphan_py_func")
+    assert "on no path of a signature or of the loader" in risk.message
 
 
 def _called_function(node) -> str:
@@ -378,7 +384,7 @@ def test_read_file_in_a_function_a_signature_calls_is_a_risk(keras_dir, model_co
     assert (risk.code, risk.subject) == ("file_read_op", target["label"])
 
 
-def test_read_file_in_the_saver_function_is_not_a_risk(keras_dir, model_copy):
+def test_read_file_in_the_saver_function_is_a_risk(keras_dir, model_copy):
     model = model_copy(keras_dir)
 
     def add_read_file(meta_graph):
@@ -391,7 +397,13 @@ def test_read_file_in_the_saver_function_is_not_a_risk(keras_dir, model_copy):
         saver.node_def.add(name="saver_read", op="ReadFile")
 
     _edit_proto(model, add_read_file)
-    assert inspection.inspect_saved_model(model).risks == ()
+    # The saver is accepted only in the shape tf.saved_model.save writes: the ReadFile is
+    # a finding, and so are the saver's own checkpoint ops.
+    risks = {r.subject: r for r in inspection.inspect_saved_model(model).risks}
+    (read,) = [r for s, r in risks.items() if s.endswith("/saver_read")]
+    assert read.code == "file_read_op" and "saver_def.save_tensor_name" in read.message
+    save = next(r for s, r in risks.items() if s.endswith("/SaveV2"))
+    assert "also runs ReadFile 'saver_read'" in save.message
 
 
 def _set_asset_filename(filename: str):

@@ -141,6 +141,7 @@ def test_every_listed_op_is_registered():
     assert missing == []
     assert host_ops.CHECKPOINT_OPS <= set(host_ops.HOST_OPS)
     assert host_ops.TABLE_FROM_FILE_OPS <= set(host_ops.HOST_OPS)
+    assert set(host_ops.ASSET_READ_OPS) <= set(host_ops.HOST_OPS)
     assert len(host_ops.HOST_OPS) > 60
 
 
@@ -200,14 +201,25 @@ def test_cli_validate_has_the_flag():
         assert fv["allow_file_ops"].default is False
 
 
-def test_allow_file_ops_runs_the_model_and_only_then(tmp_path):
+@pytest.fixture
+def unsandboxed(monkeypatch):
+    """No sandbox (as on a machine without bubblewrap): what --allow_file_ops lets run
+    then acts on this host, which is what these tests observe (tests/test_sandbox.py
+    covers the sandboxed runs)."""
+    from serving_opt import sandbox
+
+    monkeypatch.setattr(sandbox, "unavailable_reason", lambda: "switched off by the test")
+    return dict(allow_unsandboxed=True)
+
+
+def test_allow_file_ops_runs_the_model_and_only_then(tmp_path, unsandboxed):
     target = str(tmp_path / "written.txt")
     src = build_tf1_write(str(tmp_path / "src" / "1"), target)
     base = str(tmp_path / "out")
     with pytest.raises(ServingOptError):
-        optimize(src, base, OptimizeOptions(**QUICK))
+        optimize(src, base, OptimizeOptions(**QUICK, **unsandboxed))
     assert not os.path.exists(target)
-    report = optimize(src, base, OptimizeOptions(allow_file_ops=True, **QUICK))
+    report = optimize(src, base, OptimizeOptions(allow_file_ops=True, **QUICK, **unsandboxed))
     assert _versions(base) == ["1"]
     assert os.path.exists(target)  # parity ran the model, as the user allowed
     assert any("file_write_op" in w for w in report.warnings)
@@ -217,18 +229,19 @@ def test_allow_file_ops_runs_the_model_and_only_then(tmp_path):
     assert os.path.exists(target)
 
 
-def test_read_file_of_a_host_path_is_never_folded(tmp_path):
+def test_read_file_of_a_host_path_is_never_folded(tmp_path, unsandboxed):
     secret = tmp_path / "host_secret.txt"
     secret.write_bytes(b"HOST-SECRET-7f3a9c")
     src = build_tf1_read(str(tmp_path / "src" / "1"), str(secret))
     base = str(tmp_path / "out")
     with pytest.raises(ServingOptError, match="ReadFile"):
-        optimize(src, base, OptimizeOptions(**QUICK))
+        optimize(src, base, OptimizeOptions(**QUICK, **unsandboxed))
     # Every fold the tool has, on purpose: the read must stay a read.
     options = OptimizeOptions(allow_file_ops=True, freeze="always",
                               transforms="fold_constants(ignore_errors=true) "
                                          "strip_unused_nodes remove_nodes(op=Identity)",
-                              grappler="constfold,arithmetic,dependency,pruning", **QUICK)
+                              grappler="constfold,arithmetic,dependency,pruning", **QUICK,
+                              **unsandboxed)
     report = optimize(src, base, options)
     with open(os.path.join(report.output_dir, "saved_model.pb"), "rb") as f:
         assert b"HOST-SECRET" not in f.read()
