@@ -91,6 +91,17 @@ def text_classifier_base(tmp_path_factory) -> str:
 
 
 @pytest.fixture
+def unsandboxed(monkeypatch) -> dict:
+    """No sandbox, as on a machine without bubblewrap (the user consents to that with the
+    options this returns): for tests that patch the pipeline in this process, which a
+    sandboxed worker would never see. tests/test_sandbox.py covers the sandboxed runs."""
+    from serving_opt import sandbox
+
+    monkeypatch.setattr(sandbox, "unavailable_reason", lambda: "switched off by the test")
+    return dict(allow_unsandboxed=True)
+
+
+@pytest.fixture
 def model_copy(tmp_path):
     """Copies a model directory into this test's tmp dir so the test may break it."""
 

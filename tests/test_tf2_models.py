@@ -8,6 +8,7 @@ word lists the models were built with, op and node facts from the protos.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import shutil
@@ -310,9 +311,11 @@ def _failing_inline(graph):
     raise RuntimeError("inliner exploded")
 
 
-def test_auto_keeps_variables_when_the_frozen_path_fails(tf_module_dir, tmp_path, monkeypatch):
+def test_auto_keeps_variables_when_the_frozen_path_fails(tf_module_dir, tmp_path, monkeypatch,
+                                                        unsandboxed):
     monkeypatch.setattr(grappler_lib, "inline_functions", _failing_inline)
-    report = optimize(tf_module_dir, str(tmp_path / "out"), FAST)
+    report = optimize(tf_module_dir, str(tmp_path / "out"),
+                      dataclasses.replace(FAST, **unsandboxed))
     assert report.published and not report.frozen
     assert "inliner exploded" in report.freeze_note
     assert any("variables kept" in w and "inliner exploded" in w for w in report.warnings)
@@ -324,11 +327,12 @@ def test_auto_keeps_variables_when_the_frozen_path_fails(tf_module_dir, tmp_path
 
 
 def test_always_turns_a_freezing_failure_into_one_clear_error(tf_module_dir, tmp_path,
-                                                              monkeypatch):
+                                                              monkeypatch, unsandboxed):
     monkeypatch.setattr(grappler_lib, "inline_functions", _failing_inline)
     base = tmp_path / "out"
     with pytest.raises(ServingOptError) as failure:
-        optimize(tf_module_dir, str(base), OptimizeOptions(freeze="always", benchmark_runs=0))
+        optimize(tf_module_dir, str(base), OptimizeOptions(freeze="always", benchmark_runs=0,
+                                                           **unsandboxed))
     line = failure.value.one_line()
     assert "could not freeze" in line and "inliner exploded" in line and "\n" not in line
     assert not os.path.exists(base) or os.listdir(base) == []
@@ -350,15 +354,17 @@ def _freeze_with_a_wrong_weight(real_freeze):
     return freeze
 
 
-def test_a_parity_failure_of_the_frozen_graph_falls_back(tf_module_dir, tmp_path, monkeypatch):
+def test_a_parity_failure_of_the_frozen_graph_falls_back(tf_module_dir, tmp_path, monkeypatch,
+                                                        unsandboxed):
     monkeypatch.setattr(freeze_lib, "freeze_session_model",
                         _freeze_with_a_wrong_weight(freeze_lib.freeze_session_model))
-    report = optimize(tf_module_dir, str(tmp_path / "auto"), FAST)
+    report = optimize(tf_module_dir, str(tmp_path / "auto"),
+                      dataclasses.replace(FAST, **unsandboxed))
     assert report.published and not report.frozen and report.parity.ok
     assert "parity failed" in report.freeze_note
     with pytest.raises(ParityError):
         optimize(tf_module_dir, str(tmp_path / "always"),
-                 OptimizeOptions(freeze="always", benchmark_runs=0))
+                 OptimizeOptions(freeze="always", benchmark_runs=0, **unsandboxed))
     assert os.listdir(tmp_path / "always") == []
 
 

@@ -201,17 +201,6 @@ def test_cli_validate_has_the_flag():
         assert fv["allow_file_ops"].default is False
 
 
-@pytest.fixture
-def unsandboxed(monkeypatch):
-    """No sandbox (as on a machine without bubblewrap): what --allow_file_ops lets run
-    then acts on this host, which is what these tests observe (tests/test_sandbox.py
-    covers the sandboxed runs)."""
-    from serving_opt import sandbox
-
-    monkeypatch.setattr(sandbox, "unavailable_reason", lambda: "switched off by the test")
-    return dict(allow_unsandboxed=True)
-
-
 def test_allow_file_ops_runs_the_model_and_only_then(tmp_path, unsandboxed):
     target = str(tmp_path / "written.txt")
     src = build_tf1_write(str(tmp_path / "src" / "1"), target)
