@@ -16,20 +16,32 @@ from conftest import TEXT_CLASSIFIER_VOCAB, tree_snapshot
 from serving_opt import samples
 from serving_opt.errors import ServingOptError
 from serving_opt.optimizer import OptimizeOptions, optimize
+from serving_opt.run import SizeReport
 from serving_opt.stages import coldstart, freeze, loader
 from serving_opt.stages import regression as regression_lib
 
 EMBEDDING = "dnn/input_from_feature_columns/input_layer/text_embedding/embedding_weights"
 # Above the head's largest weight (256 x 128 floats = 128 KiB), below the table's.
 TABLE_THRESHOLD = 512 * 1024
+# Cold start timed in fresh processes: on a busy machine noise may look like a regression
+# (and be confirmed). Tests not about the gate's verdict publish the frozen candidate
+# whatever the timings say (freeze=always: no retry with variables kept).
+WHATEVER_THE_TIMINGS = dict(freeze="always", allow_regression=True)
 
 
 @pytest.fixture(scope="module")
 def kept_table(text_classifier_base, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("kept"))
     report = optimize(os.path.join(text_classifier_base, "1"), out,
-                      OptimizeOptions(freeze_max_bytes=TABLE_THRESHOLD, benchmark_runs=0))
+                      OptimizeOptions(freeze_max_bytes=TABLE_THRESHOLD, benchmark_runs=0,
+                                      **WHATEVER_THE_TIMINGS))
     return report
+
+
+def _checkpoint(model_dir: str):
+    import tensorflow as tf
+
+    return tf.train.load_checkpoint(os.path.join(model_dir, "variables", "variables"))
 
 
 def _answers(model_dir: str, texts: list[bytes]) -> dict:
@@ -68,7 +80,25 @@ def test_the_new_checkpoint_holds_only_what_serving_reads(kept_table, text_class
     assert sorted(written) == sorted([EMBEDDING] + _stored_constants(kept_table))
     assert written[EMBEDDING] == source[EMBEDDING]
     assert "global_step" in source and f"{EMBEDDING}/Adagrad" in source  # left behind
-    assert kept_table.size_after.variables < kept_table.size_before.variables / 1.9
+    # The table's bytes themselves, unchanged.
+    table = _checkpoint(kept_table.output_dir).get_tensor(EMBEDDING)
+    np.testing.assert_array_equal(
+        table, _checkpoint(os.path.join(text_classifier_base, "1")).get_tensor(EMBEDDING))
+    kept = {v.name: v.nbytes for v in kept_table.variables_kept}
+    assert kept[EMBEDDING] == table.nbytes
+
+
+def test_sizes_are_the_directories_and_the_slots_are_left_behind(kept_table,
+                                                                 text_classifier_base):
+    source = os.path.join(text_classifier_base, "1")
+    before, after = kept_table.size_before, kept_table.size_after
+    assert before == SizeReport.of(source) and after == SizeReport.of(kept_table.output_dir)
+    # Every kept variable is stored in the new checkpoint: its data is at least their bytes.
+    assert after.variables >= sum(v.nbytes for v in kept_table.variables_kept)
+    # The table's Adagrad slot (as big as the table) is not: the new checkpoint is smaller
+    # than the old one by at least that much.
+    slot = _checkpoint(source).get_tensor(f"{EMBEDDING}/Adagrad").nbytes
+    assert after.variables <= before.variables - slot
 
 
 def test_outputs_are_identical_through_the_session_loader(kept_table, text_classifier_base):
@@ -93,10 +123,17 @@ def test_it_loads_and_answers_with_tf_saved_model_load(kept_table, text_classifi
 
 def test_every_optimize_measures_both_cold_starts(kept_table):
     cold = kept_table.cold_start
-    assert cold is not None  # benchmark_runs=0 does not switch it off
+    assert cold is not None and cold.rounds == 1  # benchmark_runs=0 does not switch it off
+    table = next(v.nbytes for v in kept_table.variables_kept if v.name == EMBEDDING)
     for side in (cold.before, cold.after):
         assert side.load_seconds > 0 and side.first_request_seconds > 0
-        assert side.peak_rss_bytes > side.runtime_rss_bytes > 0
+        # The peak was taken after the model was loaded: it holds at least the table,
+        # which both models restore from their checkpoints, on top of TensorFlow alone.
+        assert side.peak_rss_bytes - side.runtime_rss_bytes >= table
+    # Both measured alike: TensorFlow alone takes the same memory in either process
+    # (forked from one helper that imported it), within 5%.
+    assert abs(cold.after.runtime_rss_bytes - cold.before.runtime_rss_bytes) <= \
+        0.05 * cold.before.runtime_rss_bytes
     assert "cold_start" in [s.name for s in kept_table.stages]
 
 
@@ -145,12 +182,23 @@ def test_tiny_absolute_differences_are_not_regressions():
 def test_a_frozen_big_table_is_stored_as_a_variable_again(wide_table_dir, tmp_path):
     # Frozen anyway (threshold above it), the table comes out of folding as a large
     # constant and is stored in the new checkpoint: no regression, nothing refused.
+    # Published whatever the timings say; the memory, which noise does not move by the
+    # table's size, must not be worse.
     report = optimize(wide_table_dir, str(tmp_path / "out"),
-                      OptimizeOptions(freeze="always", freeze_max_bytes=2**40,
-                                      benchmark_runs=0))
+                      OptimizeOptions(freeze_max_bytes=2**40, benchmark_runs=0,
+                                      **WHATEVER_THE_TIMINGS))
     assert report.published and report.frozen
-    assert [v.nbytes for v in report.variables_kept if v.nbytes > 50 * 2**20]
-    assert report.size_after.saved_model_pb < 2**20
+    assert not any("serving peak RSS" in w for w in report.warnings), report.warnings
+    big = [v for v in report.variables_kept if v.nbytes > 50 * 2**20]
+    assert len(big) == 1
+    # The table's bytes are in the new checkpoint, and not in the graph.
+    stored = _checkpoint(report.output_dir).get_tensor(big[0].name)
+    assert stored.nbytes == big[0].nbytes
+    np.testing.assert_array_equal(
+        stored, _checkpoint(wide_table_dir).get_tensor(
+            "dnn/input_from_feature_columns/input_layer/text_embedding/embedding_weights"))
+    assert report.size_after == SizeReport.of(report.output_dir)
+    assert report.size_after.saved_model_pb < 2**20 <= big[0].nbytes
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +220,9 @@ def test_a_frozen_big_table_is_refused_and_nothing_is_published(wide_table_dir, 
     assert "worse than the original" in failure.value.problem
     assert "serving peak RSS" in failure.value.problem or "load time" in failure.value.problem
     assert failure.value.report is not None and failure.value.report.cold_start is not None
+    # Not timing noise: the frozen table also needs far more memory, which it does not.
+    memory = regression_lib.regressions(failure.value.report.cold_start, None)
+    assert any(line.startswith("serving peak RSS") for line in memory), memory
     assert not failure.value.report.published
     assert os.listdir(out) == []  # no version, no staging left behind
     assert tree_snapshot(wide_table_dir) == before
@@ -187,9 +238,11 @@ def test_allow_regression_publishes_and_says_so(wide_table_dir, tmp_path):
 
 
 def test_auto_retries_with_variables_kept_when_frozen_is_worse(wide_table_dir, tmp_path):
+    # allow_regression: the retried candidate is published even if noise on a busy
+    # machine made it look worse too; the retry itself is what is tested.
     report = optimize(wide_table_dir, str(tmp_path / "out"),
                       OptimizeOptions(freeze_max_bytes=2**40, max_constant_bytes=None,
-                                      benchmark_runs=0))
+                                      benchmark_runs=0, allow_regression=True))
     assert report.published and not report.frozen
     assert "frozen candidate was worse" in report.freeze_note
     assert sorted(os.listdir(tmp_path / "out")) == ["1"]
@@ -214,7 +267,8 @@ def test_tf2_a_large_embedding_is_kept_and_answers_both_ways(keras_embedding_dir
     import tensorflow as tf
 
     report = optimize(keras_embedding_dir, str(tmp_path / "out"),
-                      OptimizeOptions(freeze_max_bytes=100_000, benchmark_runs=0))
+                      OptimizeOptions(freeze_max_bytes=100_000, benchmark_runs=0,
+                                      cold_start=False))  # not about measuring
     assert report.frozen and [v.nbytes for v in report.variables_kept] == [20000 * 32 * 4]
     assert report.parity.ok
     ids = np.random.default_rng(0).integers(0, 20000, size=(8, 5)).astype(np.int32)
