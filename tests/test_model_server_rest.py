@@ -1,7 +1,9 @@
 """The local server's REST API answers like its gRPC API and like TF Serving's REST API.
 
 Real HTTP over loopback (urllib) against a real server serving real models; every REST
-answer is compared with the gRPC answer of the same server on the same inputs.
+answer is compared with the gRPC answer of the same server on the same inputs, and with
+the model's own answer, computed here by TensorFlow's session loader with no server code
+at all (so a bug that both of the server's paths share still fails).
 """
 
 from __future__ import annotations
@@ -132,6 +134,24 @@ def rest_json(server, method: str, path: str, body=None):
     return json.loads(text)
 
 
+def session_answers(model_base: str, signature: str, feeds: dict) -> dict:
+    """``signature``'s outputs for ``feeds`` (alias -> value) from version 1 of the model,
+    loaded by tf.compat.v1's SavedModel loader into a session of this test."""
+    graph = tf.Graph()
+    with tf.compat.v1.Session(graph=graph) as sess:
+        with graph.as_default():
+            meta_graph = tf.compat.v1.saved_model.loader.load(
+                sess, ["serve"], os.path.join(model_base, "1"))
+        sig = meta_graph.signature_def[signature]
+        return sess.run({alias: info.name for alias, info in sig.outputs.items()},
+                        {sig.inputs[alias].name: value for alias, value in feeds.items()})
+
+
+def assert_floats_match(got, want) -> None:
+    """float32 answers of the same graph in two sessions: equal to a few ulps."""
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=1e-6, atol=1e-7)
+
+
 def grpc_error(call, request) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as info:
         call(request, timeout=60)
@@ -211,9 +231,12 @@ def grpc_predict(stubs, name: str, inputs: dict, signature: str = "") -> dict:
     return {alias: tensor(proto) for alias, proto in reply.outputs.items()}
 
 
-def test_predict_row_and_columnar_formats_give_the_grpc_answers(server, stubs):
+def test_predict_row_and_columnar_formats_give_the_grpc_answers(server, stubs, bases):
     images = convnet_images(3)
     expected = grpc_predict(stubs, "convnet", {"images": images})
+    direct = session_answers(bases["convnet"], "serving_default", {"images": images})
+    assert expected["label"].tolist() == direct["label"].tolist()
+    assert_floats_match(expected["scores"], direct["scores"])
 
     rows = rest_json(server, "POST", "/v1/models/convnet:predict",
                      {"instances": images.tolist()})["predictions"]
@@ -230,10 +253,15 @@ def test_predict_row_and_columnar_formats_give_the_grpc_answers(server, stubs):
     np.testing.assert_array_equal(np.array(columns["scores"], np.float32), expected["scores"])
 
 
-def test_predict_with_b64_examples_gives_the_grpc_answers(server, stubs):
+def test_predict_with_b64_examples_gives_the_grpc_answers(server, stubs, bases):
     examples = samples.sample_examples(4)
     expected = grpc_predict(stubs, "classifier", {"examples": np.array(examples, object)},
                             signature="predict")
+    direct = session_answers(bases["classifier"], "predict",
+                             {"examples": np.array(examples, object)})
+    np.testing.assert_array_equal(expected["class_ids"], direct["class_ids"])
+    for name in ("probabilities", "logits"):
+        assert_floats_match(expected[name], direct[name])
 
     body = rest_json(server, "POST", "/v1/models/classifier:predict", {
         "signature_name": "predict",
@@ -245,9 +273,12 @@ def test_predict_with_b64_examples_gives_the_grpc_answers(server, stubs):
         np.testing.assert_array_equal(got.astype(expected[name].dtype), expected[name])
 
 
-def test_bytes_outputs_come_back_as_b64_and_other_strings_raw(server, stubs):
+def test_bytes_outputs_come_back_as_b64_and_other_strings_raw(server, stubs, bases):
     texts = [b"\xff\x00binary", b"plain"]
     expected = grpc_predict(stubs, "strings", {"text_bytes": np.array(texts, object)})
+    direct = session_answers(bases["strings"], "serving_default",
+                             {"text_bytes": np.array(texts, object)})
+    assert expected["out_bytes"].tolist() == direct["out_bytes"].tolist() == texts
 
     _, raw, _ = http(server, "POST", "/v1/models/strings:predict",
                      {"instances": [{"b64": base64.b64encode(t).decode()} for t in texts]})
@@ -256,6 +287,9 @@ def test_bytes_outputs_come_back_as_b64_and_other_strings_raw(server, stubs):
                                                       "as text"]}})
     assert status == 200, text
     columns = json.loads(text)["outputs"]
+    both = np.array([b"plain", b"as text"], object)
+    assert columns["lengths"] == session_answers(
+        bases["strings"], "serving_default", {"text_bytes": both})["lengths"].tolist()
     assert columns == {
         "lengths": [5, 7],
         "out": ["plain", "as text"],
@@ -283,10 +317,11 @@ def test_predict_float_encoding_follows_upstream():
 # ----------------------------------------------------------------------------- classify
 
 
-def test_classify_and_regress_give_the_grpc_answers(server, stubs):
+def test_classify_and_regress_give_the_grpc_answers(server, stubs, bases):
     predictions, _ = stubs
     examples = samples.sample_examples(5)
     features = [example_json(e) for e in examples]
+    serialized = {"inputs": np.array(examples, object)}
     for model, signature in [("classifier", ""), ("multihead", "classification")]:
         request = classification_pb2.ClassificationRequest()
         request.model_spec.name = model
@@ -306,6 +341,10 @@ def test_classify_and_regress_give_the_grpc_answers(server, stubs):
             np.array([[c.score for c in item.classes]
                       for item in reply.result.classifications], np.float32),
         )
+        direct = session_answers(bases[model], signature or "serving_default", serialized)
+        assert [[label for label, _ in item] for item in results] == [
+            [c.decode() for c in row] for row in direct["classes"]]
+        assert_floats_match([[s for _, s in item] for item in results], direct["scores"])
     for model, signature in [("regressor", ""), ("multihead", "positive_score")]:
         request = regression_pb2.RegressionRequest()
         request.model_spec.name = model
@@ -319,6 +358,8 @@ def test_classify_and_regress_give_the_grpc_answers(server, stubs):
             np.array(results, np.float32),
             np.array([r.value for r in reply.result.regressions], np.float32),
         )
+        direct = session_answers(bases[model], signature or "serving_default", serialized)
+        assert_floats_match(results, direct["outputs"].reshape(-1))
 
 
 def test_regress_with_a_context_merges_it_into_every_example(server):
@@ -446,6 +487,12 @@ def test_a_session_bundle_directory_fails_with_the_upstream_message(tmp_path):
     assert "UNIMPLEMENTED: Session Bundle is deprecated and removed." in str(info.value)
 
 
+def available(running, name: str) -> bool:
+    status, text, _ = http(running, "GET", f"/v1/models/{name}", None)
+    return status == 200 and any(v["state"] == "AVAILABLE"
+                                 for v in json.loads(text)["model_version_status"])
+
+
 def test_config_file_polling_serves_a_model_added_to_the_file(bases, tmp_path):
     config = str(tmp_path / "models.config")
     write_config(config, {"convnet": bases["convnet"]})
@@ -455,7 +502,8 @@ def test_config_file_polling_serves_a_model_added_to_the_file(bases, tmp_path):
         assert http(running, "GET", "/v1/models/regressor", None)[0] == 404
         write_config(config, {"convnet": bases["convnet"], "regressor": bases["regressor"]})
         deadline = time.monotonic() + 120
-        while http(running, "GET", "/v1/models/regressor", None)[0] != 200:
+        # GetModelStatus answers 200 while the version is still loading: wait for AVAILABLE.
+        while not available(running, "regressor"):
             assert time.monotonic() < deadline, "the new model was never served"
             time.sleep(0.3)
         examples = [example_json(e) for e in samples.sample_examples(2)]
