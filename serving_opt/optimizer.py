@@ -278,19 +278,24 @@ def optimize(
     staging = worker = None
     try:
         if sandboxed:
-            # Started now, so it imports TensorFlow while this process reads and checks.
+            # This process never imports TensorFlow: the worker reads and checks the model
+            # (before anything loads it) and builds the candidate; a fresh process that
+            # parses only checks what it wrote.
             worker = sandbox_lib.Worker(_sandbox_policy(run), run.work_dir, run.say,
                                         preload="optimize", env=_sandbox_env(run))
-        run.source = read(run)
-        if worker is not None:
             staging, worker_report = worker.call(
                 "serving_opt.optimizer:build_in_worker", _worker_job(run))
             run.adopt(worker_report)
+            from serving_opt import candidate_check
+
+            candidate_check.check_in_fresh_process(staging, options.saved_model_tags,
+                                                   options.allow_file_ops)
         else:
+            run.source = read(run)
             staging = build_proven_candidate(run)
             if run.plan.validate is not None:
                 run.validation = serve_before_publishing(run, staging)
-        check_candidate(run, staging)
+            check_candidate(run, staging)
         run.output_dir = publish(run, staging)
         staging = None
     except ServingOptError as e:
@@ -316,7 +321,6 @@ class WorkerJob:
     output_base: str
     options: OptimizeOptions
     plan: Plan
-    source: Source
     steps: tuple[str, ...]
     stages: tuple
     warnings: tuple[str, ...]
@@ -338,22 +342,24 @@ def _worker_job(run: Run) -> WorkerJob:
         plan_ = dataclasses.replace(plan_, validate=dataclasses.replace(
             plan_.validate, examples=absolute(plan_.validate.examples)))
     return WorkerJob(os.path.abspath(run.input_dir), os.path.abspath(run.output_base), options,
-                     plan_, run.source, run.steps, tuple(run.stages), tuple(run.warnings),
+                     plan_, run.steps, tuple(run.stages), tuple(run.warnings),
                      run.work_dir, run.target_registry)
 
 
 def build_in_worker(job: WorkerJob) -> tuple[str, OptimizeReport]:
-    """In the sandbox: freeze .. validate; returns the staging directory and the report.
+    """In the sandbox: read (the static check, before anything loads the model), then
+    freeze .. validate; returns the staging directory and the report.
 
     The candidate stays in the work directory; the caller checks it and publishes it.
     """
     from serving_opt import sandbox as sandbox_lib
 
     run = Run(job.input_dir, job.output_base, job.options, sandbox_lib.say, job.steps)
-    run.plan, run.source, run.work_dir = job.plan, job.source, job.work_dir
+    run.plan, run.work_dir = job.plan, job.work_dir
     run.stages, run.warnings = list(job.stages), list(job.warnings)
     run.target_registry = job.target_registry
     try:
+        run.source = read(run)
         staging = build_proven_candidate(run)
         if run.plan.validate is not None:
             run.validation = serve_before_publishing(run, staging)
@@ -495,6 +501,7 @@ def read(run: Run) -> Source:
     loader.configure_for_optimizing()
     loader.quiet_tensorflow_import()  # so the read stage times reading, not importing TF
     with run.stage("read", None) as stage:
+        inputs_lib.check_examples(plan_.user_inputs)
         saved_model = loader.read_saved_model(run.input_dir)
         loader.check_model_files(run.input_dir)  # no symlink out of the model is followed
         meta_graph = loader.find_meta_graph(saved_model, plan_.tags, run.input_dir)

@@ -160,6 +160,18 @@ def env_var(version: str) -> str:
 
 
 def current_tf_version() -> str:
+    """This interpreter's TensorFlow version, without importing TensorFlow when it is not
+    imported yet (the optimizer's own process runs none when it sandboxes the work)."""
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and getattr(tf, "__version__", None):
+        return tf.__version__
+    from importlib import metadata
+
+    for distribution in ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tf-nightly"):
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
     import tensorflow as tf
 
     return tf.__version__

@@ -425,6 +425,10 @@ class UserInputs:
 def read_examples_file(path: str) -> UserInputs:
     """Reads ``--examples``: a TFRecord of tf.Example, or JSON lines of requests.
 
+    TensorFlow is not imported: the TFRecord framing is read here (each length checked
+    against its CRC32C), the records' tf.Example structure by :func:`check_examples`,
+    where the model is read.
+
     Example:
         >>> len(read_examples_file("build/examples.tfrecord").examples)
         8
@@ -435,23 +439,85 @@ def read_examples_file(path: str) -> UserInputs:
         head = f.read(64).lstrip()
     if head.startswith(b"{"):
         return UserInputs(requests=tuple(_read_json_lines(path)), path=path)
-    import tensorflow as tf
-
-    records = []
     try:
-        for record in tf.compat.v1.io.tf_record_iterator(path):
-            example = tf.train.Example()
-            example.ParseFromString(record)
-            records.append(record)
-    except Exception as e:
-        first = first_line(e)
+        records = tfrecord_records(path)
+    except ValueError as e:
         raise ServingOptError(
-            f"--examples {path} is neither JSON lines nor a TFRecord of tf.Example ({first})",
+            f"--examples {path} is neither JSON lines nor a TFRecord of tf.Example ({e})",
             "write a TFRecord of serialized tf.Example, or one JSON request per line",
         ) from e
     if not records:
         raise ServingOptError(f"--examples {path} holds no records", "give at least one example")
     return UserInputs(examples=tuple(records), path=path)
+
+
+def check_examples(user: UserInputs | None) -> None:
+    """Every record of a TFRecord ``--examples`` parses as a tf.Example."""
+    if user is None or not user.examples:
+        return
+    from tensorflow.core.example import example_pb2
+
+    for index, record in enumerate(user.examples):
+        try:
+            example_pb2.Example().ParseFromString(record)
+        except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
+            raise ServingOptError(
+                f"--examples {user.path} is neither JSON lines nor a TFRecord of tf.Example "
+                f"(record {index}: {first_line(e)})",
+                "write a TFRecord of serialized tf.Example, or one JSON request per line",
+            ) from e
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for i in range(256):
+        crc = i
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+        table.append(crc)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def _masked_crc32c(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def tfrecord_records(path: str) -> list[bytes]:
+    """The records of a TFRecord file (uncompressed), without TensorFlow.
+
+    A record is ``uint64 length, uint32 masked CRC32C of the length, data, uint32
+    masked CRC32C of the data``; the length's CRC is checked (a file of another format
+    fails at once), the data's is left to the reader that parses it.
+
+    Example:
+        >>> len(tfrecord_records("build/examples.tfrecord"))
+        8
+    """
+    import struct
+
+    records = []
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        while True:
+            header = f.read(12)
+            if not header:
+                return records
+            if len(header) < 12:
+                raise ValueError(f"truncated record header at byte {f.tell() - len(header)}")
+            length, crc = struct.unpack("<QI", header)
+            if _masked_crc32c(header[:8]) != crc:
+                raise ValueError(f"bad length checksum at byte {f.tell() - 12}")
+            if f.tell() + length + 4 > size:
+                raise ValueError(f"record of {length} bytes runs past the end of the file")
+            records.append(f.read(length))
+            f.read(4)
 
 
 def _decode_json_value(value):
