@@ -26,7 +26,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from serving_opt import sandbox as sandbox_lib
 from serving_opt.errors import ServingOptError, UsageError
 from serving_opt.optimizer import OptimizeOptions, optimize
 from serving_opt.serving import backends, rest_client, runtime
@@ -114,11 +113,10 @@ class _CorruptingProxy:
 
 
 def test_a_wrong_rest_answer_fails_validation_while_grpc_is_right(regressor_base,
-                                                                  monkeypatch):
+                                                                  monkeypatch, unsandboxed):
     # The proxy sits between validate's client and the server, in this process: validate
     # must run here too, as it does where no sandbox can start (--allow_unsandboxed); a
     # sandboxed client has a network of its own that no proxy outside can reach.
-    monkeypatch.setattr(sandbox_lib, "unavailable_reason", lambda: "test: proxy in-process")
     proxy = _CorruptingProxy()
     real = backends.ServerProcess.rest_address
 
@@ -129,7 +127,7 @@ def test_a_wrong_rest_answer_fails_validation_while_grpc_is_right(regressor_base
     monkeypatch.setattr(backends.ServerProcess, "rest_address", property(through_proxy))
     try:
         report = validate(regressor_base, ValidateOptions(server="local", concurrency=0,
-                                                          allow_unsandboxed=True))
+                                                          **unsandboxed))
     finally:
         proxy.http.shutdown()
     assert not report.ok
