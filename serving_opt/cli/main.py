@@ -56,8 +56,10 @@ def _command_usage(name: str, fv: flags.FlagValues) -> str:
     return f"usage: {PROG} {name} [--flags]\n\n{doc}\n\nflags:\n{body}"
 
 
-def _quiet_tensorflow(verbosity: int) -> None:
+def _quiet_tensorflow(verbosity: int, import_now: bool = True) -> None:
     # TF's C++ and Python loggers bury the one line that matters; keep them quiet by default.
+    # `optimize` imports nothing of TensorFlow in this process (its sandboxed worker does;
+    # unsandboxed, its read stage imports it quietly), so a usage error costs no import.
     if verbosity <= 0:
         # 3: TF's C++ errors too (cuInit on GPU-less machines, ignored transform errors);
         # real failures still reach us as Python exceptions.
@@ -69,9 +71,10 @@ def _quiet_tensorflow(verbosity: int) -> None:
 
         absl_logging.set_verbosity(absl_logging.ERROR)
         # TF 2.19+ prints CUDA/CPU-feature lines from C++ at import, before logging is set up.
-        from serving_opt.stages import loader
+        if import_now:
+            from serving_opt.stages import loader
 
-        loader.quiet_tensorflow_import()
+            loader.quiet_tensorflow_import()
 
 
 def _terminate_like_interrupt() -> None:
@@ -277,7 +280,7 @@ def _main(argv: list[str], default_command: str | None) -> int:
     configure = getattr(module, "configure_runtime", None)
     if configure is not None:
         configure()  # before TensorFlow is imported, or it is too late
-    _quiet_tensorflow(verbosity)
+    _quiet_tensorflow(verbosity, import_now=command != "optimize")
     try:
         return int((module.main(fv, leftover[1:]) if passes_args else module.main(fv)) or 0)
     except ServingOptError as e:
