@@ -233,7 +233,8 @@ def validate_options(options: OptimizeOptions):
                              f"set {name} once, on OptimizeOptions")
         shared[name] = mine
     merged = dataclasses.replace(
-        given, **shared, allow_file_ops=options.allow_file_ops or given.allow_file_ops)
+        given, **shared, allow_file_ops=options.allow_file_ops or given.allow_file_ops,
+        allow_unsandboxed=options.allow_unsandboxed or given.allow_unsandboxed)
     if given.version is not None and options.version is not None \
             and given.version != options.version:
         raise UsageError(f"ValidateOptions.version={given.version} disagrees with "
@@ -267,6 +268,9 @@ def optimize(
     run = Run(input_dir, output_base, options, progress, steps)
     run.plan = plan(input_dir, output_base, options)
     sandboxed = sandbox_lib.require(options.allow_unsandboxed, f"optimize {input_dir}")
+    if sandboxed and options.allow_unsandboxed and run.plan.validate is not None \
+            and run.plan.validate.server == "docker":
+        sandboxed = False  # the Docker client cannot run in a sandbox; the user trusts it
     run.sandbox = sandbox_lib.describe(sandboxed)
     _resolve_target(run, sandboxed)
     for stale in staging_lib.remove_stale(output_base):  # never a live run's

@@ -289,3 +289,22 @@ def test_relative_paths_reach_the_sandboxed_worker(tmp_path, classifier_dir, mon
     report = optimize("model", "out", OptimizeOptions(benchmark_runs=0, cold_start=False))
     assert (report.input_dir, report.output_dir) == ("model", os.path.join("out", "1"))
     assert os.path.isfile(tmp_path / "out" / "1" / "saved_model.pb")
+
+
+def test_docker_needs_consent_to_run_unsandboxed(tmp_path, regressor_base, monkeypatch):
+    # Mock: no Docker engine exists here; a `docker` stand-in fails at once, so the test
+    # sees only which way validate decided before any container could start.
+    from serving_opt.serving.validate import ValidateOptions, validate
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "docker"
+    fake.write_text("#!/bin/sh\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(ServingOptError, match="--allow_unsandboxed"):
+        validate(regressor_base, ValidateOptions(server="docker", concurrency=0))
+    report = validate(regressor_base, ValidateOptions(server="docker", concurrency=0,
+                                                      allow_unsandboxed=True,
+                                                      load_deadline=5))
+    assert not report.ok and report.sandbox.startswith("off")
