@@ -308,3 +308,22 @@ def test_docker_needs_consent_to_run_unsandboxed(tmp_path, regressor_base, monke
                                                       allow_unsandboxed=True,
                                                       load_deadline=5))
     assert not report.ok and report.sandbox.startswith("off")
+
+
+def test_validate_never_runs_the_init_op_of_a_version_it_does_not_check(
+        tmp_path, host, regressor_dir, static_check_off, unsandboxed):
+    # Both layers off (no sandbox, no static check): only the specific version policy
+    # keeps version 2's init op, a host writer, from running.
+    from serving_opt.serving.validate import ValidateOptions, validate
+
+    canary = str(host / "canary")
+    hostile = _build("init_op_write", tmp_path, canary)
+    base = tmp_path / "base"
+    shutil.copytree(regressor_dir, base / "1")
+    shutil.copytree(hostile, base / "2")
+    report = validate(str(base), ValidateOptions(server="local", version=1, concurrency=0,
+                                                 protocols=("grpc",), allow_file_ops=True,
+                                                 load_deadline=120, **unsandboxed))
+    assert report.ok, report.failures
+    assert report.ignored_versions == (2,)
+    assert canary_files(canary) == []
