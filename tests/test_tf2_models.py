@@ -26,7 +26,9 @@ from serving_opt.stages import inputs as inputs_lib
 from serving_opt.stages import loader
 from serving_opt.stages.transforms import apply_transforms, parse_transforms
 
-FAST = OptimizeOptions(benchmark_runs=0)
+# Not about measuring: without the cold-start gate, a busy machine cannot turn a frozen
+# candidate into a variables-kept one (the gate's own tests are in test_big_models.py).
+FAST = OptimizeOptions(benchmark_runs=0, cold_start=False)
 SERVE = frozenset({"serve"})
 MODELS = ["tf_module", "text_lstm", "mobilenet_v2", "resnet50"]
 CALL_OPS = {"PartitionedCall", "StatefulPartitionedCall"}
@@ -59,7 +61,8 @@ def optimized_resnet50(resnet50_dir, tmp_path_factory):
 def optimized_text_lstm(text_lstm_dir, tmp_path_factory):
     # The one run with the benchmark: the smallest model whose source loads quickly.
     return text_lstm_dir, _optimize(text_lstm_dir, tmp_path_factory, "text_lstm",
-                                    OptimizeOptions(benchmark_runs=3))
+                                    OptimizeOptions(benchmark_runs=3, freeze="always",
+                                                    allow_regression=True))
 
 
 @pytest.fixture(scope="module")
@@ -257,10 +260,13 @@ def test_benchmark_runs_once_on_tf2(optimized_text_lstm):
     _, report = optimized_text_lstm
     assert [lat.batch_size for lat in report.benchmark.after] == [1, 32]
     assert report.benchmark.load_seconds_after > 0
-    assert [s.name for s in report.stages] == [
+    # A busy machine may make the regression gate measure again ("confirm"): correct
+    # behaviour, not this test's subject.
+    stages = [s.name for s in report.stages if s.name != "confirm"]
+    assert stages == [
         "read", "freeze", "inline", "transforms", "grappler", "rewrites", "externalize", "write",
         "target_check", "parity", "tf2_load", "cold_start", "benchmark"]
-    assert "tf.saved_model.load" in report.stages[-3].note
+    assert "tf.saved_model.load" in next(s.note for s in report.stages if s.name == "tf2_load")
 
 
 def test_vocabulary_file_asset_works_after_moving_the_model(tf_module_dir, model_copy,
