@@ -385,12 +385,12 @@ def _sandbox_policy(run: Run) -> sandbox_lib.Policy:
         if path:
             read_only.append(path)
     if options.compare_examples:
-        read_only.append(_glob_root(options.compare_examples))
+        read_only.append(sandbox_lib.glob_root(options.compare_examples))
     validate = run.plan.validate
     if validate is not None:
         from serving_opt.serving import validate as validate_lib
 
-        read_only.extend(_interpreter_dirs(validate.serving_runtime_python))
+        read_only.extend(sandbox_lib.interpreter_dirs(validate.serving_runtime_python))
         read_only.extend(validate_lib.binary_dirs(validate))
     return sandbox_lib.Policy(read_only=tuple(read_only), writable=(run.work_dir,),
                               memory_bytes=options.sandbox_memory_bytes)
@@ -403,21 +403,6 @@ def _sandbox_env(run: Run) -> dict:
     from serving_opt.serving import validate as validate_lib
 
     return sandbox_lib.search_path(*validate_lib.binary_dirs(run.plan.validate))
-
-
-def _glob_root(pattern: str) -> str:
-    """The directory a local glob reads from (its part before the first wildcard)."""
-    head = pattern.split("*")[0].split("?")[0].split("[")[0]
-    return os.path.dirname(head) or "."
-
-
-def _interpreter_dirs(python: str | None) -> list[str]:
-    """A runtime interpreter's venv and base prefix (for --serving_version's stand-in)."""
-    if not python:
-        return []
-    venv = os.path.dirname(os.path.dirname(os.path.abspath(python)))
-    base = os.path.dirname(os.path.dirname(os.path.realpath(python)))
-    return [venv, base]
 
 
 def _resolve_target(run: Run, sandboxed: bool) -> None:

@@ -216,6 +216,21 @@ def search_path(*directories: str) -> dict:
     return {"PATH": os.pathsep.join([*directories, "/usr/local/bin", "/usr/bin", "/bin"])}
 
 
+def glob_root(pattern: str) -> str:
+    """The directory a local glob reads from (its part before the first wildcard),
+    absolute: what a sandbox must bind for it."""
+    head = pattern.split("*")[0].split("?")[0].split("[")[0]
+    return os.path.dirname(os.path.abspath(head)) if head else os.getcwd()
+
+
+def interpreter_dirs(python: str | None) -> list[str]:
+    """An interpreter's venv and base prefix (a target runtime's python), to bind."""
+    if not python:
+        return []
+    return [os.path.dirname(os.path.dirname(os.path.abspath(python))),
+            os.path.dirname(os.path.dirname(os.path.realpath(python)))]
+
+
 def environment(extra: dict | None = None) -> dict:
     """The environment inside: no secrets, HOME and TMPDIR in the private /tmp."""
     env = {k: v for k, v in os.environ.items()

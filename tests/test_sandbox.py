@@ -21,6 +21,7 @@ import textwrap
 import types
 
 import pytest
+from conftest import tree_snapshot
 from hostile_models import HOSTILE, REQUEST, canary_files
 
 from serving_opt import OptimizeOptions, optimize, sandbox
@@ -54,16 +55,6 @@ def _build(route: str, tmp_path, canary: str) -> str:
     return HOSTILE[route].build(str(tmp_path / "models"), canary)
 
 
-def _files_under(path) -> dict[str, bytes]:
-    found = {}
-    for root, _, files in os.walk(path):
-        for name in files:
-            full = os.path.join(root, name)
-            with open(full, "rb") as f:
-                found[os.path.relpath(full, path)] = f.read()
-    return found
-
-
 def _attempt(run) -> ServingOptError | None:
     try:
         run()
@@ -81,12 +72,12 @@ def test_optimize_a_writing_model_leaves_the_host_untouched(route, tmp_path, hos
                                                             static_check_off):
     canary = str(host / "canary")
     model = _build(route, tmp_path, canary)
-    before = _files_under(model)
+    before = tree_snapshot(model)
     out = tmp_path / "out"
     _attempt(lambda: optimize(model, str(out), OptimizeOptions(**QUICK)))
     assert canary_files(canary) == []  # the model's write went to the sandbox's tmpfs
     assert os.listdir(host) == []
-    assert _files_under(model) == before  # the input is never modified
+    assert tree_snapshot(model) == before  # the input is never modified
     # The model base holds at most the published version: no work directory left.
     assert [n for n in os.listdir(out) if n != "1"] == [] if out.exists() else True
 
@@ -103,7 +94,7 @@ def test_optimize_a_reading_model_never_sees_the_host_file(route, tmp_path, host
         # The model failed because the file does not exist where it runs: proof that
         # the sandbox hid it (the file is there on the host).
         assert "No such file" in str(error) or "not found" in str(error).lower(), str(error)
-    published = _files_under(out) if out.exists() else {}
+    published = tree_snapshot(out) if out.exists() else {}
     assert not any(SECRET.encode() in data for data in published.values())
     assert canary.read_text() == f"{SECRET}\n"
 

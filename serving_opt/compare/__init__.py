@@ -344,18 +344,12 @@ def compare(baseline: str, candidate: str, examples: str,
     given = {"baseline": baseline, "candidate": candidate, "examples_pattern": examples}
     baseline, candidate = os.path.abspath(baseline), os.path.abspath(candidate)
     examples = os.path.abspath(examples)
-    policy = sandbox_lib.Policy(read_only=(baseline, candidate, _glob_root(examples)))
+    policy = sandbox_lib.Policy(read_only=(baseline, candidate, sandbox_lib.glob_root(examples)))
     report = sandbox_lib.call("serving_opt.compare:execute", baseline, candidate, examples,
                               options, policy=policy, progress=say)
     import dataclasses
 
     return dataclasses.replace(report, **given)
-
-
-def _glob_root(pattern: str) -> str:
-    """The directory a local glob reads from (its part before the first wildcard)."""
-    head = pattern.split("*")[0].split("?")[0].split("[")[0]
-    return os.path.dirname(os.path.abspath(head)) if head else os.getcwd()
 
 
 def execute(baseline: str, candidate: str, examples: str, options: CompareOptions,

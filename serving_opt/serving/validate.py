@@ -308,10 +308,7 @@ def _sandbox_policy(model_base: str, options: ValidateOptions) -> sandbox_lib.Po
     for path in (options.reference_dir, options.examples):
         if path:
             read_only.append(path)
-    python = options.serving_runtime_python
-    if python:
-        read_only += [os.path.dirname(os.path.dirname(os.path.abspath(python))),
-                      os.path.dirname(os.path.dirname(os.path.realpath(python)))]
+    read_only += sandbox_lib.interpreter_dirs(options.serving_runtime_python)
     read_only += binary_dirs(options)
     return sandbox_lib.Policy(read_only=tuple(read_only))
 
