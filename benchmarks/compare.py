@@ -286,7 +286,7 @@ def top1(model_dir: str, key: str, alias: str, feeds: list[dict]):
     """The argmax class of every row, one model loaded (then closed) at a time."""
     import numpy as np
 
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     sess, meta_graph = loader.load_session(model_dir)
     try:
@@ -301,7 +301,7 @@ def measure_agreement(case: Case, source: str, outcomes: list[Outcome],
     """Sets each published outcome's top-1 agreement with the original (same inputs)."""
     from tensorflow.core.framework import types_pb2
 
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     meta_graph = loader.find_meta_graph(loader.read_saved_model(source),
                                         frozenset({loader.SERVE_TAG}), source)
@@ -509,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
     from serving_opt import report
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     loader.quiet_tensorflow_import()
     logging.getLogger("tensorflow").setLevel(logging.ERROR)  # the samples' deprecated APIs

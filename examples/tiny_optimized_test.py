@@ -18,7 +18,8 @@ import unittest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from serving_opt.stages import loader, parity  # noqa: E402
+from serving_opt.savedmodel import loader
+from serving_opt.stages import parity  # noqa: E402
 
 ARGS = argparse.Namespace(source="", optimized="", report="")
 

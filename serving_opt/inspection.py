@@ -33,7 +33,7 @@ from serving_opt.graph import (
     tensor_info_tensors,
 )
 from serving_opt.report import human_bytes, table
-from serving_opt.stages import loader
+from serving_opt.savedmodel import loader
 
 SCHEMA_VERSION = 1
 

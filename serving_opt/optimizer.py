@@ -32,13 +32,14 @@ from serving_opt.errors import (
 )
 from serving_opt.graph import ServingGraph, prune_library, total_node_count
 from serving_opt.run import OptimizeReport, Progress, Run, SizeReport, StageReport
-from serving_opt.stages import checkpoint, coldstart, loader, parity, rewrites, writer
+from serving_opt.savedmodel import checkpoint, loader, writer
+from serving_opt.savedmodel import inputs as inputs_lib
+from serving_opt.savedmodel import staging as staging_lib
+from serving_opt.stages import coldstart, parity, rewrites
 from serving_opt.stages import freeze as freeze_lib
 from serving_opt.stages import grappler as grappler_lib
-from serving_opt.stages import inputs as inputs_lib
 from serving_opt.stages import quantize as quantize_lib
 from serving_opt.stages import regression as regression_lib
-from serving_opt.stages import staging as staging_lib
 from serving_opt.stages import transforms as transforms_lib
 from serving_opt.stages.tf2_load import check_loads_in_tf2
 

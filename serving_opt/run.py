@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
-from serving_opt.stages import loader
+from serving_opt.savedmodel import loader
 
 Progress = Callable[[str], None]
 

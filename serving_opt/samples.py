@@ -657,7 +657,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The samples use deprecated-but-real TF1 APIs on purpose (that is what Estimators
     # exported); their deprecation warnings and TF's C++ start-up lines are noise here.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     loader.quiet_tensorflow_import()
     import logging

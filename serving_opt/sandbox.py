@@ -331,7 +331,7 @@ class Worker:
 
     Example:
         >>> worker = Worker(Policy(read_only=("exports/1",)), scratch="/tmp/w")
-        >>> worker.call("serving_opt.stages.loader:read_saved_model", "exports/1")
+        >>> worker.call("serving_opt.savedmodel.loader:read_saved_model", "exports/1")
     """
 
     def __init__(self, policy: Policy, scratch: str, progress: Callable[[str], None] | None = None,
@@ -470,12 +470,12 @@ def say(message: str) -> None:
 def _serve(preload: str, result_path: str) -> int:
     """The worker: import what is slow now, then run the one call sent on stdin."""
     if preload == "optimize":
-        from serving_opt.stages import loader
+        from serving_opt.savedmodel import loader
 
         loader.configure_for_optimizing()  # before TensorFlow is imported
         loader.quiet_tensorflow_import()
     elif preload == "tensorflow":
-        from serving_opt.stages import loader
+        from serving_opt.savedmodel import loader
 
         loader.quiet_tensorflow_import()
     request = sys.stdin.buffer.read()

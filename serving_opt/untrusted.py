@@ -260,7 +260,7 @@ class _Graph:
 
 
 def _roots(meta_graph, graph: _Graph, first_keys: Sequence[str]) -> list[_Root]:
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     serving = loader.serving_signatures(meta_graph)  # the init-op signature is no request
     keys = list(dict.fromkeys([*first_keys, *sorted(serving)]))
@@ -298,7 +298,7 @@ def _roots(meta_graph, graph: _Graph, first_keys: Sequence[str]) -> list[_Root]:
 
 def _declared_init_ops(meta_graph) -> list[tuple[str, str]]:
     """(node, where declared) for every init op declaration of the MetaGraph."""
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     out = []
     sig = meta_graph.signature_def.get(loader.INIT_OP_SIGNATURE_KEY)
@@ -647,7 +647,7 @@ class _Assets:
     def __init__(self, meta_graph, graph: _Graph) -> None:
         from tensorflow.core.protobuf import meta_graph_pb2
 
-        from serving_opt.stages import loader
+        from serving_opt.savedmodel import loader
 
         self.graph = graph
         # The loaders' own choice (loader.cc GetAssetFileDefs, Python's

@@ -71,7 +71,8 @@ def test_bazel_run_optimize_resolves_paths_against_the_callers_directory(workspa
 
 @needs_bazel
 def test_bazel_build_examples_produces_a_saved_model_that_passes_parity():
-    from serving_opt.stages import loader, parity
+    from serving_opt.savedmodel import loader
+    from serving_opt.stages import parity
 
     _bazel("build", "--noshow_progress", "//examples/...")
     bazel_bin = _bazel("info", "bazel-bin").stdout.strip()

@@ -17,7 +17,8 @@ from serving_opt import samples
 from serving_opt.errors import ServingOptError
 from serving_opt.optimizer import OptimizeOptions, optimize
 from serving_opt.run import SizeReport
-from serving_opt.stages import coldstart, freeze, loader
+from serving_opt.savedmodel import loader
+from serving_opt.stages import coldstart, freeze
 from serving_opt.stages import regression as regression_lib
 
 EMBEDDING = "dnn/input_from_feature_columns/input_layer/text_embedding/embedding_weights"

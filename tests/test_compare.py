@@ -16,7 +16,8 @@ import tensorflow as tf  # noqa: E402
 from serving_opt import samples  # noqa: E402
 from serving_opt.compare import CompareOptions, compare, format_report  # noqa: E402
 from serving_opt.errors import ServingOptError  # noqa: E402
-from serving_opt.stages import loader, parity  # noqa: E402
+from serving_opt.savedmodel import loader
+from serving_opt.stages import parity  # noqa: E402
 from serving_opt.stages.parity import run_signature  # noqa: E402
 
 

@@ -31,8 +31,8 @@ import pytest
 
 from serving_opt import samples
 from serving_opt.errors import ServingOptError, first_line
-from serving_opt.stages import staging as staging_lib
-from serving_opt.stages import writer
+from serving_opt.savedmodel import staging as staging_lib
+from serving_opt.savedmodel import writer
 
 PREFIX = writer.STAGING_PREFIX
 
@@ -187,7 +187,7 @@ def hidden_entries(base: str) -> list[str]:
 
 def what_tf_serving_sees(base: str) -> dict[str, bool]:
     """Integer version directories of ``base`` -> complete (a SavedModel that parses)."""
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     seen = {}
     for name in os.listdir(base) if os.path.isdir(base) else ():
@@ -514,7 +514,7 @@ def full_pipe() -> tuple[int, int]:
 
 
 def test_ctrl_c_after_publishing_names_the_published_version(source, tmp_path):
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     base = str(tmp_path / "reg")
     # The CLI prints its report on stdout only once optimize has returned; with stdout a
@@ -572,7 +572,7 @@ def _drain(fd: int) -> None:
 
 
 def test_a_truncated_data_file_error_keeps_the_cause(source, model_copy):
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     model = model_copy(source)
     variables = os.path.join(model, "variables")

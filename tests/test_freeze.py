@@ -8,7 +8,8 @@ import pytest
 
 from serving_opt.errors import ServingOptError
 from serving_opt.optimizer import OptimizeOptions, optimize
-from serving_opt.stages import freeze, loader
+from serving_opt.savedmodel import loader
+from serving_opt.stages import freeze
 
 SERVE = frozenset({"serve"})
 

@@ -31,7 +31,7 @@ from conftest import tree_snapshot
 from serving_opt import inspection
 from serving_opt.errors import ServingOptError, UsageError
 from serving_opt.optimizer import OptimizeOptions, optimize, plan
-from serving_opt.stages import writer
+from serving_opt.savedmodel import writer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = OptimizeOptions(benchmark_runs=0, cold_start=False)
@@ -533,7 +533,7 @@ _READ_MODEL = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))
 from serving_opt.errors import ServingOptError
-from serving_opt.stages import loader
+from serving_opt.savedmodel import loader
 try:
     loader.read_saved_model(sys.argv[1])
 except ServingOptError as e:
@@ -566,7 +566,7 @@ def test_saved_model_pb_symlink_to_a_regular_file_is_read(classifier_dir, model_
                                                           tmp_path):
     # Bazel runfiles and Kubernetes volumes present model files as links; TF Serving
     # follows them. Only the kind and size of what the link leads to matter.
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     model = model_copy(classifier_dir)
     pb = os.path.join(model, "saved_model.pb")
@@ -598,7 +598,7 @@ def test_oversize_saved_model_pb_is_refused_without_reading_it(classifier_dir, m
 
 def test_special_files_anywhere_in_the_model_are_refused(classifier_dir, model_copy,
                                                          tmp_path):
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     model = model_copy(classifier_dir)
     data = os.path.join(model, "variables", "variables.data-00000-of-00001")
@@ -705,7 +705,7 @@ def test_a_full_disk_is_one_line_in_the_cli(monkeypatch, capsys):
 
     from serving_opt.cli import main as cli_main
     from serving_opt.cli.commands import inspect as inspect_command
-    from serving_opt.stages import staging
+    from serving_opt.savedmodel import staging
 
     def full(fv):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/models/clf/.staging/x.pb")

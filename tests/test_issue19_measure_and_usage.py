@@ -86,7 +86,7 @@ def test_benchmark_job_reads_examples_in_the_measuring_process(checked_model, tm
 
 
 def test_resize_batch_cycles_rows_to_the_size_asked():
-    from serving_opt.stages.inputs import resize_batch
+    from serving_opt.savedmodel.inputs import resize_batch
 
     batches = [{"x": np.array([[1.0], [2.0]])}, {"x": np.array([[3.0]])}]
     grown = resize_batch(batches, 5)["x"].ravel().tolist()

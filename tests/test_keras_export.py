@@ -60,7 +60,7 @@ def model(data):
 
 
 def _signature_keys(saved_model_dir: str) -> set[str]:
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     meta_graph = loader.find_meta_graph(loader.read_saved_model(saved_model_dir), {"serve"})
     return set(loader.serving_signatures(meta_graph))

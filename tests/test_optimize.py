@@ -19,7 +19,7 @@ from serving_opt import samples
 from serving_opt.errors import ParityError, ServingOptError, UsageError
 from serving_opt.optimizer import OptimizeOptions, optimize
 from serving_opt.run import SizeReport
-from serving_opt.stages import loader
+from serving_opt.savedmodel import loader
 
 # The cold-start gate times fresh processes: on a busy machine it may see noise, confirm
 # it and retry with variables kept (or refuse). Only the test about measuring turns it on.

@@ -16,7 +16,8 @@ from conftest import TEXT_CLASSIFIER_DIM, TEXT_CLASSIFIER_VOCAB
 from serving_opt import samples
 from serving_opt.errors import ServingOptError, UsageError
 from serving_opt.optimizer import OptimizeOptions, optimize
-from serving_opt.stages import loader, parity
+from serving_opt.savedmodel import loader
+from serving_opt.stages import parity
 
 EMBEDDING = "dnn/input_from_feature_columns/input_layer/text_embedding/embedding_weights"
 # Not measured: the cold-start gate times fresh processes, and on a busy machine its

@@ -26,7 +26,8 @@ from serving_opt import host_ops, inspection, untrusted
 from serving_opt.errors import ServingOptError
 from serving_opt.graph import node_name
 from serving_opt.optimizer import OptimizeOptions, optimize
-from serving_opt.stages import loader, parity
+from serving_opt.savedmodel import loader
+from serving_opt.stages import parity
 
 v1 = tf.compat.v1
 QUICK = dict(benchmark_runs=0, cold_start=False)

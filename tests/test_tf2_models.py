@@ -20,10 +20,10 @@ from conftest import COLORS, FRUITS, HOURS, KERAS_APPLICATIONS, TEXT_VOCABULARY,
 from serving_opt.errors import ParityError, ServingOptError
 from serving_opt.graph import ServingGraph
 from serving_opt.optimizer import OptimizeOptions, optimize
+from serving_opt.savedmodel import inputs as inputs_lib
+from serving_opt.savedmodel import loader
 from serving_opt.stages import freeze as freeze_lib
 from serving_opt.stages import grappler as grappler_lib
-from serving_opt.stages import inputs as inputs_lib
-from serving_opt.stages import loader
 from serving_opt.stages.transforms import apply_transforms, parse_transforms
 
 # Not about measuring: without the cold-start gate, a busy machine cannot turn a frozen
@@ -484,7 +484,7 @@ def test_synthesized_text_inputs_use_the_in_graph_vocabulary(text_lstm_dir):
     # parity inputs must draw from it or every lookup would be out of vocabulary.
     from conftest import TEXT_VOCABULARY
 
-    from serving_opt.stages import inputs, loader
+    from serving_opt.savedmodel import inputs, loader
 
     meta_graph = loader.find_meta_graph(loader.read_saved_model(text_lstm_dir), {"serve"})
     words = inputs.model_vocabulary(meta_graph, text_lstm_dir)

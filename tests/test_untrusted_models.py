@@ -18,7 +18,8 @@ from conftest import tree_snapshot
 from serving_opt import host_ops, inspection
 from serving_opt.errors import ServingOptError
 from serving_opt.optimizer import OptimizeOptions, optimize
-from serving_opt.stages import loader, parity
+from serving_opt.savedmodel import loader
+from serving_opt.stages import parity
 
 QUICK = dict(benchmark_runs=0, cold_start=False)
 BAD_ROW = [[1000.0, 0.0, 0.0]]  # the assertion models reject values above 100
@@ -281,7 +282,7 @@ def _examples(tmp_path) -> str:
 
 
 def test_parity_compares_errors_on_user_inputs(tmp_path):
-    from serving_opt.stages import inputs as inputs_lib
+    from serving_opt.savedmodel import inputs as inputs_lib
 
     checked = build_tf1_assert(str(tmp_path / "checked" / "1"))
     unchecked = build_tf1_assert(str(tmp_path / "unchecked" / "1"), with_assert=False)

@@ -72,7 +72,7 @@ def _quiet_tensorflow(verbosity: int, import_now: bool = True) -> None:
         absl_logging.set_verbosity(absl_logging.ERROR)
         # TF 2.19+ prints CUDA/CPU-feature lines from C++ at import, before logging is set up.
         if import_now:
-            from serving_opt.stages import loader
+            from serving_opt.savedmodel import loader
 
             loader.quiet_tensorflow_import()
 
@@ -184,7 +184,7 @@ def strict_integer_flags(fv: flags.FlagValues) -> None:
 
 def _published_statement() -> str:
     """A true statement of what this process published (writer.publish records each)."""
-    staging = sys.modules.get("serving_opt.stages.staging")
+    staging = sys.modules.get("serving_opt.savedmodel.staging")
     published = list(getattr(staging, "published", ()))
     if published:
         return f"{', '.join(published)} was published (complete)"
@@ -199,7 +199,7 @@ def interrupted_message(command: str | None) -> str:
         'serving-opt optimize: interrupted; nothing was published; ...'
     """
     # Only writer.publish() publishes, and it records each version it renamed into place.
-    staging = sys.modules.get("serving_opt.stages.staging")
+    staging = sys.modules.get("serving_opt.savedmodel.staging")
     published = list(getattr(staging, "published", ()))
     where = f"{PROG} {command}" if command in COMMANDS else PROG
     if published:

@@ -154,7 +154,7 @@ class CompareReport:
 # --- reading the models' signatures in the driver -----------------------------------------
 
 def _meta_graph(model_dir: str, tags: frozenset):
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     if "://" not in model_dir:
         return loader.find_meta_graph(loader.read_saved_model(model_dir), tags, model_dir)
@@ -219,7 +219,7 @@ def _plans(meta_graph, candidate_mg, keys: Sequence[str], explicit: bool, kind: 
     from tensorflow.python.framework import dtypes
 
     from serving_opt.compare.pipeline import SignaturePlan
-    from serving_opt.stages import inputs as inputs_lib
+    from serving_opt.savedmodel import inputs as inputs_lib
 
     plans, skipped = [], {}
     for key in keys:
@@ -316,7 +316,7 @@ def compare(baseline: str, candidate: str, examples: str,
                          "e.g. --batch_size=256")
     from serving_opt import sandbox as sandbox_lib
     from serving_opt import untrusted
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     tags = loader.parse_tags(options.saved_model_tags)
     base_mg = _meta_graph(baseline, tags)
@@ -359,7 +359,7 @@ def execute(baseline: str, candidate: str, examples: str, options: CompareOption
 
     from serving_opt import sandbox as sandbox_lib
     from serving_opt.compare import pipeline as pl
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     say = progress or sandbox_lib.say
     tags = loader.parse_tags(options.saved_model_tags)

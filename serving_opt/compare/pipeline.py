@@ -90,7 +90,7 @@ def iter_tfrecords(f, path: str):
 
 
 def _json_rows(f, path: str):
-    from serving_opt.stages.inputs import _decode_json_value
+    from serving_opt.savedmodel.inputs import _decode_json_value
 
     text = io.TextIOWrapper(io.BufferedReader(f), encoding="utf-8")
     for number, line in enumerate(text, 1):
@@ -254,7 +254,7 @@ def localize(model_dir: str) -> tuple[str, str | None]:
 
 class SavedModelHandler(ModelHandler):
     """Beam's model handler for a SavedModel, loaded the way TF Serving loads it: the
-    session loader (``serving_opt.stages.loader.load_session``), any signature, TF1 and
+    session loader (``serving_opt.savedmodel.loader.load_session``), any signature, TF1 and
     TF2 exports. RunInference loads it once per worker process and shares it between the
     process's threads (``beam.utils.shared``). Takes pre-batched input (a list of
     ``(key, payload)`` or a :class:`BatchAnswers`) and adds this model's answers."""
@@ -265,7 +265,7 @@ class SavedModelHandler(ModelHandler):
         self.model_dir, self.tags, self.plans, self.role = model_dir, tags, plans, role
 
     def load_model(self) -> _LoadedModel:
-        from serving_opt.stages import loader
+        from serving_opt.savedmodel import loader
 
         local, scratch = localize(self.model_dir)
         session, meta_graph = loader.load_session(local, self.tags)

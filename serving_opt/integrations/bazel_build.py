@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("tensorflow").setLevel(logging.ERROR)
         absl_logging.set_verbosity(absl_logging.ERROR)
     from serving_opt.errors import ServingOptError
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     loader.configure_for_optimizing()
     loader.quiet_tensorflow_import()

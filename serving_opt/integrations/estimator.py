@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from serving_opt import optimizer as optimizer_lib
 from serving_opt.errors import ServingOptError, UsageError
 from serving_opt.optimizer import OptimizeOptions, OptimizeReport
-from serving_opt.stages import loader, writer
+from serving_opt.savedmodel import loader, writer
 
 logger = logging.getLogger("serving_opt.estimator")  # the public path
 

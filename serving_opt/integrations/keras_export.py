@@ -34,7 +34,7 @@ import keras  # noqa: E402 - after the module docstring's imports
 
 from serving_opt.errors import ServingOptError, UsageError  # noqa: E402
 from serving_opt.optimizer import OptimizeOptions, OptimizeReport, optimize  # noqa: E402
-from serving_opt.stages import writer  # noqa: E402
+from serving_opt.savedmodel import writer  # noqa: E402
 
 logger = logging.getLogger("serving_opt.keras")  # the public path
 

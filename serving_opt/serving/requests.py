@@ -21,9 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from serving_opt.errors import ServingOptError
+from serving_opt.savedmodel import inputs as inputs_lib
+from serving_opt.savedmodel import loader
 from serving_opt.serving import client
-from serving_opt.stages import inputs as inputs_lib
-from serving_opt.stages import loader, parity
+from serving_opt.stages import parity
 
 
 @dataclass(frozen=True)

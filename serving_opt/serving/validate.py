@@ -39,13 +39,15 @@ from dataclasses import asdict, dataclass, field
 
 from serving_opt import sandbox as sandbox_lib
 from serving_opt.errors import ServingOptError, UsageError
+
+# Importers of this module (the CLI, the optimizer, tests) use these names from here.
+from serving_opt.savedmodel import loader, writer
 from serving_opt.serving import backends, client, requests, rest_client
 from serving_opt.serving import runtime as runtime_lib
 from serving_opt.serving.client import LoadTest
 from serving_opt.serving.markers import MARKER_FAILED, MARKER_OK, write_marker
-from serving_opt.stages import loader, parity, writer
+from serving_opt.stages import parity
 
-# Importers of this module (the CLI, the optimizer, tests) use these names from here.
 __all__ = [
     "MARKER_FAILED", "MARKER_OK", "Check", "LoadTest", "ValidateOptions", "ValidationReport",
     "resolve_version", "validate", "write_marker",

@@ -1,6 +1,7 @@
 """The optimize pipeline's stages, one module per job (see docs/architecture.md).
 
-read (``loader``), freeze (``freeze``), inline and Grappler (``grappler``), the Graph
-Transform Tool (``transforms``), the project's own rewrites (``rewrites``), write
-(``writer``), prove (``parity``, with ``inputs``), measure (``benchmark``).
+freeze (``freeze``), inline and Grappler (``grappler``), the Graph Transform Tool
+(``transforms``), the project's own rewrites (``rewrites``), quantize (``quantize``),
+prove (``parity``, ``tf2_load``), measure (``coldstart``, ``benchmark``) and the
+regression gate (``regression``). What they share lives in ``serving_opt.savedmodel``.
 """

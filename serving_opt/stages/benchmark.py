@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from serving_opt.stages import inputs as inputs_lib
-from serving_opt.stages import loader
+from serving_opt.savedmodel import inputs as inputs_lib
+from serving_opt.savedmodel import loader
 
 
 @dataclass(frozen=True)

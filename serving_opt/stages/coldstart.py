@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from serving_opt.errors import ServingOptError
-from serving_opt.stages import loader
+from serving_opt.savedmodel import loader
 
 
 @dataclass(frozen=True)

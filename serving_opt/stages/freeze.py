@@ -36,7 +36,7 @@ from serving_opt.graph import (
     stateful_nodes,
     tensor_info_nodes,
 )
-from serving_opt.stages import checkpoint, loader
+from serving_opt.savedmodel import checkpoint, loader
 
 # Frozen constants must leave room under PROTOBUF_LIMIT_BYTES for the non-constant
 # nodes and the rest of the MetaGraphDef.

@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from serving_opt.errors import ServingOptError, first_line
-from serving_opt.stages import inputs as inputs_lib
-from serving_opt.stages import loader
+from serving_opt.savedmodel import inputs as inputs_lib
+from serving_opt.savedmodel import loader
 
 DEFAULT_ATOL = 1e-5
 DEFAULT_RTOL = 1e-4

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from serving_opt.graph import attr, make_node, var_handle
-from serving_opt.stages import checkpoint
-from serving_opt.stages.checkpoint import SAVER_SCOPE, KeptVariable
+from serving_opt.savedmodel import checkpoint
+from serving_opt.savedmodel.checkpoint import SAVER_SCOPE, KeptVariable
 
 MODES = ("none", "int8", "fp16")
 DEFAULT_MIN_ELEMENTS = 16384

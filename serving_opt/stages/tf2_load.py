@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from serving_opt.errors import ServingOptError, first_line
-from serving_opt.stages import writer
+from serving_opt.savedmodel import writer
 
 
 def check_loads_in_tf2(candidate_dir: str, reference_dir: str, tags: frozenset[str],

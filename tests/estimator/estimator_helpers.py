@@ -129,7 +129,7 @@ def versions(base: str) -> list[str]:
 
 def signatures(export_dir: str) -> dict:
     """SignatureDefs of the serve MetaGraph, without the init-op pseudo signature."""
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     meta_graph = loader.find_meta_graph(loader.read_saved_model(export_dir), SERVE, export_dir)
     return dict(loader.serving_signatures(meta_graph))
@@ -151,7 +151,7 @@ def examples(words=WORDS + (OOV_WORD,), ages=(20.0, 45.0, 70.0)) -> list[bytes]:
 
 def run_examples(export_dir: str, signature_key: str, serialized: list[bytes]) -> dict:
     """Runs one tf.Example signature the way TF Serving does (session loader, init op)."""
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     sess, meta_graph = loader.load_session(export_dir, SERVE)
     try:

@@ -15,7 +15,8 @@ import textwrap
 import pytest
 import tensorflow as tf
 
-from serving_opt.stages import loader, parity
+from serving_opt.savedmodel import loader
+from serving_opt.stages import parity
 
 from .estimator_helpers import FAST, REPO, SERVE, signatures
 

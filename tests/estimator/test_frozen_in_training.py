@@ -196,7 +196,7 @@ def test_optimize_freezes_under_a_finalized_default_graph(trained, tmp_path):
 
 def test_freeze_fallback_is_logged_as_a_warning_naming_the_cause(trained_classifier, tmp_path,
                                                                  caplog, monkeypatch):
-    from serving_opt.stages import checkpoint
+    from serving_opt.savedmodel import checkpoint
 
     def finalized(*args, **kwargs):
         # The failure the training loop caused, raised by a stage only the frozen

@@ -70,7 +70,7 @@ def test_one_off_refuses_to_export_plain_models_into_the_served_base(trained_cla
 
 def test_one_off_export_int8_gathers_the_real_estimators_table_quantized(trained_classifier,
                                                                           tmp_path):
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     estimator, receiver = trained_classifier
     base = str(tmp_path / "models" / "clf")

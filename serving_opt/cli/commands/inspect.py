@@ -20,7 +20,7 @@ from absl import flags
 from serving_opt import inspection
 from serving_opt.cli import main as cli
 from serving_opt.errors import EXIT_FAILURE, UsageError
-from serving_opt.stages import loader
+from serving_opt.savedmodel import loader
 
 SUMMARY = "show signatures, variables, ops, size on disk and serving risks of a SavedModel"
 FAIL_ON = ["error", "warning", "never"]

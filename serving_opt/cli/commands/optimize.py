@@ -156,7 +156,7 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 def configure_runtime() -> None:
     """Called by the CLI before TensorFlow is imported (see loader.configure_for_optimizing)."""
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     loader.configure_for_optimizing()
 

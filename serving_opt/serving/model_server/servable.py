@@ -124,7 +124,7 @@ def read_saved_model(export_dir: str):
 def _read_model_file(path: str) -> bytes:
     import grpc
 
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     try:
         return loader.read_model_file(path)
@@ -148,7 +148,7 @@ def check_special_files(export_dir: str) -> None:
     Example:
         >>> check_special_files("/models/m/1")
     """
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     try:
         loader.check_special_files(export_dir)

@@ -18,8 +18,8 @@ import logging
 import os
 from dataclasses import dataclass
 
+from serving_opt.savedmodel.writer import served_version
 from serving_opt.serving.model_server.status import invalid_argument
-from serving_opt.stages.writer import served_version
 
 log = logging.getLogger("serving_opt.model_server")
 

@@ -303,7 +303,7 @@ def model_vocabulary(meta_graph, saved_model_dir: str, limit: int = 2000) -> lis
         >>> model_vocabulary(meta_graph, "build/sample/1")[:2]
         ['apple', 'banana']
     """
-    from serving_opt.stages import loader
+    from serving_opt.savedmodel import loader
 
     assets = [a.path for a in loader.asset_files(meta_graph, saved_model_dir) if a.path]
     words = vocabulary_words(assets, limit)

@@ -1,0 +1,5 @@
+"""The SavedModel library under the stages: reading, feeds, checkpoints, writing, staging.
+
+Stages, serving and compare all use it; it imports no stage (checked by the import
+contracts in ``pyproject.toml``).
+"""
