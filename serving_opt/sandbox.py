@@ -145,18 +145,20 @@ def describe(sandboxed: bool) -> str:
 
 def _python_binds() -> list[str]:
     """The interpreter's prefixes and the real directory of the serving_opt package."""
-    import serving_opt
-
-    package = os.path.dirname(os.path.realpath(serving_opt.__file__))
+    package = _package_dir()
     paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, package,
              os.path.dirname(os.path.realpath(sys.executable))]
     return [p for p in dict.fromkeys(os.path.realpath(p) for p in paths) if os.path.exists(p)]
 
 
-def package_parent() -> str:
-    import serving_opt
+def _package_dir() -> str:
+    # This module's own folder: importing the package root would tie the sandbox to
+    # everything the root re-exports (the optimizer, lazily) in the import graph.
+    return os.path.dirname(os.path.realpath(__file__))
 
-    return os.path.dirname(os.path.dirname(os.path.realpath(serving_opt.__file__)))
+
+def package_parent() -> str:
+    return os.path.dirname(_package_dir())
 
 
 def _system_binds() -> list[tuple[str, str]]:
