@@ -247,7 +247,8 @@ class PassDiff:
             NaN and Inf inputs no longer raise (box encodings)'
         """
         if not self.changed:
-            return f"{self.name}: no change"
+            left = f"; {'; '.join(self.notes)}" if self.notes else ""
+            return f"{self.name}: no change{left}"
         what = "; ".join(self.changes) if self.changes else \
             f"{self.nodes_before} -> {self.nodes_after} nodes"
         text = f"{self.name}: {what} ({self.ops_text()})"
@@ -335,11 +336,31 @@ def diff_pass(name: str, before, after) -> PassDiff:
         notes.append("NaN and Inf no longer raise an error where CheckNumerics stood"
                      f"{about}: they flow into the outputs")
 
+    if not removed and not added:
+        notes.extend(_left_alone(name, p_before))
     identities = dict(removed).get("Identity", 0)
     if identities and folded <= 0:
         changes.append(f"{_plural(identities, 'Identity', 'Identities')} removed")
     return PassDiff(name, tuple(removed), tuple(added), tuple(changes), tuple(notes),
                     len(before.node), len(after.node))
+
+
+def _left_alone(name: str, patterns: GraphPatterns) -> list[str]:
+    """Why a batch-norm fold changed nothing although the graph has batch norms."""
+    base = name.split("(")[0]
+    notes = []
+    if base == "fold_batch_norms" and patterns.unfused_batch_norms:
+        count = sum(patterns.unfused_batch_norms.values())
+        why = " (their scale is still computed, not a constant: fold_constants first)" \
+            if patterns.unfused_with_rsqrt else ""
+        notes.append(f"{_plural(count, 'unfused batch norm')} after "
+                     f"{_into(patterns.unfused_batch_norms)} left{why}")
+    if base == "fold_old_batch_norms" and patterns.fused_after_weights:
+        count = sum(patterns.fused_after_weights.values())
+        kinds = "/".join(sorted(patterns.fused_batch_norms))
+        notes.append(f"{count} {kinds} after {_into(patterns.fused_after_weights)} left "
+                     "(the tool folds FusedBatchNorm V1 with constant inputs only)")
+    return notes
 
 
 def diff_passes(steps: Iterable[tuple[str, object]], start) -> list[PassDiff]:

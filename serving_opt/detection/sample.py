@@ -312,16 +312,16 @@ def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _ranked(logits: np.ndarray, boxes: np.ndarray, top: int = 64) -> list[tuple]:
     """What combined NMS keeps with no score threshold, best first: (logit, anchor
-    index, class) per detection, and the suppressed candidate each kept one beat
-    first. Per class greedy NMS over the ``top`` best candidates, as the op does."""
-    clipped = np.clip(boxes, 0.0, 1.0)
+    index, class) per detection. Per class greedy NMS over the ``top`` best candidates,
+    as the op does."""
+    # The op compares the boxes as decoded; clip_boxes clips only what it returns.
     kept: list[tuple] = []
     for c in range(NUM_CLASSES):
         column = logits[:, c + 1]
         order = np.argsort(-column, kind="stable")[:top]
         chosen: list[int] = []
         for i in order:
-            if chosen and np.any(_iou(clipped[i], clipped[chosen]) > IOU_THRESHOLD):
+            if chosen and np.any(_iou(boxes[i], boxes[chosen]) > IOU_THRESHOLD):
                 continue
             chosen.append(int(i))
             if len(chosen) == MAX_PER_CLASS:
@@ -367,15 +367,27 @@ class _Calibrator:
         gap = abs(float(logits[kept_index, cls + 1]) - float(logits[other, cls + 1]))
         return NearTie(-1, cls + 1, kept_index, other, iou, gap)
 
-    def set_count(self, target: int) -> None:
+    def set_count(self, target: int) -> int:
         """Shifts every class logit so the score threshold falls halfway between the
-        ``target``-th and the next detection NMS keeps."""
+        ``target``-th and the next detection NMS keeps; returns the count the model
+        then answers. Where the numpy model of NMS and the op disagree (a tie ordered
+        the other way), the neighbouring gaps are tried."""
         logits, boxes = self.run()
-        ranked = _ranked(logits, boxes)
-        if len(ranked) <= target:
-            raise RuntimeError(f"the model keeps only {len(ranked)} candidates")
-        middle = (ranked[target - 1][0] + ranked[target][0]) / 2.0
-        self.set_bias(self.bias + (_logit(SCORE_THRESHOLD) - middle))
+        levels = [r[0] for r in _ranked(logits, boxes)]
+        base = self.bias.copy()
+        found = 0
+        for want in (target, target + 1, target - 1, target + 2, target - 2):
+            if not 0 < want < len(levels) or levels[want - 1] == levels[want]:
+                continue
+            middle = (levels[want - 1] + levels[want]) / 2.0
+            self.set_bias(base + (_logit(SCORE_THRESHOLD) - middle))
+            found = int(self.sess.run(self.g.outputs["num_detections"], self.feed)[0])
+            if found == want:
+                return found
+        if not found:
+            self.set_bias(base)
+            raise RuntimeError(f"the model keeps only {len(levels)} candidates")
+        return found
 
 
 def _tie_candidates(logits: np.ndarray, boxes: np.ndarray,
@@ -385,7 +397,6 @@ def _tie_candidates(logits: np.ndarray, boxes: np.ndarray,
     it): raised to a tie, which of the two is kept is a rounding decision. Smallest gap
     first: the smaller the raise, the fewer candidates elsewhere it lifts."""
     k = len(ANCHORS)
-    clipped = np.clip(boxes, 0.0, 1.0)
     found = []
     for rank, (logit, index, cls) in enumerate(ranked):
         better = [i for _, i, c in ranked[:rank] if c == cls]
@@ -395,10 +406,10 @@ def _tie_candidates(logits: np.ndarray, boxes: np.ndarray,
             gap = logit - float(logits[other, cls + 1])
             if other_anchor == anchor or gap < 0:
                 continue
-            iou = float(_iou(clipped[index], clipped[other][None])[0])
-            if iou < IOU_THRESHOLD + 0.05:
+            iou = float(_iou(boxes[index], boxes[other][None])[0])
+            if iou < IOU_THRESHOLD + 0.01:  # whichever NMS keeps suppresses the other
                 continue
-            if better and np.any(_iou(clipped[other], clipped[better]) > IOU_THRESHOLD):
+            if better and np.any(_iou(boxes[other], boxes[better]) > IOU_THRESHOLD):
                 continue
             found.append((gap, index, other, cls, iou))
     return sorted(found)
@@ -434,7 +445,7 @@ def _calibrate(sess, g: _Graph, detections: int, near_ties: int,
     logits, boxes = calibrator.run()
     k = len(ANCHORS)
     for _, index, other, cls, iou in _tie_candidates(
-            logits, boxes, _ranked(logits, boxes)[:detections])[:20]:
+            logits, boxes, _ranked(logits, boxes)[:detections + slack])[:16]:
         if len(ties) == near_ties:
             break
         channels = {(t.other % k, t.detection_class) for t in ties} | \
@@ -453,12 +464,13 @@ def _calibrate(sess, g: _Graph, detections: int, near_ties: int,
             count = max(detections, max(r for r in ranks if r is not None) + 1)
         else:
             calibrator.set_bias(saved)
-    calibrator.set_count(count)
+    try:
+        calibrator.set_count(count)
+    except RuntimeError:
+        calibrator.set_bias(original)
+        raise
     out = sess.run(g.outputs, calibrator.feed)
     found = int(out["num_detections"][0])
-    if found != count:  # NMS keeps what the numpy model of it keeps, or this fails
-        calibrator.set_bias(original)
-        raise RuntimeError(f"calibration gave {found} detections, not {count}")
     logits, _ = calibrator.run()
     ranked_ties = []
     scores = out["detection_scores"][0]
