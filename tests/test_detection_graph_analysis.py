@@ -134,6 +134,55 @@ def test_small_graphs(tmp_path):
     assert analysis.detection is None
 
 
+def _per_image_nms(v2_control_flow: bool):
+    """An NMS per image inside a while loop, as the OD API's TF1 postprocessor has it."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    if not v2_control_flow:
+        v1.disable_control_flow_v2()
+    try:
+        with tf.Graph().as_default() as graph:
+            boxes = v1.placeholder(tf.float32, [None, 8, 4], name="boxes")
+            scores = v1.placeholder(tf.float32, [None, 8], name="scores")
+
+            def body(i, out):
+                keep = tf.image.non_max_suppression(boxes[i], scores[i], 3, 0.5)
+                kept = tf.pad(tf.gather(scores[i], keep), [[0, 3 - tf.size(keep)]])
+                return i + 1, out.write(i, kept)
+
+            _, out = tf.while_loop(lambda i, _: i < tf.shape(boxes)[0], body,
+                                   [0, tf.TensorArray(tf.float32, size=tf.shape(boxes)[0])])
+            kept_scores = tf.identity(out.stack(), name="kept_scores")
+            mean = tf.reduce_mean(scores, axis=1, name="mean")
+            signature = v1.saved_model.signature_def_utils.predict_signature_def(
+                {"boxes": boxes, "scores": scores},
+                {"kept_scores": kept_scores, "mean": mean})
+    finally:
+        v1.enable_control_flow_v2()
+    return graph.as_graph_def(), signature
+
+
+def test_an_nms_inside_a_tf1_while_loop():
+    graph_def, signature = _per_image_nms(v2_control_flow=False)
+    assert any(n.op == "NextIteration" for n in graph_def.node)  # a cycle
+    analysis = discontinuous.analyze(graph_def, signature)
+    assert analysis.discontinuous_keys() == ("kept_scores",)
+    assert analysis.continuous_keys() == ("mean",)
+    (nms,) = analysis.ops
+    assert nms.op == "NonMaxSuppressionV3" and not nms.function
+    assert len(nms.feeds) == 2 and not analysis.unfetchable()
+
+
+def test_an_nms_inside_a_function_has_no_fetchable_feeds():
+    graph_def, signature = _per_image_nms(v2_control_flow=True)
+    analysis = discontinuous.analyze(graph_def, signature)
+    assert analysis.discontinuous_keys() == ("kept_scores",)
+    (loop,) = analysis.ops
+    assert loop.op.endswith(":NonMaxSuppressionV3") and loop.function
+    assert loop.feeds == () and analysis.unfetchable() == (loop,)
+
+
 def test_a_detection_signature_needs_an_nms(frozen, signature):
     from tensorflow.core.protobuf import meta_graph_pb2
 

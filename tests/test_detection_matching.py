@@ -169,7 +169,8 @@ def test_near_tie_accepted_only_where_the_feeding_tensors_agree():
     close = {"scores": scores + 1e-7, "boxes": boxes}
     verdict = near_tie_verdict([False, True], ref, close, 1e-5, 1e-4)
     assert verdict.accepted and (verdict.changed, verdict.excused) == (1, 1)
-    assert verdict.summary().startswith("1 changed answer accepted as near-ties")
+    assert verdict.summary().startswith("1 changed answer accepted as a near-tie: the "
+                                        "tensors feeding the discontinuous op agree")
 
     far = {"scores": scores.copy(), "boxes": boxes}
     far["scores"][1, 3] += 0.05  # a real defect in row 1 only

@@ -26,11 +26,12 @@ Example:
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from serving_opt.detection.matching import DetectionKeys
-from serving_opt.graph import CALL_OPS, called_functions, node_name
+from serving_opt.graph import called_functions, node_name
 from serving_opt.graph_diff import request_dependent
 
 NMS_OPS = frozenset({
@@ -128,7 +129,7 @@ class OutputPath:
 
     key: str
     tensor: str
-    ops: tuple[str, ...]  # names of DiscontinuousOp, nearest to the output first
+    ops: tuple[str, ...]  # names of its DiscontinuousOps, nearest to the output first
 
     @property
     def continuous(self) -> bool:
@@ -214,8 +215,9 @@ def analyze(graph_def, signature_def, signature_key: str = "serving_default") ->
     """Finds the discontinuous ops each output of ``signature_def`` passes through, the
     continuous tensors feeding them, and whether the signature is a detection model.
 
-    Walks data edges back from each output over the top-level graph; a call op whose
-    function holds a discontinuous op is reported with ``function`` set and no feeds.
+    Walks data edges back from each output over the top-level graph (TF1 while loops
+    included: the OD API's NMS runs inside one); a call op whose function holds a
+    discontinuous op is reported with ``function`` set and no feeds.
 
     Example:
         >>> analyze(frozen_graph_def, sig).detection.boxes
@@ -224,83 +226,73 @@ def analyze(graph_def, signature_def, signature_key: str = "serving_default") ->
     nodes = {n.name: n for n in graph_def.node}
     library = {f.signature.name: f for f in graph_def.library.function}
     dependent = request_dependent(graph_def)
-    found: dict[str, DiscontinuousOp] = {}
-    memo: dict[str, tuple[str, ...]] = {}
+    classified: dict[str, DiscontinuousOp | None] = {}
+
+    def classify(name: str) -> DiscontinuousOp | None:
+        if name not in classified:
+            classified[name] = _classify(nodes[name], library, dependent)
+        return classified[name]
 
     def upstream(name: str) -> tuple[str, ...]:
-        """Discontinuous ops at or above node ``name``, nearest first (iterative DFS)."""
-        if name in memo:
-            return memo[name]
-        order: list[str] = []
-        stack = [(name, False)]
-        visiting: set[str] = set()
-        while stack:
-            current, done = stack.pop()
-            if current in memo:
-                continue
-            node = nodes.get(current)
-            if node is None:
-                memo[current] = ()
-                continue
-            inputs = [node_name(i) for i in node.input if not i.startswith("^")]
-            if not done:
-                if current in visiting:  # a cycle (while loop): cut it
-                    memo[current] = ()
+        """Discontinuous ops at or above node ``name``, nearest first (breadth first,
+        so cycles of while loops end)."""
+        seen = {name}
+        frontier = [name]
+        out: list[str] = []
+        while frontier:
+            following: list[str] = []
+            for current in frontier:
+                if current not in nodes:
                     continue
-                visiting.add(current)
-                stack.append((current, True))
-                stack.extend((i, False) for i in inputs if i not in memo)
-                continue
-            above: list[str] = []
-            for i in inputs:
-                above.extend(memo.get(i, ()))
-            own = _classify(node)
-            memo[current] = tuple(dict.fromkeys(([own] if own else []) + above))
-            order.append(current)
-        return memo.get(name, ())
-
-    def _classify(node) -> str | None:
-        if node.name in found:
-            return node.name
-        if node.op in CALL_OPS or node.op in library:
-            inner = next((_producing_op(library, f, set()) for f in called_functions(node)
-                          if f in library), None)
-            if inner:
-                found[node.name] = DiscontinuousOp(node.name, f"{node.op}:{inner}",
-                                                   kind(inner) or "", (),
-                                                   function=next(
-                                                       f for f in called_functions(node)
-                                                       if f in library))
-                return node.name
-            return None
-        inputs = [i for i in node.input if not i.startswith("^")]
-        types = _input_types(node) if node.op in DISCONTINUOUS_OPS else []
-        float_inputs = [_tensor(i) for i, t in zip(inputs, types)
-                        if t in _FLOAT_TYPES and node_name(i) in dependent]
-        if not _is_discontinuous(node, float_inputs):
-            return None
-        found[node.name] = DiscontinuousOp(node.name, node.op, kind(node.op) or "",
-                                           tuple(float_inputs))
-        return node.name
+                if classify(current) is not None:
+                    out.append(current)
+                for i in nodes[current].input:
+                    if i.startswith("^"):
+                        continue
+                    parent = node_name(i)
+                    if parent not in seen:
+                        seen.add(parent)
+                        following.append(parent)
+            frontier = following
+        return tuple(out)
 
     paths = []
     for key in sorted(signature_def.outputs):
-        info = signature_def.outputs[key]
-        tensor = info.name
+        tensor = signature_def.outputs[key].name
         paths.append(OutputPath(key, tensor, upstream(node_name(tensor)) if tensor else ()))
+    reached = dict.fromkeys(name for p in paths for name in p.ops)
     # Which ops have another discontinuous op upstream of one of their feeds.
     ops = []
-    for name, op in found.items():
+    for name in reached:
+        op = classified[name]
         after: list[str] = []
         for feed in op.feeds:
             after.extend(o for o in upstream(node_name(feed)) if o != name)
-        ops.append(DiscontinuousOp(op.name, op.op, op.kind, op.feeds, op.function,
-                                   tuple(dict.fromkeys(after))))
+        ops.append(dataclasses.replace(op, after=tuple(dict.fromkeys(after))))
     order = {n.name: i for i, n in enumerate(graph_def.node)}
     ops.sort(key=lambda o: order.get(o.name, 0))
     analysis = Analysis(signature_key, tuple(paths), tuple(ops), None)
-    return Analysis(signature_key, analysis.outputs, analysis.ops,
-                    detection_keys(signature_def, analysis))
+    return dataclasses.replace(analysis, detection=detection_keys(signature_def, analysis))
+
+
+def _classify(node, library: dict, dependent: set[str]) -> DiscontinuousOp | None:
+    """The node as a discontinuous op, or None."""
+    functions = [f for f in called_functions(node) if f in library]
+    if functions:  # a call, If, While...: what runs is in the library
+        for function in functions:
+            inner = _producing_op(library, function, set())
+            if inner:
+                return DiscontinuousOp(node.name, f"{node.op}:{inner}", kind(inner) or "", (),
+                                       function=function)
+        return None
+    if node.op not in DISCONTINUOUS_OPS:
+        return None
+    inputs = [i for i in node.input if not i.startswith("^")]
+    float_inputs = [_tensor(i) for i, t in zip(inputs, _input_types(node))
+                    if t in _FLOAT_TYPES and node_name(i) in dependent]
+    if not _is_discontinuous(node, float_inputs):
+        return None
+    return DiscontinuousOp(node.name, node.op, kind(node.op) or "", tuple(float_inputs))
 
 
 def _tensor(name: str) -> str:

@@ -416,9 +416,10 @@ class NearTieVerdict:
         if not self.changed:
             return "no discrete answer changed"
         if self.accepted:
-            plural = "answer" if self.changed == 1 else "answers"
-            return (f"{self.changed} changed {plural} accepted as near-ties: the tensors "
-                    f"feeding the discontinuous op agree within {tol}")
+            what = "answer accepted as a near-tie" if self.changed == 1 else \
+                "answers accepted as near-ties"
+            return (f"{self.changed} changed {what}: the tensors feeding the discontinuous "
+                    f"op agree within {tol}")
         worst = self.tensors[0] if self.tensors else None
         where = (f"; {worst.name}: {worst.outside} of {worst.elements} elements outside, "
                  f"max abs diff {worst.max_abs_diff:.3g}") if worst and worst.outside else ""

@@ -29,8 +29,10 @@ float precision, with an overlapping box of another anchor of the same class: NM
 one of the two, and which one is a rounding decision (freezing or folding batch norms
 into the convolutions can flip it).
 
-``size=320`` (default) costs milliseconds per image; ``SLOW`` (1024 px, ``width=40``)
-is the "about 0.8 s per image" model of issue 22.
+``size=320`` (default, width 8) costs about 0.01 s of CPU per 480x640 image; ``SLOW``
+(1024 px, width 64) about 0.8 s of CPU, the "about 0.8 s per image" model of issue 22
+(CPU time of all threads: wall time is lower on an idle 2-core machine, several times
+higher on a busy one). The cost grows about as width squared.
 
 Usage:
     python -m serving_opt.detection.sample --output_dir=build/detection
@@ -68,8 +70,9 @@ ANCHOR_SIZE = 0.15  # of the image, for an anchor of scale 1 (3 cells at size 32
 
 DEFAULT_SIZE = 320
 DEFAULT_WIDTH = 8
-# The slow variant of issue 22 ("about 0.8 s per image on 2 cores"): see main --time_images.
-SLOW = {"size": 1024, "width": 32}
+# The slow variant of issue 22 ("about 0.8 s per image on 2 cores"): ~0.86 s of CPU per
+# 480x640 image measured (main --time_images prints wall and CPU time).
+SLOW = {"size": 1024, "width": 64}
 REFERENCE_FRAME = (480, 640)
 
 
@@ -500,7 +503,7 @@ def build(output_dir: str, size: int = DEFAULT_SIZE, seed: int = 0,
           near_ties: int = 2) -> DetectionSample:
     """Writes ``output_dir/frozen_inference_graph.pb`` and ``output_dir/saved_model/``.
 
-    ``size`` is the in-graph resize (320: milliseconds per image; 1024 with ``width=40``:
+    ``size`` is the in-graph resize (320: milliseconds per image; 1024 with ``width=64``:
     the slow variant, ``SLOW``); ``width`` the first layer's channels (later layers have
     2x and 4x). The SavedModel keeps its variables, as a user's training export has
     them; the frozen graph is the same model with variables as constants. Deterministic
