@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import tensorflow as tf
+from saved_model_io import edit_saved_model, save_tf1, serving_default
 
 v1 = tf.compat.v1
 
@@ -56,31 +57,6 @@ def _weights():
     return v1.get_variable("w", initializer=tf.constant([1.0, 2.0, 3.0]), use_resource=True)
 
 
-def _save_tf1(graph, export_dir: str, inputs: dict, outputs: dict, **builder_kwargs) -> str:
-    with v1.Session(graph=graph) as sess:
-        sess.run(v1.global_variables_initializer())
-        builder = v1.saved_model.Builder(export_dir)
-        signature = v1.saved_model.predict_signature_def(inputs, outputs)
-        builder.add_meta_graph_and_variables(
-            sess, ["serve"], signature_def_map={"serving_default": signature},
-            **builder_kwargs)
-        builder.save()
-    return export_dir
-
-
-def _edit_saved_model(export_dir: str, edit: Callable) -> None:
-    """Rewrites saved_model.pb after ``edit(meta_graph)``: what an attacker does freely."""
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    path = os.path.join(export_dir, "saved_model.pb")
-    saved_model = saved_model_pb2.SavedModel()
-    with open(path, "rb") as f:
-        saved_model.ParseFromString(f.read())
-    edit(saved_model.meta_graphs[0])
-    with open(path, "wb") as f:
-        f.write(saved_model.SerializeToString())
-
-
 # ------------------------------------------------------------------------------ routes
 
 
@@ -93,7 +69,7 @@ def build_restore_hook(target_dir: str, canary: str) -> str:
         saver = v1.train.Saver()
         hook = tf.io.write_file(canary, "written when the model is loaded", name="restore_hook")
         graph.get_operation_by_name(saver.saver_def.restore_op_name)._add_control_input(hook)
-        return _save_tf1(graph, export_dir, {"x": x}, {"y": y}, saver=saver)
+        return save_tf1(graph, export_dir, serving_default({"x": x}, {"y": y}), saver=saver)
 
 
 def build_saver_save_in_signature(target_dir: str, canary: str) -> str:
@@ -112,13 +88,13 @@ def build_saver_save_in_signature(target_dir: str, canary: str) -> str:
             done = tf.identity(prefix, name="dump_done")
         with tf.control_dependencies([done]):
             y = tf.identity(x * w, name="y")
-        _save_tf1(graph, export_dir, {"x": x}, {"y": y}, saver=saver)
+        save_tf1(graph, export_dir, serving_default({"x": x}, {"y": y}), saver=saver)
 
     def point_the_saver_at_the_dump(meta_graph):
         # After the builder saved the variables with the real save op.
         meta_graph.saver_def.save_tensor_name = "dump_done:0"
 
-    _edit_saved_model(export_dir, point_the_saver_at_the_dump)
+    edit_saved_model(export_dir, point_the_saver_at_the_dump)
     return export_dir
 
 
@@ -145,7 +121,7 @@ def build_gradient_host_op(target_dir: str, canary: str) -> str:
         doubled.set_shape([None, 3])
         (dx,) = tf.gradients(doubled, x)
         y = tf.identity(dx * w, name="y")
-        return _save_tf1(graph, export_dir, {"x": x}, {"y": y})
+        return save_tf1(graph, export_dir, serving_default({"x": x}, {"y": y}))
 
 
 class _HostPathTable(tf.saved_model.experimental.TrackableResource):
@@ -220,14 +196,14 @@ def build_table_asset_in_signature(target_dir: str, canary: str) -> str:
             ids = tf.raw_ops.LookupTableFindV2(table_handle=table, keys=words,
                                                default_value=tf.constant(-1, tf.int64))
         y = tf.identity(tf.gather(w, tf.maximum(ids, 0)), name="y")
-        _save_tf1(graph, export_dir, {"words": words}, {"y": y},
-                  assets_collection=v1.get_collection(v1.GraphKeys.ASSET_FILEPATHS))
+        save_tf1(graph, export_dir, serving_default({"words": words}, {"y": y}),
+                 assets_collection=v1.get_collection(v1.GraphKeys.ASSET_FILEPATHS))
 
     def point_the_asset_at_the_canary(meta_graph):
         node = next(n for n in meta_graph.graph_def.node if n.name == "vocab_asset")
         node.attr["value"].tensor.string_val[:] = [canary.encode()]
 
-    _edit_saved_model(export_dir, point_the_asset_at_the_canary)
+    edit_saved_model(export_dir, point_the_asset_at_the_canary)
     return export_dir
 
 
@@ -249,7 +225,7 @@ def build_register_dataset(target_dir: str, canary: str,
                                                 protocol="grpc", external_state_policy=2,
                                                 name="register")
         y = tf.identity(x * w + tf.cast(dataset_id, tf.float32) * 0.0, name="y")
-        return _save_tf1(graph, export_dir, {"x": x}, {"y": y})
+        return save_tf1(graph, export_dir, serving_default({"x": x}, {"y": y}))
 
 
 def build_init_op_write(target_dir: str, canary: str) -> str:
@@ -260,7 +236,7 @@ def build_init_op_write(target_dir: str, canary: str) -> str:
         y = tf.identity(x * _weights(), name="y")
         write = tf.io.write_file(canary, "written by the init op", name="init_write")
         main_op = tf.group(write, name="main_op")
-        return _save_tf1(graph, export_dir, {"x": x}, {"y": y}, main_op=main_op)
+        return save_tf1(graph, export_dir, serving_default({"x": x}, {"y": y}), main_op=main_op)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import os
 import re
 
 import pytest
+from saved_model_io import edit_saved_model, read_saved_model, save_tf1, serving_default
 
 from serving_opt import inspection, samples
 from serving_opt.errors import ServingOptError
@@ -23,23 +24,6 @@ N_CLASSES = len(samples.CLASS_NAMES)
 
 
 # ------------------------------------------------------------------------------ helpers
-
-
-def _read_proto(model_dir: str):
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    saved_model = saved_model_pb2.SavedModel()
-    with open(os.path.join(model_dir, "saved_model.pb"), "rb") as f:
-        saved_model.ParseFromString(f.read())
-    return saved_model
-
-
-def _edit_proto(model_dir: str, edit) -> None:
-    """Rewrites model_dir/saved_model.pb after ``edit(meta_graph)`` changed its only MetaGraph."""
-    saved_model = _read_proto(model_dir)
-    edit(saved_model.meta_graphs[0])
-    with open(os.path.join(model_dir, "saved_model.pb"), "wb") as f:
-        f.write(saved_model.SerializeToString())
 
 
 def _checkpoint(model_dir: str) -> dict:
@@ -91,17 +75,7 @@ def read_file_dir(tmp_path_factory) -> str:
         length = tf.identity(
             tf.cast(tf.strings.length(contents), tf.float32) * scale, name="length"
         )
-        signature = v1.saved_model.signature_def_utils.predict_signature_def(
-            {"path": path}, {"length": length}
-        )
-        with v1.Session(graph=graph) as sess:
-            sess.run(v1.global_variables_initializer())
-            builder = v1.saved_model.Builder(export_dir)
-            builder.add_meta_graph_and_variables(
-                sess, ["serve"], signature_def_map={"serving_default": signature}
-            )
-            builder.save()
-    return export_dir
+        return save_tf1(graph, export_dir, serving_default({"path": path}, {"length": length}))
 
 
 # ------------------------------------------------------------------ TF1 sample classifier
@@ -136,7 +110,7 @@ def test_classifier_predict_signature_inputs_and_outputs(classifier_report):
 
 
 def test_classifier_init_op_is_the_main_op(classifier_dir, classifier_report):
-    main_op = _read_proto(classifier_dir).meta_graphs[0].collection_def["saved_model_main_op"]
+    main_op = read_saved_model(classifier_dir).meta_graphs[0].collection_def["saved_model_main_op"]
     init_op = classifier_report.meta_graphs[0].init_op
     assert (init_op.name, init_op.source) == (main_op.node_list.value[0], "main_op")
 
@@ -169,7 +143,7 @@ def test_classifier_largest_five_variables(classifier_dir, classifier_report):
 
 
 def test_classifier_is_tf1_with_all_nodes_in_graph_def(classifier_dir, classifier_report):
-    graph_def = _read_proto(classifier_dir).meta_graphs[0].graph_def
+    graph_def = read_saved_model(classifier_dir).meta_graphs[0].graph_def
     meta = classifier_report.meta_graphs[0]
     assert meta.kind == "tf1"
     assert (meta.graph_def_node_count, meta.function_node_count) == (len(graph_def.node), 0)
@@ -177,7 +151,7 @@ def test_classifier_is_tf1_with_all_nodes_in_graph_def(classifier_dir, classifie
 
 
 def test_classifier_saver_nodes_are_not_risks(classifier_dir, classifier_report):
-    ops = {n.op for n in _read_proto(classifier_dir).meta_graphs[0].graph_def.node}
+    ops = {n.op for n in read_saved_model(classifier_dir).meta_graphs[0].graph_def.node}
     # The saver is in the graph, as in every TF1 export, but no signature reaches it.
     assert {"SaveV2", "RestoreV2", "MergeV2Checkpoints"} <= ops
     assert classifier_report.risks == ()
@@ -213,7 +187,7 @@ def test_keras_is_tf2_with_serve_and_serving_default(keras_report):
 
 
 def test_keras_ops_are_counted_inside_functions(keras_dir, keras_report):
-    graph_def = _read_proto(keras_dir).meta_graphs[0].graph_def
+    graph_def = read_saved_model(keras_dir).meta_graphs[0].graph_def
     in_functions = collections.Counter(
         n.op for f in graph_def.library.function for n in f.node_def
     )
@@ -227,7 +201,7 @@ def test_keras_ops_are_counted_inside_functions(keras_dir, keras_report):
 
 
 def test_keras_init_op_comes_from_the_init_signature(keras_dir, keras_report):
-    sig = _read_proto(keras_dir).meta_graphs[0].signature_def["__saved_model_init_op"]
+    sig = read_saved_model(keras_dir).meta_graphs[0].signature_def["__saved_model_init_op"]
     init_op = keras_report.meta_graphs[0].init_op
     expected = sig.outputs["__saved_model_init_op"].name.split(":")[0]
     assert (init_op.name, init_op.source) == (expected, "__saved_model_init_op")
@@ -288,7 +262,7 @@ def _add_py_func(meta_graph) -> None:
 
 def test_json_has_exactly_the_documented_keys(classifier_dir, model_copy):
     model = model_copy(classifier_dir)
-    _edit_proto(model, _add_py_func)  # so that the risk object's keys are compared too
+    edit_saved_model(model, _add_py_func)  # so that the risk object's keys are compared too
     produced = json.loads(inspection.inspect_saved_model(model).to_json())
     assert produced["risks"] and produced["meta_graphs"][0]["assets"]
     assert _key_paths(produced) == _key_paths(_documented_example())
@@ -327,7 +301,7 @@ def test_table_aligns_signature_columns(classifier_report):
 
 
 def test_read_file_reachable_from_a_signature_is_a_risk(read_file_dir):
-    nodes = _read_proto(read_file_dir).meta_graphs[0].graph_def.node
+    nodes = read_saved_model(read_file_dir).meta_graphs[0].graph_def.node
     (read_node,) = [n.name for n in nodes if n.op == "ReadFile"]
     (risk,) = inspection.inspect_saved_model(read_file_dir).risks
     # An error, like every host op: optimize refuses the model, `inspect --fail_on=error`
@@ -341,7 +315,7 @@ def test_read_file_reachable_from_a_signature_is_a_risk(read_file_dir):
 
 def test_py_func_behind_a_control_input_is_a_risk(classifier_dir, model_copy):
     model = model_copy(classifier_dir)
-    _edit_proto(model, _add_py_func)
+    edit_saved_model(model, _add_py_func)
     (risk,) = inspection.inspect_saved_model(model).risks
     assert (risk.code, risk.severity, risk.subject) == (
         "code_execution_op", "error", "evil_py_func",
@@ -353,7 +327,7 @@ def test_py_func_behind_a_control_input_is_a_risk(classifier_dir, model_copy):
 def test_py_func_that_no_signature_reaches_is_still_a_risk(classifier_dir, model_copy):
     # The whole graph is checked: "nothing runs it" is what a crafted model would claim.
     model = model_copy(classifier_dir)
-    _edit_proto(model, lambda mg: mg.graph_def.node.add(name="orphan_py_func", op="PyFunc"))
+    edit_saved_model(model, lambda mg: mg.graph_def.node.add(name="orphan_py_func", op="PyFunc"))
     (risk,) = inspection.inspect_saved_model(model).risks
     assert (risk.code, risk.subject) == ("code_execution_op", "orphan_py_func")
     assert "on no path of a signature or of the loader" in risk.message
@@ -379,7 +353,7 @@ def test_read_file_in_a_function_a_signature_calls_is_a_risk(keras_dir, model_co
         body.node_def.add(name="sneaky_read", op="ReadFile", input=["whatever:output:0"])
         target["label"] = f"{body.signature.name}/sneaky_read"
 
-    _edit_proto(model, add_read_file)
+    edit_saved_model(model, add_read_file)
     (risk,) = inspection.inspect_saved_model(model).risks
     assert (risk.code, risk.subject) == ("file_read_op", target["label"])
 
@@ -396,7 +370,7 @@ def test_read_file_in_the_saver_function_is_a_risk(keras_dir, model_copy):
         )
         saver.node_def.add(name="saver_read", op="ReadFile")
 
-    _edit_proto(model, add_read_file)
+    edit_saved_model(model, add_read_file)
     # The saver is accepted only in the shape tf.saved_model.save writes: the ReadFile is
     # a finding, and so are the saver's own checkpoint ops.
     risks = {r.subject: r for r in inspection.inspect_saved_model(model).risks}
@@ -422,7 +396,7 @@ def _set_asset_filename(filename: str):
 @pytest.mark.parametrize("filename", ["../../etc/passwd", "/etc/passwd", "sub/../../x"])
 def test_asset_escaping_the_assets_dir_is_a_risk(classifier_dir, model_copy, filename):
     model = model_copy(classifier_dir)
-    _edit_proto(model, _set_asset_filename(filename))
+    edit_saved_model(model, _set_asset_filename(filename))
     report = inspection.inspect_saved_model(model)
     (risk,) = report.risks
     assert (risk.code, risk.severity, risk.subject) == ("asset_path_escapes", "error", filename)
@@ -434,7 +408,7 @@ def test_asset_name_with_harmless_dots_is_not_a_risk(classifier_dir, model_copy)
     model = model_copy(classifier_dir)
     # The OS resolves sub/.. only if sub exists, and so would TF Serving opening the asset.
     os.mkdir(os.path.join(model, "assets", "sub"))
-    _edit_proto(model, _set_asset_filename("sub/../vocab.txt"))
+    edit_saved_model(model, _set_asset_filename("sub/../vocab.txt"))
     assert inspection.inspect_saved_model(model).risks == ()
 
 
@@ -451,7 +425,7 @@ def test_signature_naming_a_missing_node_is_a_risk(classifier_dir, model_copy):
     def dangle(meta_graph):
         meta_graph.signature_def["predict"].outputs["logits"].name = "no_such_node:0"
 
-    _edit_proto(model, dangle)
+    edit_saved_model(model, dangle)
     (risk,) = inspection.inspect_saved_model(model).risks
     assert (risk.code, risk.severity, risk.subject) == (
         "signature_tensor_missing", "error", "predict/output/logits",
@@ -475,7 +449,7 @@ def test_sparse_and_composite_tensor_infos_are_reported(classifier_dir, model_co
         ragged.composite_tensor.components.add(name="logits:0", dtype=1)
         ragged.composite_tensor.components.add(name="class_ids:0", dtype=9)
 
-    _edit_proto(model, add_signature)
+    edit_saved_model(model, add_signature)
     report = inspection.inspect_saved_model(model)
     sig = _signature(report, "odd")
     (ids,), (ragged,) = sig.inputs, sig.outputs
@@ -502,7 +476,7 @@ def test_variable_at_the_protobuf_limit_is_a_risk(classifier_dir, monkeypatch):
 
 def test_variables_plus_graph_over_the_protobuf_limit_is_a_risk(classifier_dir, monkeypatch):
     values = _checkpoint(classifier_dir)
-    graph_bytes = _read_proto(classifier_dir).meta_graphs[0].graph_def.ByteSize()
+    graph_bytes = read_saved_model(classifier_dir).meta_graphs[0].graph_def.ByteSize()
     frozen = sum(v.nbytes for v in values.values()) + graph_bytes
     monkeypatch.setattr(inspection, "PROTOBUF_LIMIT_BYTES", frozen + 1)
     assert not _risks(inspection.inspect_saved_model(classifier_dir), "frozen_graph_over_2gib")
@@ -534,7 +508,7 @@ def test_model_without_variables_reports_them_absent(classifier_dir, model_copy)
 
 def test_all_meta_graphs_by_default_and_one_with_tags(classifier_dir, model_copy):
     model = model_copy(classifier_dir)
-    saved_model = _read_proto(model)
+    saved_model = read_saved_model(model)
     gpu = saved_model.meta_graphs.add()
     gpu.CopyFrom(saved_model.meta_graphs[0])
     gpu.meta_info_def.ClearField("tags")

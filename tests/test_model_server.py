@@ -17,8 +17,14 @@ import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from local_server import running, write_model_config  # noqa: E402
+from saved_model_io import (  # noqa: E402
+    edit_saved_model,
+    read_saved_model,
+    save_tf1,
+    serving_default,
+)
 from tensorflow.core.framework import types_pb2  # noqa: E402
-from tensorflow.core.protobuf import saved_model_pb2  # noqa: E402
 from tensorflow_serving.apis import (  # noqa: E402
     classification_pb2,
     get_model_metadata_pb2,
@@ -54,19 +60,8 @@ def build_multi_head(export_dir: str) -> str:
         total = tf.reduce_sum(x, axis=1, keepdims=True, name="total")
         classify = sigs.classification_signature_def(serialized, classes, scores)
         regress = sigs.regression_signature_def(serialized, total)
-        with v1.Session(graph=graph) as sess:
-            builder = v1.saved_model.Builder(export_dir)
-            builder.add_meta_graph_and_variables(
-                sess,
-                ["serve"],
-                signature_def_map={
-                    "serving_default": classify,
-                    "classify": classify,
-                    "regress": regress,
-                },
-            )
-            builder.save()
-    return export_dir
+        return save_tf1(graph, export_dir, {
+            "serving_default": classify, "classify": classify, "regress": regress})
 
 
 def build_slow(export_dir: str) -> str:
@@ -75,24 +70,15 @@ def build_slow(export_dir: str) -> str:
     with tf.Graph().as_default() as graph:
         n = v1.placeholder(tf.int64, [], name="n")
         count = tf.while_loop(lambda i: i < n, lambda i: i + 1, [tf.constant(0, tf.int64)])[0]
-        signature = v1.saved_model.signature_def_utils.predict_signature_def(
-            {"n": n}, {"count": tf.identity(count, name="count")}
-        )
-        with v1.Session(graph=graph) as sess:
-            builder = v1.saved_model.Builder(export_dir)
-            builder.add_meta_graph_and_variables(
-                sess, ["serve"], signature_def_map={"serving_default": signature}
-            )
-            builder.save()
-    # SignatureDef.defaults has no Python builder API: add n=7 to the saved proto.
-    pb_path = os.path.join(export_dir, "saved_model.pb")
-    saved_model = saved_model_pb2.SavedModel()
-    with open(pb_path, "rb") as f:
-        saved_model.ParseFromString(f.read())
-    defaults = saved_model.meta_graphs[0].signature_def["serving_default"].defaults
-    defaults["n"].CopyFrom(tf.make_tensor_proto(np.int64(7)))
-    with open(pb_path, "wb") as f:
-        f.write(saved_model.SerializeToString())
+        save_tf1(graph, export_dir,
+                 serving_default({"n": n}, {"count": tf.identity(count, name="count")}))
+
+    def default_n_to_7(meta_graph):
+        # SignatureDef.defaults has no Python builder API: add n=7 to the saved proto.
+        defaults = meta_graph.signature_def["serving_default"].defaults
+        defaults["n"].CopyFrom(tf.make_tensor_proto(np.int64(7)))
+
+    edit_saved_model(export_dir, default_n_to_7)
     return export_dir
 
 
@@ -121,17 +107,10 @@ def bases(tmp_path_factory, classifier_base, regressor_base, convnet_base, keras
 
 @pytest.fixture(scope="module")
 def server(bases, tmp_path_factory):
-    entries = "".join(
-        f"config {{ name: '{name}' base_path: '{path}' model_platform: 'tensorflow' }}\n"
-        for name, path in bases.items()
-    )
-    config_path = tmp_path_factory.mktemp("model_server_config") / "models.config"
-    config_path.write_text(f"model_config_list {{\n{entries}}}\n")
-    running = serve(
-        ServerOptions(model_config_file=str(config_path), port=0, max_num_load_retries=0)
-    )
-    yield running
-    running.stop()
+    config = write_model_config(
+        str(tmp_path_factory.mktemp("model_server_config") / "models.config"), bases)
+    with running(model_config_file=config, port=0, max_num_load_retries=0) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -588,10 +567,7 @@ def test_multi_inference_duplicate_signature_is_invalid_argument(predictions):
 
 
 def test_get_model_metadata_is_the_saved_models_signature_def_map(predictions, keras_dir):
-    saved_model = saved_model_pb2.SavedModel()
-    with open(os.path.join(keras_dir, "saved_model.pb"), "rb") as f:
-        saved_model.ParseFromString(f.read())
-    expected = dict(saved_model.meta_graphs[0].signature_def)
+    expected = dict(read_saved_model(keras_dir).meta_graphs[0].signature_def)
     request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
     request.model_spec.name = "keras"
 
@@ -661,12 +637,10 @@ def test_warmup_replays_classify_regress_and_multi_inference_logs(bases, model_c
     )
     write_warmup(os.path.join(base, "1"), [classify, regress, multi])
 
-    server = serve(ServerOptions(model_name="m", model_base_path=base, port=0,
-                                 max_num_load_retries=0))  # raises if any replay fails
-    try:
+    # Raises if any replay fails.
+    with running(model_name="m", model_base_path=base, port=0,
+                 max_num_load_retries=0) as server:
         assert server.available_versions() == {"m": [1]}
-    finally:
-        server.stop()
 
 
 def test_a_failing_classify_warmup_log_fails_the_load(bases, model_copy):

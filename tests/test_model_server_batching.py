@@ -27,9 +27,10 @@ import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from local_server import running  # noqa: E402
+from saved_model_io import save_tf1  # noqa: E402
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 
-from serving_opt.serving.model_server import ServerOptions, serve  # noqa: E402
 from serving_opt.serving.model_server.batching import (  # noqa: E402
     BatchingOptions,
     BatchingSession,
@@ -58,23 +59,13 @@ def build_linear(export_dir: str) -> str:
         v = v1.placeholder(tf.float32, [None, None], name="v")
         row_sum = tf.reduce_sum(v, axis=1, name="row_sum")
         scaled = tf.multiply(v, 2.0, name="scaled")
-        with v1.Session(graph=graph) as sess:
-            builder = v1.saved_model.Builder(export_dir)
-            builder.add_meta_graph_and_variables(
-                sess,
-                ["serve"],
-                signature_def_map={
-                    "serving_default": sigs.predict_signature_def(
-                        {"x": x}, {"y": y, "total": total}
-                    ),
-                    "scalar": sigs.predict_signature_def({"s": s}, {"doubled": doubled}),
-                    "ragged": sigs.predict_signature_def(
-                        {"v": v}, {"row_sum": row_sum, "scaled": scaled}
-                    ),
-                },
-            )
-            builder.save()
-    return export_dir
+        return save_tf1(graph, export_dir, {
+            "serving_default": sigs.predict_signature_def({"x": x}, {"y": y, "total": total}),
+            "scalar": sigs.predict_signature_def({"s": s}, {"doubled": doubled}),
+            "ragged": sigs.predict_signature_def(
+                {"v": v}, {"row_sum": row_sum, "scaled": scaled}
+            ),
+        })
 
 
 @pytest.fixture(scope="module")
@@ -84,71 +75,44 @@ def base(tmp_path_factory) -> str:
     return str(root)
 
 
-def start(base: str, tmp_path_factory, parameters: str | None):
-    options = dict(model_name="m", model_base_path=base, port=0, rest_api_port=-1,
-                   max_num_load_retries=0, file_system_poll_wait_seconds=0,
-                   startup_timeout_seconds=60)
-    if parameters is not None:
-        path = tmp_path_factory.mktemp("params") / "batching.config"
-        path.write_text(parameters)
-        options.update(enable_batching=True, batching_parameters_file=str(path))
-    return serve(ServerOptions(**options))
+def server_fixture(parameters: str | None):
+    """A module fixture: a server of ``base`` with these batching parameters (None: no
+    batching), stopped after the module."""
+
+    @pytest.fixture(scope="module")
+    def fixture(base, tmp_path_factory):
+        options = dict(model_name="m", model_base_path=base, port=0, rest_api_port=-1,
+                       max_num_load_retries=0, file_system_poll_wait_seconds=0,
+                       startup_timeout_seconds=60)
+        if parameters is not None:
+            path = tmp_path_factory.mktemp("params") / "batching.config"
+            path.write_text(parameters)
+            options.update(enable_batching=True, batching_parameters_file=str(path))
+        with running(**options) as server:
+            yield server
+
+    return fixture
 
 
-@pytest.fixture(scope="module")
-def plain(base, tmp_path_factory):
-    running = start(base, tmp_path_factory, None)
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def batched(base, tmp_path_factory):
-    # 16 rows a batch; a batch runs when full (the tests send exactly 16 rows at once).
-    running = start(base, tmp_path_factory,
-                    f"max_batch_size {{ value: 16 }} batch_timeout_micros {{ value: {NEVER} }} "
-                    "num_batch_threads { value: 2 } max_enqueued_batches { value: 100 }")
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def padded(base, tmp_path_factory):
-    running = start(base, tmp_path_factory,
-                    f"max_batch_size {{ value: 8 }} batch_timeout_micros {{ value: {NEVER} }} "
-                    "allowed_batch_sizes: 4 allowed_batch_sizes: 8 "
-                    "num_batch_threads { value: 1 }")
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def variable(base, tmp_path_factory):
-    # Three rows a batch: the two ragged requests of the test fill it.
-    running = start(base, tmp_path_factory,
-                    f"max_batch_size {{ value: 3 }} batch_timeout_micros {{ value: {NEVER} }} "
-                    "num_batch_threads { value: 1 } pad_variable_length_inputs: true")
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def threaded(base, tmp_path_factory):
-    # Two rows fill a batch, so each 2-row request is a batch of its own; two threads.
-    running = start(base, tmp_path_factory,
-                    f"max_batch_size {{ value: 2 }} batch_timeout_micros {{ value: {NEVER} }} "
-                    "num_batch_threads { value: 2 } max_enqueued_batches { value: 10 }")
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def single(base, tmp_path_factory):
-    running = start(base, tmp_path_factory,
-                    f"max_batch_size {{ value: 2 }} batch_timeout_micros {{ value: {NEVER} }} "
-                    "num_batch_threads { value: 1 } max_enqueued_batches { value: 10 }")
-    yield running
-    running.stop()
+plain = server_fixture(None)
+# 16 rows a batch; a batch runs when full (the tests send exactly 16 rows at once).
+batched = server_fixture(
+    f"max_batch_size {{ value: 16 }} batch_timeout_micros {{ value: {NEVER} }} "
+    "num_batch_threads { value: 2 } max_enqueued_batches { value: 100 }")
+padded = server_fixture(
+    f"max_batch_size {{ value: 8 }} batch_timeout_micros {{ value: {NEVER} }} "
+    "allowed_batch_sizes: 4 allowed_batch_sizes: 8 num_batch_threads { value: 1 }")
+# Three rows a batch: the two ragged requests of the test fill it.
+variable = server_fixture(
+    f"max_batch_size {{ value: 3 }} batch_timeout_micros {{ value: {NEVER} }} "
+    "num_batch_threads { value: 1 } pad_variable_length_inputs: true")
+# Two rows fill a batch, so each 2-row request is a batch of its own; two threads.
+threaded = server_fixture(
+    f"max_batch_size {{ value: 2 }} batch_timeout_micros {{ value: {NEVER} }} "
+    "num_batch_threads { value: 2 } max_enqueued_batches { value: 10 }")
+single = server_fixture(
+    f"max_batch_size {{ value: 2 }} batch_timeout_micros {{ value: {NEVER} }} "
+    "num_batch_threads { value: 1 } max_enqueued_batches { value: 10 }")
 
 
 def batching_session(running) -> BatchingSession:

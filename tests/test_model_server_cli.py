@@ -7,11 +7,11 @@ import re
 import selectors
 import signal
 import subprocess
-import sys
 import time
 
 import grpc
 import pytest
+from local_server import read_line, start_serve
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_status_pb2,
@@ -22,29 +22,6 @@ from tensorflow_serving.apis import (
 from serving_opt import samples
 
 READY = re.compile(r"^serving-opt serve: model 'm' version 1 AVAILABLE on 127\.0\.0\.1:(\d+) ")
-
-
-def start_serve(*flags: str) -> subprocess.Popen:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "serving_opt.cli", "serve", *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-
-
-def read_line(process: subprocess.Popen, timeout: float) -> str:
-    """The next stdout line, or '' if the process exits or the time runs out."""
-    selector = selectors.DefaultSelector()
-    selector.register(process.stdout, selectors.EVENT_READ)
-    try:
-        if not selector.select(timeout):
-            return ""
-        return process.stdout.readline()
-    finally:
-        selector.close()
 
 
 @pytest.fixture

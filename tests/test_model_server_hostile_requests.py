@@ -18,15 +18,15 @@ import http.client  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import resource  # noqa: E402
-import selectors  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 import grpc  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from local_server import read_line, start_serve, stop_process  # noqa: E402
+from saved_model_io import save_tf1  # noqa: E402
 from tensorflow.core.framework import types_pb2  # noqa: E402
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 
@@ -49,18 +49,10 @@ def build_model(export_dir: str) -> str:
         total = tf.reduce_sum(x, name="total")
         s = v1.placeholder(tf.string, [None], name="s")
         length = tf.reduce_sum(tf.strings.length(s), name="length")
-        with v1.Session(graph=graph) as sess:
-            builder = v1.saved_model.Builder(export_dir)
-            builder.add_meta_graph_and_variables(
-                sess,
-                ["serve"],
-                signature_def_map={
-                    "serving_default": sigs.predict_signature_def({"x": x}, {"total": total}),
-                    "text": sigs.predict_signature_def({"s": s}, {"length": length}),
-                },
-            )
-            builder.save()
-    return export_dir
+        return save_tf1(graph, export_dir, {
+            "serving_default": sigs.predict_signature_def({"x": x}, {"total": total}),
+            "text": sigs.predict_signature_def({"s": s}, {"length": length}),
+        })
 
 
 @dataclass
@@ -84,27 +76,15 @@ class Server:
         assert reply.outputs["total"].float_val == [6.0]
 
 
-def _read_line(process: subprocess.Popen, timeout: float) -> str:
-    selector = selectors.DefaultSelector()
-    selector.register(process.stdout, selectors.EVENT_READ)
-    try:
-        return process.stdout.readline() if selector.select(timeout) else ""
-    finally:
-        selector.close()
-
-
 def _start(base: str, log_path: str, *flags: str):
     log = open(log_path, "w")  # noqa: SIM115 - closed with the process
-    process = subprocess.Popen(
-        [sys.executable, "-m", "serving_opt.cli", "serve", "--port=0", "--rest_api_port=-1",
-         "--model_name=m", f"--model_base_path={base}", "--grpc_max_threads=8", *flags],
-        stdout=subprocess.PIPE, stderr=log, text=True,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-    )
+    process = start_serve("--port=0", "--rest_api_port=-1", "--model_name=m",
+                          f"--model_base_path={base}", "--grpc_max_threads=8", *flags,
+                          stderr=log)
     # Set on the child right away (no preexec_fn in a threaded pytest); the server
     # allocates its first tensor long after this.
     resource.prlimit(process.pid, resource.RLIMIT_DATA, (DATA_LIMIT_BYTES, DATA_LIMIT_BYTES))
-    line = _read_line(process, 180)
+    line = read_line(process, 180)
     match = READY.search(line)
     if not match:
         process.kill()
@@ -120,14 +100,7 @@ def _start(base: str, log_path: str, *flags: str):
 
 def _stop(process: subprocess.Popen, channel: grpc.Channel, log) -> None:
     channel.close()
-    if process.poll() is None:
-        process.terminate()
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=30)
-    process.stdout.close()
+    stop_process(process)
     log.close()
 
 

@@ -15,7 +15,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import base64  # noqa: E402
 import json  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 import urllib.error  # noqa: E402
 import urllib.request  # noqa: E402
@@ -25,6 +24,14 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from google.protobuf import json_format  # noqa: E402
+from local_server import (  # noqa: E402
+    running,
+    serve_command,
+    serve_env,
+    start_serve,
+    write_model_config,
+)
+from saved_model_io import save_tf1  # noqa: E402
 from tensorflow.core.example import example_pb2  # noqa: E402
 from tensorflow_serving.apis import (  # noqa: E402
     classification_pb2,
@@ -52,33 +59,15 @@ def build_strings(export_dir: str) -> str:
         same = tf.identity(text, name="same")
         first = tf.identity(text[:1], name="first")
         lengths = tf.strings.length(text, name="lengths")
-        with v1.Session(graph=graph) as sess:
-            builder = v1.saved_model.Builder(export_dir)
-            builder.add_meta_graph_and_variables(
-                sess,
-                ["serve"],
-                signature_def_map={
-                    "serving_default": sigs.predict_signature_def(
-                        {"text_bytes": text},
-                        {"out_bytes": same, "out": same, "lengths": lengths},
-                    ),
-                    "mismatch": sigs.predict_signature_def(
-                        {"text": text}, {"all": same, "first": first}
-                    ),
-                },
-            )
-            builder.save()
-    return export_dir
-
-
-def write_config(path: str, bases: dict[str, str]) -> None:
-    entries = "".join(
-        f" config {{ name: '{name}' base_path: '{base}' model_platform: 'tensorflow' }}"
-        for name, base in bases.items()
-    )
-    with open(path + ".tmp", "w") as f:
-        f.write(f"model_config_list {{{entries} }}")
-    os.replace(path + ".tmp", path)
+        return save_tf1(graph, export_dir, {
+            "serving_default": sigs.predict_signature_def(
+                {"text_bytes": text},
+                {"out_bytes": same, "out": same, "lengths": lengths},
+            ),
+            "mismatch": sigs.predict_signature_def(
+                {"text": text}, {"all": same, "first": first}
+            ),
+        })
 
 
 @pytest.fixture(scope="module")
@@ -96,11 +85,10 @@ def bases(classifier_base, regressor_base, convnet_base, multihead_base, tmp_pat
 
 @pytest.fixture(scope="module")
 def server(bases, tmp_path_factory):
-    config = str(tmp_path_factory.mktemp("config") / "models.config")
-    write_config(config, bases)
-    running = serve(ServerOptions(model_config_file=config, port=0, rest_api_port=None))
-    yield running
-    running.stop()
+    config = write_model_config(str(tmp_path_factory.mktemp("config") / "models.config"),
+                                bases)
+    with running(model_config_file=config, port=0, rest_api_port=None) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -494,23 +482,20 @@ def available(running, name: str) -> bool:
 
 
 def test_config_file_polling_serves_a_model_added_to_the_file(bases, tmp_path):
-    config = str(tmp_path / "models.config")
-    write_config(config, {"convnet": bases["convnet"]})
-    running = serve(ServerOptions(model_config_file=config, port=0, rest_api_port=None,
-                                  model_config_file_poll_wait_seconds=0.5))
-    try:
-        assert http(running, "GET", "/v1/models/regressor", None)[0] == 404
-        write_config(config, {"convnet": bases["convnet"], "regressor": bases["regressor"]})
+    config = write_model_config(str(tmp_path / "models.config"),
+                                {"convnet": bases["convnet"]})
+    with running(model_config_file=config, port=0, rest_api_port=None,
+                 model_config_file_poll_wait_seconds=0.5) as server:
+        assert http(server, "GET", "/v1/models/regressor", None)[0] == 404
+        write_model_config(config, {"convnet": bases["convnet"], "regressor": bases["regressor"]})
         deadline = time.monotonic() + 120
         # GetModelStatus answers 200 while the version is still loading: wait for AVAILABLE.
-        while not available(running, "regressor"):
+        while not available(server, "regressor"):
             assert time.monotonic() < deadline, "the new model was never served"
             time.sleep(0.3)
         examples = [example_json(e) for e in samples.sample_examples(2)]
-        assert len(rest_json(running, "POST", "/v1/models/regressor:regress",
+        assert len(rest_json(server, "POST", "/v1/models/regressor:regress",
                              {"examples": examples})["results"]) == 2
-    finally:
-        running.stop()
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -519,13 +504,11 @@ def test_config_file_polling_serves_a_model_added_to_the_file(bases, tmp_path):
 def test_serve_cli_answers_rest_and_warns_about_unimplemented_flags(bases, tmp_path):
     batching = tmp_path / "batching.config"
     batching.write_text("max_batch_size { value: 8 } batch_timeout_micros { value: 1000 }")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "serving_opt.cli", "serve", "--port=0", "--rest_api_port=-1",
-         "--model_name=reg", f"--model_base_path={bases['regressor']}",
-         "--ssl_config_file=/etc/none.config", "--tensorflow_session_parallelism=2",
-         "--enable_batching", f"--batching_parameters_file={batching}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    process = start_serve(
+        "--port=0", "--rest_api_port=-1", "--model_name=reg",
+        f"--model_base_path={bases['regressor']}", "--ssl_config_file=/etc/none.config",
+        "--tensorflow_session_parallelism=2", "--enable_batching",
+        f"--batching_parameters_file={batching}",
     )
     try:
         line = process.stdout.readline()
@@ -551,11 +534,9 @@ def test_serve_cli_refuses_an_invalid_batching_parameters_file(bases, tmp_path):
     batching = tmp_path / "batching.config"
     batching.write_text("max_batch_size { value: 8 } allowed_batch_sizes: 4")
     process = subprocess.run(
-        [sys.executable, "-m", "serving_opt.cli", "serve", "--port=0",
-         f"--model_base_path={bases['regressor']}", "--enable_batching",
-         f"--batching_parameters_file={batching}"],
-        capture_output=True, text=True, timeout=120,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        serve_command("--port=0", f"--model_base_path={bases['regressor']}",
+                      "--enable_batching", f"--batching_parameters_file={batching}"),
+        capture_output=True, text=True, timeout=120, env=serve_env(),
     )
     assert process.returncode == 1
     assert ("Last entry in allowed_batch_sizes must match max_batch_size; last entry was 4; "

@@ -10,6 +10,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import contextlib  # noqa: E402
 import shutil  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -18,6 +19,8 @@ import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from local_server import running  # noqa: E402
+from saved_model_io import save_tf1  # noqa: E402
 from tensorflow_serving.apis import (  # noqa: E402
     get_model_status_pb2,
     model_management_pb2,
@@ -47,14 +50,7 @@ def build_counter(export_dir: str) -> str:
         signature = v1.saved_model.signature_def_utils.predict_signature_def(
             {"x": x}, {"y": tf.identity(x * 2.0, name="y"), "runs": runs}
         )
-        with v1.Session(graph=graph) as sess:
-            sess.run(v1.global_variables_initializer())
-            builder = v1.saved_model.Builder(export_dir)
-            builder.add_meta_graph_and_variables(
-                sess, ["serve"], signature_def_map={"serving_default": signature}
-            )
-            builder.save()
-    return export_dir
+        return save_tf1(graph, export_dir, {"serving_default": signature})
 
 
 @pytest.fixture(scope="module")
@@ -135,16 +131,13 @@ class Client:
 @pytest.fixture
 def serving():
     """serving(**options) starts a server; every one started is stopped after the test."""
-    started = []
+    with contextlib.ExitStack() as started:
 
-    def start(**options):
-        server = serve(ServerOptions(**{**FAST, **options}))
-        started.append(server)
-        return server, Client(server)
+        def start(**options):
+            server = started.enter_context(running(**{**FAST, **options}))
+            return server, Client(server)
 
-    yield start
-    for server in started:
-        server.stop()
+        yield start
 
 
 def test_a_new_version_directory_is_loaded_and_replaces_the_old(

@@ -21,6 +21,7 @@ import pytest
 import tensorflow as tf
 from conftest import tree_snapshot
 from hostile_models import HOSTILE, REQUEST, canary_files
+from saved_model_io import edit_saved_model, save_tf1, serving_default
 
 from serving_opt import host_ops, inspection, untrusted
 from serving_opt.errors import ServingOptError
@@ -205,26 +206,7 @@ def _small_tf1(export_dir: str) -> str:
         x = v1.placeholder(tf.float32, [None, 3], name="x")
         w = v1.get_variable("w", initializer=tf.constant([1.0, 2.0, 3.0]), use_resource=True)
         y = tf.identity(x * w, name="y")
-        with v1.Session(graph=graph) as sess:
-            sess.run(v1.global_variables_initializer())
-            builder = v1.saved_model.Builder(export_dir)
-            builder.add_meta_graph_and_variables(
-                sess, ["serve"], signature_def_map={
-                    "serving_default": v1.saved_model.predict_signature_def({"x": x}, {"y": y})})
-            builder.save()
-    return export_dir
-
-
-def _edit(model_dir: str, edit) -> None:
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    path = os.path.join(model_dir, "saved_model.pb")
-    saved_model = saved_model_pb2.SavedModel()
-    with open(path, "rb") as f:
-        saved_model.ParseFromString(f.read())
-    edit(saved_model.meta_graphs[0])
-    with open(path, "wb") as f:
-        f.write(saved_model.SerializeToString())
+        return save_tf1(graph, export_dir, serving_default({"x": x}, {"y": y}))
 
 
 def _uses(model_dir: str) -> list[untrusted.HostOpUse]:
@@ -255,7 +237,7 @@ def test_the_small_model_is_clean(small_model):
 
 def test_a_function_no_node_calls_is_checked(small_model, model_copy):
     model = model_copy(small_model)
-    _edit(model, lambda mg: _add_function(mg, "never_called"))
+    edit_saved_model(model, lambda mg: _add_function(mg, "never_called"))
     (use,) = _uses(model)
     assert (use.op, use.function, use.signatures) == ("PyFunc", "never_called", ())
     assert "a library function no node calls" in use.route
@@ -265,7 +247,7 @@ def test_a_function_no_node_calls_is_checked(small_model, model_copy):
 
 def test_an_orphan_node_is_checked(small_model, model_copy):
     model = model_copy(small_model)
-    _edit(model, lambda mg: mg.graph_def.node.add(name="orphan_write", op="WriteFile"))
+    edit_saved_model(model, lambda mg: mg.graph_def.node.add(name="orphan_write", op="WriteFile"))
     (use,) = _uses(model)
     assert (use.name, use.route) == (
         "orphan_write", "on no path of a signature or of the loader (every node is checked)")
@@ -289,7 +271,7 @@ def test_a_function_behind_nested_function_attrs_is_checked(small_model, model_c
         y = next(n for n in meta_graph.graph_def.node if n.name == "y")
         y.input.append("^maybe")
 
-    _edit(model, edit)
+    edit_saved_model(model, edit)
     (use,) = _uses(model)
     assert (use.op, use.function) == ("WriteFile", "loop_body")
     assert use.route == ("via then_branch.body of If maybe, reached from signature "
@@ -303,7 +285,7 @@ def test_copy_with_a_debug_spec_is_a_host_op(small_model, model_copy):
         node = meta_graph.graph_def.node.add(name="debug_copy", op="Copy", input=["y"])
         node.attr["debug_ops_spec"].list.s.append(b"DebugIdentity;grpc://evil:1;0")
 
-    _edit(model, edit)
+    edit_saved_model(model, edit)
     assert [u.name for u in _uses(model)] == ["debug_copy"]
 
 
@@ -318,7 +300,7 @@ def test_restore_reading_another_file_is_refused(small_model, model_copy):
         restore = next(n for n in meta_graph.graph_def.node if n.op == "RestoreV2")
         restore.input[0] = "host_path"
 
-    _edit(model, edit)
+    edit_saved_model(model, edit)
     (use,) = _uses(model)
     assert use.op == "RestoreV2"
     assert "takes its file name from 'host_path'" in use.reason
@@ -332,7 +314,7 @@ def test_the_init_op_must_not_reach_the_save_tensor(tmp_path):
         node.input.append("^" + node_name(meta_graph.saver_def.save_tensor_name))
         meta_graph.collection_def["saved_model_main_op"].node_list.value.append("main")
 
-    _edit(model, edit)
+    edit_saved_model(model, edit)
     uses = _uses(model)
     assert {u.op for u in uses} == {"SaveV2", "MergeV2Checkpoints"}
     assert all("the init op, run at every load reaches saver_def.save_tensor_name" in u.reason
@@ -355,15 +337,7 @@ def _saver_model(tmp_path, name: str, make_saver) -> str:
         y = tf.identity(tf.matmul(x, w) + b + bias, name="y")
         v1.train.Saver()  # a training script's own saver, which the export does not use
         saver = make_saver()
-        with v1.Session(graph=graph) as sess:
-            sess.run(v1.global_variables_initializer())
-            builder = v1.saved_model.Builder(export_dir)
-            builder.add_meta_graph_and_variables(
-                sess, ["serve"], signature_def_map={
-                    "serving_default": v1.saved_model.predict_signature_def({"x": x}, {"y": y})},
-                saver=saver)
-            builder.save()
-    return export_dir
+        return save_tf1(graph, export_dir, serving_default({"x": x}, {"y": y}), saver=saver)
 
 
 @pytest.mark.parametrize("saver", ["builder_default", "plain", "sharded", "v1_format"])
@@ -407,7 +381,7 @@ def test_the_tf2_restore_function_called_from_elsewhere_is_refused(keras_dir, mo
         rogue.attr["f"].CopyFrom(restore.attr["f"])
         meta_graph.collection_def["saved_model_main_op"].node_list.value.append("rogue")
 
-    _edit(model, edit)
+    edit_saved_model(model, edit)
     uses = _uses(model)
     assert uses and {u.op for u in uses} == {"RestoreV2"}
     assert "is also reached via a call by StatefulPartitionedCall rogue" in uses[0].reason
@@ -432,16 +406,9 @@ def _tf1_table_model(export_dir: str, vocabulary: str, declare_asset: bool) -> s
             vocabulary, tf.string, tf.lookup.TextFileIndex.WHOLE_LINE, tf.int64,
             tf.lookup.TextFileIndex.LINE_NUMBER), -1)
         y = tf.identity(table.lookup(words), name="y")
-        with v1.Session(graph=graph) as sess:
-            builder = v1.saved_model.Builder(export_dir)
-            assets = v1.get_collection(v1.GraphKeys.ASSET_FILEPATHS) if declare_asset else None
-            builder.add_meta_graph_and_variables(
-                sess, ["serve"], signature_def_map={
-                    "serving_default": v1.saved_model.predict_signature_def(
-                        {"words": words}, {"y": y})},
-                main_op=v1.tables_initializer(), assets_collection=assets)
-            builder.save()
-    return export_dir
+        assets = v1.get_collection(v1.GraphKeys.ASSET_FILEPATHS) if declare_asset else None
+        return save_tf1(graph, export_dir, serving_default({"words": words}, {"y": y}),
+                        main_op=v1.tables_initializer(), assets_collection=assets)
 
 
 def test_tf1_vocabulary_asset_passes(tmp_path):
@@ -468,7 +435,7 @@ def test_asset_node_that_is_a_signature_input_is_refused(tmp_path):
     def edit(meta_graph):
         meta_graph.signature_def["serving_default"].inputs["path"].name = "asset_path:0"
 
-    _edit(model, edit)
+    edit_saved_model(model, edit)
     (use,) = _uses(model)
     assert "is also a signature input" in use.reason
 
@@ -480,13 +447,8 @@ def test_read_file_of_an_asset_in_the_init_op_passes(tmp_path):
         y = tf.identity(x * 2.0, name="y")
         asset = tf.constant(_vocabulary(tmp_path), name="notes_asset")
         main_op = tf.group(tf.io.read_file(asset, name="read_notes"), name="main_op")
-        with v1.Session(graph=graph) as sess:
-            builder = v1.saved_model.Builder(export_dir)
-            builder.add_meta_graph_and_variables(
-                sess, ["serve"], signature_def_map={
-                    "serving_default": v1.saved_model.predict_signature_def({"x": x}, {"y": y})},
-                main_op=main_op, assets_collection=[asset])
-            builder.save()
+        save_tf1(graph, export_dir, serving_default({"x": x}, {"y": y}), main_op=main_op,
+                 assets_collection=[asset])
     assert _uses(export_dir) == []
 
 
@@ -522,7 +484,7 @@ def test_tf2_asset_table_passes(tmp_path):
             meta_graph.signature_def["serving_default"].outputs["y"].name))
         call.input.append(handle)
 
-    _edit(export_dir, hand_the_variable_on)
+    edit_saved_model(export_dir, hand_the_variable_on)
     (use,) = _uses(export_dir)
     assert "StatefulPartitionedCall" in use.reason and "also uses" in use.reason
 

@@ -7,7 +7,9 @@ runs them through the C++ session - see /work/shared/reference/tf-serving-contra
 Modules mirror tensorflow_serving/: ``servable`` (one loaded version), ``predict``,
 ``classifier``, ``regressor``, ``multi_inference``, ``warmup`` (servables/tensorflow),
 ``storage_path`` (sources/storage_path), ``core`` (ServerCore + manager),
-``prediction_service`` / ``model_service`` (gRPC), ``server`` (start/stop).
+``prediction_service`` / ``model_service`` (gRPC), ``rest`` (the HTTP API) with
+``json_tensor`` (util/json_tensor, split into ``json_read``, ``json_write``,
+``json_dtypes``, ``json_predict`` and ``json_examples``), ``server`` (start/stop).
 
 Example:
     >>> from serving_opt.serving.model_server import ServerOptions, serve

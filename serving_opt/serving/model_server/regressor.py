@@ -13,11 +13,10 @@ Example:
 from __future__ import annotations
 
 from serving_opt.serving.model_server import tensors
-from serving_opt.serving.model_server.example_input import serialized_examples
+from serving_opt.serving.model_server.example_input import ExampleApi
 from serving_opt.serving.model_server.request_options import (
     METHOD_REGRESS,
     RequestOptions,
-    fill_model_spec,
     find_method_signature,
     method_name_error,
 )
@@ -109,15 +108,7 @@ def run_regress(servable: Servable, request, options: RequestOptions, version: i
     """
     from tensorflow_serving.apis import regression_pb2
 
-    signature = find_signature(
-        servable.signature_defs, request.model_spec.signature_name, options
-    )
-    response = regression_pb2.RegressionResponse()
-    fill_model_spec(
-        response.model_spec, request.model_spec.name, request.model_spec.signature_name, version
-    )
-    input_name, output_names = tensor_names(signature, options)
-    examples = serialized_examples(request.input)
-    fetched = servable.run({input_name: examples}, output_names, options.timeout_ms)
-    fill_result(signature, len(examples), output_names, fetched, response.result)
-    return response
+    return REGRESS.run(servable, request, regression_pb2.RegressionResponse(), options, version)
+
+
+REGRESS = ExampleApi(find_signature, tensor_names, fill_result)
