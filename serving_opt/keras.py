@@ -14,7 +14,7 @@ def _real_keras_if_shadowed() -> None:
     """Loads the real Keras when this file was imported *as* top-level ``keras``.
 
     That happens when ``serving_opt/`` itself is on ``sys.path``, which Python does for
-    any script run from that directory: ``python serving_opt/samples.py``, and every
+    any script run from that directory: ``python serving_opt/cli/optimize_main.py``, and every
     ``py_binary`` whose main lives there (``bazel run //serving_opt:optimize``), since
     Bazel's stub starts ``python <runfiles>/serving_opt/...``. Then an
     ``import keras`` anywhere in the process (TensorFlow's ``tf.keras`` included) would
