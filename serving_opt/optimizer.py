@@ -21,6 +21,7 @@ import os
 import shutil
 from dataclasses import dataclass
 
+from serving_opt import gates
 from serving_opt import sandbox as sandbox_lib
 from serving_opt.errors import (
     DiskFullError,
@@ -33,8 +34,10 @@ from serving_opt.errors import (
 from serving_opt.graph import ServingGraph, prune_library, total_node_count
 from serving_opt.run import OptimizeReport, Progress, Run, SizeReport, StageReport
 from serving_opt.savedmodel import checkpoint, loader, writer
+from serving_opt.savedmodel import examples as examples_lib
 from serving_opt.savedmodel import inputs as inputs_lib
 from serving_opt.savedmodel import staging as staging_lib
+from serving_opt.stages import benchmark as benchmark_lib
 from serving_opt.stages import coldstart, parity, rewrites
 from serving_opt.stages import freeze as freeze_lib
 from serving_opt.stages import grappler as grappler_lib
@@ -69,8 +72,8 @@ class OptimizeOptions:
     overwrite: bool = False
     freeze: str = "auto"
     examples: str | None = None
-    atol: float = parity.DEFAULT_ATOL
-    rtol: float = parity.DEFAULT_RTOL
+    atol: float = gates.DEFAULT_ATOL
+    rtol: float = gates.DEFAULT_RTOL
     parity_batch_size: int = 16
     parity_batches: int = 2
     benchmark_runs: int = 100  # 0 skips the benchmark
@@ -93,8 +96,8 @@ class OptimizeOptions:
     quantize_min_elements: int = quantize_lib.DEFAULT_MIN_ELEMENTS
     # The lossy gate (quantize != none): classifiers' top-1 must agree this often, and
     # probabilities/scores move at most this much; other float outputs are reported.
-    min_top1_agreement: float = parity.DEFAULT_MIN_TOP1_AGREEMENT
-    max_probability_error: float = parity.DEFAULT_MAX_PROBABILITY_ERROR
+    min_top1_agreement: float = gates.DEFAULT_MIN_TOP1_AGREEMENT
+    max_probability_error: float = gates.DEFAULT_MAX_PROBABILITY_ERROR
     # Serve the result over gRPC before publishing (serving-opt validate); None = skip.
     validate: object | None = None  # a serving_opt.serving.validate.ValidateOptions
     # A last gate after parity: both models on every example of these TFRecord/JSON-lines
@@ -121,7 +124,7 @@ class Plan:
     passes: tuple[str, ...]
     tags: frozenset[str]
     version: int
-    user_inputs: object | None  # inputs_lib.UserInputs
+    user_inputs: object | None  # examples_lib.UserInputs
     validate: object | None = None  # the ValidateOptions of --validate, shared values merged
 
 
@@ -465,7 +468,7 @@ def plan(input_dir: str, output_base: str, options: OptimizeOptions) -> Plan:
         passes=grappler_lib.parse_passes(options.grappler),
         tags=loader.parse_tags(options.saved_model_tags),
         version=version,
-        user_inputs=inputs_lib.read_examples_file(options.examples) if options.examples
+        user_inputs=examples_lib.read_examples_file(options.examples) if options.examples
         else None,
         validate=validate_options(options) if options.validate is not None else None,
     )
@@ -491,7 +494,7 @@ def read(run: Run) -> Source:
     loader.configure_for_optimizing()
     loader.quiet_tensorflow_import()  # so the read stage times reading, not importing TF
     with run.stage("read", None) as stage:
-        inputs_lib.check_examples(plan_.user_inputs)
+        examples_lib.check_examples(plan_.user_inputs)
         saved_model = loader.read_saved_model(run.input_dir)
         loader.check_model_files(run.input_dir)  # no symlink out of the model is followed
         meta_graph = loader.find_meta_graph(saved_model, plan_.tags, run.input_dir)
@@ -804,7 +807,7 @@ def prove(run: Run, graph: ServingGraph, staging: str) -> None:
             run.input_dir, staging, plan_.tags, keys,
             user_inputs=plan_.user_inputs, atol=options.atol, rtol=options.rtol,
             batch_size=batch_size, num_batches=batches, seed=options.seed,
-            lossy=parity.LossyGate(options.min_top1_agreement, options.max_probability_error)
+            lossy=gates.LossyGate(options.min_top1_agreement, options.max_probability_error)
             if lossy else None,
         )
         run.parity = report
@@ -842,7 +845,7 @@ def compare_gate(run: Run, graph: ServingGraph, staging: str) -> None:
                                          saved_model_tags=options.saved_model_tags,
                                          atol=options.atol, rtol=options.rtol,
                                          allow_file_ops=options.allow_file_ops))
-        lossy = parity.LossyGate(options.min_top1_agreement, options.max_probability_error) \
+        lossy = gates.LossyGate(options.min_top1_agreement, options.max_probability_error) \
             if options.quantize != "none" else None
         failures = report.failures(lossy)
         stage.done(graph, f"{report.examples} examples: "
@@ -983,7 +986,7 @@ def _cold_start(run: Run, staging: str, key: str):
 def _steady_state(run: Run, staging: str, key: str):
     """The interleaved latency benchmark of both models, in a measuring process."""
     options = run.options
-    return coldstart.benchmark_in_fresh_process(
+    return benchmark_lib.benchmark_in_fresh_process(
         run.input_dir, staging, run.plan.tags, key, batch_sizes=options.benchmark_batch_sizes,
         runs=options.benchmark_runs, seed=options.seed, examples=options.examples)
 

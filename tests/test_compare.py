@@ -13,12 +13,11 @@ pytest.importorskip("apache_beam")
 
 import tensorflow as tf  # noqa: E402
 
-from serving_opt import samples  # noqa: E402
+from serving_opt import gates, samples  # noqa: E402
 from serving_opt.compare import CompareOptions, compare, format_report  # noqa: E402
 from serving_opt.errors import ServingOptError  # noqa: E402
 from serving_opt.savedmodel import loader
-from serving_opt.stages import parity  # noqa: E402
-from serving_opt.stages.parity import run_signature  # noqa: E402
+from serving_opt.savedmodel.loader import run_signature  # noqa: E402
 
 
 def write_shards(directory: str, records: list[bytes], shards: int) -> list[str]:
@@ -110,7 +109,7 @@ def test_perturbed_weight_found_exactly(classifier_dir, shards, tmp_path):
     for name in ("probabilities", "logits"):
         got = output(report, "predict", name)
         ref, cand = b[name].astype(np.float64), c[name].astype(np.float64)
-        close = np.isclose(cand, ref, atol=parity.DEFAULT_ATOL, rtol=parity.DEFAULT_RTOL)
+        close = np.isclose(cand, ref, atol=gates.DEFAULT_ATOL, rtol=gates.DEFAULT_RTOL)
         diff = np.abs(cand - ref)
         assert got.mismatches == int((~close).sum()) > 0
         assert got.mismatched_examples == int((~close).any(axis=1).sum())
@@ -136,16 +135,16 @@ def test_perturbed_weight_found_exactly(classifier_dir, shards, tmp_path):
     assert "DIFFERENT" in text and probs.worst[0][0] in text
 
 
-def lossy_verdict(b: dict, c: dict, gate: parity.LossyGate) -> set[str]:
+def lossy_verdict(b: dict, c: dict, gate: gates.LossyGate) -> set[str]:
     """The outputs the lossy gate must refuse, from both models' answers computed here:
     probabilities/scores by top-1 agreement and max error, integer and string outputs by
-    the share of rows that differ, other floats (logits) never (parity.LossyGate)."""
+    the share of rows that differ, other floats (logits) never (gates.LossyGate)."""
     failing = set()
     for name, ref in b.items():
         cand = c[name]
         rows = len(ref)
         if ref.dtype.kind == "f":
-            if name in parity.PROBABILITY_OUTPUTS:
+            if name in gates.PROBABILITY_OUTPUTS:
                 agreement = float((ref.argmax(1) == cand.argmax(1)).mean())
                 error = float(np.abs(ref.astype(np.float64) - cand).max())
                 if agreement < gate.min_top1_agreement or error > gate.max_probability_error:
@@ -184,11 +183,11 @@ def test_quantized_candidate_agreement_counted(text_classifier_base, tmp_path):
         np.abs(b["probabilities"].astype(np.float64) - c["probabilities"]).max(), abs=1e-6)
     # The verdict itself, for the default lossy gate and for one loose enough to pass.
     assert not any(e["baseline_only"] or e["candidate_only"] for e in report.errors)
-    for gate in (parity.LossyGate(), parity.LossyGate(min_top1_agreement=0.9,
+    for gate in (gates.LossyGate(), gates.LossyGate(min_top1_agreement=0.9,
                                                       max_probability_error=1.0)):
         expected = {f"predict/{name}" for name in lossy_verdict(b, c, gate)}
         assert {f.split(":")[0] for f in report.failures(gate)} == expected, gate
-    assert report.failures(parity.LossyGate(min_top1_agreement=0.9,
+    assert report.failures(gates.LossyGate(min_top1_agreement=0.9,
                                             max_probability_error=1.0)) == []
 
 
@@ -309,7 +308,7 @@ def test_optimize_refuses_what_compare_finds_and_publishes_nothing(text_classifi
     pattern = str(tmp_path / "eval" / "part-*")
     # What the gate must say about the evaluation set, computed here for every signature
     # (all three take serialized tf.Examples).
-    gate = parity.LossyGate()
+    gate = gates.LossyGate()
     expected = set()
     for signature in ("classification", "predict", "serving_default"):
         expected |= {f"{signature}/{name}" for name in lossy_verdict(

@@ -76,10 +76,10 @@ def test_a_refused_synthesized_input_keeps_the_ops_own_message(checked_model, tm
 
 
 def test_benchmark_job_reads_examples_in_the_measuring_process(checked_model, tmp_path):
-    from serving_opt.stages import coldstart
+    from serving_opt.stages import benchmark
 
     examples = write_examples(str(tmp_path / "x.jsonl"))
-    report = coldstart.benchmark_in_fresh_process(
+    report = benchmark.benchmark_in_fresh_process(
         checked_model, checked_model, frozenset({"serve"}), "serving_default",
         batch_sizes=(3,), runs=2, examples=examples)
     assert report.after[0].batch_size == 3 and report.after[0].runs == 2

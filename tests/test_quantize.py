@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 from conftest import TEXT_CLASSIFIER_DIM, TEXT_CLASSIFIER_VOCAB
 
-from serving_opt import samples
+from serving_opt import gates, samples
 from serving_opt.errors import ServingOptError, UsageError
 from serving_opt.optimizer import OptimizeOptions, optimize
 from serving_opt.savedmodel import loader
-from serving_opt.stages import parity
 
 EMBEDDING = "dnn/input_from_feature_columns/input_layer/text_embedding/embedding_weights"
 # Not measured: the cold-start gate times fresh processes, and on a busy machine its
@@ -102,7 +101,7 @@ def test_answers_pass_the_lossy_gate_and_agree_on_top1(quantized_text, text_clas
     agreement = float(np.mean(before["class_ids"] == after["class_ids"]))
     assert agreement >= 0.995
     assert np.abs(before["probabilities"] - after["probabilities"]).max() <= \
-        parity.DEFAULT_MAX_PROBABILITY_ERROR
+        gates.DEFAULT_MAX_PROBABILITY_ERROR
     probabilities = next(o for o in report.parity.outputs if o.output == "probabilities")
     assert probabilities.agreement is not None and probabilities.agreement >= 0.995
 

@@ -28,7 +28,6 @@ from serving_opt.errors import ServingOptError
 from serving_opt.graph import node_name
 from serving_opt.optimizer import OptimizeOptions, optimize
 from serving_opt.savedmodel import loader
-from serving_opt.stages import parity
 
 v1 = tf.compat.v1
 QUICK = dict(benchmark_runs=0, cold_start=False)
@@ -188,7 +187,7 @@ def test_the_models_are_hostile_when_tensorflow_runs_them(route, tmp_path):
         sig = meta_graph.signature_def["serving_default"]
         feed = ({"words": np.array([b"a", b"c"])} if "words" in sig.inputs
                 else {"x": np.asarray(REQUEST, np.float32)})
-        y = parity.run_signature(sess, sig, feed, ["y"])["y"]
+        y = loader.run_signature(sess, sig, feed, ["y"])["y"]
     finally:
         sess.close()
     if HOSTILE[route].effect == "writes":

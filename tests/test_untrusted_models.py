@@ -282,11 +282,11 @@ def _examples(tmp_path) -> str:
 
 
 def test_parity_compares_errors_on_user_inputs(tmp_path):
-    from serving_opt.savedmodel import inputs as inputs_lib
+    from serving_opt.savedmodel import examples as examples_lib
 
     checked = build_tf1_assert(str(tmp_path / "checked" / "1"))
     unchecked = build_tf1_assert(str(tmp_path / "unchecked" / "1"), with_assert=False)
-    user = inputs_lib.read_examples_file(_examples(tmp_path))
+    user = examples_lib.read_examples_file(_examples(tmp_path))
     same = parity.check_parity(checked, checked, frozenset({"serve"}), ["serving_default"],
                                user_inputs=user)
     assert same.ok, same.summary()

@@ -1,6 +1,7 @@
 """The Beam side of ``serving-opt compare``: read shards, batch, run both models, combine.
 
-    shard paths -> ReadShard (TFRecord of tf.Example, or JSON lines; keys shard:index)
+    shard paths -> ReadShard (TFRecord of tf.Example, or JSON lines, told apart and
+                  framed by serving_opt.savedmodel.examples; keys shard:index)
       -> Reshuffle -> BatchElements -> RunInference(baseline) -> RunInference(candidate)
       -> per (signature, output) batch pairs -> CombinePerKey(OutputStats) -> JSON lines
 
@@ -16,7 +17,6 @@ import io
 import json
 import os
 import shutil
-import struct
 import tempfile
 from dataclasses import dataclass, field
 
@@ -26,6 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.ml.inference.base import ModelHandler, RunInference
 
 from serving_opt.compare.stats import ErrorStats, OutputStats
+from serving_opt.savedmodel import examples as examples_lib
 
 # Errors raised inside the pipeline (on a worker, maybe another machine) reach the
 # driver as text inside the runner's own error; the markers let it find the one line.
@@ -39,59 +40,28 @@ def pipeline_error(problem: str, fix: str) -> RuntimeError:
 
 # --- reading shards -------------------------------------------------------------------
 
-def _masked_crc(data: bytes) -> int:
-    import google_crc32c
-
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def _read_exact(f, n: int) -> bytes:
-    chunks, left = [], n
-    while left:
-        chunk = f.read(left)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
+_RECORD_ERRORS = {  # examples.TFRecordError.problem -> (what, fix)
+    "partial header": ("{where} is truncated (a partial header)", "rewrite or re-copy the shard"),
+    "length checksum": ("{where}: corrupt length (checksum mismatch)",
+                        "the shard is not a TFRecord file or is damaged"),
+    "truncated": ("{where} is truncated ({got} of {length} bytes)",
+                  "rewrite or re-copy the shard"),
+    "data checksum": ("{where}: corrupt data (checksum mismatch)",
+                      "rewrite or re-copy the shard"),
+}
 
 
-def looks_like_tfrecord(head: bytes) -> bool:
-    """Whether the first 12 bytes are a TFRecord length with its checksum."""
-    return len(head) >= 12 and struct.unpack("<I", head[8:12])[0] == _masked_crc(head[:8])
-
-
-def iter_tfrecords(f, path: str):
-    """Yields the records of a TFRecord file object, checking lengths and checksums."""
-    index = 0
-    while True:
-        header = _read_exact(f, 12)
-        if not header:
-            return
-        where = f"shard {path} record {index}"
-        if len(header) < 12:
-            raise pipeline_error(f"{where} is truncated (a partial header)",
-                                 "rewrite or re-copy the shard")
-        if struct.unpack("<I", header[8:])[0] != _masked_crc(header[:8]):
-            raise pipeline_error(f"{where}: corrupt length (checksum mismatch)",
-                                 "the shard is not a TFRecord file or is damaged")
-        length = struct.unpack("<Q", header[:8])[0]
-        data = _read_exact(f, length)
-        footer = _read_exact(f, 4)
-        if len(data) < length or len(footer) < 4:
-            raise pipeline_error(f"{where} is truncated ({len(data)} of {length} bytes)",
-                                 "rewrite or re-copy the shard")
-        if struct.unpack("<I", footer)[0] != _masked_crc(data):
-            raise pipeline_error(f"{where}: corrupt data (checksum mismatch)",
-                                 "rewrite or re-copy the shard")
-        yield index, data
-        index += 1
+def _records(f, path: str):
+    """The shard's records (examples.iter_tfrecords), damage reported as a pipeline error."""
+    try:
+        yield from examples_lib.iter_tfrecords(f)
+    except examples_lib.TFRecordError as e:
+        what, fix = _RECORD_ERRORS[e.problem]
+        raise pipeline_error(what.format(where=f"shard {path} record {e.index}", got=e.got,
+                                         length=e.length), fix) from None
 
 
 def _json_rows(f, path: str):
-    from serving_opt.savedmodel.inputs import _decode_json_value
-
     text = io.TextIOWrapper(io.BufferedReader(f), encoding="utf-8")
     for number, line in enumerate(text, 1):
         if not line.strip():
@@ -105,7 +75,7 @@ def _json_rows(f, path: str):
         if not isinstance(request, dict) or not request:
             raise pipeline_error(f"shard {path} line {number} is not a JSON object of inputs",
                                  'write one {"alias": [rows...]} object per line')
-        values = {k: _decode_json_value(v) for k, v in request.items()}
+        values = {k: examples_lib.decode_json_value(v) for k, v in request.items()}
         lengths = {len(v) if isinstance(v, list) else -1 for v in values.values()}
         if len(lengths) != 1 or -1 in lengths:
             raise pipeline_error(
@@ -127,10 +97,11 @@ class ReadShard(beam.DoFn):
 
         count = 0
         with FileSystems.open(path) as f:  # any filesystem Beam has; .gz by extension
-            head = _read_exact(f, 12)
+            head = examples_lib.read_exact(f, examples_lib.HEAD_BYTES)
             rest = f
-            if looks_like_tfrecord(head):
-                for index, record in iter_tfrecords(_Prefixed(head, rest), path):
+            kind = examples_lib.examples_format(head)
+            if kind == "tfrecord":
+                for index, record in _records(_Prefixed(head, rest), path):
                     try:
                         example_pb2.Example.FromString(record)
                     except DecodeError as e:
@@ -140,7 +111,7 @@ class ReadShard(beam.DoFn):
                             "records") from None
                     count += 1
                     yield f"{path}:{index}", record
-            elif head.lstrip()[:1] in (b"{", b""):
+            elif kind == "json" or not head.strip():
                 for key, row in _json_rows(_Prefixed(head, rest), path):
                     count += 1
                     yield f"{path}:{key}", row
@@ -274,7 +245,7 @@ class SavedModelHandler(ModelHandler):
 
     def run_inference(self, batch, model: _LoadedModel, inference_args=None):
         from serving_opt.errors import first_line
-        from serving_opt.stages.parity import run_signature
+        from serving_opt.savedmodel.loader import run_signature
 
         if not isinstance(batch, BatchAnswers):
             batch = BatchAnswers([k for k, _ in batch], [p for _, p in batch])
@@ -334,10 +305,7 @@ class CompareOutputs(beam.CombineFn):
         if acc is None:
             acc = OutputStats.empty(signature, alias, self.atol, self.rtol, self.worst_k)
         if c is None:
-            acc.examples += len(keys)
-            acc.mismatched_examples += len(keys)
-            acc.mismatches += max(np.size(b), 1)
-            acc._detail("output missing from the candidate")
+            acc.add_missing(keys, b)
             return acc
         acc.add_batch(keys, b, c)
         return acc
@@ -364,6 +332,7 @@ def result_line(keyed) -> str:
                            "first_error": acc.first_error})
     return json.dumps({
         "kind": "output", "signature": signature, "output": output, "dtype": acc.dtype,
+        "output_kind": acc.kind.value,
         "row_shape": list(acc.row_shape), "examples": acc.examples, "elements": acc.elements,
         "mismatches": acc.mismatches, "mismatched_examples": acc.mismatched_examples,
         "max_abs_diff": acc.max_abs_diff,

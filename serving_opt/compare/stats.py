@@ -5,7 +5,7 @@ one batch of (baseline, candidate) answers into it, ``merge`` adds two of them, 
 size does not grow with the input (a fixed histogram, a class-confusion map bounded by
 classes x classes, at most ``worst_k`` worst examples). Pure numpy; no Beam, no TF.
 
-Definitions (the parity gate's, ``serving_opt.stages.parity.compare_arrays``): an element
+Definitions (the tolerance rule of ``serving_opt.gates``, the parity gate's): an element
 mismatches when not ``|c - b| <= atol + rtol * |b|`` (NaN equal to NaN); integers,
 booleans and strings must be equal. Relative diff is ``|c - b| / |b|`` where ``b != 0``.
 
@@ -24,13 +24,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from serving_opt.stages.parity import PROBABILITY_OUTPUTS, compare_arrays
+from serving_opt import gates
 
 # Upper bounds of the abs-diff histogram: 0 (identical), then one bucket per decade up to
 # 1, then everything above. Fixed, so histograms of all workers add up bucket by bucket.
 HISTOGRAM_BOUNDS: tuple[float, ...] = (0.0,) + tuple(10.0 ** e for e in range(-9, 1)) \
     + (math.inf,)
-CLASS_ID_OUTPUTS = frozenset({"class_ids", "classes_ids", "class_id", "predicted_class"})
 DEFAULT_WORST_K = 10
 
 
@@ -45,10 +44,6 @@ def histogram_labels() -> list[str]:
     for bound in HISTOGRAM_BOUNDS[1:-1]:
         labels.append(f"<={bound:g}")
     return labels + [f">{HISTOGRAM_BOUNDS[-2]:g}"]
-
-
-def is_probability_output(name: str) -> bool:
-    return name.lower() in PROBABILITY_OUTPUTS
 
 
 @dataclass
@@ -86,9 +81,24 @@ class OutputStats:
               worst_k: int = DEFAULT_WORST_K) -> OutputStats:
         return cls(signature, output, atol, rtol, worst_k)
 
-    def _detail(self, text: str) -> None:
+    @property
+    def kind(self) -> gates.Kind:
+        """What the output is (gates.Kind), from its name, dtype and answer shape."""
+        return gates.output_kind(self.output, self.dtype,
+                                 gates.has_class_rows((0,) + self.row_shape))
+
+    def add_break(self, text: str) -> None:
+        """Records why the answers cannot be compared (a shape, a dtype, a missing
+        output); the first three reasons are kept."""
         if text not in self.details and len(self.details) < 3:
             self.details.append(text)
+
+    def add_missing(self, keys, baseline) -> None:
+        """Folds in a batch the candidate answered without this output."""
+        self.examples += len(keys)
+        self.mismatched_examples += len(keys)
+        self.mismatches += max(np.size(baseline), 1)
+        self.add_break("output missing from the candidate")
 
     def add_batch(self, keys, baseline, candidate) -> None:
         """Folds one batch in: ``keys[i]`` names row ``i`` of both arrays."""
@@ -98,27 +108,23 @@ class OutputStats:
         self.dtype = self.dtype or baseline.dtype.name
         if baseline.ndim and baseline.shape[0] == rows:
             self.row_shape = tuple(int(d) for d in baseline.shape[1:])
-        mismatches, max_abs, max_rel, detail = compare_arrays(baseline, candidate,
-                                                              self.atol, self.rtol)
         self.elements += baseline.size
-        if detail:  # shape or dtype differ: every element counts as a mismatch
-            self._detail(detail)
-            self.mismatches += mismatches
+        broken = gates.structural_break(baseline, candidate)
+        if broken:  # shape or dtype differ: every element counts as a mismatch
+            self.add_break(broken)
+            self.mismatches += baseline.size or 1
             self.mismatched_examples += rows
             self.histogram[-1] += baseline.size
             for key in keys:
                 self._push(math.inf, key)
             return
-        self.mismatches += mismatches
-        self.max_abs_diff = max(self.max_abs_diff, max_abs)
-        self.max_rel_diff = max(self.max_rel_diff, max_rel)
         per_row = baseline.ndim > 0 and baseline.shape[0] == rows
         if baseline.dtype.kind in "fc":
-            ref, cand = baseline.astype(np.float64), candidate.astype(np.float64)
-            finite = np.isfinite(ref) & np.isfinite(cand)
-            diff = np.where(finite, np.abs(cand - ref), 0.0)
-            rel = np.where(finite & (ref != 0), diff / np.maximum(np.abs(ref), 1e-30), 0.0)
-            close = np.isclose(cand, ref, atol=self.atol, rtol=self.rtol, equal_nan=True)
+            d = gates.float_differences(baseline, candidate, self.atol, self.rtol)
+            close, finite, diff, rel = d
+            mismatches = int((~close).sum())
+            self.max_abs_diff = max(self.max_abs_diff, float(diff.max(initial=0.0)))
+            self.max_rel_diff = max(self.max_rel_diff, float(rel.max(initial=0.0)))
             self.sum_abs_diff += float(diff.sum())
             self.sum_rel_diff += float(rel.sum())
             # Non-finite where the other is not (inf vs 1.0, NaN vs 1.0): the top bucket.
@@ -130,19 +136,22 @@ class OutputStats:
                 row_diff = np.where(finite | close, diff, math.inf).reshape(rows, -1)
                 row_bad = (~close).reshape(rows, -1).any(axis=1)
                 scores = row_diff.max(axis=1, initial=0.0)
-            if per_row and is_probability_output(self.output) and ref.ndim == 2 \
-                    and ref.shape[-1] >= 2:
-                self._classes(ref.argmax(axis=-1), cand.argmax(axis=-1))
+            if per_row and gates.is_probability_output(self.output) and baseline.ndim == 2:
+                top1 = gates.top1_classes(baseline)
+                if top1 is not None:
+                    self._classes(top1, gates.top1_classes(candidate))
         else:
             unequal = np.asarray(baseline != candidate)
+            mismatches = int(unequal.sum())
             self.histogram[0] += int((~unequal).sum())
             self.histogram[-1] += int(unequal.sum())
             if per_row:
                 row_bad = unequal.reshape(rows, -1).any(axis=1)
                 scores = unequal.reshape(rows, -1).sum(axis=1).astype(np.float64)
             if per_row and baseline.dtype.kind in "iu" and \
-                    self.output.lower() in CLASS_ID_OUTPUTS and baseline.size == rows:
+                    gates.is_class_id_output(self.output) and baseline.size == rows:
                 self._classes(baseline.reshape(rows), candidate.reshape(rows))
+        self.mismatches += mismatches
         if per_row:
             self.mismatched_examples += int(row_bad.sum())
             for index in np.flatnonzero(scores > 0):
@@ -181,7 +190,7 @@ class OutputStats:
         for score, key in other.worst:
             self._push(score, key.key)
         for detail in other.details:
-            self._detail(detail)
+            self.add_break(detail)
         return self
 
     def worst_examples(self) -> list[tuple[str, float]]:

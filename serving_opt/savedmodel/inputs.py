@@ -6,27 +6,21 @@ which features are required), and string features are drawn from the model's
 vocabulary assets so lookups hit real table entries, plus out-of-vocabulary words
 so the OOV path is exercised too.
 
-``--examples`` files:
-  * a TFRecord of serialized ``tf.Example`` protos, used for signatures whose input
-    is a batch of serialized examples (classify, regress, Estimator predict);
-  * JSON lines, one request per line: ``{"alias": value, ...}`` with the batch
-    dimension included, exactly what a Predict request carries. Strings may be
-    given as ``{"b64": "..."}``, like TF Serving's REST API.
+The user's ``--examples`` (TFRecords of tf.Example, JSON lines of requests) are read by
+:mod:`serving_opt.savedmodel.examples`; here they are fed to the signatures they fit.
 """
 
 from __future__ import annotations
 
-import base64
-import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from serving_opt.errors import ServingOptError, first_line
+from serving_opt.errors import ServingOptError
 from serving_opt.graph import CALL_OPS, node_name
+from serving_opt.savedmodel.examples import UserInputs
 
 _PARSE_OPS = frozenset({"ParseExample", "ParseExampleV2", "ParseSingleExample"})
 _PASS_THROUGH_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "IdentityN"})
@@ -411,147 +405,6 @@ def example_input_alias(graph_def, signature_def) -> tuple[str, ExampleSpec] | N
         return None
     spec = find_example_spec(graph_def, info.name)
     return (alias, spec) if spec is not None else None
-
-
-@dataclass(frozen=True)
-class UserInputs:
-    """What ``--examples`` provided: serialized tf.Examples and/or JSON requests."""
-
-    examples: tuple[bytes, ...] = ()
-    requests: tuple[dict, ...] = ()
-    path: str = ""
-
-
-def read_examples_file(path: str) -> UserInputs:
-    """Reads ``--examples``: a TFRecord of tf.Example, or JSON lines of requests.
-
-    TensorFlow is not imported: the TFRecord framing is read here (each length checked
-    against its CRC32C), the records' tf.Example structure by :func:`check_examples`,
-    where the model is read.
-
-    Example:
-        >>> len(read_examples_file("build/examples.tfrecord").examples)
-        8
-    """
-    if not os.path.isfile(path):
-        raise ServingOptError(f"--examples file {path} does not exist", "check the path")
-    with open(path, "rb") as f:
-        head = f.read(64).lstrip()
-    if head.startswith(b"{"):
-        return UserInputs(requests=tuple(_read_json_lines(path)), path=path)
-    try:
-        records = tfrecord_records(path)
-    except ValueError as e:
-        raise ServingOptError(
-            f"--examples {path} is neither JSON lines nor a TFRecord of tf.Example ({e})",
-            "write a TFRecord of serialized tf.Example, or one JSON request per line",
-        ) from e
-    if not records:
-        raise ServingOptError(f"--examples {path} holds no records", "give at least one example")
-    return UserInputs(examples=tuple(records), path=path)
-
-
-def check_examples(user: UserInputs | None) -> None:
-    """Every record of a TFRecord ``--examples`` parses as a tf.Example."""
-    if user is None or not user.examples:
-        return
-    from tensorflow.core.example import example_pb2
-
-    for index, record in enumerate(user.examples):
-        try:
-            example_pb2.Example().ParseFromString(record)
-        except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
-            raise ServingOptError(
-                f"--examples {user.path} is neither JSON lines nor a TFRecord of tf.Example "
-                f"(record {index}: {first_line(e)})",
-                "write a TFRecord of serialized tf.Example, or one JSON request per line",
-            ) from e
-
-
-def _crc32c_table() -> list[int]:
-    table = []
-    for i in range(256):
-        crc = i
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-        table.append(crc)
-    return table
-
-
-_CRC32C = _crc32c_table()
-
-
-def _masked_crc32c(data: bytes) -> int:
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = _CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    crc ^= 0xFFFFFFFF
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def tfrecord_records(path: str) -> list[bytes]:
-    """The records of a TFRecord file (uncompressed), without TensorFlow.
-
-    A record is ``uint64 length, uint32 masked CRC32C of the length, data, uint32
-    masked CRC32C of the data``; the length's CRC is checked (a file of another format
-    fails at once), the data's is left to the reader that parses it.
-
-    Example:
-        >>> len(tfrecord_records("build/examples.tfrecord"))
-        8
-    """
-    import struct
-
-    records = []
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        while True:
-            header = f.read(12)
-            if not header:
-                return records
-            if len(header) < 12:
-                raise ValueError(f"truncated record header at byte {f.tell() - len(header)}")
-            length, crc = struct.unpack("<QI", header)
-            if _masked_crc32c(header[:8]) != crc:
-                raise ValueError(f"bad length checksum at byte {f.tell() - 12}")
-            if f.tell() + length + 4 > size:
-                raise ValueError(f"record of {length} bytes runs past the end of the file")
-            records.append(f.read(length))
-            f.read(4)
-
-
-def _decode_json_value(value):
-    if isinstance(value, dict) and set(value) == {"b64"}:
-        return base64.b64decode(value["b64"])
-    if isinstance(value, list):
-        return [_decode_json_value(v) for v in value]
-    if isinstance(value, str):
-        return value.encode()
-    return value
-
-
-def _read_json_lines(path: str) -> list[dict]:
-    requests = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                request = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ServingOptError(
-                    f"--examples {path} line {number} is not valid JSON ({e.msg})",
-                    'write one JSON object per line, e.g. {"images": [[...]]}',
-                ) from None
-            if not isinstance(request, dict):
-                raise ServingOptError(
-                    f"--examples {path} line {number} is not a JSON object",
-                    'write one {"alias": value} object per line',
-                )
-            requests.append({k: _decode_json_value(v) for k, v in request.items()})
-    if not requests:
-        raise ServingOptError(f"--examples {path} holds no requests", "give at least one line")
-    return requests
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from serving_opt import gates
 from serving_opt.errors import ServingOptError
+from serving_opt.savedmodel import examples as examples_lib
 from serving_opt.savedmodel import inputs as inputs_lib
 from serving_opt.savedmodel import loader
 from serving_opt.serving import client
-from serving_opt.stages import parity
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def _tensor_proto(value: np.ndarray):
 
 def _compare(expected, actual, atol: float, rtol: float) -> str:
     """"" when the arrays match within the parity gate's tolerances, else what differs."""
-    mismatches, max_abs, _, detail = parity.compare_arrays(
+    mismatches, max_abs, _, detail = gates.compare_arrays(
         np.asarray(expected), np.asarray(actual), atol, rtol)
     if mismatches:
         return (f"{mismatches} of {np.asarray(expected).size} elements differ"
@@ -63,8 +64,8 @@ def _compare(expected, actual, atol: float, rtol: float) -> str:
 
 def build_probes(model_dir: str, reference_dir: str, model_name: str, version: int,
                  tags: frozenset[str], *, examples: str | None = None, batch_size: int = 8,
-                 seed: int = 0, atol: float = parity.DEFAULT_ATOL,
-                 rtol: float = parity.DEFAULT_RTOL) -> tuple[list[Probe], dict]:
+                 seed: int = 0, atol: float = gates.DEFAULT_ATOL,
+                 rtol: float = gates.DEFAULT_RTOL) -> tuple[list[Probe], dict]:
     """Requests for every signature with expected answers from the reference model.
 
     Returns ``(probes, served_signature_map)``. Reads the served model too, so a
@@ -78,7 +79,7 @@ def build_probes(model_dir: str, reference_dir: str, model_name: str, version: i
     import tensorflow as tf
 
     api = client.serving_api()
-    user = inputs_lib.read_examples_file(examples) if examples else None
+    user = examples_lib.read_examples_file(examples) if examples else None
     served_mg = loader.find_meta_graph(loader.read_saved_model(model_dir), tags, model_dir)
     sess, ref_mg = loader.load_session(reference_dir, tags)
     probes: list[Probe] = []
@@ -94,7 +95,7 @@ def build_probes(model_dir: str, reference_dir: str, model_name: str, version: i
                     "pass the matching --reference_dir",
                 )
             feed = feeds(key, batch_size).batches[0]
-            expected = parity.run_signature(sess, ref_sig, feed)
+            expected = loader.run_signature(sess, ref_sig, feed)
 
             request = api.predict_pb2.PredictRequest()
             request.model_spec.name = model_name
@@ -206,7 +207,7 @@ def _multi_inference_probe(api: client.ServingApi, sess, ref_mg, classify_key: s
         sig = ref_mg.signature_def[key]
         task.method_name = sig.method_name
         alias = next(iter(sig.inputs))
-        expected = parity.run_signature(sess, sig, {alias: np.array(records, dtype=object)})
+        expected = loader.run_signature(sess, sig, {alias: np.array(records, dtype=object)})
         checks.append(_classification_check(expected, atol, rtol)
                       if sig.method_name == loader.METHOD_CLASSIFY
                       else _regression_check(expected, atol, rtol))

@@ -37,6 +37,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from serving_opt import gates
 from serving_opt import sandbox as sandbox_lib
 from serving_opt.errors import ServingOptError, UsageError
 
@@ -46,7 +47,6 @@ from serving_opt.serving import backends, client, requests, rest_client
 from serving_opt.serving import runtime as runtime_lib
 from serving_opt.serving.client import LoadTest
 from serving_opt.serving.markers import MARKER_FAILED, MARKER_OK, write_marker
-from serving_opt.stages import parity
 
 __all__ = [
     "MARKER_FAILED", "MARKER_OK", "Check", "LoadTest", "ValidateOptions", "ValidationReport",
@@ -77,8 +77,8 @@ class ValidateOptions:
     concurrency: int = 8
     duration: float = 5.0
     load_deadline: float = 300.0
-    atol: float = parity.DEFAULT_ATOL
-    rtol: float = parity.DEFAULT_RTOL
+    atol: float = gates.DEFAULT_ATOL
+    rtol: float = gates.DEFAULT_RTOL
     batch_size: int = 8
     request_timeout: float = 30.0
     write_warmup: bool = False

@@ -17,7 +17,8 @@ Defaults: ``atol=1e-5``, ``rtol=1e-4``. Lossless rewrites (batch-norm folding,
 constant folding) move float32 results by about 1e-6 relative; a lossy
 transform such as ``round_weights`` or ``quantize_weights`` fails by orders of
 magnitude, so the defaults separate the two. Loosen them deliberately for lossy
-transforms.
+transforms, or pass ``lossy`` (``--quantize``): the rules themselves, tolerance and
+lossy, are :mod:`serving_opt.gates`'.
 """
 
 from __future__ import annotations
@@ -26,38 +27,13 @@ import gc
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-import numpy as np
-
+from serving_opt import gates
 from serving_opt.errors import ServingOptError, first_line
+from serving_opt.gates import DEFAULT_ATOL, DEFAULT_RTOL, LossyGate, ToleranceGate
 from serving_opt.savedmodel import inputs as inputs_lib
 from serving_opt.savedmodel import loader
-
-DEFAULT_ATOL = 1e-5
-DEFAULT_RTOL = 1e-4
-# The lossy gate (--quantize). Top-1 agreement is the verdict: 99.5% of rows keep
-# their class (flips happen on near ties). The probability bound is a guard against a
-# broken table (errors of 0.3 and more): measured here, int8 moves the worst of 10240
-# probabilities of a confident 20-class text classifier by 0.03 (its mean by 1e-3),
-# fp16 by 0.002.
-DEFAULT_MIN_TOP1_AGREEMENT = 0.995
-DEFAULT_MAX_PROBABILITY_ERROR = 0.05
-# Outputs a classifier's answer is read from: gated on top-1 agreement and max error.
-PROBABILITY_OUTPUTS = frozenset({"probabilities", "scores", "probs", "predictions"})
-
-
-@dataclass(frozen=True)
-class LossyGate:
-    """What "same answers" means for lossy work (quantized weights).
-
-    Probabilities/scores outputs: the row's top-1 class must agree in at least
-    ``min_top1_agreement`` of the rows, and no value may move more than
-    ``max_probability_error``. Integer and string outputs (class ids, class names):
-    at least ``min_top1_agreement`` of the elements equal. Other float outputs
-    (logits, embeddings) are reported, not gated.
-    """
-
-    min_top1_agreement: float = DEFAULT_MIN_TOP1_AGREEMENT
-    max_probability_error: float = DEFAULT_MAX_PROBABILITY_ERROR
+from serving_opt.savedmodel.examples import UserInputs
+from serving_opt.savedmodel.loader import run_signature
 
 
 @dataclass(frozen=True)
@@ -138,53 +114,13 @@ class Rejected:
     error: str
 
 
-def run_signature(session, signature_def, feed_by_alias: dict,
-                  output_aliases: Sequence[str] | None = None) -> dict:
-    """Runs one signature in a session: feeds and fetches keyed by alias.
-
-    Example:
-        >>> run_signature(sess, sig, {"images": batch})["scores"].shape
-        (16, 4)
-    """
-    feeds = {signature_def.inputs[a].name: v for a, v in feed_by_alias.items()}
-    aliases = list(output_aliases or sorted(signature_def.outputs))
-    fetches = [signature_def.outputs[a].name for a in aliases]
-    values = session.run(fetches, feeds)
-    return dict(zip(aliases, values))
-
-
-def compare_arrays(reference, candidate, atol: float, rtol: float):
-    """(mismatches, max_abs_diff, max_rel_diff, detail) for two arrays.
-
-    Example:
-        >>> compare_arrays(np.array([1.0, 2.0]), np.array([1.0, 2.5]), 1e-5, 1e-4)[:2]
-        (1, 0.5)
-    """
-    reference, candidate = np.asarray(reference), np.asarray(candidate)
-    if reference.shape != candidate.shape:
-        return reference.size or 1, 0.0, 0.0, f"shape {candidate.shape} != {reference.shape}"
-    if reference.dtype != candidate.dtype:
-        return reference.size or 1, 0.0, 0.0, f"dtype {candidate.dtype} != {reference.dtype}"
-    if reference.dtype.kind in "fc":
-        ref = reference.astype(np.float64)
-        cand = candidate.astype(np.float64)
-        close = np.isclose(cand, ref, atol=atol, rtol=rtol, equal_nan=True)
-        finite = np.isfinite(ref) & np.isfinite(cand)
-        diff = np.where(finite, np.abs(cand - ref), 0.0)
-        rel = np.where(finite & (ref != 0), diff / np.maximum(np.abs(ref), 1e-30), 0.0)
-        return (int((~close).sum()), float(diff.max(initial=0.0)),
-                float(rel.max(initial=0.0)), "")
-    equal = reference == candidate
-    return int((~np.asarray(equal)).sum()), 0.0, 0.0, ""
-
-
 def check_parity(
     reference_dir: str,
     candidate_dir: str,
     tags: frozenset[str],
     signature_keys: Sequence[str],
     *,
-    user_inputs: inputs_lib.UserInputs | None = None,
+    user_inputs: UserInputs | None = None,
     atol: float = DEFAULT_ATOL,
     rtol: float = DEFAULT_RTOL,
     batch_size: int = 16,
@@ -229,6 +165,7 @@ def check_parity(
         del ref_sess
         gc.collect()
 
+    gate: gates.Gate = lossy or ToleranceGate(atol, rtol)
     cand_sess, cand_mg = loader.load_session(candidate_dir, tags)
     results: list[OutputParity] = []
     batches_run = 0
@@ -269,8 +206,7 @@ def check_parity(
             for alias, pairs in per_output.items():
                 if not pairs:
                     continue  # every batch was rejected, by both models
-                results.append(_summarize(key, alias, pairs, atol, rtol) if lossy is None
-                               else _summarize_lossy(key, alias, pairs, lossy))
+                results.append(_output_parity(gates.check_output(key, alias, pairs, gate)))
     finally:
         cand_sess.close()
     return ParityReport(
@@ -283,72 +219,11 @@ def check_parity(
     )
 
 
-def _summarize(signature: str, alias: str, pairs: list, atol: float, rtol: float) -> OutputParity:
-    mismatches = elements = 0
-    max_abs = max_rel = 0.0
-    details = []
-    shape: tuple[int, ...] = ()
-    dtype = ""
-    for expected, actual in pairs:
-        expected = np.asarray(expected)
-        shape, dtype = expected.shape, expected.dtype.name
-        elements += expected.size
-        if actual is None:
-            mismatches += expected.size or 1
-            details.append("output missing")
-            continue
-        m, a, r, detail = compare_arrays(expected, actual, atol, rtol)
-        mismatches += m
-        max_abs, max_rel = max(max_abs, a), max(max_rel, r)
-        if detail:
-            details.append(detail)
+def _output_parity(check: gates.OutputCheck) -> OutputParity:
+    """The report's line for one output: the gate's measurement and its verdict."""
     return OutputParity(
-        signature=signature,
-        output=alias,
-        dtype=dtype,
-        shape=tuple(int(d) for d in shape),
-        elements=elements,
-        mismatches=mismatches,
-        max_abs_diff=max_abs,
-        max_rel_diff=max_rel,
-        ok=mismatches == 0,
-        detail="; ".join(dict.fromkeys(details)),
-    )
-
-
-def _summarize_lossy(signature: str, alias: str, pairs: list, gate: LossyGate) -> OutputParity:
-    """The lossy gate's verdict on one output (see LossyGate)."""
-    exact = _summarize(signature, alias, pairs, 0.0, 0.0)
-    if exact.detail and "differ" not in exact.detail:  # shape/dtype/missing: a real break
-        return exact
-    rows = agree = 0
-    for expected, actual in pairs:
-        expected, actual = np.asarray(expected), np.asarray(actual)
-        if expected.dtype.kind in "fc":
-            if expected.ndim < 2 or expected.shape[-1] < 2:
-                continue  # not per-class rows
-            e = expected.reshape(-1, expected.shape[-1])
-            a = actual.reshape(-1, actual.shape[-1])
-            rows += e.shape[0]
-            agree += int((e.argmax(axis=1) == a.argmax(axis=1)).sum())
-        else:
-            rows += expected.size
-            agree += int((expected == actual).sum())
-    is_float = exact.dtype.startswith(("float", "complex", "bfloat"))
-    # Float rows are scored for every output (logits too), gated for probabilities only.
-    gated = rows > 0 and (not is_float or alias.lower() in PROBABILITY_OUTPUTS)
-    agreement = agree / rows if rows else None
-    ok, detail = True, ""
-    if gated and agreement < gate.min_top1_agreement:
-        ok, detail = False, f"agreement {agreement:.4f} < {gate.min_top1_agreement}"
-    elif gated and is_float and exact.max_abs_diff > gate.max_probability_error:
-        ok, detail = False, (f"max abs diff {exact.max_abs_diff:.3g} > "
-                             f"{gate.max_probability_error}")
-    elif not gated:
-        detail = "reported, not gated (lossy)"
-    return OutputParity(
-        signature=signature, output=alias, dtype=exact.dtype, shape=exact.shape,
-        elements=exact.elements, mismatches=exact.mismatches,
-        max_abs_diff=exact.max_abs_diff, max_rel_diff=exact.max_rel_diff, ok=ok,
-        detail=detail, agreement=agreement,
+        signature=check.signature, output=check.output, dtype=check.dtype,
+        shape=check.shape, elements=check.elements, mismatches=check.differing,
+        max_abs_diff=check.max_abs_diff, max_rel_diff=check.max_rel_diff,
+        ok=check.verdict.ok, detail=check.verdict.reason, agreement=check.agreement,
     )

@@ -10,8 +10,8 @@ Protected nodes (signature tensors, init op, table initializers, asset paths) ar
 passed to the tool as outputs: ``strip_unused_nodes`` keeps them, ``remove_nodes``
 and ``merge_duplicate_nodes`` leave them alone, ``obfuscate_names`` keeps their names.
 
-The project's own rewrites the tool's batch-norm folds need first live in
-:mod:`serving_opt.stages.rewrites`; :func:`apply_transforms` runs them where the spec
+The batch-norm folding the tool gets wrong or misses is done first, by
+:mod:`serving_opt.batch_norm_folding`; :func:`apply_transforms` runs it where the spec
 asks for those folds.
 """
 
@@ -20,10 +20,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from serving_opt import batch_norm_folding
 from serving_opt.errors import ServingOptError, UsageError, first_line
 from serving_opt.graph import ServingGraph, guarded_outputs, reattach_assertions
 from serving_opt.host_ops import host_op_kind
-from serving_opt.stages import rewrites
 
 # Transform name -> accepted argument names, as registered in TF's C++ tool
 # (tensorflow/tools/graph_transforms/*.cc). Checked before anything runs.
@@ -326,7 +326,7 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
     graph_def = type(graph.graph_def)()
     graph_def.CopyFrom(graph.graph_def)
     if any(t.name == "fold_old_batch_norms" for t in transforms):
-        rewrites.downgrade_foldable_batch_norms(graph_def, set(outputs))
+        batch_norm_folding.downgrade_foldable_batch_norms(graph_def, set(outputs))
     # Transforms that run the graph (fold_constants) fetch every output by tensor, and a
     # NoOp init op or a table initializer has no tensor: the tool then fails, or with
     # ignore_errors=true silently skips the whole transform. Those nodes hang off one
@@ -358,8 +358,8 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
             # the tool's own fold then finds nothing left it could get wrong.
             staged = graph_pb2.GraphDef()
             staged.ParseFromString(data)
-            folds = rewrites.fold_batch_norm_scales(staged, set(outputs) | set(inputs))
-            if folds != rewrites.FoldReport():
+            folds = batch_norm_folding.fold_batch_norm_scales(staged, set(outputs) | set(inputs))
+            if folds != batch_norm_folding.FoldReport():
                 data = staged.SerializeToString()
         fetching = group[0].name in _FETCHING_TRANSFORMS
         these_inputs = fed if fetching else inputs

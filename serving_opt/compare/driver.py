@@ -1,0 +1,302 @@
+"""The driver of ``serving-opt compare``: checks, plans, runs the pipeline, reports.
+
+``compare()`` runs where it is called: it reads both models' signatures, refuses host
+ops, and starts :func:`execute` in the sandbox for local runners (outside it for remote
+ones, whose workers run the models elsewhere). ``execute()`` lists the shards, tells
+their format (``serving_opt.savedmodel.examples``), plans each signature's feeding, runs
+the Beam pipeline (``compare.pipeline``) and turns its result lines into the report
+(``compare.report``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+from serving_opt.compare.options import CompareOptions
+from serving_opt.compare.report import CompareReport, report_from_lines
+from serving_opt.errors import ServingOptError, UsageError, first_line
+from serving_opt.savedmodel import examples as examples_lib
+
+_DEFAULT_OPTIONS = CompareOptions()
+
+
+def require_beam() -> None:
+    """Raises the one-line error when Apache Beam is not installed.
+
+    Example:
+        >>> require_beam()  # nothing when it is
+    """
+    try:
+        import apache_beam  # noqa: F401
+        import google_crc32c  # noqa: F401
+    except ImportError as e:
+        raise ServingOptError(
+            f"serving-opt compare runs on Apache Beam, which is not installed ({e.name} "
+            "missing)", "pip install serving-opt[beam]") from None
+
+
+# --- reading the models' signatures in the driver -----------------------------------------
+
+def _meta_graph(model_dir: str, tags: frozenset):
+    from serving_opt.savedmodel import loader
+
+    if "://" not in model_dir:
+        return loader.find_meta_graph(loader.read_saved_model(model_dir), tags, model_dir)
+    from apache_beam.io.filesystems import FileSystems
+
+    scratch = tempfile.mkdtemp(prefix="serving-opt-pb-")
+    try:
+        for name in ("saved_model.pb", "saved_model.pbtxt"):
+            path = model_dir.rstrip("/") + "/" + name
+            if FileSystems.exists(path):
+                with FileSystems.open(path, compression_type="uncompressed") as src, \
+                        open(os.path.join(scratch, name), "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                break
+        return loader.find_meta_graph(loader.read_saved_model(scratch), tags, model_dir)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _match_shards(pattern: str) -> list[str]:
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        found = FileSystems.match([pattern])[0].metadata_list
+    except Exception as e:  # noqa: BLE001 - Beam's BeamIOError for a missing directory
+        raise ServingOptError(f"--examples={pattern}: cannot list it ({first_line(e)})",
+                              "check the path and your access to it") from None
+    if not found:
+        raise ServingOptError(f"--examples={pattern} matches no files",
+                              "check the pattern (a glob, e.g. /data/eval-*.tfrecord)")
+    for meta in found:
+        if meta.size_in_bytes == 0:
+            raise ServingOptError(f"shard {meta.path} is empty (0 bytes)",
+                                  "remove the empty shard or narrow --examples")
+    return sorted(m.path for m in found)
+
+
+def _input_kind(shard: str) -> tuple[str, set]:
+    """("tfrecord", {}) or ("json", aliases of the first request) from the first shard."""
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(shard) as f:
+        head = examples_lib.read_exact(f, examples_lib.HEAD_BYTES)
+        kind = examples_lib.examples_format(head)
+        if kind == "tfrecord":
+            return "tfrecord", set()
+        if kind == "json":
+            line, newline, _ = head.partition(b"\n")
+            if not newline and hasattr(f, "readline"):
+                line += f.readline()
+            try:
+                return "json", set(json.loads(line))
+            except (ValueError, TypeError):
+                raise ServingOptError(f"shard {shard} line 1 is not valid JSON",
+                                      "write one JSON request per line") from None
+    raise ServingOptError(
+        f"shard {shard} is neither a TFRecord nor JSON lines (starts with {head[:8]!r})",
+        "write TFRecords of serialized tf.Example, or one JSON request per line")
+
+
+def _plans(meta_graph, candidate_mg, keys: Sequence[str], explicit: bool, kind: str,
+           aliases: set):
+    from tensorflow.python.framework import dtypes
+
+    from serving_opt.compare.pipeline import SignaturePlan
+    from serving_opt.savedmodel import inputs as inputs_lib
+
+    plans, skipped = [], {}
+    for key in keys:
+        sig = meta_graph.signature_def[key]
+        if key not in candidate_mg.signature_def:
+            raise ServingOptError(f"signature {key} is missing from the candidate",
+                                  "compare models with the same signatures, or pass "
+                                  "--signatures")
+        dtype_of = {a: ("object" if i.dtype == dtypes.string.as_datatype_enum
+                        else dtypes.as_dtype(i.dtype).as_numpy_dtype.__name__)
+                    for a, i in sig.inputs.items()}
+        example = None
+        reason = ""
+        if kind == "tfrecord":
+            found = inputs_lib.example_input_alias(meta_graph.graph_def, sig)
+            if found is None:
+                reason = "it does not take serialized tf.Examples"
+            else:
+                example = found[0]
+        elif not aliases <= set(sig.inputs):
+            reason = f"its inputs ({', '.join(sorted(sig.inputs))}) do not take the " \
+                     f"requests' ({', '.join(sorted(aliases))})"
+        if reason:
+            if explicit:
+                raise UsageError(f"signature {key} cannot be compared on these examples: "
+                                 f"{reason}", "pass examples it takes, or drop it from "
+                                 "--signatures")
+            skipped[key] = reason
+            continue
+        plans.append(SignaturePlan(key, example, tuple(sorted(dtype_of.items())),
+                                   tuple(sorted(sig.outputs))))
+    if not plans:
+        raise ServingOptError(
+            "no signature takes these examples ("
+            + "; ".join(f"{k}: {r}" for k, r in skipped.items()) + ")",
+            "pass TFRecords of tf.Example for classify/regress/predict-on-examples "
+            "signatures, or JSON lines of the signature's inputs")
+    return tuple(plans), skipped
+
+
+def _pipeline_options(options: CompareOptions):
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    args = [f"--runner={options.runner}"]
+    extra = list(options.pipeline_args)
+    if options.direct_num_workers > 1:
+        args.append(f"--direct_num_workers={options.direct_num_workers}")
+        if not any(a.startswith("--direct_running_mode") for a in extra):
+            # Threads would share one Python interpreter; processes use every core.
+            args.append("--direct_running_mode=multi_processing")
+    return PipelineOptions(args + extra)
+
+
+def _results_dir(pipeline_options) -> tuple[str, bool]:
+    """Where the job writes its small result file: under --temp_location when given (a
+    remote runner's workers cannot write to this machine), else a local temp dir."""
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+    temp = pipeline_options.view_as(GoogleCloudOptions).temp_location
+    if temp:
+        return temp.rstrip("/") + f"/serving-opt-compare-{uuid.uuid4().hex}", False
+    return tempfile.mkdtemp(prefix="serving-opt-compare-"), True
+
+
+def _pipeline_failure(e: BaseException) -> ServingOptError:
+    from serving_opt.compare.pipeline import MARK_CLOSE, MARK_OPEN
+
+    text = str(e)
+    start = text.find(MARK_OPEN)
+    if start >= 0:
+        end = text.find(MARK_CLOSE, start)
+        message = text[start + len(MARK_OPEN):end if end > 0 else None].strip()
+        problem, _, fix = message.partition("; ")
+        return ServingOptError(problem, fix or None)
+    return ServingOptError(f"the comparison pipeline failed: {first_line(e)}",
+                           "rerun with --verbosity=1 for the runner's traceback")
+
+
+def compare(baseline: str, candidate: str, examples: str,
+            options: CompareOptions = _DEFAULT_OPTIONS,
+            progress: Callable[[str], None] | None = None) -> CompareReport:
+    """Compares two SavedModels' answers on every example matching ``examples``.
+
+    Example:
+        >>> r = compare("build/sample/1", "build/models/classifier/1",
+        ...             "build/eval/part-*.tfrecord", CompareOptions(direct_num_workers=2))
+        >>> r.ok, r.examples
+        (True, 100000)
+    """
+    require_beam()
+    say = progress or (lambda _m: None)
+    if options.batch_size < 1 or options.worst_k < 0 or options.direct_num_workers < 1:
+        raise UsageError("--batch_size and --direct_num_workers must be >= 1, --worst_k >= 0",
+                         "e.g. --batch_size=256")
+    from serving_opt import sandbox as sandbox_lib
+    from serving_opt import untrusted
+    from serving_opt.savedmodel import loader
+
+    tags = loader.parse_tags(options.saved_model_tags)
+    base_mg = _meta_graph(baseline, tags)
+    cand_mg = _meta_graph(candidate, tags)
+    keys = loader.select_signatures(base_mg, options.signatures)
+    if not options.allow_file_ops:
+        untrusted.refuse_host_ops(base_mg, keys, "compare")
+        untrusted.refuse_host_ops(cand_mg, [k for k in keys if k in cand_mg.signature_def],
+                                  "compare")
+    del base_mg, cand_mg
+    local_runner = options.runner.lower().replace("runner", "") in ("direct", "prism",
+                                                                   "interactive")
+    sandboxed = local_runner and sandbox_lib.require(options.allow_unsandboxed,
+                                                     f"compare {candidate}")
+    if not sandboxed:
+        return execute(baseline, candidate, examples, options, say)
+    if "://" in examples:
+        raise ServingOptError(
+            f"--examples={examples} needs the network, which the sandbox running the models "
+            "does not have; nothing was run",
+            "copy the shards to a local directory, or pass --allow_unsandboxed for models "
+            "you trust")
+    # Absolute paths: the pipeline runs elsewhere (cwd /tmp, in its sandbox); the report
+    # names the paths as the user gave them.
+    given = {"baseline": baseline, "candidate": candidate, "examples_pattern": examples}
+    baseline, candidate = os.path.abspath(baseline), os.path.abspath(candidate)
+    examples = os.path.abspath(examples)
+    policy = sandbox_lib.Policy(read_only=(baseline, candidate, sandbox_lib.glob_root(examples)))
+    report = sandbox_lib.call("serving_opt.compare.driver:execute", baseline, candidate, examples,
+                              options, policy=policy, progress=say)
+    import dataclasses
+
+    return dataclasses.replace(report, **given)
+
+
+def execute(baseline: str, candidate: str, examples: str, options: CompareOptions,
+            progress: Callable[[str], None] | None = None) -> CompareReport:
+    """The pipeline itself (in the sandbox for local runners): both models on every example."""
+    import apache_beam as beam
+
+    from serving_opt import sandbox as sandbox_lib
+    from serving_opt.compare import pipeline as pl
+    from serving_opt.savedmodel import loader
+
+    say = progress or sandbox_lib.say
+    tags = loader.parse_tags(options.saved_model_tags)
+    base_mg = _meta_graph(baseline, tags)
+    cand_mg = _meta_graph(candidate, tags)
+    keys = loader.select_signatures(base_mg, options.signatures)
+    shards = _match_shards(examples)
+    kind, aliases = _input_kind(shards[0])
+    plans, skipped = _plans(base_mg, cand_mg, keys, bool(options.signatures), kind, aliases)
+    del base_mg, cand_mg
+
+    pipeline_options = _pipeline_options(options)
+    results_dir, local_results = _results_dir(pipeline_options)
+    results = results_dir.rstrip("/") + "/results.jsonl"
+    tag_tuple = tuple(sorted(tags))
+    say(f"comparing {len(plans)} signature(s) on {len(shards)} shard(s) with "
+        f"{options.runner}" + (f" ({options.direct_num_workers} workers)"
+                               if options.direct_num_workers > 1 else ""))
+    start = time.perf_counter()
+    try:
+        p = beam.Pipeline(options=pipeline_options)
+        pl.build(p, shards,
+                 pl.SavedModelHandler(baseline, tag_tuple, plans, "baseline"),
+                 pl.SavedModelHandler(candidate, tag_tuple, plans, "candidate"),
+                 batch_size=options.batch_size, atol=options.atol, rtol=options.rtol,
+                 worst_k=options.worst_k, results_prefix=results)
+        try:
+            p.run().wait_until_finish()
+        except ServingOptError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the runner wraps the worker's error
+            raise _pipeline_failure(e) from e
+        seconds = time.perf_counter() - start
+        lines = _read_results(results)
+    finally:
+        if local_results:
+            shutil.rmtree(results_dir, ignore_errors=True)
+    return report_from_lines(lines, baseline, candidate, examples, len(shards), options,
+                             skipped, seconds)
+
+
+def _read_results(path: str) -> list[dict]:
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(path, compression_type="uncompressed") as f:
+        lines = [json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
+    if "://" in path:
+        FileSystems.delete([path])
+    return lines
