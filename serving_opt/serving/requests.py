@@ -10,7 +10,8 @@ records; a model with both kinds gets one MultiInference probe for a classify an
 a regress signature together. Inputs come from ``--examples`` where they fit and
 are synthesized otherwise (``stages.inputs.signature_feeds``, as for parity).
 
-Nothing here talks to a server: ``client`` sends the probes.
+Nothing here talks to a server: the clients (``client``, ``rest_client``) send the
+probes.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 from serving_opt.errors import ServingOptError
 from serving_opt.savedmodel import inputs as inputs_lib
 from serving_opt.savedmodel import loader
-from serving_opt.serving import client
+from serving_opt.serving.api import ServingApi, serving_api
 from serving_opt.stages import parity
 
 
@@ -77,7 +78,7 @@ def build_probes(model_dir: str, reference_dir: str, model_name: str, version: i
     """
     import tensorflow as tf
 
-    api = client.serving_api()
+    api = serving_api()
     user = inputs_lib.read_examples_file(examples) if examples else None
     served_mg = loader.find_meta_graph(loader.read_saved_model(model_dir), tags, model_dir)
     sess, ref_mg = loader.load_session(reference_dir, tags)
@@ -174,7 +175,7 @@ def _regression_check(expected: dict, atol: float, rtol: float):
     return check
 
 
-def _example_probe(api: client.ServingApi, key: str, method: str, records: list[bytes],
+def _example_probe(api: ServingApi, key: str, method: str, records: list[bytes],
                    expected: dict, model_name: str, version: int, atol: float,
                    rtol: float) -> Probe:
     if method == loader.METHOD_CLASSIFY:
@@ -193,7 +194,7 @@ def _example_probe(api: client.ServingApi, key: str, method: str, records: list[
     return Probe(f"{name} {key}", name, request, lambda response: check(response.result))
 
 
-def _multi_inference_probe(api: client.ServingApi, sess, ref_mg, classify_key: str,
+def _multi_inference_probe(api: ServingApi, sess, ref_mg, classify_key: str,
                            regress_key: str, records: list[bytes], model_name: str,
                            version: int, atol: float, rtol: float) -> Probe:
     request = api.inference_pb2.MultiInferenceRequest()
