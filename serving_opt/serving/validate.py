@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from serving_opt import sandbox as sandbox_lib
 from serving_opt.errors import ServingOptError, UsageError
 from serving_opt.savedmodel import loader, writer
-from serving_opt.serving import backends, requests
+from serving_opt.serving import backends, requests, warmup
 from serving_opt.serving import runtime as runtime_lib
 from serving_opt.serving.client import GrpcClient
 from serving_opt.serving.clients import ModelServerClient
@@ -288,14 +288,12 @@ def execute(model_base: str, options: ValidateOptions, runtime_note: str = "",
         outcome = _serve(server, target, probes, served, options, say)
         report = _report(target, server, outcome)  # while its whole log is still there
     if options.write_warmup and report.ok:
-        from serving_opt.serving import warmup
-
         report = dataclasses.replace(report, warmup_records=warmup.records(probes))
     return report
 
 
 def _serve(server: ServerProcess, target: Target, probes: Sequence[requests.Probe],
-           served: dict, options: ValidateOptions, say) -> Outcome:
+           served: dict, options: ValidateOptions, say: Callable[[str], None]) -> Outcome:
     """Against the running server, one client per protocol: AVAILABLE, then metadata and
     answers; then, for a model that answers right, the load phase."""
     with ExitStack() as stack:
@@ -306,13 +304,13 @@ def _serve(server: ServerProcess, target: Target, probes: Sequence[requests.Prob
         if not checks[-1].ok:
             return Outcome(tuple(checks), failures=(checks[-1].detail,))
         say("checking metadata and answers over " + " and ".join(target.protocols))
-        sendable = {c.protocol: c.prepare(probes, served) for c in clients}
-        for c in clients:
-            checks += _answer_checks(c, served, sendable[c.protocol])
+        sendable = {client.protocol: client.prepare(probes, served) for client in clients}
+        for client in clients:
+            checks += _answer_checks(client, served, sendable[client.protocol])
         failures = [f"{c.name}: {c.detail}" for c in checks if not c.ok]
         # Load only a model that answers right: errors under load would just repeat
         # the failures already reported.
-        if failures or options.concurrency <= 0 or options.duration <= 0:
+        if failures or not (options.concurrency > 0 and options.duration > 0):
             return Outcome(tuple(checks), tuple(failures))
         say(f"load phase: {options.concurrency} clients ({', '.join(target.protocols)}) for "
             f"{options.duration:g} s")
@@ -332,7 +330,7 @@ def _wait_until_available(clients: Sequence[ModelServerClient], server: ServerPr
         try:
             client.wait_until_available(server, deadline_s)
         except ServingOptError as e:
-            name = client.available_check if checks else GrpcClient.available_check
+            name = client.available_check if checks else "model AVAILABLE"
             return checks + [Check(name, False, e.problem)]
         checks.append(Check(client.available_check, True, f"version {version}"))
     return checks
@@ -379,6 +377,7 @@ def _load_phase(clients: Sequence[ModelServerClient], sendable: Mapping[str, lis
 
 
 def _report(target: Target, server: ServerProcess, outcome: Outcome) -> ValidationReport:
+    """The report of one execution: what was served, by what, and what it found."""
     server.identify()
     loads = outcome.load_tests
     return ValidationReport(
@@ -446,7 +445,7 @@ def _admit(model_dir: str, options: ValidateOptions) -> None:
 
 
 def _resolve(options: ValidateOptions, version: int, sandboxed: bool,
-             say) -> tuple[ValidateOptions, str]:
+             say: Callable[[str], None]) -> tuple[ValidateOptions, str]:
     """``options`` as the executor runs them (the concrete backend, the version, the local
     runtime's interpreter, absolute paths: it runs elsewhere, cwd /tmp, in its sandbox),
     and the runtime note."""
@@ -472,11 +471,10 @@ def _resolve(options: ValidateOptions, version: int, sandboxed: bool,
         examples=os.path.abspath(options.examples) if options.examples else None), runtime_note
 
 
-def _write_warmup(report: ValidationReport, model_dir: str, say) -> ValidationReport:
+def _write_warmup(report: ValidationReport, model_dir: str,
+                  say: Callable[[str], None]) -> ValidationReport:
     """Written here, not by the process that ran the model: only records whose answers
     matched, once they did, into the version being validated."""
-    from serving_opt.serving import warmup
-
     path = warmup.write_warmup_records(model_dir, report.warmup_records)
     say(f"wrote {path}")
     return dataclasses.replace(report, warmup_file=path)
