@@ -1,9 +1,22 @@
-"""Model server backends: the real TF Serving (Docker or binary) or the local stand-in.
+"""Model server runners: the real TF Serving (Docker or binary) or the local stand-in.
 
-All three are a child process serving gRPC (and REST) on loopback ports, so one small class
-handles starting, log capture and stopping (always, also on Ctrl-C): only the
-command line differs. TFX's InfraValidator splits it the same way (a serving
-binary + a runner); here the runner is always a local process.
+TFX's ``infra_validator/model_server_runners``: a runner starts a server for a model
+and stops it; it does not talk to the model (the clients do). All three are a child
+process serving gRPC and REST on loopback ports (``process.ServerProcess``: start, log,
+exit code, stop, also on Ctrl-C); a runner class adds its command line and what it
+knows about what answers:
+
+  * ``DockerRunner``: ``docker run tensorflow/serving:<tag>`` with the model base mounted
+    read-only at ``/models/<name>`` and free host ports mapped to 8500 (gRPC) and 8501
+    (REST, which the image always serves);
+  * ``BinaryRunner``: ``tensorflow_model_server`` from PATH (``--rest_api_port``);
+  * ``LocalRunner``: ``serving-opt serve``, this project's TF-Serving-compatible server
+    (same flags, same gRPC and REST APIs) for machines where neither of the above runs,
+    run by the interpreter of the target TensorFlow (``runtime.Runtime``).
+
+:func:`make_server` turns a concrete backend name into its runner, the one switch;
+:func:`resolve_backend` turns ``auto`` into one: docker if a Docker engine answers (and
+we are not in a sandbox), else the binary if on PATH, else local.
 
 A server never outlives the process that started it, even one killed with SIGKILL
 (which runs no cleanup):
@@ -23,42 +36,28 @@ A server never outlives the process that started it, even one killed with SIGKIL
     name=serving-opt-`` lists them). No Docker engine runs on the CI machines; the tests
     check this with a stand-in ``docker`` client.
 
-The server's log is a temporary file unlinked as soon as it is opened (the server
-writes to its descriptor, we read through our own), so nothing is left in /tmp even
-when we are killed; :meth:`ServerProcess.log_tail` gives its last lines for error
-messages, also after the server stopped.
-
-  * ``docker``: ``docker run tensorflow/serving:<tag>`` with the model base mounted
-    read-only at ``/models/<name>`` and free host ports mapped to 8500 (gRPC) and 8501
-    (REST, which the image always serves).
-  * ``binary``: ``tensorflow_model_server`` from PATH (``--rest_api_port``).
-  * ``local``: ``serving-opt serve``, this project's TF-Serving-compatible server
-    (same flags, same gRPC and REST APIs) for machines where neither of the above runs,
-    run by the interpreter of the target TensorFlow (``runtime.Runtime``).
-
-Each server says what it is (``ServerProcess.description``) and which TensorFlow answers
-(``ServerProcess.tf_version``): the image tag's release for docker, ``tensorflow_model_server
---version``'s "TensorFlow Library" for the binary, and the stand-in's own interpreter for
-local (confirmed by the ``TensorFlow X`` line ``serve`` logs when it prints one).
-  * ``auto``: docker if a Docker engine answers, else the binary if on PATH, else local.
+Each server says what it is (``description``, ``note``) and which TensorFlow answers
+(``tf_version``, ``answering_tf_version()``): the image tag's release for docker,
+``tensorflow_model_server --version``'s "TensorFlow Library" for the binary, and the
+stand-in's own interpreter for local (confirmed by the ``TensorFlow X`` line ``serve``
+logs when it prints one).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
+import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from serving_opt.errors import ServingOptError, UsageError
+from serving_opt.serving import runtime as runtime_lib
+from serving_opt.serving.process import ServerProcess, die_with_parent
 
 BACKENDS = ("auto", "docker", "binary", "local")
 DEFAULT_IMAGE = "tensorflow/serving:2.20.0"  # the current TF Serving release
@@ -213,179 +212,6 @@ def local_command(spec: ServerSpec, port: int, rest_port: int = 0,
                           config_file)]
 
 
-class ServerProcess:
-    """A model server child process: started, logged to a file, always stopped.
-
-    Example:
-        >>> with ServerProcess("local", local_command(spec, 9000), 9000) as server:
-        ...     server.address
-        '127.0.0.1:9000'
-    """
-
-    def __init__(self, backend: str, command: Sequence[str], port: int,
-                 cleanup: Sequence[str] | None = None, env: dict | None = None,
-                 parent_pipe_flag: str | None = None, rest_port: int = 0,
-                 description: str = "", tf_version: str = "",
-                 temp_dirs: Sequence[str] = ()) -> None:
-        self.backend = backend
-        self.temp_dirs = list(temp_dirs)  # removed when the server stops (its config)
-        self.command = list(command)
-        self.port = port
-        self.rest_port = rest_port  # 0: no REST API
-        # What answers, for reports and markers: "docker:<image>", "binary:<path> <ver>",
-        # "local:serving-opt serve (stand-in) on TensorFlow X".
-        self.description = description or backend
-        self.tf_version = tf_version
-        self.cleanup = list(cleanup) if cleanup else None
-        self.env = env
-        # A flag taking a file descriptor: the server exits when that pipe reaches EOF.
-        self.parent_pipe_flag = parent_pipe_flag
-        self._process: subprocess.Popen | None = None
-        self._pipe_write: int | None = None
-        self._log, self._log_reader = _unlinked_log(f"serving-opt-{backend}-")
-        self._tail = ""  # the log's last lines, kept once the log is closed
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def rest_address(self) -> str | None:
-        return f"127.0.0.1:{self.rest_port}" if self.rest_port else None
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._process is None else self._process.pid
-
-    def start(self) -> ServerProcess:
-        command, pass_fds, preexec = self.command, (), None
-        if self.parent_pipe_flag:
-            read_end, self._pipe_write = os.pipe()  # neither end is inherited by default
-            command = [*command, f"{self.parent_pipe_flag}={read_end}"]
-            pass_fds = (read_end,)
-        else:
-            preexec = _die_with_parent()
-        try:
-            self._process = subprocess.Popen(
-                command, stdout=self._log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, env=self.env,
-                pass_fds=pass_fds, preexec_fn=preexec,
-            )
-        except FileNotFoundError as e:
-            self._close_pipe()
-            self._remove_log()
-            raise ServingOptError(
-                f"cannot start the {self.backend} server: {self.command[0]} not found",
-                "install it, or pick another --server (local always works)",
-            ) from e
-        finally:
-            for fd in pass_fds:
-                os.close(fd)  # the server's end; ours is the write end
-        return self
-
-    def _close_pipe(self) -> None:
-        if self._pipe_write is not None:
-            os.close(self._pipe_write)
-            self._pipe_write = None
-
-    def exit_code(self) -> int | None:
-        return None if self._process is None else self._process.poll()
-
-    def log_tail(self, lines: int = 30) -> str:
-        text = self._tail
-        if not self._log_reader.closed:
-            size = os.fstat(self._log_reader.fileno()).st_size
-            self._log_reader.seek(max(0, size - _TAIL_BYTES))
-            text = self._log_reader.read().decode(errors="replace")
-        return "".join(text.splitlines(keepends=True)[-lines:])
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout``; runs the backend's cleanup command."""
-        if self.cleanup:
-            # docker: the client process dying does not stop the container; remove it.
-            subprocess.run(self.cleanup, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           check=False, timeout=30)
-        try:
-            self._terminate(timeout)
-        finally:
-            self._close_pipe()
-            self._remove_log()
-            for directory in self.temp_dirs:
-                shutil.rmtree(directory, ignore_errors=True)
-
-    def _terminate(self, timeout: float) -> None:
-        process = self._process
-        if process is None or process.poll() is not None:
-            return
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-    def _remove_log(self) -> None:
-        if self._log_reader.closed:
-            return
-        self._tail = self.log_tail(200)
-        self._log.close()
-        self._log_reader.close()
-
-    def close(self) -> None:
-        self.stop()
-
-    def __enter__(self) -> ServerProcess:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-_PR_SET_PDEATHSIG = 1
-_TAIL_BYTES = 256 * 1024
-
-
-def _unlinked_log(prefix: str):
-    """(write file for the server, read file for us) of a log already unlinked."""
-    directory = tempfile.mkdtemp(prefix=prefix)
-    path = os.path.join(directory, "server.log")
-    try:
-        writer = open(path, "wb")  # noqa: SIM115 - lives as long as the server
-        reader = open(path, "rb")  # noqa: SIM115 - its own offset, not the server's
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-    return writer, reader
-
-
-def _die_with_parent():
-    """A ``preexec_fn`` making the kernel SIGTERM the child when its parent dies (Linux).
-
-    prctl is looked up here, in the parent: the child between fork and exec may only do
-    async-signal-safe work (no dlopen). The parent-death signal fires when the thread
-    that forked exits, so start and stop a server from the same thread. None elsewhere.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.restype = ctypes.c_int
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                      ctypes.c_ulong]
-    parent = os.getpid()
-    term = int(signal.SIGTERM)
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, term, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
-
 
 def docker_available(timeout: float = 5.0) -> bool:
     """True when a Docker engine answers (not just the client being installed).
@@ -430,72 +256,146 @@ def resolve_backend(name: str, sandboxed: bool = False) -> str:
     return "local"
 
 
-def make_server(backend: str, spec: ServerSpec, runtime=None) -> ServerProcess:
-    """Builds (does not start) the server process for a concrete backend.
+def _ports(spec: ServerSpec) -> tuple[int, int]:
+    """(gRPC port, REST port or 0): two different free loopback ports."""
+    port = spec.port or free_port()
+    rest_port = free_port() if spec.rest_api else 0
+    while rest_port and rest_port == port:
+        rest_port = free_port()
+    return port, rest_port
 
-    ``runtime`` (a ``runtime.Runtime``; default: this interpreter) is the TensorFlow the
-    local stand-in runs under; the real servers bring their own.
+
+def _model_config(spec: ServerSpec, base_path: str) -> str | None:
+    """The directory of the model config serving ``spec.version`` only, or None (no version:
+    the server's default policy, from its --model_name/--model_base_path flags)."""
+    return write_model_config(spec, base_path) if spec.version is not None else None
+
+
+class DockerRunner(ServerProcess):
+    """``docker run tensorflow/serving:<tag>``: the model base mounted read-only at
+    ``/models/<name>``, free loopback ports mapped to 8500 (gRPC) and 8501 (REST, which the
+    image always serves); the container is removed on stop (``docker rm -f``), since the
+    client dying does not stop it.
+
+    Example:
+        >>> DockerRunner(ServerSpec("clf", "/m/clf")).description
+        'docker:tensorflow/serving:2.20.0'
+    """
+
+    note = BACKEND_NOTES["docker"]
+
+    def __init__(self, spec: ServerSpec, runtime: runtime_lib.Runtime | None = None) -> None:
+        port, rest_port = _ports(spec)
+        config_dir = _model_config(spec, f"/models/{spec.model_name}")
+        name = f"serving-opt-{uuid.uuid4().hex[:10]}"
+        release = runtime_lib.image_version(spec.image)
+        super().__init__(
+            "docker", docker_command(spec, port, name, rest_port, config_dir), port,
+            temp_dirs=[config_dir] if config_dir else [], cleanup=["docker", "rm", "-f", name],
+            rest_port=rest_port, description=f"docker:{spec.image}",
+            tf_version=f"{release} (image tag)" if release
+            else "unknown (image tag names no release)")
+
+
+class BinaryRunner(ServerProcess):
+    """``tensorflow_model_server`` from PATH, stopped by the kernel's parent-death signal
+    if we die; its versions are asked once it has served (:meth:`identify`).
+
+    Example:
+        >>> BinaryRunner(ServerSpec("clf", "/m/clf")).description
+        'binary:/usr/bin/tensorflow_model_server'
+    """
+
+    note = BACKEND_NOTES["binary"]
+
+    def __init__(self, spec: ServerSpec, runtime: runtime_lib.Runtime | None = None) -> None:
+        binary = shutil.which(BINARY_NAME)
+        if binary is None:
+            raise ServingOptError(f"{BINARY_NAME} is not on PATH",
+                                  "install TF Serving, or use --server=docker or local")
+        port, rest_port = _ports(spec)
+        config_dir = _model_config(spec, os.path.abspath(spec.model_base))
+        config_file = os.path.join(config_dir, CONFIG_FILENAME) if config_dir else None
+        super().__init__(
+            "binary", binary_command(spec, port, binary, rest_port, config_file), port,
+            temp_dirs=[config_dir] if config_dir else [], rest_port=rest_port,
+            description=f"binary:{binary}")
+
+    def identify(self) -> None:
+        """The model server's and its TensorFlow's versions from ``--version``, asked only
+        now: not every executable named tensorflow_model_server answers it and exits."""
+        if not self.tf_version:
+            server_version, self.tf_version = binary_versions(self.command[0])
+            self.description = f"binary:{self.command[0]} {server_version}"
+
+
+class LocalRunner(ServerProcess):
+    """``serving-opt serve``, this project's TF-Serving-compatible server, run by the target
+    TensorFlow's interpreter (``runtime``; default: this one); it stops when the pipe we
+    hold the write end of reaches EOF (``--parent_pipe_fd``).
+
+    Example:
+        >>> LocalRunner(ServerSpec("clf", "/m/clf")).description
+        'local:serving-opt serve (stand-in) on TensorFlow 2.21.0'
+    """
+
+    note = BACKEND_NOTES["local"]
+
+    def __init__(self, spec: ServerSpec, runtime: runtime_lib.Runtime | None = None) -> None:
+        if runtime is None:
+            runtime = runtime_lib.Runtime(sys.executable, runtime_lib.current_tf_version(),
+                                          "current interpreter", "")
+        port, rest_port = _ports(spec)
+        config_dir = _model_config(spec, os.path.abspath(spec.model_base))
+        config_file = os.path.join(config_dir, CONFIG_FILENAME) if config_dir else None
+        super().__init__(
+            "local", local_command(spec, port, rest_port, runtime.python, config_file), port,
+            env=runtime.env(), temp_dirs=[config_dir] if config_dir else [],
+            parent_pipe_flag="--parent_pipe_fd", rest_port=rest_port,
+            description=f"local:serving-opt serve (stand-in) on TensorFlow {runtime.tf_version}",
+            tf_version=runtime.tf_version)
+
+    def answering_tf_version(self) -> str:
+        """The "TensorFlow X" line ``serve`` logs, else the interpreter's release."""
+        match = re.search(r"serving-opt serve: TensorFlow (\S+)", self.log_tail(400))
+        return match.group(1) if match else self.tf_version
+
+
+RUNNERS: dict[str, type[ServerProcess]] = {
+    "docker": DockerRunner, "binary": BinaryRunner, "local": LocalRunner}
+
+
+def make_server(backend: str, spec: ServerSpec,
+                runtime: runtime_lib.Runtime | None = None) -> ServerProcess:
+    """The runner of a concrete backend (built, not started): the one place a backend name
+    becomes a server.
+
+    ``runtime`` (default: this interpreter) is the TensorFlow the local stand-in runs
+    under; the real servers bring their own.
 
     Example:
         >>> make_server("local", ServerSpec("clf", "/m/clf")).backend
         'local'
     """
-    from serving_opt.serving import runtime as runtime_lib
-
-    port = spec.port or free_port()
-    rest_port = free_port() if spec.rest_api else 0
-    while rest_port and rest_port == port:
-        rest_port = free_port()
-    if backend not in BACKENDS[1:]:
+    runner = RUNNERS.get(backend)
+    if runner is None:
         raise UsageError(f"unknown backend {backend}", f"use one of {', '.join(BACKENDS)}")
-    base = os.path.abspath(spec.model_base)
-    config_dir = None
-    if spec.version is not None:
-        container_base = f"/models/{spec.model_name}"
-        config_dir = write_model_config(spec, container_base if backend == "docker" else base)
-    config_file = os.path.join(config_dir, CONFIG_FILENAME) if config_dir else None
-    temp_dirs = [config_dir] if config_dir else []
-    if backend == "docker":
-        name = f"serving-opt-{uuid.uuid4().hex[:10]}"
-        release = runtime_lib.image_version(spec.image)
-        return ServerProcess("docker", docker_command(spec, port, name, rest_port, config_dir),
-                             port, temp_dirs=temp_dirs,
-                             cleanup=["docker", "rm", "-f", name], rest_port=rest_port,
-                             description=f"docker:{spec.image}",
-                             tf_version=f"{release} (image tag)" if release
-                             else "unknown (image tag names no release)")
-    if backend == "binary":
-        binary = shutil.which(BINARY_NAME)
-        if binary is None:
-            for directory in temp_dirs:
-                shutil.rmtree(directory, ignore_errors=True)
-            raise ServingOptError(f"{BINARY_NAME} is not on PATH",
-                                  "install TF Serving, or use --server=docker or local")
-        # Its version is asked once it has served (identify()): not every executable
-        # named tensorflow_model_server answers --version and exits.
-        return ServerProcess("binary", binary_command(spec, port, binary, rest_port,
-                                                      config_file),
-                             port, temp_dirs=temp_dirs, rest_port=rest_port,
-                             description=f"binary:{binary}")
-    if backend == "local":
-        if runtime is None:
-            runtime = runtime_lib.Runtime(sys.executable, runtime_lib.current_tf_version(),
-                                          "current interpreter", "")
-        return ServerProcess("local", local_command(spec, port, rest_port, runtime.python,
-                                                    config_file),
-                             port, env=runtime.env(), temp_dirs=temp_dirs,
-                             parent_pipe_flag="--parent_pipe_fd",
-                             rest_port=rest_port,
-                             description="local:serving-opt serve (stand-in) on TensorFlow "
-                             f"{runtime.tf_version}", tf_version=runtime.tf_version)
-    raise UsageError(f"unknown backend {backend}", f"use one of {', '.join(BACKENDS)}")
+    return runner(spec, runtime)
 
 
-def identify(server: ServerProcess) -> None:
-    """Completes a binary server's description and TensorFlow version from ``--version``."""
-    if server.backend == "binary" and not server.tf_version:
-        server_version, server.tf_version = binary_versions(server.command[0])
-        server.description = f"binary:{server.command[0]} {server_version}"
+def binary_dirs() -> list[str]:
+    """Where tensorflow_model_server is (its name's directory, then the file's own): what
+    a sandbox running the binary runner binds read-only, the first on its PATH.
+
+    Example:
+        >>> binary_dirs()
+        ['/usr/local/bin', '/opt/tf-serving/bin']
+    """
+    binary = shutil.which(BINARY_NAME)
+    if binary is None:
+        return []
+    return list(dict.fromkeys([os.path.dirname(os.path.abspath(binary)),
+                               os.path.dirname(os.path.realpath(binary))]))
 
 
 def binary_versions(binary: str, timeout: float = 10.0) -> tuple[str, str]:
@@ -509,7 +409,7 @@ def binary_versions(binary: str, timeout: float = 10.0) -> tuple[str, str]:
     try:
         result = subprocess.run([binary, "--version"], capture_output=True, text=True,
                                 timeout=timeout, check=False, stdin=subprocess.DEVNULL,
-                                preexec_fn=_die_with_parent())
+                                preexec_fn=die_with_parent())
         text = result.stdout + result.stderr
     except (OSError, subprocess.TimeoutExpired):
         text = ""
@@ -520,16 +420,3 @@ def binary_versions(binary: str, timeout: float = 10.0) -> tuple[str, str]:
         elif line.startswith("TensorFlow Library:"):
             library = line.split(":", 1)[1].strip() or library
     return server, library if library != "unknown" else "unknown (--version did not say)"
-
-
-def wait_for_port(server: ServerProcess, timeout: float) -> None:
-    """Blocks until the server accepts TCP connections, exits, or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.exit_code() is not None:
-            return
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.settimeout(0.5)
-            if s.connect_ex(("127.0.0.1", server.port)) == 0:
-                return
-        time.sleep(0.2)

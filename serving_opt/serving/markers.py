@@ -10,10 +10,8 @@ server that answered and its TensorFlow version: a pass on the local stand-in sa
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from serving_opt.serving.validate import ValidationReport
+from serving_opt.serving.results import ValidationReport
 
 MARKER_OK = "VALIDATED"
 MARKER_FAILED = "NOT_VALIDATED"

@@ -8,9 +8,10 @@ For every served signature there is a Predict probe; classify/regress signatures
 that take serialized tf.Examples also get a Classify/Regress probe on the same
 records; a model with both kinds gets one MultiInference probe for a classify and
 a regress signature together. Inputs come from ``--examples`` where they fit and
-are synthesized otherwise (``stages.inputs.signature_feeds``, as for parity).
+are synthesized otherwise (``savedmodel.inputs.signature_feeds``, as for parity).
 
-Nothing here talks to a server: ``client`` sends the probes.
+Nothing here talks to a server: the clients (``client``, ``rest_client``) send the
+probes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from serving_opt.errors import ServingOptError
 from serving_opt.savedmodel import examples as examples_lib
 from serving_opt.savedmodel import inputs as inputs_lib
 from serving_opt.savedmodel import loader
-from serving_opt.serving import client
+from serving_opt.serving.api import ServingApi, serving_api
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def build_probes(model_dir: str, reference_dir: str, model_name: str, version: i
     """
     import tensorflow as tf
 
-    api = client.serving_api()
+    api = serving_api()
     user = examples_lib.read_examples_file(examples) if examples else None
     served_mg = loader.find_meta_graph(loader.read_saved_model(model_dir), tags, model_dir)
     sess, ref_mg = loader.load_session(reference_dir, tags)
@@ -175,7 +176,7 @@ def _regression_check(expected: dict, atol: float, rtol: float):
     return check
 
 
-def _example_probe(api: client.ServingApi, key: str, method: str, records: list[bytes],
+def _example_probe(api: ServingApi, key: str, method: str, records: list[bytes],
                    expected: dict, model_name: str, version: int, atol: float,
                    rtol: float) -> Probe:
     if method == loader.METHOD_CLASSIFY:
@@ -194,7 +195,7 @@ def _example_probe(api: client.ServingApi, key: str, method: str, records: list[
     return Probe(f"{name} {key}", name, request, lambda response: check(response.result))
 
 
-def _multi_inference_probe(api: client.ServingApi, sess, ref_mg, classify_key: str,
+def _multi_inference_probe(api: ServingApi, sess, ref_mg, classify_key: str,
                            regress_key: str, records: list[bytes], model_name: str,
                            version: int, atol: float, rtol: float) -> Probe:
     request = api.inference_pb2.MultiInferenceRequest()

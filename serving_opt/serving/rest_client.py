@@ -15,13 +15,15 @@ go over REST too, translated here:
   * Classify / Regress -> ``:classify`` / ``:regress`` with ``examples`` (each
     tf.Example as a feature dict: floats, integers, ``{"b64": ...}`` bytes); the
     ``results`` become a ClassificationResponse / RegressionResponse for the check.
-  * MultiInference has no REST endpoint: not sent.
+  * MultiInference has no REST endpoint: not sent (``RestClient.prepare`` leaves it out).
   * ``wait_until_available``: ``GET /v1/models/NAME/versions/V`` until AVAILABLE;
     ``check_metadata``: ``GET .../metadata``'s SignatureDefMap against the SavedModel's.
 
+``RestClient`` is the REST implementation of ``clients.ModelServerClient``.
+
 Example:
-    >>> rest = to_rest(probe, served)
-    >>> call(("127.0.0.1:8501"), rest, 30).model_spec.signature_name
+    >>> client = RestClient("127.0.0.1:8501", "clf", 1, timeout=30)
+    >>> client.call(to_rest(probe, served)).model_spec.signature_name
     'serving_default'
 """
 
@@ -39,13 +41,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from serving_opt.errors import ServingOptError
-from serving_opt.serving import backends, client
+from serving_opt.serving.api import STATE_AVAILABLE, STATE_END, STATE_NAMES, serving_api
+from serving_opt.serving.clients import ModelServerClient, compare_signature_maps, load_failure
 
 if TYPE_CHECKING:
+    from serving_opt.serving.process import ServerProcess
     from serving_opt.serving.requests import Probe
-
-STATE_NAMES = {0: "UNKNOWN", 10: "START", 20: "LOADING", 30: "AVAILABLE", 40: "UNLOADING",
-               50: "END"}
 
 
 class RestError(Exception):
@@ -114,7 +115,7 @@ def version_state(address: str, model_name: str, version: int, timeout: float) -
     from google.protobuf import json_format
 
     answer = request_json(address, f"{model_name}/versions/{version}", None, timeout)
-    response = client.serving_api().get_model_status_pb2.GetModelStatusResponse()
+    response = serving_api().get_model_status_pb2.GetModelStatusResponse()
     json_format.ParseDict(answer, response, ignore_unknown_fields=True)
     for status in response.model_version_status:
         if status.version == version:
@@ -122,78 +123,103 @@ def version_state(address: str, model_name: str, version: int, timeout: float) -
     return None, ""
 
 
-def wait_until_available(address: str, model_name: str, version: int,
-                         server: backends.ServerProcess | None, deadline_s: float,
-                         say: Callable[[str], None] = lambda m: None) -> None:
-    """Polls the REST model status until ``version`` is AVAILABLE; raises on END, a dead
-    server or the deadline (as ``client.wait_until_available`` does over gRPC).
+class RestClient(ModelServerClient):
+    """TF Serving's REST API on one address (``/v1/models/...``, urllib: no connection
+    is kept). MultiInference has no REST endpoint: :meth:`prepare` leaves it out.
 
     Example:
-        >>> wait_until_available("127.0.0.1:8501", "clf", 1, None, 60)
+        >>> client = RestClient("127.0.0.1:8501", "clf", 1, 30)
+        >>> client.call(client.prepare(probes, served)[0]).model_spec.signature_name
+        'serving_default'
     """
-    deadline = time.monotonic() + deadline_s
-    last = "no answer yet"
-    while time.monotonic() < deadline:
-        if server is not None and server.exit_code() is not None:
-            failure = client.load_failure(server.log_tail(200))
-            raise ServingOptError(
-                f"the {server.backend} server exited with code {server.exit_code()} before "
-                f"version {version} was AVAILABLE over REST"
-                + (f": {failure}" if failure else ""),
-                "its log's last lines are in the validation report")
-        try:
-            state, message = version_state(address, model_name, version, 5)
-        except RestError as e:
-            # Not listening yet (no code), or the model not loaded yet (404, like gRPC's
-            # NOT_FOUND): keep polling. Any other answer is the REST API failing.
-            if e.code is not None and e.code not in (404, 503):
-                raise ServingOptError(f"the REST model status fails: {e}",
-                                      "the server's REST API is broken; see its log") from e
-            last = str(e)
+
+    protocol = "rest"
+    available_check = "REST model AVAILABLE"
+    metadata_check = "REST metadata signature_def"
+    errors = (RestError,)
+
+    def wait_until_available(self, server: ServerProcess | None, deadline_s: float) -> None:
+        """Polls the REST model status until the version is AVAILABLE; raises on END, a
+        dead server or the deadline (as ``GrpcClient.wait_until_available`` does).
+
+        Example:
+            >>> RestClient("127.0.0.1:8501", "clf", 1, 30).wait_until_available(None, 60)
+        """
+        model_name, version = self.model_name, self.version
+        deadline = time.monotonic() + deadline_s
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            if server is not None and server.exit_code() is not None:
+                failure = load_failure(server.log_tail(200))
+                raise ServingOptError(
+                    f"the {server.backend} server exited with code {server.exit_code()} "
+                    f"before version {version} was AVAILABLE over REST"
+                    + (f": {failure}" if failure else ""),
+                    "its log's last lines are in the validation report")
+            try:
+                state, message = version_state(self.address, model_name, version, 5)
+            except RestError as e:
+                # Not listening yet (no code), or the model not loaded yet (404, like
+                # gRPC's NOT_FOUND): keep polling. Any other answer is the REST API failing.
+                if e.code is not None and e.code not in (404, 503):
+                    raise ServingOptError(f"the REST model status fails: {e}",
+                                          "the server's REST API is broken; see its log") from e
+                last = str(e)
+                time.sleep(0.5)
+                continue
+            if state == STATE_AVAILABLE:
+                return
+            if state == STATE_END:
+                raise ServingOptError(
+                    f"the server failed to load {model_name} version {version} (REST "
+                    f"status): {message or 'unloaded'}",
+                    "fix the model; the server log has details")
+            last = f"version {version} state {STATE_NAMES.get(state, state)}"
             time.sleep(0.5)
-            continue
-        if state == client.STATE_AVAILABLE:
-            return
-        if state == client.STATE_END:
-            raise ServingOptError(
-                f"the server failed to load {model_name} version {version} (REST status): "
-                f"{message or 'unloaded'}", "fix the model; the server log has details")
-        last = f"version {version} state {STATE_NAMES.get(state, state)}"
-        time.sleep(0.5)
-    raise ServingOptError(
-        f"{model_name} version {version} was not AVAILABLE over REST within "
-        f"{deadline_s:.0f} s ({last})", "raise --load_deadline, or check the server log")
+        raise ServingOptError(
+            f"{model_name} version {version} was not AVAILABLE over REST within "
+            f"{deadline_s:.0f} s ({last})", "raise --load_deadline, or check the server log")
 
+    def check_metadata(self, served: dict) -> tuple[bool, str]:
+        """The REST metadata's SignatureDefMap vs ``served``: (ok, detail).
 
-def check_metadata(address: str, model_name: str, version: int, served: dict,
-                   timeout: float) -> tuple[bool, str]:
-    """The REST metadata's SignatureDefMap vs ``served``: (ok, detail).
+        Example:
+            >>> RestClient("127.0.0.1:8501", "clf", 1, 30).check_metadata(served)
+            (True, '3 signatures match')
+        """
+        from google.protobuf import json_format
 
-    Example:
-        >>> check_metadata("127.0.0.1:8501", "clf", 1, served, 30)
-        (True, '3 signatures match')
-    """
-    from google.protobuf import json_format
+        answer = request_json(self.address,
+                              f"{self.model_name}/versions/{self.version}/metadata", None,
+                              self.timeout)
+        signature_json = dict((answer.get("metadata") or {}).get("signature_def") or {})
+        signature_json.pop("@type", None)
+        signature_map = serving_api().get_model_metadata_pb2.SignatureDefMap()
+        try:
+            json_format.ParseDict(signature_json, signature_map)
+        except json_format.ParseError as e:
+            return False, f"metadata is not a SignatureDefMap: {_one_line(str(e))[:200]}"
+        return compare_signature_maps(signature_map, served)
 
-    answer = request_json(address, f"{model_name}/versions/{version}/metadata", None, timeout)
-    signature_json = dict((answer.get("metadata") or {}).get("signature_def") or {})
-    signature_json.pop("@type", None)
-    signature_map = client.serving_api().get_model_metadata_pb2.SignatureDefMap()
-    try:
-        json_format.ParseDict(signature_json, signature_map)
-    except json_format.ParseError as e:
-        return False, f"metadata is not a SignatureDefMap: {_one_line(str(e))[:200]}"
-    return client.compare_signature_maps(signature_map, served)
+    def prepare(self, probes: Sequence[Probe], served: dict) -> list[RestProbe]:
+        """The probes REST can send (all but MultiInference), as REST calls."""
+        return [r for r in (to_rest(p, served) for p in probes) if r]
 
+    def request(self, probe: RestProbe) -> dict:
+        """POSTs ``probe``; the JSON answer (the load phase does not decode it)."""
+        return request_json(self.address, probe.path, probe.body, self.timeout)
 
-def call(address: str, probe: RestProbe, timeout: float):
-    """POSTs ``probe``; the answer as the gRPC response proto its check reads.
+    def call(self, probe: RestProbe):
+        """POSTs ``probe``; the answer as the gRPC response proto its check reads.
 
-    Example:
-        >>> call("127.0.0.1:8501", rest_probe, 30).outputs["scores"].dtype
-        1
-    """
-    return probe.to_response(request_json(address, probe.path, probe.body, timeout))
+        Example:
+            >>> client.call(rest_probe).outputs["scores"].dtype
+            1
+        """
+        return probe.to_response(self.request(probe))
+
+    def describe(self, error: BaseException) -> str:
+        return str(error)
 
 
 def to_rest(probe: Probe, served: dict) -> RestProbe | None:
@@ -282,7 +308,7 @@ def _predict_response(signature, key: str):
     import tensorflow as tf
 
     def to_response(answer: dict):
-        response = client.serving_api().predict_pb2.PredictResponse()
+        response = serving_api().predict_pb2.PredictResponse()
         response.model_spec.signature_name = key  # REST answers do not echo it
         if "outputs" not in answer:
             raise RestError(f"no 'outputs' in the answer (keys {sorted(answer)})")
@@ -306,7 +332,7 @@ def _predict_response(signature, key: str):
 
 
 def _classify_response(answer: dict):
-    response = client.serving_api().classification_pb2.ClassificationResponse()
+    response = serving_api().classification_pb2.ClassificationResponse()
     for row in answer.get("results", []):
         classifications = response.result.classifications.add()
         for label, score in row:
@@ -317,21 +343,7 @@ def _classify_response(answer: dict):
 
 
 def _regress_response(answer: dict):
-    response = client.serving_api().regression_pb2.RegressionResponse()
+    response = serving_api().regression_pb2.RegressionResponse()
     for value in answer.get("results", []):
         response.result.regressions.add().value = float(value)
     return response
-
-
-def run_load_test(address: str, probes: Sequence[RestProbe], concurrency: int, seconds: float,
-                  timeout: float) -> client.LoadTest:
-    """``concurrency`` HTTP clients send the REST probes round robin for ``seconds``.
-
-    Example:
-        >>> run_load_test("127.0.0.1:8501", rest_probes, 4, 2.0, 30).errors
-        0
-    """
-    def send(probe: RestProbe) -> None:
-        request_json(address, probe.path, probe.body, timeout)
-
-    return client.load_test(send, probes, concurrency, seconds, timeout, (RestError,), str)
