@@ -398,15 +398,15 @@ _UNSET: Any = object()
 
 @functools.cache
 def _flat_names(cls: type) -> dict[str, str]:
-    return {f.name: group for group, kind in cls._GROUPS.items()
+    return {f.name: group for group, kind in cls.GROUPS.items()
             for f in dataclasses.fields(kind)}
 
 
 class _Tree:
     """Nested groups that still take and answer flat names (``atol`` for
-    ``tolerance.atol``): every field of a group in ``_GROUPS`` is routed to it."""
+    ``tolerance.atol``): every field of a group in ``GROUPS`` is routed to it."""
 
-    _GROUPS: ClassVar[dict[str, type]] = {}
+    GROUPS: ClassVar[dict[str, type]] = {}
 
     @classmethod
     def flat_names(cls) -> dict[str, str]:
@@ -429,7 +429,7 @@ class _Tree:
             changes.setdefault(routes[name], {})[name] = value
         for f in dataclasses.fields(cls):
             value = given[f.name]
-            kind = cls._GROUPS.get(f.name)
+            kind = cls.GROUPS.get(f.name)
             if kind is not None:
                 if value is _UNSET:
                     value = kind()
@@ -473,7 +473,7 @@ class ValidateOptions(_Tree):
     reference_dir: str | None = _opt(
         None, "SavedModel whose answers are expected (default: the served version).")
 
-    _GROUPS: ClassVar[dict[str, type]] = {
+    GROUPS: ClassVar[dict[str, type]] = {
         "serving": ServingCheck, "inputs": InputOptions, "tolerance": Tolerance,
         "target": TargetOptions, "trust": TrustOptions}
 
@@ -524,7 +524,7 @@ class OptimizeOptions(_Tree):
     # against this tree's.
     validate: ServingCheck | None = None
 
-    _GROUPS: ClassVar[dict[str, type]] = {
+    GROUPS: ClassVar[dict[str, type]] = {
         "build": BuildOptions, "inputs": InputOptions, "tolerance": Tolerance,
         "gate": GateOptions, "measure": MeasureOptions, "target": TargetOptions,
         "trust": TrustOptions, "output": OutputOptions}
