@@ -73,7 +73,7 @@ def export(
     ``serving_default`` unless one has that name.
 
     ``options`` are :class:`~serving_opt.OptimizeOptions` (default: no benchmark);
-    ``options.version`` picks the version, else the next free one.
+    ``options.output.version`` picks the version, else the next free one.
 
     Raises ParityError when the optimized model does not answer like Keras' export
     (nothing is published), UsageError for bad ``signatures``/options, and
