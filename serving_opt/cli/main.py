@@ -2,9 +2,12 @@
 
     serving-opt <command> --flag=value ...
 
-Each command lives in ``serving_opt/commands/<name>.py`` and provides ``SUMMARY``
+Each command lives in ``serving_opt/cli/commands/<name>.py`` and provides ``SUMMARY``
 (one line), ``define_flags(flag_values)`` and ``main(flag_values) -> int``. Flags
-follow TF's own tools: ``--saved_model_dir=DIR``, ``--nofoo`` for booleans.
+follow TF's own tools: ``--saved_model_dir=DIR``, ``--nofoo`` for booleans. An option's
+flag is made from its field in ``serving_opt.options`` (``option_flags``); a model
+directory is ``--saved_model_dir`` (``--<role>_saved_model_dir`` for one of two) and a
+model base ``--model_base_path`` in every command (``define_model_dir``).
 Failures print one line on stderr and exit 1 (2 for usage errors); a traceback
 only with ``--verbosity=1`` or more.
 """
