@@ -1,8 +1,9 @@
 """serving_opt: smaller, faster, proven-equivalent TensorFlow SavedModels for TF Serving.
 
 Example:
-    >>> from serving_opt import OptimizeOptions, optimize
-    >>> report = optimize("exports/1700000000", "/models/clf", OptimizeOptions())
+    >>> from serving_opt import BuildOptions, OptimizeOptions, optimize
+    >>> report = optimize("exports/1700000000", "/models/clf",
+    ...                   OptimizeOptions(build=BuildOptions(quantize="int8")))
     >>> report.output_dir
     '/models/clf/1'
 """
@@ -11,12 +12,22 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["OptimizeOptions", "OptimizeReport", "ServingOptError", "optimize", "__version__"]
+# The option groups (serving_opt.options): build, inputs, tolerance, gate, measure,
+# target, trust, output, and validate's own.
+_OPTIONS = ("BuildOptions", "GateOptions", "InputOptions", "MeasureOptions", "OptimizeOptions",
+            "OutputOptions", "ServingCheck", "TargetOptions", "Tolerance", "TrustOptions",
+            "ValidateOptions")
+
+__all__ = [*_OPTIONS, "OptimizeReport", "ServingOptError", "optimize", "__version__"]
 
 
 def __getattr__(name: str):
     # Lazy, so `import serving_opt` (and the CLI's --help) does not import TensorFlow.
-    if name in ("OptimizeOptions", "OptimizeReport", "optimize"):
+    if name in _OPTIONS:
+        from serving_opt import options
+
+        return getattr(options, name)
+    if name in ("OptimizeReport", "optimize"):
         from serving_opt import optimizer
 
         return getattr(optimizer, name)

@@ -173,6 +173,12 @@ def format_optimize_report(report) -> str:
     rows.append(["nodes", report.nodes_before, report.nodes_after,
                  ratio(report.nodes_before, report.nodes_after)])
     out.append(table(["size", "before", "after", "after/before"], rows))
+    attempts = getattr(report, "attempts", ())
+    if attempts:
+        out.append("")
+        out.append(table(["attempt", "configuration", "verdict", "then", "why"],
+                         [[i, a.candidate.describe(), a.outcome, a.then, a.reason]
+                          for i, a in enumerate(attempts, 1)]))
     out.append("")
     out.append(table(["stage", "seconds", "nodes", "note"],
                      [[s.name, f"{s.seconds:.2f}", s.nodes, s.note] for s in report.stages]))

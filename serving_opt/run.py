@@ -108,6 +108,9 @@ class OptimizeReport:
     warnings: tuple[str, ...] = field(default_factory=tuple)
     validation: object | None = None  # a serving_opt.serving.validate.ValidationReport
     sandbox: str = ""  # how the model was isolated while it ran (serving_opt.sandbox)
+    # Every candidate configuration tried, its verdict and why it was left, in order
+    # (serving_opt.attempts.AttemptReport); the last is the one published (or refused).
+    attempts: tuple = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -133,10 +136,10 @@ _ATTEMPT_FIELDS = ("graph", "frozen", "freeze_note", "parity", "size_after", "co
 class Run:
     """The record of one optimize run; the pipeline fills it in as it goes.
 
-    Fields the stages set: ``plan`` (resolved options), ``source`` (the model read),
-    ``graph`` (the latest serving graph), ``frozen``/``freeze_note``, ``parity`` and
-    ``size_after`` (the written candidate), ``validation``, ``benchmark``, and
-    ``output_dir`` once published.
+    Fields the stages set: ``plan`` (the options resolved once), ``source`` (the model
+    read), ``graph`` (the latest serving graph), ``frozen``/``freeze_note``, ``parity``
+    and ``size_after`` (the written candidate), ``validation``, ``benchmark``,
+    ``attempts`` (one per candidate tried), and ``output_dir`` once published.
 
     Example:
         >>> run = Run("exports/1", "models/clf", options)
@@ -163,8 +166,7 @@ class Run:
         self.parity = None
         self.size_after = None
         self.quantized: tuple = ()  # stages.quantize.QuantizedTensor
-        # Set when the lossy gate refused quantized dense weights: tables only, then.
-        self.quantize_tables_only = False
+        self.attempts: list = []  # attempts.AttemptReport: kept across restore()
         self.kept_variables: tuple = ()  # checkpoint.KeptVariable: large ones not frozen
         self.scratch_dirs: list[str] = []  # removed when the run ends, however it ends
         self.validation = None
@@ -199,6 +201,22 @@ class Run:
         finally:
             self.stages.append(StageReport(name, time.perf_counter() - start, stage.nodes,
                                            stage.note))
+
+    def scratch_dir(self) -> str:
+        """A directory for a stage's files, removed when the run ends (however it ends); in
+        the model base's work directory, so its files are linked into the version, not
+        copied."""
+        scratch = self.work_subdir(f"scratch-{self.plan.version}-")
+        self.scratch_dirs.append(scratch)
+        return scratch
+
+    def work_subdir(self, prefix: str) -> str:
+        """A new directory in the run's claimed work directory (removed with it)."""
+        import tempfile
+
+        from serving_opt.savedmodel import writer
+
+        return tempfile.mkdtemp(prefix=f"{writer.STAGING_PREFIX}{prefix}", dir=self.work_dir)
 
     def snapshot(self) -> tuple:
         """The record as it is now, for :meth:`restore`."""
@@ -262,7 +280,7 @@ class Run:
             transforms=transforms_lib.describe(plan.transforms) if plan else "",
             lossy_transforms=plan.lossy if plan else (),
             grappler_passes=plan.passes if plan else (),
-            grappler_rounds=self.options.grappler_rounds,
+            grappler_rounds=self.options.build.grappler_rounds,
             stages=tuple(self.stages),
             size_before=source.size if source else SizeReport(0, 0, 0, 0),
             size_after=self.size_after,
@@ -278,4 +296,5 @@ class Run:
             warnings=tuple(self.warnings),
             validation=self.validation,
             sandbox=self.sandbox,
+            attempts=tuple(self.attempts),
         )

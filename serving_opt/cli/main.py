@@ -2,9 +2,12 @@
 
     serving-opt <command> --flag=value ...
 
-Each command lives in ``serving_opt/commands/<name>.py`` and provides ``SUMMARY``
+Each command lives in ``serving_opt/cli/commands/<name>.py`` and provides ``SUMMARY``
 (one line), ``define_flags(flag_values)`` and ``main(flag_values) -> int``. Flags
-follow TF's own tools: ``--saved_model_dir=DIR``, ``--nofoo`` for booleans.
+follow TF's own tools: ``--saved_model_dir=DIR``, ``--nofoo`` for booleans. An option's
+flag is made from its field in ``serving_opt.options`` (``option_flags``); a model
+directory is ``--saved_model_dir`` (``--<role>_saved_model_dir`` for one of two) and a
+model base ``--model_base_path`` in every command (``define_model_dir``).
 Failures print one line on stderr and exit 1 (2 for usage errors); a traceback
 only with ``--verbosity=1`` or more.
 """
@@ -265,12 +268,12 @@ def _main(argv: list[str], default_command: str | None) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    missing = [f.name for f in fv.flags_by_module_dict().get(module.__name__, [])
+    missing = [f for f in fv.flags_by_module_dict().get(module.__name__, [])
                if getattr(f, "_required", False) and f.value is None]
     if missing:
         print(
             f"{PROG} {command}: missing required flag(s) "
-            f"{', '.join('--' + m for m in missing)}; see `{PROG} {command} --help`",
+            f"{', '.join(_spelled(f) for f in missing)}; see `{PROG} {command} --help`",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -320,6 +323,60 @@ def required(flag_name: str, fv: flags.FlagValues) -> None:
         >>> required("saved_model_dir", fv)
     """
     fv[flag_name]._required = True
+
+
+# The model directory flags, the same in every command: a SavedModel (version) directory
+# is --saved_model_dir, or --<role>_saved_model_dir where a command takes two (compare's
+# baseline and candidate, validate's reference); a model base (the directory of numbered
+# versions) is --model_base_path, TF Serving's own name. Older names stay as aliases.
+SAVED_MODEL_DIR = "saved_model_dir"
+MODEL_BASE_PATH = "model_base_path"
+
+
+def define_model_dir(fv: flags.FlagValues, name: str, help_text: str, *,
+                     aliases: Sequence[str] = (), is_required: bool = True) -> None:
+    """Defines one model directory flag (``name`` follows the convention above) and its
+    old names as aliases, for the calling command.
+
+    Example:
+        >>> define_model_dir(fv, MODEL_BASE_PATH, "Model base.", aliases=("model_base",))
+    """
+    check_model_dir_name(name)
+    module_name = sys._getframe(1).f_globals["__name__"]
+    flags.DEFINE_string(name, None, help_text, flag_values=fv, module_name=module_name)
+    for old in aliases:
+        alias(old, name, fv, module_name)
+    if is_required:
+        required(name, fv)
+
+
+def check_model_dir_name(name: str) -> None:
+    """ValueError unless ``name`` follows the model directory flag convention.
+
+    Example:
+        >>> check_model_dir_name("baseline_saved_model_dir")
+    """
+    if name not in (SAVED_MODEL_DIR, MODEL_BASE_PATH) \
+            and not name.endswith("_" + SAVED_MODEL_DIR):
+        raise ValueError(f"--{name} does not follow the model directory flag convention")
+
+
+def alias(old: str, name: str, fv: flags.FlagValues, module_name: str | None = None) -> None:
+    """``--old`` sets ``--name``, as it did before the flag was renamed.
+
+    Example:
+        >>> alias("input_dir", "saved_model_dir", fv)
+    """
+    module_name = module_name or sys._getframe(1).f_globals["__name__"]
+    flags.DEFINE_alias(old, name, flag_values=fv, module_name=module_name)
+    fv[name]._aliases = (*getattr(fv[name], "_aliases", ()), old)
+
+
+def _spelled(flag) -> str:
+    """``--model_base_path (or --output_base)``: a required flag with its old names."""
+    aliases = getattr(flag, "_aliases", ())
+    return f"--{flag.name}" + (f" (or {', '.join('--' + a for a in aliases)})"
+                               if aliases else "")
 
 
 if __name__ == "__main__":

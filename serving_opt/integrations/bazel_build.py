@@ -28,7 +28,19 @@ from collections.abc import Sequence
 SCRATCH_PREFIX = ".serving-opt-bazel-"
 
 
+# The optimize options the rule passes, by group (serving_opt/options.py): each is a flag
+# of the same name whose default is the option's own (None here: the option's default).
+_OPTIONS = {
+    "build": ("transforms", "grappler", "grappler_rounds", "signatures", "freeze", "quantize",
+              "quantize_min_elements", "freeze_max_bytes"),
+    "inputs": ("saved_model_tags", "examples"),
+    "tolerance": ("atol", "rtol"),
+}
+
+
 def _parser() -> argparse.ArgumentParser:
+    from serving_opt import options as options_lib
+
     # "@file" arguments: Bazel passes long src lists in a params file, one argument a line.
     p = argparse.ArgumentParser(prog="serving_saved_model", fromfile_prefix_chars="@",
                                 description=__doc__.splitlines()[0])
@@ -36,23 +48,41 @@ def _parser() -> argparse.ArgumentParser:
                    help="the directory holding saved_model.pb (execroot-relative)")
     p.add_argument("--output_dir", required=True, help="the declared output directory")
     p.add_argument("--report", help="write the optimize report as JSON here")
-    p.add_argument("--transforms", default="default")
-    p.add_argument("--grappler", default="default")
-    p.add_argument("--grappler_rounds", type=int, default=2)
-    p.add_argument("--signatures", default="", help="comma list; empty keeps all")
-    p.add_argument("--saved_model_tags", default="serve")
-    p.add_argument("--freeze", default="auto", choices=("auto", "always", "never"))
-    p.add_argument("--examples")
-    p.add_argument("--atol", type=float, default=1e-5)
-    p.add_argument("--rtol", type=float, default=1e-4)
-    p.add_argument("--quantize", default="none", choices=("none", "int8", "fp16"))
-    p.add_argument("--quantize_min_elements", type=int, default=16384)
-    p.add_argument("--freeze_max_bytes", type=int, default=10 * 2**20)
-    p.add_argument("--nocold_start", dest="cold_start", action="store_false")
+    for group, names in _OPTIONS.items():
+        fields = {f.name: f for f in dataclasses.fields(options_lib.OptimizeOptions.GROUPS[group])}
+        for name in names:
+            f = fields[name]
+            kind = f.type.replace(" ", "").split("|")[0]
+            p.add_argument(f"--{name}", help=f.metadata.get("help"),
+                           choices=f.metadata.get("choices"),
+                           type={"int": int, "float": float}.get(kind, str))
+    p.add_argument("--nocold_start", dest="cold_start", action="store_false", default=None)
     p.add_argument("--verbosity", type=int, default=0,
                    help="1: stage progress, TensorFlow's logs and tracebacks")
     p.add_argument("srcs", nargs="*", help="the model's files, all under --input_dir")
     return p
+
+
+def options(args: argparse.Namespace):
+    """The OptimizeOptions of the action: the flags given, the options' defaults for the
+    others; version 1 and no benchmark (timing on a busy build machine means nothing).
+
+    Example:
+        >>> options(_parser().parse_args(["--input_dir=m", "--output_dir=o", "--atol=1e-3"]))
+    """
+    from serving_opt import options as options_lib
+
+    def given(names):
+        values = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+        if "signatures" in values:
+            values["signatures"] = tuple(s for s in values["signatures"].split(",") if s)
+        return values
+
+    groups = {group: options_lib.OptimizeOptions.GROUPS[group](**given(names))
+              for group, names in _OPTIONS.items()}
+    return options_lib.OptimizeOptions(
+        **groups, output=options_lib.OutputOptions(version=1),
+        measure=options_lib.MeasureOptions(benchmark_runs=0, **given(("cold_start",))))
 
 
 def copy_model(input_dir: str, srcs: Sequence[str], dest: str) -> str:
@@ -89,7 +119,7 @@ def build(args: argparse.Namespace) -> None:
         >>> build(_parser().parse_args(["--input_dir=m", "--output_dir=out"]))
     """
     from serving_opt import report as report_lib
-    from serving_opt.optimizer import OptimizeOptions, optimize
+    from serving_opt.optimizer import optimize
 
     out = args.output_dir
     os.makedirs(out, exist_ok=True)
@@ -102,26 +132,9 @@ def build(args: argparse.Namespace) -> None:
     scratch = os.path.join(out, SCRATCH_PREFIX + "work")
     model = copy_model(args.input_dir, args.srcs, os.path.join(scratch, "input"))
     base = os.path.join(scratch, "base")
-    options = OptimizeOptions(
-        transforms=args.transforms,
-        grappler=args.grappler,
-        grappler_rounds=args.grappler_rounds,
-        signatures=tuple(s for s in args.signatures.split(",") if s),
-        saved_model_tags=args.saved_model_tags,
-        version=1,
-        freeze=args.freeze,
-        examples=args.examples,
-        atol=args.atol,
-        rtol=args.rtol,
-        quantize=args.quantize,
-        quantize_min_elements=args.quantize_min_elements,
-        freeze_max_bytes=args.freeze_max_bytes,
-        cold_start=args.cold_start,
-        benchmark_runs=0,  # a build step: timing on a busy build machine means nothing
-    )
     progress = (lambda m: print(m, file=sys.stderr, flush=True)) if args.verbosity > 0 else None
     # A failure raises before anything is published; Bazel then discards the outputs.
-    result = optimize(model, base, options, progress)
+    result = optimize(model, base, options(args), progress)
     for name in os.listdir(result.output_dir):
         os.rename(os.path.join(result.output_dir, name), os.path.join(out, name))
     shutil.rmtree(scratch)

@@ -141,12 +141,12 @@ def _check_options(options: OptimizeOptions) -> OptimizeOptions:
     if not isinstance(options, OptimizeOptions):
         raise UsageError(f"options must be an OptimizeOptions, got {type(options).__name__}",
                          "pass options=serving_opt.OptimizeOptions(...)")
-    if options.version is not None or options.overwrite:
+    if options.output.version is not None or options.output.overwrite:
         raise UsageError(
             "OptimizeOptions.version/overwrite cannot be set for Estimator exports",
             "leave them unset: each export is published as its own timestamp version",
         )
-    optimizer_lib.check_options(options)
+    options.check()
     return options
 
 
@@ -265,7 +265,9 @@ def _optimize_and_publish(raw_dir: str, base: str, options: OptimizeOptions,
     try:
         with isolated_from_caller_graph():
             report = optimizer_lib.optimize(
-                raw_dir, base, dataclasses.replace(options, version=version, overwrite=False),
+                raw_dir, base, dataclasses.replace(
+                    options, output=dataclasses.replace(options.output, version=version,
+                                                        overwrite=False)),
                 progress=lambda message: logger.info("serving-opt: %s", message.strip()),
             )
     except Exception as e:  # any failure: a failed optimization must not kill training

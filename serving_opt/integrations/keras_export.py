@@ -34,6 +34,7 @@ import keras  # noqa: E402 - after the module docstring's imports
 
 from serving_opt.errors import ServingOptError, UsageError  # noqa: E402
 from serving_opt.optimizer import OptimizeOptions, OptimizeReport, optimize  # noqa: E402
+from serving_opt.options import MeasureOptions  # noqa: E402
 from serving_opt.savedmodel import writer  # noqa: E402
 
 logger = logging.getLogger("serving_opt.keras")  # the public path
@@ -43,7 +44,7 @@ _KERAS_3 = int(keras.__version__.split(".")[0]) >= 3
 
 # No benchmark by default: exports run inside training, and the benchmark only
 # measures (it never gates). Pass OptimizeOptions(benchmark_runs=100) to get it.
-DEFAULT_OPTIONS = OptimizeOptions(benchmark_runs=0)
+DEFAULT_OPTIONS = OptimizeOptions(measure=MeasureOptions(benchmark_runs=0))
 
 # One endpoint: a tf.function (traced, or with an input_signature), a
 # (callable, input_signature) pair, or an input signature for the model itself.
@@ -72,7 +73,7 @@ def export(
     ``serving_default`` unless one has that name.
 
     ``options`` are :class:`~serving_opt.OptimizeOptions` (default: no benchmark);
-    ``options.version`` picks the version, else the next free one.
+    ``options.output.version`` picks the version, else the next free one.
 
     Raises ParityError when the optimized model does not answer like Keras' export
     (nothing is published), UsageError for bad ``signatures``/options, and
@@ -92,8 +93,8 @@ def export(
         raise UsageError("signatures={} names no endpoint",
                          "pass None for the model's call, or a dict of name -> endpoint")
     # Before exporting, so a taken version fails in milliseconds, not after the export.
-    if options.version is not None:
-        writer.check_target(export_dir_base, options.version, options.overwrite)
+    if options.output.version is not None:
+        writer.check_target(export_dir_base, options.output.version, options.output.overwrite)
     with tempfile.TemporaryDirectory(prefix="serving-opt-keras-") as scratch:
         exported = os.path.join(scratch, "export")
         if progress:
@@ -210,7 +211,7 @@ class OptimizedExportCallback(keras.callbacks.Callback):
                              "or None to export only at the end of training")
         if keep is not None and keep < 1:
             raise UsageError(f"keep={keep} would delete every version", "pass keep >= 1 or None")
-        if options.version is not None:
+        if options.output.version is not None:
             # Every export publishes a new version; a fixed one would collide on the second.
             raise UsageError("options.version is fixed; the callback publishes the next "
                              "free version each time", "leave OptimizeOptions.version=None")

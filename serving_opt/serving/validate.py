@@ -42,9 +42,19 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
-from serving_opt import gates
 from serving_opt import sandbox as sandbox_lib
-from serving_opt.errors import ServingOptError, UsageError
+from serving_opt.errors import ServingOptError
+
+# The options live in serving_opt.options; importers of this module use them from here too.
+from serving_opt.options import (  # noqa: F401
+    MAX_CLIENTS,
+    MAX_DURATION,
+    PROTOCOLS,
+    REQUIRE_SERVER,
+    ValidateOptions,
+    check_options,
+    parse_protocols,
+)
 from serving_opt.savedmodel import loader, writer
 from serving_opt.serving import backends, requests, warmup
 from serving_opt.serving import runtime as runtime_lib
@@ -60,51 +70,6 @@ __all__ = [
     "MARKER_FAILED", "MARKER_OK", "Check", "LoadTest", "ValidateOptions", "ValidationReport",
     "resolve_version", "validate", "write_marker",
 ]
-
-PROTOCOLS = ("grpc", "rest")
-REQUIRE_SERVER = ("any", "tf_serving")
-MAX_CLIENTS = 1024  # load-phase clients: threads of this process
-MAX_DURATION = 24 * 3600.0
-
-
-@dataclass(frozen=True)
-class ValidateOptions:
-    """Options of ``serving-opt validate``.
-
-    Example:
-        >>> ValidateOptions(server="local", concurrency=4, duration=2.0)
-    """
-
-    model_name: str | None = None  # default: the model base's directory name
-    version: int | None = None  # default: the highest version in the base
-    reference_dir: str | None = None  # default: the served version itself
-    server: str = "auto"
-    image: str = backends.DEFAULT_IMAGE
-    examples: str | None = None
-    saved_model_tags: str = loader.SERVE_TAG
-    concurrency: int = 8
-    duration: float = 5.0
-    load_deadline: float = 300.0
-    atol: float = gates.DEFAULT_ATOL
-    rtol: float = gates.DEFAULT_RTOL
-    batch_size: int = 8
-    request_timeout: float = 30.0
-    write_warmup: bool = False
-    seed: int = 0
-    # Serve (and run as the reference) a model whose signatures touch files or the host.
-    allow_file_ops: bool = False
-    # Which APIs to prove: "grpc", "rest" or both (every backend serves both).
-    protocols: tuple[str, ...] = PROTOCOLS
-    # The TensorFlow release production's TF Serving runs; the local stand-in runs under
-    # it. None: the image's release when a runtime for it is here without a download
-    # (cached, $SERVING_OPT_RUNTIME_X_Y, or this interpreter), else this interpreter's
-    # TensorFlow, and the report says so. Given: installed once if missing.
-    serving_version: str | None = None
-    serving_runtime_python: str | None = None  # an interpreter with that TensorFlow
-    # "tf_serving": fail when only the local stand-in can run (no docker, no binary).
-    require_server: str = "any"
-    # Run the reference model and the server outside the sandbox where none can start.
-    allow_unsandboxed: bool = False
 
 
 def _versions(model_base: str) -> dict[int, str]:
@@ -141,54 +106,6 @@ def resolve_version(model_base: str, version: int | None) -> int:
         raise ServingOptError(f"no version directories in {model_base}{hint}",
                               "TF Serving serves <base>/<integer version>/saved_model.pb")
     return versions[-1]
-
-
-def check_options(options: ValidateOptions) -> None:
-    """Raises UsageError naming the first bad option; ``optimize`` calls it in its plan,
-    before any work, and ``validate`` before starting anything.
-
-    Example:
-        >>> check_options(ValidateOptions(protocols=("carrier_pigeon",)))
-        Traceback (most recent call last):
-        UsageError: --protocols=carrier_pigeon must name grpc, rest or both
-    """
-    import math
-
-    if options.server not in backends.BACKENDS:
-        raise UsageError(f"--server={options.server} is not one of "
-                         f"{', '.join(backends.BACKENDS)}", "e.g. --server=auto")
-    if not (isinstance(options.concurrency, int) and 0 <= options.concurrency <= MAX_CLIENTS):
-        raise UsageError(f"--concurrency={options.concurrency} must be within [0, {MAX_CLIENTS}]",
-                         "e.g. --concurrency=8 (0 skips the load phase)")
-    if not 0 <= options.duration <= MAX_DURATION:  # also refuses nan
-        raise UsageError(f"--duration={options.duration} must be within [0, {MAX_DURATION:g}] "
-                         "seconds", "e.g. --duration=5 (0 skips the load phase)")
-    for name in ("load_deadline", "request_timeout"):
-        value = getattr(options, name)
-        if not 0 < value < math.inf:
-            raise UsageError(f"{name}={value} must be a positive number of seconds",
-                             f"e.g. {name}=30")
-    if not (0 <= options.atol < math.inf and 0 <= options.rtol < math.inf):
-        raise UsageError(f"--atol={options.atol} and --rtol={options.rtol} must be finite "
-                         "and >= 0", "e.g. --atol=1e-5 --rtol=1e-4")
-    if options.batch_size < 1:
-        raise UsageError("batch_size must be >= 1", "e.g. ValidateOptions(batch_size=8)")
-    parse_protocols(options.protocols)
-    if options.require_server not in REQUIRE_SERVER:
-        raise UsageError(f"--require_server={options.require_server} is not one of "
-                         f"{', '.join(REQUIRE_SERVER)}", "use --require_server=tf_serving or any")
-    if options.require_server == "tf_serving" and options.server == "local":
-        raise UsageError("--require_server=tf_serving contradicts --server=local (the local "
-                         "server is a stand-in, not TF Serving)",
-                         "use --server=auto, docker or binary")
-    if options.version is not None and not (isinstance(options.version, int)
-                                            and 0 <= options.version <= writer.MAX_VERSION):
-        raise UsageError(f"--version={options.version} is not a version TF Serving reads",
-                         f"pass --version=N with 0 <= N <= {writer.MAX_VERSION}")
-    if not loader.parse_tags(options.saved_model_tags):
-        raise UsageError("--saved_model_tags is empty", "e.g. --saved_model_tags=serve")
-    if options.serving_version is not None:
-        runtime_lib.check_version(options.serving_version)
 
 
 # One client per protocol; validation never asks which one it holds.
@@ -230,7 +147,7 @@ class Outcome:
     load_tests: Mapping[str, LoadTest] = field(default_factory=dict)
 
 
-def validate(model_base: str, options: ValidateOptions = ValidateOptions(),
+def validate(model_base: str, options: ValidateOptions = ValidateOptions(),  # noqa: B008
              progress: Callable[[str], None] | None = None) -> ValidationReport:
     """Serves ``model_base`` and checks load, metadata, every signature's answers and load.
 
@@ -495,22 +412,6 @@ def binary_dirs(options: ValidateOptions) -> list[str]:
     """Where ``--server=binary``'s tensorflow_model_server is (its name's directory, then
     the file's own): bound read-only in the sandbox, the first on its PATH."""
     return backends.binary_dirs() if options.server == "binary" else []
-
-
-def parse_protocols(protocols) -> tuple[str, ...]:
-    """``"grpc,rest"`` or a sequence -> the protocols in a fixed order; UsageError else.
-
-    Example:
-        >>> parse_protocols("rest,grpc")
-        ('grpc', 'rest')
-    """
-    names = protocols.split(",") if isinstance(protocols, str) else list(protocols)
-    names = [n.strip().lower() for n in names if n.strip()]
-    unknown = [n for n in names if n not in PROTOCOLS]
-    if unknown or not names:
-        raise UsageError(f"--protocols={','.join(names)} must name grpc, rest or both",
-                         "e.g. --protocols=grpc,rest")
-    return tuple(p for p in PROTOCOLS if p in names)
 
 
 def _local_runtime(options: ValidateOptions, say) -> tuple:

@@ -9,58 +9,74 @@ histogram, top-1 agreement and class confusion for classifiers, and the worst ex
 go to Beam (--project, --region, --temp_location, ...). See docs/compare.md.
 
 Example:
-  serving-opt compare --baseline=models/clf/1 --candidate=models/clf/2 \\
+  serving-opt compare --baseline_saved_model_dir=models/clf/1 \\
+      --candidate_saved_model_dir=models/clf/2 \\
       --examples='/data/eval/part-*.tfrecord' --direct_num_workers=2
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from absl import flags
 
+from serving_opt import options as options_lib
 from serving_opt.cli import main as cli
+from serving_opt.cli import option_flags
 from serving_opt.errors import UsageError
 
 SUMMARY = "compare two models on every example of sharded TFRecords (Apache Beam)"
 PASSES_ARGS_AFTER_DASHES = True  # `-- --project=p --region=r`: Beam pipeline options
 
 
+_MODELS = {"baseline": "SavedModel whose answers are expected.",
+           "candidate": "SavedModel to compare with it."}
+# The shared option groups compare takes (serving_opt/options.py); the examples and the
+# signatures are compare's own (shards to read; signatures the examples fit).
+_GROUPS = {"inputs": (options_lib.InputOptions, ("examples",)),
+           "tolerance": (options_lib.Tolerance, ()),
+           "trust": (options_lib.TrustOptions, ("sandbox_memory_bytes",))}
+_HELP = {"allow_unsandboxed": "Run the models even where the bubblewrap sandbox cannot start, "
+                              "or on remote examples with a local runner. Only for models "
+                              "you trust."}
+
+
 def define_flags(fv: flags.FlagValues) -> None:
-    flags.DEFINE_string("baseline", None, "SavedModel whose answers are expected.",
-                        flag_values=fv)
-    flags.DEFINE_string("candidate", None, "SavedModel to compare with it.", flag_values=fv)
+    """Defines the flags of `serving-opt compare` on ``fv``.
+
+    Example:
+        >>> fv = flags.FlagValues(); define_flags(fv)
+    """
+    from serving_opt.compare import CompareOptions
+
+    default = {f.name: f.default for f in dataclasses.fields(CompareOptions)}
+    for role, text in _MODELS.items():
+        cli.define_model_dir(fv, f"{role}_{cli.SAVED_MODEL_DIR}", text, aliases=(role,))
     flags.DEFINE_string("examples", None,
                         "Glob of TFRecord shards of serialized tf.Example, or of JSON-lines "
                         "files of {alias: [rows]} requests; local, gs://, s3://.",
                         flag_values=fv)
-    flags.DEFINE_list("signatures", [], "Signature keys to compare (default: every one the "
-                      "examples fit).", flag_values=fv)
-    flags.DEFINE_string("saved_model_tags", "serve", "MetaGraph tag set.", flag_values=fv)
-    flags.DEFINE_string("runner", "DirectRunner",
+    cli.required("examples", fv)
+    flags.DEFINE_list("signatures", list(default["signatures"]),
+                      "Signature keys to compare (default: every one the examples fit).",
+                      flag_values=fv)
+    for group, skip in _GROUPS.values():
+        option_flags.define(fv, group, skip=skip, help=_HELP)
+    flags.DEFINE_string("runner", default["runner"],
                         "Beam runner: DirectRunner, PrismRunner, DataflowRunner, FlinkRunner, "
                         "SparkRunner, ...", flag_values=fv)
-    flags.DEFINE_integer("direct_num_workers", 1,
+    flags.DEFINE_integer("direct_num_workers", default["direct_num_workers"],
                          "DirectRunner: worker processes (>1 runs them in parallel).",
                          flag_values=fv)
-    flags.DEFINE_integer("batch_size", 256, "Largest batch sent to a model.", flag_values=fv)
-    flags.DEFINE_integer("worst", 10, "Worst examples kept per output.", flag_values=fv)
-    flags.DEFINE_float("atol", 1e-5, "Absolute tolerance for float outputs.", flag_values=fv)
-    flags.DEFINE_float("rtol", 1e-4, "Relative tolerance for float outputs.", flag_values=fv)
-    flags.DEFINE_bool("allow_unsandboxed", False,
-                      "Run the models even where the bubblewrap sandbox cannot start, or on "
-                      "remote examples with a local runner. Only for models you trust.",
-                      flag_values=fv)
-    flags.DEFINE_bool("allow_file_ops", False,
-                      "Run models whose signatures touch files or the host (see "
-                      "serving-opt validate --help). Only for models you trust.",
-                      flag_values=fv)
+    flags.DEFINE_integer("batch_size", default["batch_size"], "Largest batch sent to a model.",
+                         flag_values=fv)
+    flags.DEFINE_integer("worst", default["worst_k"], "Worst examples kept per output.",
+                         flag_values=fv)
     flags.DEFINE_string("report", None, "Also write the report as JSON to this file.",
                         flag_values=fv)
     flags.DEFINE_bool("json", False, "Print the report as JSON instead of a table.",
                       flag_values=fv)
-    for name in ("baseline", "candidate", "examples"):
-        cli.required(name, fv)
 
 
 def main(fv: flags.FlagValues, pipeline_args: list[str] | None = None) -> int:
@@ -72,15 +88,18 @@ def main(fv: flags.FlagValues, pipeline_args: list[str] | None = None) -> int:
     if stray:
         raise UsageError(f"unexpected argument(s) {' '.join(stray)}",
                          "Beam options after -- take the form --name=value")
+    shared = {name: option_flags.read(fv, group, skip=skip)
+              for name, (group, skip) in _GROUPS.items()}
     options = CompareOptions(
-        signatures=tuple(fv.signatures), saved_model_tags=fv.saved_model_tags,
+        signatures=tuple(fv.signatures), saved_model_tags=shared["inputs"].saved_model_tags,
         runner=fv.runner, direct_num_workers=fv.direct_num_workers,
-        pipeline_args=tuple(pipeline_args), batch_size=fv.batch_size, atol=fv.atol,
-        rtol=fv.rtol, worst_k=fv.worst, allow_file_ops=fv.allow_file_ops,
-        allow_unsandboxed=fv.allow_unsandboxed,
+        pipeline_args=tuple(pipeline_args), batch_size=fv.batch_size,
+        atol=shared["tolerance"].atol, rtol=shared["tolerance"].rtol, worst_k=fv.worst,
+        allow_file_ops=shared["trust"].allow_file_ops,
+        allow_unsandboxed=shared["trust"].allow_unsandboxed,
     )
-    result = compare(fv.baseline, fv.candidate, fv.examples, options,
-                     progress=lambda m: print(m, file=sys.stderr, flush=True))
+    result = compare(fv.baseline_saved_model_dir, fv.candidate_saved_model_dir, fv.examples,
+                     options, progress=lambda m: print(m, file=sys.stderr, flush=True))
     if fv.report:
         report_lib.write_json(result, fv.report)
     if fv.json:

@@ -32,11 +32,8 @@ def define_flags(fv: flags.FlagValues) -> None:
     Example:
         >>> fv = flags.FlagValues(); define_flags(fv)
     """
-    flags.DEFINE_string(
-        "saved_model_dir", None, "SavedModel directory (the one holding saved_model.pb).",
-        flag_values=fv,
-    )
-    cli.required("saved_model_dir", fv)
+    cli.define_model_dir(fv, cli.SAVED_MODEL_DIR,
+                         "SavedModel directory (the one holding saved_model.pb).")
     flags.DEFINE_string(
         "saved_model_tags", None,
         "Comma-separated tag set of the MetaGraph to inspect, e.g. 'serve'; default: all.",

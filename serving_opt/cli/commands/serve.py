@@ -30,6 +30,7 @@ import time
 
 from absl import flags
 
+from serving_opt.cli import main as cli
 from serving_opt.errors import UsageError
 
 SUMMARY = "run a local TF-Serving-compatible gRPC/REST model server (dev/CI stand-in)"
@@ -105,9 +106,9 @@ def define_flags(fv: flags.FlagValues) -> None:
                          "Add CORS headers to REST answers.", flag_values=fv)
     flags.DEFINE_string("model_name", "default",
                         "Name of the model (ignored with --model_config_file).", flag_values=fv)
-    flags.DEFINE_string("model_base_path", None,
-                        "Absolute path of the model base directory holding version "
-                        "directories (ignored with --model_config_file).", flag_values=fv)
+    cli.define_model_dir(fv, cli.MODEL_BASE_PATH,
+                         "Absolute path of the model base directory holding version "
+                         "directories (ignored with --model_config_file).", is_required=False)
     flags.DEFINE_string("model_config_file", None,
                         "Text ModelServerConfig listing the models to serve.", flag_values=fv)
     flags.DEFINE_float("file_system_poll_wait_seconds", 1,

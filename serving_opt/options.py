@@ -1,0 +1,615 @@
+"""Every option of ``optimize`` and ``validate``: one tree of small frozen groups, checked once.
+
+    options = OptimizeOptions(build=BuildOptions(quantize="int8"),
+                              measure=MeasureOptions(benchmark_runs=0))
+    options.check()      # UsageError naming the first bad option; optimize's plan() calls it
+
+One group per concern: what to build (``build``), which MetaGraph answers and what it
+is asked (``inputs``), how close is equal (``tolerance``), what a candidate must pass
+(``gate``), what is measured (``measure``), the TF Serving that will load it
+(``target``), what the user trusts (``trust``), where it is published (``output``),
+and how it is served before that (``validate``, optional). A value optimize and
+validate share lives in ONE group that both trees hold: optimize's ``validate`` group
+(:class:`ServingCheck`) has only what is validate's own, and the ValidateOptions the
+validation runs with is built from the optimize tree (:meth:`OptimizeOptions.
+validate_options`), so the gates and the validation cannot judge differently.
+
+Flat keywords and reads still work as before the groups: ``OptimizeOptions(atol=1e-3)``
+sets ``tolerance.atol``, ``options.atol`` reads it, ``dataclasses.replace(options,
+atol=1e-3)`` replaces it; an unknown keyword is a TypeError. Code inside serving_opt
+uses the groups.
+
+A field's ``help`` is its command-line flag's help: ``serving_opt/cli/option_flags.py``
+defines the flags (name, type, default) from these fields. A field without help has no
+flag. This module imports nothing heavy: the CLI reads it before TensorFlow or numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from serving_opt.errors import UsageError
+from serving_opt.serving import backends
+
+__all__ = [
+    "BuildOptions", "GateOptions", "InputOptions", "MeasureOptions", "OptimizeOptions",
+    "OutputOptions", "ServingCheck", "TargetOptions", "Tolerance", "TrustOptions",
+    "ValidateOptions", "check_options", "parse_protocols",
+]
+
+FREEZE_MODES = ("auto", "always", "never")
+QUANTIZE_MODES = ("none", "int8", "fp16")  # stages.quantize.MODES (a test keeps them equal)
+PROTOCOLS = ("grpc", "rest")
+REQUIRE_SERVER = ("any", "tf_serving")
+MAX_RTOL = 1.0  # optimize: a relative tolerance above 100% lets any answer through
+MAX_GRAPPLER_ROUNDS = 20
+MAX_REGRESSION_TOLERANCE = 100.0
+MAX_CLIENTS = 1024  # validate's load-phase clients: threads of one process
+MAX_DURATION = 24 * 3600.0
+
+
+def _opt(default: Any, help: str = "", **flag: Any) -> Any:  # noqa: A002 - absl's word
+    """A field and its flag: ``help`` (none: no flag), ``choices`` (an enum flag),
+    ``none`` (the flag's spelling of None), ``lower_bound``, ``negative_is_none``."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("option defaults are immutable")
+    return field(default=default, metadata={"help": help, **flag})
+
+
+# --- the groups ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """What to build: the rewrites asked for, and how far freezing and quantizing go.
+
+    Example:
+        >>> BuildOptions(transforms="fold_constants fold_batch_norms", quantize="int8")
+    """
+
+    transforms: str | None = _opt(
+        None, "Graph Transform Tool spec, e.g. 'strip_unused_nodes fold_constants("
+        "ignore_errors=true) fold_batch_norms'. 'default' is a lossless preset; 'none' skips "
+        "the tool.", none="default")
+    grappler: str | None = _opt(
+        None, "Comma list of Grappler passes; 'default' = pruning,constfold,arithmetic,"
+        "dependency; 'none' skips Grappler.", none="default")
+    grappler_rounds: int = _opt(2, "How many times to run the Grappler passes.")
+    signatures: tuple[str, ...] = _opt((), "Signature keys to keep (default: all).")
+    freeze: str = _opt(
+        "auto", "Freeze variables into constants: auto falls back to keeping them when "
+        "freezing fails or the frozen model is worse; always makes that an error.",
+        choices=FREEZE_MODES)
+    freeze_max_bytes: int = _opt(
+        10 * 2**20, "Variables larger than this stay variables (in a new checkpoint holding "
+        "only what serving reads); smaller ones become constants. Large constants make TF "
+        "Serving load slower and use more memory.")
+    max_constant_bytes: int | None = _opt(
+        64 * 1024, "Constants still larger than this after folding (e.g. batch-norm-folded "
+        "conv weights) are stored as variables of the new checkpoint, so TF Serving restores "
+        "them instead of parsing and re-optimizing them at load; -1 keeps them constants.",
+        none=-1, negative_is_none=True)
+    quantize: str = _opt(
+        "none", "Store large float weights as int8 (scale per row for embedding tables, per "
+        "output channel otherwise) or fp16. Tables are gathered quantized and only the "
+        "gathered rows dequantized; other weights are dequantized once, at load. Lossy: the "
+        "lossy gate decides.", choices=QUANTIZE_MODES)
+    quantize_min_elements: int = _opt(16384, "Weights with fewer elements stay float.")
+
+    def check(self) -> None:
+        """UsageError naming the first bad value (the spec and passes parsed too)."""
+        if self.freeze not in FREEZE_MODES:
+            raise UsageError(f"--freeze={self.freeze} is not one of {', '.join(FREEZE_MODES)}",
+                             "use --freeze=auto, always or never")
+        if not 1 <= self.grappler_rounds <= MAX_GRAPPLER_ROUNDS:
+            raise UsageError(f"--grappler_rounds={self.grappler_rounds} must be within "
+                             f"[1, {MAX_GRAPPLER_ROUNDS}] (a round that changes nothing ends "
+                             "the loop anyway)", "e.g. --grappler_rounds=2")
+        if self.freeze_max_bytes < 0:
+            raise UsageError("--freeze_max_bytes must be >= 0",
+                             "e.g. --freeze_max_bytes=10485760 (0 keeps every variable)")
+        if self.quantize not in QUANTIZE_MODES:
+            raise UsageError(f"--quantize={self.quantize} is not one of "
+                             f"{', '.join(QUANTIZE_MODES)}", "use --quantize=int8 or fp16")
+        if self.quantize_min_elements < 0:
+            raise UsageError("--quantize_min_elements must be >= 0", "e.g. 16384")
+        from serving_opt.stages import grappler as grappler_lib
+        from serving_opt.stages import transforms as transforms_lib
+
+        transforms_lib.resolve_spec(self.transforms)
+        grappler_lib.parse_passes(self.grappler)
+
+    @property
+    def lossy(self) -> bool:
+        """Weights are quantized: the lossy gate judges instead of the exact one."""
+        return self.quantize != "none"
+
+
+@dataclass(frozen=True)
+class InputOptions:
+    """Which MetaGraph answers, and what it is asked: the parity gate's and the
+    measurements' inputs in optimize, the requests in validate.
+
+    Example:
+        >>> InputOptions(examples="eval.jsonl")
+    """
+
+    saved_model_tags: str = _opt("serve", "MetaGraph tag set, comma separated.")
+    examples: str | None = _opt(
+        None, "Inputs: TFRecord of tf.Example, or JSON lines of {alias: value} requests "
+        "(default: synthesized). optimize: the parity gate's and the measurements'; "
+        "validate: the requests'.")
+    seed: int = 0  # of the synthesized inputs
+
+    def check(self) -> None:
+        from serving_opt.savedmodel import loader
+
+        if not loader.parse_tags(self.saved_model_tags):
+            raise UsageError("--saved_model_tags is empty", "e.g. --saved_model_tags=serve")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close an answer must be to the original's: the parity gate, compare, validate.
+
+    Example:
+        >>> Tolerance(atol=1e-3, rtol=1e-3)
+    """
+
+    atol: float = _opt(1e-5, "Absolute tolerance for float outputs.")
+    rtol: float = _opt(1e-4, "Relative tolerance for float outputs.")
+
+    def check(self, max_rtol: float | None = None) -> None:
+        """``max_rtol``: optimize's bound (beyond it nothing is compared); validate has none."""
+        if max_rtol is None:
+            if not (0 <= self.atol < math.inf and 0 <= self.rtol < math.inf):  # refuses nan
+                raise UsageError(f"--atol={self.atol} and --rtol={self.rtol} must be finite "
+                                 "and >= 0", "e.g. --atol=1e-5 --rtol=1e-4")
+        elif not (0 <= self.atol < math.inf and 0 <= self.rtol <= max_rtol):
+            raise UsageError(f"--atol={self.atol} and --rtol={self.rtol} must be finite, "
+                             f">= 0, and rtol at most {max_rtol:g} (beyond that nothing is "
+                             "compared)", "e.g. --atol=1e-5 --rtol=1e-4")
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    """What a candidate must pass to be published, beyond the tolerances: the parity
+    gate's sample, the lossy gate, the compare gate and the regression gate.
+
+    Example:
+        >>> GateOptions(min_top1_agreement=0.99, allow_regression=True)
+    """
+
+    parity_batch_size: int = 16
+    parity_batches: int = 2
+    min_top1_agreement: float = _opt(
+        0.995, "With --quantize: fraction of rows whose top-1 class (probabilities/scores) "
+        "or whose class ids/names must agree with the original.")
+    max_probability_error: float = _opt(
+        0.05, "With --quantize: largest change allowed in a probability/score.")
+    compare_examples: str | None = _opt(
+        None, "A last gate before publishing: compare both models on every example of these "
+        "TFRecord/JSON-lines shards (a glob; local, gs://, s3://) on Apache Beam, as "
+        "serving-opt compare does. Needs pip install serving-opt[beam].")
+    regression_tolerance: float = _opt(
+        1.10, "A measure worse than the original by more than this factor (plus a small "
+        "absolute slack) blocks publishing.")
+    allow_regression: bool = _opt(
+        False, "Publish even when the result is slower, bigger in memory or slower to load "
+        "than the original (the report says so).")
+
+    def check(self) -> None:
+        if self.parity_batch_size < 1 or self.parity_batches < 1:
+            raise UsageError("OptimizeOptions.parity_batch_size and parity_batches must be >= 1",
+                             "e.g. OptimizeOptions(parity_batch_size=16, parity_batches=2)")
+        if not 0.0 <= self.min_top1_agreement <= 1.0:
+            raise UsageError("--min_top1_agreement must be within [0, 1]", "e.g. 0.995")
+        if not 0.0 <= self.max_probability_error <= 1.0:
+            raise UsageError("--max_probability_error must be within [0, 1]", "e.g. 0.05")
+        if not 1.0 <= self.regression_tolerance <= MAX_REGRESSION_TOLERANCE:  # refuses nan
+            raise UsageError(f"--regression_tolerance={self.regression_tolerance} must be "
+                             f"within [1, {MAX_REGRESSION_TOLERANCE:g}]",
+                             "e.g. --regression_tolerance=1.1 (10% worse is tolerated); "
+                             "--allow_regression publishes whatever the measures say")
+        if self.compare_examples:
+            from serving_opt.compare import require_beam
+
+            require_beam()
+
+
+@dataclass(frozen=True)
+class MeasureOptions:
+    """What is measured, both models side by side: the cold start and the benchmark.
+
+    Example:
+        >>> MeasureOptions(benchmark_runs=0)   # the cold start only
+    """
+
+    cold_start: bool = _opt(
+        True, "Load both models in fresh processes (load time, first request, peak RSS) and "
+        "refuse a candidate that is worse (--nocold_start skips it).")
+    cold_start_rounds: int = _opt(
+        1, "Fresh processes per model for the cold start (median is used).")
+    benchmark_runs: int = _opt(
+        100, "Interleaved timed runs per batch size (0 skips the benchmark).")
+    benchmark_batch_sizes: tuple[int, ...] = (1, 32)
+
+    def check(self) -> None:
+        if self.benchmark_runs < 0:
+            raise UsageError("--benchmark_runs must be >= 0", "0 skips the benchmark")
+        if self.cold_start_rounds < 1:
+            raise UsageError("--cold_start_rounds must be >= 1", "e.g. --cold_start_rounds=3")
+
+
+@dataclass(frozen=True)
+class TargetOptions:
+    """The TF Serving that will load the model: its TensorFlow release (optimize checks
+    every op and attr against its registry; validate's local server runs under it).
+
+    Example:
+        >>> TargetOptions(serving_version="2.15.1")
+    """
+
+    serving_version: str | None = _opt(
+        None, "TensorFlow release of the TF Serving that will load the model (e.g. 2.15.1): "
+        "optimize refuses an op or attr its registry lacks, and validate's local server runs "
+        "under it (installed once into ~/.cache/serving-opt if missing). Default: the current "
+        "TF Serving release, used only if its runtime is already here (the report says so).")
+    serving_runtime_python: str | None = _opt(
+        None, "A python whose TensorFlow is --serving_version's (instead of a cached venv; "
+        "also $SERVING_OPT_RUNTIME_<X>_<Y>).")
+
+    def check(self) -> None:
+        if self.serving_version is not None:
+            from serving_opt.serving import runtime as runtime_lib
+
+            runtime_lib.check_version(self.serving_version)
+
+
+@dataclass(frozen=True)
+class TrustOptions:
+    """What the user trusts the model with: a SavedModel is code.
+
+    Example:
+        >>> TrustOptions(allow_file_ops=True)
+    """
+
+    allow_file_ops: bool = _opt(
+        False, "Run a model whose signatures touch files or the host (WriteFile, ReadFile, "
+        "PyFunc, checkpoint, summary and tf.data file ops, ...; see serving_opt/host_ops.py). "
+        "Off: such a model is refused before it runs. Only for models you trust: a "
+        "SavedModel is code.")
+    allow_unsandboxed: bool = _opt(
+        False, "Run the model (and validate's server) even where the bubblewrap sandbox "
+        "cannot start (no bwrap, no user namespaces, not Linux). Only for models you trust.")
+    # optimize's sandboxed worker; validate's sandboxes have no limit of their own yet.
+    sandbox_memory_bytes: int | None = _opt(
+        None, "Memory limit of each sandboxed process (default: 3/4 of the RAM).",
+        lower_bound=1 << 28)
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """Where optimize publishes: the version directory of the model base.
+
+    Example:
+        >>> OutputOptions(version=3, overwrite=True)
+    """
+
+    version: int | None = _opt(
+        None, "Version directory to write (default: highest existing + 1).")
+    overwrite: bool = _opt(False, "Replace an existing version directory.")
+
+    def check(self) -> None:
+        _check_version(self.version, "(int64)")
+
+
+@dataclass(frozen=True)
+class ServingCheck:
+    """Validate's own options: how the model is served and probed (optimize's
+    ``validate`` group; the shared values come from the tree holding it).
+
+    Example:
+        >>> ServingCheck(server="local", concurrency=2, duration=0.5)
+    """
+
+    model_name: str | None = _opt(None, "Model name (default: the base's directory name).")
+    server: str = _opt(
+        "auto", "docker, binary (tensorflow_model_server on PATH), local (serving-opt serve), "
+        "or auto: the first that can run here.", choices=backends.BACKENDS)
+    image: str = _opt(backends.DEFAULT_IMAGE, "Docker image for --server=docker.")
+    protocols: tuple[str, ...] = _opt(
+        PROTOCOLS, "APIs to validate: grpc, rest or both (every backend serves both).")
+    concurrency: int = _opt(8, "Concurrent clients in the load phase (0 skips it).")
+    duration: float = _opt(5.0, "Seconds of the load phase.")
+    load_deadline: float = _opt(300.0, "Seconds to wait for the model to be AVAILABLE.")
+    request_timeout: float = 30.0
+    batch_size: int = 8
+    write_warmup: bool = _opt(
+        False, "Write the requests answered right to assets.extra/tf_serving_warmup_requests "
+        "of the validated (optimize: the published) version; the server replays them at "
+        "load.")
+    require_server: str = _opt(
+        "any", "tf_serving: fail when only the local stand-in can run (no Docker engine, no "
+        "tensorflow_model_server).", choices=REQUIRE_SERVER)
+
+    def check(self) -> None:
+        if self.server not in backends.BACKENDS:
+            raise UsageError(f"--server={self.server} is not one of "
+                             f"{', '.join(backends.BACKENDS)}", "e.g. --server=auto")
+        if not (isinstance(self.concurrency, int) and 0 <= self.concurrency <= MAX_CLIENTS):
+            raise UsageError(f"--concurrency={self.concurrency} must be within "
+                             f"[0, {MAX_CLIENTS}]", "e.g. --concurrency=8 (0 skips the load "
+                             "phase)")
+        if not 0 <= self.duration <= MAX_DURATION:  # also refuses nan
+            raise UsageError(f"--duration={self.duration} must be within [0, {MAX_DURATION:g}] "
+                             "seconds", "e.g. --duration=5 (0 skips the load phase)")
+        for name in ("load_deadline", "request_timeout"):
+            value = getattr(self, name)
+            if not 0 < value < math.inf:
+                raise UsageError(f"{name}={value} must be a positive number of seconds",
+                                 f"e.g. {name}=30")
+        if self.batch_size < 1:
+            raise UsageError("batch_size must be >= 1", "e.g. ValidateOptions(batch_size=8)")
+        parse_protocols(self.protocols)
+        if self.require_server not in REQUIRE_SERVER:
+            raise UsageError(f"--require_server={self.require_server} is not one of "
+                             f"{', '.join(REQUIRE_SERVER)}",
+                             "use --require_server=tf_serving or any")
+        if self.require_server == "tf_serving" and self.server == "local":
+            raise UsageError("--require_server=tf_serving contradicts --server=local (the local "
+                             "server is a stand-in, not TF Serving)",
+                             "use --server=auto, docker or binary")
+
+
+def parse_protocols(protocols) -> tuple[str, ...]:
+    """``"grpc,rest"`` or a sequence -> the protocols in a fixed order; UsageError else.
+
+    Example:
+        >>> parse_protocols("rest,grpc")
+        ('grpc', 'rest')
+    """
+    names = protocols.split(",") if isinstance(protocols, str) else list(protocols)
+    names = [n.strip().lower() for n in names if n.strip()]
+    unknown = [n for n in names if n not in PROTOCOLS]
+    if unknown or not names:
+        raise UsageError(f"--protocols={','.join(names)} must name grpc, rest or both",
+                         "e.g. --protocols=grpc,rest")
+    return tuple(p for p in PROTOCOLS if p in names)
+
+
+def _check_version(version: int | None, int64: str = "") -> None:
+    from serving_opt.savedmodel import writer
+
+    if version is not None and not (isinstance(version, int)
+                                    and 0 <= version <= writer.MAX_VERSION):
+        raise UsageError(f"--version={version} is not a version TF Serving reads",
+                         f"pass --version=N with 0 <= N <= {writer.MAX_VERSION}"
+                         + (f" {int64}" if int64 else ""))
+
+
+# --- the trees: groups, plus the flat keywords and reads of before ----------------------
+
+_UNSET: Any = object()
+
+
+@functools.cache
+def _flat_names(cls: type) -> dict[str, str]:
+    return {f.name: group for group, kind in cls.GROUPS.items()
+            for f in dataclasses.fields(kind)}
+
+
+class _Tree:
+    """Nested groups that still take and answer flat names (``atol`` for
+    ``tolerance.atol``): every field of a group in ``GROUPS`` is routed to it."""
+
+    GROUPS: ClassVar[dict[str, type]] = {}
+
+    @classmethod
+    def flat_names(cls) -> dict[str, str]:
+        """Flat name -> the group holding it.
+
+        Example:
+            >>> OptimizeOptions.flat_names()["atol"]
+            'tolerance'
+        """
+        return _flat_names(cls)
+
+    def _assign(self, given: dict[str, Any], flat: dict[str, Any]) -> None:
+        cls = type(self)
+        routes = cls.flat_names()
+        changes: dict[str, dict[str, Any]] = {}
+        for name, value in flat.items():
+            if name not in routes:
+                raise TypeError(f"{cls.__name__}.__init__() got an unexpected keyword "
+                                f"argument {name!r}")
+            changes.setdefault(routes[name], {})[name] = value
+        for f in dataclasses.fields(cls):
+            value = given[f.name]
+            kind = cls.GROUPS.get(f.name)
+            if kind is not None:
+                if value is _UNSET:
+                    value = kind()
+                elif not isinstance(value, kind):
+                    raise TypeError(f"{cls.__name__}.{f.name} must be a {kind.__name__}, "
+                                    f"not a {type(value).__name__}")
+                if f.name in changes:
+                    value = dataclasses.replace(value, **changes[f.name])
+            elif value is _UNSET:
+                value = f.default
+            object.__setattr__(self, f.name, value)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when the name is not a field: a flat name is read from its group.
+        if not name.startswith("_"):
+            group = type(self).flat_names().get(name)
+            if group is not None:
+                return getattr(object.__getattribute__(self, group), name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+@dataclass(frozen=True, init=False)
+class ValidateOptions(_Tree):
+    """Options of ``serving-opt validate``: the served version, its reference, and the
+    groups it shares with optimize.
+
+    Example:
+        >>> ValidateOptions(server="local", concurrency=4, duration=2.0).serving.server
+        'local'
+        >>> ValidateOptions(serving=ServingCheck(server="local"),
+        ...                 tolerance=Tolerance(atol=1e-3)).atol
+        0.001
+    """
+
+    serving: ServingCheck = field(default_factory=ServingCheck)
+    inputs: InputOptions = field(default_factory=InputOptions)
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    target: TargetOptions = field(default_factory=TargetOptions)
+    trust: TrustOptions = field(default_factory=TrustOptions)
+    version: int | None = _opt(None, "Version to validate (default: the highest).")
+    reference_dir: str | None = _opt(
+        None, "SavedModel whose answers are expected (default: the served version).")
+
+    GROUPS: ClassVar[dict[str, type]] = {
+        "serving": ServingCheck, "inputs": InputOptions, "tolerance": Tolerance,
+        "target": TargetOptions, "trust": TrustOptions}
+
+    def __init__(self, serving: ServingCheck = _UNSET, inputs: InputOptions = _UNSET,
+                 tolerance: Tolerance = _UNSET, target: TargetOptions = _UNSET,
+                 trust: TrustOptions = _UNSET, version: int | None = _UNSET,
+                 reference_dir: str | None = _UNSET, **flat: Any) -> None:
+        self._assign(dict(serving=serving, inputs=inputs, tolerance=tolerance, target=target,
+                          trust=trust, version=version, reference_dir=reference_dir), flat)
+
+    def check(self) -> None:
+        """UsageError naming the first bad option; validate() calls it before starting
+        anything, optimize's plan() before any work.
+
+        Example:
+            >>> ValidateOptions(protocols=("carrier_pigeon",)).check()
+            Traceback (most recent call last):
+            UsageError: --protocols=carrier_pigeon must name grpc, rest or both
+        """
+        self.serving.check()
+        self.tolerance.check()
+        _check_version(self.version)
+        self.inputs.check()
+        self.target.check()
+
+
+@dataclass(frozen=True, init=False)
+class OptimizeOptions(_Tree):
+    """Everything ``serving-opt optimize`` can be told; defaults are the safe choice.
+
+    Example:
+        >>> OptimizeOptions(build=BuildOptions(transforms="fold_constants"),
+        ...                 measure=MeasureOptions(benchmark_runs=0))
+        >>> OptimizeOptions(atol=1e-3, benchmark_runs=0).tolerance.atol   # flat, as before
+        0.001
+    """
+
+    build: BuildOptions = field(default_factory=BuildOptions)
+    inputs: InputOptions = field(default_factory=InputOptions)
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    gate: GateOptions = field(default_factory=GateOptions)
+    measure: MeasureOptions = field(default_factory=MeasureOptions)
+    target: TargetOptions = field(default_factory=TargetOptions)
+    trust: TrustOptions = field(default_factory=TrustOptions)
+    output: OutputOptions = field(default_factory=OutputOptions)
+    # Serve the result over gRPC and REST before publishing (serving-opt validate); None:
+    # skip. A ValidateOptions is taken too: its own group, its shared values checked
+    # against this tree's.
+    validate: ServingCheck | None = None
+
+    GROUPS: ClassVar[dict[str, type]] = {
+        "build": BuildOptions, "inputs": InputOptions, "tolerance": Tolerance,
+        "gate": GateOptions, "measure": MeasureOptions, "target": TargetOptions,
+        "trust": TrustOptions, "output": OutputOptions}
+
+    def __init__(self, build: BuildOptions = _UNSET, inputs: InputOptions = _UNSET,
+                 tolerance: Tolerance = _UNSET, gate: GateOptions = _UNSET,
+                 measure: MeasureOptions = _UNSET, target: TargetOptions = _UNSET,
+                 trust: TrustOptions = _UNSET, output: OutputOptions = _UNSET,
+                 validate: ServingCheck | ValidateOptions | None = _UNSET,
+                 **flat: Any) -> None:
+        self._assign(dict(build=build, inputs=inputs, tolerance=tolerance, gate=gate,
+                          measure=measure, target=target, trust=trust, output=output,
+                          validate=validate), flat)
+        if isinstance(self.validate, ValidateOptions):
+            object.__setattr__(self, "validate", self._own_serving_check(self.validate))
+
+    def _own_serving_check(self, given: ValidateOptions) -> ServingCheck:
+        """A ValidateOptions given as ``validate``: its own group; a shared value it sets
+        must be this tree's (one setting for the whole run)."""
+        defaults = ValidateOptions()
+        for group in ("inputs", "tolerance", "target", "trust"):
+            for f in dataclasses.fields(getattr(given, group)):
+                mine = getattr(getattr(self, group), f.name)
+                theirs = getattr(getattr(given, group), f.name)
+                if theirs != getattr(getattr(defaults, group), f.name) and theirs != mine:
+                    raise UsageError(f"ValidateOptions.{f.name}={theirs!r} disagrees with "
+                                     f"OptimizeOptions.{f.name}={mine!r}",
+                                     f"set {f.name} once, on OptimizeOptions")
+        if given.version is not None and self.output.version is not None \
+                and given.version != self.output.version:
+            raise UsageError(f"ValidateOptions.version={given.version} disagrees with "
+                             f"OptimizeOptions.version={self.output.version}",
+                             "leave ValidateOptions.version unset: optimize validates the "
+                             "version it writes")
+        return given.serving
+
+    def check(self) -> None:
+        """UsageError naming the first bad option; used before any work is done.
+
+        Also parses the transform spec, Grappler passes and tags, so an Estimator
+        exporter can fail at construction rather than after training.
+
+        Example:
+            >>> OptimizeOptions(freeze="sometimes").check()
+            Traceback (most recent call last):
+            UsageError: --freeze=sometimes is not one of auto, always, never
+        """
+        self.build.check()
+        self.tolerance.check(max_rtol=MAX_RTOL)
+        self.output.check()
+        self.gate.check()
+        self.measure.check()
+        self.inputs.check()
+        self.target.check()
+        if self.validate is not None:
+            if not isinstance(self.validate, ServingCheck):
+                raise UsageError(f"OptimizeOptions.validate is a "
+                                 f"{type(self.validate).__name__}, not a ServingCheck",
+                                 "pass validate=ServingCheck(...) (or a ValidateOptions), "
+                                 "or None")
+            self.validate.check()
+
+    def validate_options(self) -> ValidateOptions | None:
+        """The ValidateOptions ``validate`` runs with: this tree's shared groups and its
+        own ``validate`` group (the version and reference are set when it runs).
+
+        Example:
+            >>> OptimizeOptions(atol=1e-3, validate=ServingCheck()).validate_options().atol
+            0.001
+        """
+        if self.validate is None:
+            return None
+        return ValidateOptions(serving=self.validate, inputs=self.inputs,
+                               tolerance=self.tolerance, target=self.target, trust=self.trust)
+
+
+def check_options(options: OptimizeOptions | ValidateOptions) -> None:
+    """Raises UsageError naming the first bad option of either tree, before any work.
+
+    Example:
+        >>> check_options(OptimizeOptions(freeze="sometimes"))
+        Traceback (most recent call last):
+        UsageError: --freeze=sometimes is not one of auto, always, never
+        >>> check_options(ValidateOptions(protocols=("carrier_pigeon",)))
+        Traceback (most recent call last):
+        UsageError: --protocols=carrier_pigeon must name grpc, rest or both
+    """
+    options.check()

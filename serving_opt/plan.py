@@ -1,0 +1,132 @@
+"""Stage 0 of optimize: the options checked and resolved once, before any work.
+
+    p = plan("exports/1", "models/clf", OptimizeOptions())
+    p.version, p.candidates[0].describe()      # (1, 'frozen')
+
+Every user error is raised here (the options' own checks, the paths, the target
+version), so a mistake costs no model load. The stages then read what they need from
+the plan (its option groups and what was resolved from them), not from the options.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from serving_opt import attempts
+from serving_opt.errors import UsageError
+from serving_opt.options import (
+    BuildOptions,
+    GateOptions,
+    InputOptions,
+    MeasureOptions,
+    OptimizeOptions,
+    OutputOptions,
+    TargetOptions,
+    Tolerance,
+    TrustOptions,
+    ValidateOptions,
+)
+from serving_opt.savedmodel import examples as examples_lib
+from serving_opt.savedmodel import loader, writer
+from serving_opt.stages import grappler as grappler_lib
+from serving_opt.stages import transforms as transforms_lib
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every stage will be asked to do: the checked options and what was resolved
+    from them.
+
+    Example:
+        >>> plan("exports/1", "models/clf", OptimizeOptions()).gate.allow_regression
+        False
+    """
+
+    options: OptimizeOptions
+    transforms: tuple  # of transforms_lib.Transform
+    default_preset: bool  # the transforms are the lossless preset, not the user's spec
+    lossy: tuple[str, ...]  # the lossy transforms asked for
+    passes: tuple[str, ...]
+    tags: frozenset[str]
+    version: int
+    user_inputs: object | None  # examples_lib.UserInputs
+    candidates: tuple[attempts.Candidate, ...]  # the configurations to try, in order
+    # The ValidateOptions of --validate, built from the options (the backend and runtime
+    # are resolved before the sandbox starts); None: no validation.
+    validate: ValidateOptions | None = None
+
+    @property
+    def build(self) -> BuildOptions:
+        return self.options.build
+
+    @property
+    def inputs(self) -> InputOptions:
+        return self.options.inputs
+
+    @property
+    def tolerance(self) -> Tolerance:
+        return self.options.tolerance
+
+    @property
+    def gate(self) -> GateOptions:
+        return self.options.gate
+
+    @property
+    def measure(self) -> MeasureOptions:
+        return self.options.measure
+
+    @property
+    def target(self) -> TargetOptions:
+        return self.options.target
+
+    @property
+    def trust(self) -> TrustOptions:
+        return self.options.trust
+
+    @property
+    def output(self) -> OutputOptions:
+        return self.options.output
+
+
+def plan(input_dir: str, output_base: str, options: OptimizeOptions) -> Plan:
+    """Resolves and checks everything the user asked for; fails before any work.
+
+    Example:
+        >>> plan("exports/1", "exports/1/out", OptimizeOptions())
+        Traceback (most recent call last):
+        UsageError: --output_base exports/1/out is inside --input_dir exports/1
+    """
+    options.check()
+    build = options.build
+    transforms = transforms_lib.resolve_spec(build.transforms)
+    _check_paths(input_dir, output_base)
+    writer.check_not_source(input_dir, output_base)  # by device and inode, not by name
+    output = options.output
+    version = output.version if output.version is not None \
+        else writer.next_version(output_base)
+    writer.check_target(output_base, version, output.overwrite, source=input_dir)
+    writer.check_writable(output_base)
+    examples = options.inputs.examples
+    return Plan(
+        options=options,
+        transforms=transforms,
+        default_preset=build.transforms is None or build.transforms.strip().lower() == "default",
+        lossy=tuple(t.name for t in transforms if t.lossy),
+        passes=grappler_lib.parse_passes(build.grappler),
+        tags=loader.parse_tags(options.inputs.saved_model_tags),
+        version=version,
+        user_inputs=examples_lib.read_examples_file(examples) if examples else None,
+        candidates=attempts.candidates(build.freeze, build.quantize),
+        validate=options.validate_options(),
+    )
+
+
+def _check_paths(input_dir: str, output_base: str) -> None:
+    src = os.path.realpath(input_dir)
+    dst = os.path.realpath(output_base)
+    if dst == src or dst.startswith(src + os.sep):
+        raise UsageError(
+            f"--output_base {output_base} is inside --input_dir {input_dir}",
+            "write to a separate model base (e.g. the parent of the version directory)",
+        )

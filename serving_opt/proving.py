@@ -1,0 +1,193 @@
+"""Stages 6b-9 of optimize: what a written candidate must pass, and how it is measured.
+
+The target runtime's op registry, the parity gate (exact, or the lossy gate with
+``--quantize``), the compare gate, the TF2 loader's check; then the cold start and the
+benchmark, both models side by side, and the measures on which the candidate is worse.
+Each wraps stages of ``serving_opt.stages`` in the run record; a refused candidate
+raises (ParityError, ServingOptError) and :mod:`serving_opt.attempts` judges it.
+
+    prove(run, graph, staging)
+    worse = measure(run, staging)      # [] or ["load time 1.40x ...", ...]
+"""
+
+from __future__ import annotations
+
+from serving_opt import gates
+from serving_opt.errors import ParityError, first_line
+from serving_opt.graph import ServingGraph
+from serving_opt.run import Run
+from serving_opt.savedmodel import inputs as inputs_lib
+from serving_opt.savedmodel import loader
+from serving_opt.stages import benchmark as benchmark_lib
+from serving_opt.stages import coldstart, parity
+from serving_opt.stages import regression as regression_lib
+from serving_opt.stages.tf2_load import check_loads_in_tf2
+
+
+def check_target_runtime(run: Run, graph: ServingGraph, staging: str) -> None:
+    """Stage 6b: every op and attr written must be in the target TF Serving's TensorFlow.
+
+    The registry was resolved before any work (``worker.resolve_target``: installing a
+    runtime needs the network, which no sandbox has). The written file is checked (the
+    writer strips attrs at their default value, as TF does, so a new attr left at its
+    default does not count).
+    """
+    from serving_opt.serving import runtime as runtime_lib
+
+    target = run.plan.target.serving_version or runtime_lib.DEFAULT_SERVING_VERSION
+    with run.stage("target_check", f"checking ops against TensorFlow {target}'s registry",
+                   step="-") as stage:
+        if run.target_registry is None:
+            stage.done(graph, f"skipped: no TensorFlow {runtime_lib.major_minor(target)} "
+                       f"runtime here (--serving_version={target} installs one)")
+            return
+        tf_version, source, registry = run.target_registry
+        saved_model = loader.read_saved_model(staging)
+        checked = sum(runtime_lib.check_graph(mg.graph_def, registry, tf_version)
+                      for mg in saved_model.meta_graphs)
+        stage.done(graph, f"{checked} nodes: every op and attr is in TensorFlow "
+                   f"{tf_version} ({source})")
+
+
+def _lossy_gate(run: Run) -> gates.LossyGate | None:
+    gate = run.plan.gate
+    return gates.LossyGate(gate.min_top1_agreement, gate.max_probability_error) \
+        if run.plan.build.lossy else None
+
+
+def prove(run: Run, graph: ServingGraph, staging: str) -> None:
+    """Stage 7: the parity gate on every signature, then the TF2 loader's structure check."""
+    plan, keys = run.plan, run.source.keys
+    batch_size, batches = plan.gate.parity_batch_size, plan.gate.parity_batches
+    lossy = _lossy_gate(run)
+    if lossy is not None:
+        # An agreement rate is a proportion: 32 rows cannot tell 99.5% from 97%.
+        batch_size, batches = max(batch_size, 64), max(batches, 8)
+    with run.stage("parity", f"parity gate on {len(keys)} signature(s)") as stage:
+        report = parity.check_parity(
+            run.input_dir, staging, plan.tags, keys, user_inputs=plan.user_inputs,
+            atol=plan.tolerance.atol, rtol=plan.tolerance.rtol, batch_size=batch_size,
+            num_batches=batches, seed=plan.inputs.seed, lossy=lossy)
+        run.parity = report
+        stage.done(graph, report.summary())
+        if not report.ok:
+            if not run.frozen:
+                run.warn(f"variables kept: {run.freeze_note}")
+            lossy_work = list(plan.lossy) + ([f"--quantize={plan.build.quantize}"]
+                                              if lossy is not None else [])
+            fix = (f"drop the lossy work ({', '.join(lossy_work)}), or loosen the gate if the "
+                   "drift is acceptable" if lossy_work else
+                   "no lossy transform was asked for: report this; --freeze=never or "
+                   "--transforms=none narrows down which step changed the answers")
+            error = ParityError(f"{report.summary()}; nothing was published", fix)
+            error.difference = report.summary()  # what differed, without the verdict
+            raise error
+    if plan.gate.compare_examples:
+        compare_gate(run, graph, staging)
+    with run.stage("tf2_load", "checking it loads with tf.saved_model.load", step="-") as stage:
+        # The session loader ran in the gate; TF2's loader must take the result too.
+        stage.done(graph, check_loads_in_tf2(staging, run.input_dir, plan.tags,
+                                             graph.signature_defs))
+
+
+def compare_gate(run: Run, graph: ServingGraph, staging: str) -> None:
+    """Stage 7b (``--compare_examples``): both models on every example of the shards, on
+    Beam's DirectRunner, judged like the parity gate (exact, or the lossy gate)."""
+    from serving_opt import compare as compare_lib
+
+    plan = run.plan
+    shards = plan.gate.compare_examples
+    with run.stage("compare", f"comparing on {shards}", step="-") as stage:
+        report = compare_lib.compare(run.input_dir, staging, shards, compare_lib.CompareOptions(
+            signatures=tuple(plan.build.signatures), saved_model_tags=plan.inputs.saved_model_tags,
+            atol=plan.tolerance.atol, rtol=plan.tolerance.rtol,
+            allow_file_ops=plan.trust.allow_file_ops))
+        failures = report.failures(_lossy_gate(run))
+        stage.done(graph, f"{report.examples} examples: "
+                   + ("ok" if not failures else failures[0]))
+    if failures:
+        raise ParityError(f"compare on {shards}: {failures[0]}; nothing was published",
+                          "see serving-opt compare for the full report of the examples")
+
+
+def measure(run: Run, staging: str) -> list[str]:
+    """Stages 8-9: cold start in fresh processes, then steady-state latency side by side;
+    returns the measures on which the candidate is worse than the original."""
+    settings, keys = run.plan.measure, run.source.keys
+    key = "serving_default" if "serving_default" in keys else keys[0]
+    run.cold_start = None
+    run.benchmark = None
+    if settings.cold_start:
+        message = f"cold start: load + first request in fresh processes " \
+                  f"(x{settings.cold_start_rounds})"
+        with run.stage("cold_start", message) as stage:
+            run.cold_start = _cold_start(run, staging, key)
+            stage.done(run.graph, _cold_note(run.cold_start))
+    else:
+        run.progress("cold_start", "cold start skipped (--nocold_start)")
+        run.warn("cold-start gate off (--nocold_start): load time, first request and "
+                 "memory were not compared")
+    if settings.benchmark_runs > 0:
+        message = f"benchmark: load time and latency, {settings.benchmark_runs} interleaved runs"
+        with run.stage("benchmark", message) as stage:
+            try:
+                run.benchmark = _steady_state(run, staging, key)
+            except Exception as e:  # noqa: BLE001 - a failed measurement gates nothing
+                run.warn(f"benchmark skipped: {first_line(e)}")
+            stage.done(run.graph, "" if run.benchmark else "failed, see warnings")
+    else:
+        run.progress("benchmark", "benchmark skipped")
+    worse = regression_lib.regressions(run.cold_start, run.benchmark,
+                                       run.plan.gate.regression_tolerance)
+    if worse:
+        worse = _confirm(run, staging, key, worse)
+    return worse
+
+
+def _confirm(run: Run, staging: str, key: str, worse: list[str]) -> list[str]:
+    """A regression counts only if a second measurement shows it too.
+
+    A busy build machine (two test shards, a compile) can slow one fresh process by
+    more than the tolerance; a real regression (a 1 GB constant graph) reproduces.
+    """
+    run.progress("-", f"worse on {worse[0]}; measuring again to confirm")
+    cold, bench = run.cold_start, run.benchmark
+    with run.stage("confirm", "confirming the regression", step="-") as stage:
+        if cold is not None:
+            cold = _cold_start(run, staging, key)
+        if bench is not None and any(regression_lib.is_steady_state(line) for line in worse):
+            bench = _steady_state(run, staging, key)
+        again = regression_lib.regressions(cold, bench, run.plan.gate.regression_tolerance)
+        stage.done(run.graph, "; ".join(again) or "not reproduced")
+    first = {regression_lib.measure_of(line) for line in worse}
+    confirmed = [line for line in again if regression_lib.measure_of(line) in first]
+    if confirmed:
+        run.cold_start, run.benchmark = cold, bench  # the measurement that confirmed it
+    else:
+        run.warn(f"a first measurement was worse ({worse[0]}); a second one was not")
+    return confirmed
+
+
+def _cold_start(run: Run, staging: str, key: str):
+    """Both models loaded in fresh processes, answering one synthesized request."""
+    # The user's examples when given: a model that checks its inputs (an Assert that
+    # x >= 0) must meet the requests it will really get, not synthesized ones.
+    feeds = inputs_lib.signature_feeds(run.source.meta_graph, run.input_dir,
+                                       user=run.plan.user_inputs,
+                                       seed=run.plan.inputs.seed)(key, 1).batches[0]
+    return coldstart.measure(run.input_dir, staging, run.plan.tags, key, feeds,
+                             rounds=run.plan.measure.cold_start_rounds)
+
+
+def _steady_state(run: Run, staging: str, key: str):
+    """The interleaved latency benchmark of both models, in a measuring process."""
+    plan = run.plan
+    return benchmark_lib.benchmark_in_fresh_process(
+        run.input_dir, staging, plan.tags, key, batch_sizes=plan.measure.benchmark_batch_sizes,
+        runs=plan.measure.benchmark_runs, seed=plan.inputs.seed, examples=plan.inputs.examples)
+
+
+def _cold_note(cold) -> str:
+    return (f"load {cold.ratio('load_seconds'):.2f}x, first request "
+            f"{cold.ratio('first_request_seconds'):.2f}x, peak RSS "
+            f"{cold.ratio('peak_rss_bytes'):.2f}x")

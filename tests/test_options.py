@@ -1,0 +1,248 @@
+"""The options tree: one place per value, checked once, flat names still working, and the
+command-line flags made from it (names, defaults, the model directory convention)."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import pytest
+from absl import flags
+
+from serving_opt import options as options_lib
+from serving_opt.cli import main as cli
+from serving_opt.cli import option_flags
+from serving_opt.errors import UsageError
+from serving_opt.options import (
+    BuildOptions,
+    MeasureOptions,
+    OptimizeOptions,
+    ServingCheck,
+    Tolerance,
+    ValidateOptions,
+)
+
+# Every keyword OptimizeOptions and ValidateOptions took before the groups, with a value
+# that is not the default: each must still be accepted and read back.
+OLD_OPTIMIZE_KEYWORDS = dict(
+    transforms="fold_constants", grappler="constfold", grappler_rounds=3,
+    signatures=("predict",), saved_model_tags="serve,gpu", version=7, overwrite=True,
+    freeze="never", examples="x.jsonl", atol=1e-3, rtol=1e-3, parity_batch_size=4,
+    parity_batches=3, benchmark_runs=5, benchmark_batch_sizes=(2,), seed=9,
+    freeze_max_bytes=1024, max_constant_bytes=None, cold_start=False, cold_start_rounds=2,
+    regression_tolerance=1.5, allow_regression=True, allow_file_ops=True, quantize="int8",
+    quantize_min_elements=10, min_top1_agreement=0.9, max_probability_error=0.1,
+    compare_examples="shards-*", serving_version="2.15.1", serving_runtime_python="/py",
+    allow_unsandboxed=True, sandbox_memory_bytes=1 << 30)
+OLD_VALIDATE_KEYWORDS = dict(
+    model_name="m", version=2, reference_dir="ref", server="local", image="img:1",
+    examples="x.jsonl", saved_model_tags="serve,gpu", concurrency=2, duration=0.5,
+    load_deadline=10.0, atol=1e-3, rtol=1e-3, batch_size=4, request_timeout=5.0,
+    write_warmup=True, seed=3, allow_file_ops=True, protocols=("rest",),
+    serving_version="2.15.1", serving_runtime_python="/py", require_server="tf_serving",
+    allow_unsandboxed=True)
+
+
+def test_every_old_keyword_is_routed_to_its_group_and_read_back():
+    options = OptimizeOptions(**OLD_OPTIMIZE_KEYWORDS)
+    assert {name: getattr(options, name) for name in OLD_OPTIMIZE_KEYWORDS} \
+        == OLD_OPTIMIZE_KEYWORDS
+    assert options.tolerance.atol == 1e-3 and options.build.quantize == "int8"
+    assert options.output.version == 7 and options.trust.sandbox_memory_bytes == 1 << 30
+    validate = ValidateOptions(**OLD_VALIDATE_KEYWORDS)
+    assert {name: getattr(validate, name) for name in OLD_VALIDATE_KEYWORDS} \
+        == OLD_VALIDATE_KEYWORDS
+    assert validate.serving.server == "local" and validate.inputs.seed == 3
+
+
+def test_unknown_keywords_and_wrong_groups_are_type_errors():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'frobnicate'"):
+        OptimizeOptions(frobnicate=1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'server'"):
+        OptimizeOptions(server="local")  # validate's own: only in its group
+    with pytest.raises(TypeError, match="build must be a BuildOptions"):
+        OptimizeOptions(build=Tolerance())
+    with pytest.raises(AttributeError):
+        OptimizeOptions().frobnicate  # noqa: B018
+
+
+def test_replace_takes_flat_and_nested_names():
+    options = OptimizeOptions(build=BuildOptions(quantize="int8"), benchmark_runs=0)
+    flat = dataclasses.replace(options, atol=1e-2, version=3)
+    assert (flat.tolerance.atol, flat.output.version) == (1e-2, 3)
+    assert flat.build.quantize == "int8" and flat.measure.benchmark_runs == 0  # kept
+    nested = dataclasses.replace(options, measure=MeasureOptions(cold_start=False))
+    assert nested.measure.benchmark_runs == 100 and nested.build.quantize == "int8"
+    validate = dataclasses.replace(ValidateOptions(server="local"), version=2, concurrency=0)
+    assert (validate.serving.server, validate.serving.concurrency, validate.version) \
+        == ("local", 0, 2)
+
+
+def test_options_pickle_compare_and_hash():
+    # The sandboxed worker receives them pickled.
+    for options in (OptimizeOptions(**OLD_OPTIMIZE_KEYWORDS),
+                    OptimizeOptions(validate=ServingCheck(server="local")),
+                    ValidateOptions(**OLD_VALIDATE_KEYWORDS)):
+        again = pickle.loads(pickle.dumps(options))
+        assert again == options and hash(again) == hash(options)
+        assert again.atol == options.atol
+
+
+def test_validate_options_are_built_from_the_optimize_tree():
+    options = OptimizeOptions(atol=1e-3, examples="e.jsonl", serving_version="2.15.1",
+                              allow_file_ops=True, validate=ServingCheck(server="local"))
+    built = options.validate_options()
+    # One place: the very groups of the optimize tree, not copies merged afterwards.
+    for group in ("inputs", "tolerance", "target", "trust"):
+        assert getattr(built, group) is getattr(options, group)
+    assert built.serving is options.validate
+    assert OptimizeOptions().validate_options() is None
+
+
+def test_a_validate_options_given_to_optimize_contributes_its_own_group_only():
+    options = OptimizeOptions(atol=1e-3, validate=ValidateOptions(server="local", atol=1e-3,
+                                                                  concurrency=3))
+    assert options.validate == ServingCheck(server="local", concurrency=3)
+    with pytest.raises(UsageError, match="ValidateOptions.rtol=0.5 disagrees"):
+        OptimizeOptions(validate=ValidateOptions(rtol=0.5))
+    with pytest.raises(UsageError, match="set allow_file_ops once, on OptimizeOptions"):
+        OptimizeOptions(validate=ValidateOptions(allow_file_ops=True))
+    with pytest.raises(UsageError, match="version"):
+        OptimizeOptions(version=1, validate=ValidateOptions(version=2))
+
+
+@pytest.mark.parametrize("options, message", [
+    (OptimizeOptions(freeze="sometimes"), "--freeze=sometimes is not one of auto"),
+    (OptimizeOptions(rtol=2.0), "rtol at most 1"),
+    (OptimizeOptions(version=-1), "--version=-1 is not a version"),
+    (OptimizeOptions(cold_start_rounds=0), "--cold_start_rounds must be >= 1"),
+    (OptimizeOptions(transforms="fold_batchnorm"), "unknown transform 'fold_batchnorm'"),
+    (OptimizeOptions(validate=ServingCheck(protocols=("http",))), "--protocols=http"),
+    (OptimizeOptions(validate={"server": "local"}), "not a ServingCheck"),
+    (ValidateOptions(rtol=2.0, server="local", concurrency=0), None),  # validate: no bound
+    (ValidateOptions(server="local", require_server="tf_serving"), "contradicts"),
+    (ValidateOptions(load_deadline=0), "load_deadline=0 must be a positive"),
+])
+def test_every_check_is_in_the_tree(options, message):
+    if message is None:
+        options.check()
+        return
+    with pytest.raises(UsageError, match=message):
+        options_lib.check_options(options)
+
+
+def test_the_defaults_are_the_stages_own():
+    from serving_opt.savedmodel import checkpoint, loader
+    from serving_opt.stages import freeze, grappler, parity, quantize, regression
+
+    options = OptimizeOptions()
+    assert (options.atol, options.rtol) == (parity.DEFAULT_ATOL, parity.DEFAULT_RTOL)
+    assert options.min_top1_agreement == parity.DEFAULT_MIN_TOP1_AGREEMENT
+    assert options.max_probability_error == parity.DEFAULT_MAX_PROBABILITY_ERROR
+    assert options.grappler_rounds == grappler.DEFAULT_ROUNDS
+    assert options.freeze_max_bytes == freeze.DEFAULT_FREEZE_MAX_BYTES
+    assert options.max_constant_bytes == checkpoint.DEFAULT_MAX_CONSTANT_BYTES
+    assert options.quantize_min_elements == quantize.DEFAULT_MIN_ELEMENTS
+    assert options_lib.QUANTIZE_MODES == quantize.MODES
+    assert options.regression_tolerance == regression.DEFAULT_TOLERANCE
+    assert options.saved_model_tags == loader.SERVE_TAG
+
+
+# --- the flags ---------------------------------------------------------------------------
+
+def _parsed(command: str, *args: str) -> flags.FlagValues:
+    fv = flags.FlagValues()
+    cli._command_module(command).define_flags(fv)
+    fv([f"serving-opt {command}", *args])
+    return fv
+
+
+def test_flag_defaults_are_the_options_defaults():
+    from serving_opt.cli.commands import optimize, validate
+
+    fv = _parsed("optimize", "--saved_model_dir=m", "--model_base_path=b")
+    assert optimize.options_from_flags(fv) == OptimizeOptions()
+    fv = _parsed("optimize", "--saved_model_dir=m", "--model_base_path=b", "--validate")
+    assert optimize.options_from_flags(fv) == OptimizeOptions(validate=ServingCheck())
+    fv = _parsed("validate", "--model_base_path=b")
+    assert validate.options_from_flags(fv) == ValidateOptions()
+
+
+def test_flags_set_the_options_they_name():
+    from serving_opt.cli.commands import optimize, validate
+
+    fv = _parsed("optimize", "--saved_model_dir=m", "--model_base_path=b", "--atol=0.001",
+                 "--max_constant_bytes=-1", "--transforms=default", "--quantize=int8",
+                 "--signatures=a,b", "--nocold_start", "--validate", "--protocols=rest",
+                 "--serving_version=2.15.1", "--sandbox_memory_bytes=536870912")
+    options = optimize.options_from_flags(fv)
+    assert options.tolerance.atol == 0.001 and options.build.max_constant_bytes is None
+    assert options.build.transforms is None and options.build.quantize == "int8"
+    assert options.build.signatures == ("a", "b") and options.measure.cold_start is False
+    assert options.validate.protocols == ("rest",)
+    assert options.target.serving_version == "2.15.1"
+    assert options.trust.sandbox_memory_bytes == 1 << 29
+    fv = _parsed("validate", "--model_base_path=b", "--reference_saved_model_dir=r",
+                 "--version=3", "--server=local", "--rtol=0.01")
+    assert validate.options_from_flags(fv) == ValidateOptions(
+        reference_dir="r", version=3, server="local", rtol=0.01)
+
+
+def test_optimize_and_validate_share_the_validate_flags():
+    # optimize --validate takes every flag of validate's own group, meaning the same.
+    optimize_fv, validate_fv = _parsed("optimize"), _parsed("validate")
+    for f in option_flags.flag_fields(ServingCheck):
+        assert optimize_fv[f.name].default == validate_fv[f.name].default, f.name
+        assert optimize_fv[f.name].help.replace("With --validate: ", "").lower() \
+            == validate_fv[f.name].help.lower(), f.name
+
+
+# The model directory flags of each command (cli.main's convention) and their old names.
+MODEL_DIRS = {
+    "inspect": {"saved_model_dir": ()},
+    "optimize": {"saved_model_dir": ("input_dir",), "model_base_path": ("output_base",)},
+    "validate": {"model_base_path": ("model_base",),
+                 "reference_saved_model_dir": ("reference_dir",)},
+    "compare": {"baseline_saved_model_dir": ("baseline",),
+                "candidate_saved_model_dir": ("candidate",)},
+    "serve": {"model_base_path": ()},
+}
+
+
+@pytest.mark.parametrize("command", cli.COMMANDS)
+def test_every_command_names_model_directories_by_the_convention(command):
+    fv = _parsed(command)
+    aliases = {name for name in fv if fv[name].help.startswith("Alias for --")}
+    model_dirs = {name for name in fv if name not in aliases and (
+        name.endswith(("_dir", "_base", "base_path")) or name in ("baseline", "candidate"))}
+    assert model_dirs == set(MODEL_DIRS[command])
+    for name in model_dirs:
+        cli.check_model_dir_name(name)
+    assert aliases == {old for olds in MODEL_DIRS[command].values() for old in olds}
+
+
+@pytest.mark.parametrize("command", [c for c in cli.COMMANDS if c != "serve"])
+def test_old_model_directory_names_still_work(command):
+    names = MODEL_DIRS[command]
+    args = [f"--{olds[0] if olds else name}=/models/{name}" for name, olds in names.items()]
+    fv = _parsed(command, *args)
+    for name in names:
+        assert fv[name].value == f"/models/{name}"
+        assert fv[name].present
+
+
+def test_a_missing_model_directory_names_its_old_name_too(capsys):
+    assert cli.main(["serving-opt", "optimize", "--input_dir=x"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "missing required flag(s) --model_base_path (or --output_base)" in line
+
+
+def test_bazel_action_defaults_are_the_options_defaults():
+    from serving_opt.integrations import bazel_build
+
+    args = bazel_build._parser().parse_args(["--input_dir=m", "--output_dir=o"])
+    assert bazel_build.options(args) == OptimizeOptions(version=1, benchmark_runs=0)
+    args = bazel_build._parser().parse_args(["--input_dir=m", "--output_dir=o", "--atol=0.01",
+                                             "--signatures=a,b", "--nocold_start"])
+    assert bazel_build.options(args) == OptimizeOptions(
+        version=1, benchmark_runs=0, atol=0.01, signatures=("a", "b"), cold_start=False)
