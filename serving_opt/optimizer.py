@@ -52,6 +52,10 @@ __all__ = ["OptimizeOptions", "OptimizeReport", "Plan", "SizeReport", "StageRepo
            "check_options", "optimize", "plan"]
 
 
+# The worker imports this module, not the other way round (worker.py holds the job).
+_WORKER_TARGET = "serving_opt.optimizer:build_in_worker"
+
+
 @dataclass(frozen=True)
 class Source:
     """The model as read: its MetaGraph, the signatures to keep, and its measurements."""
@@ -119,7 +123,7 @@ def optimize(
             # parses only checks what it wrote.
             worker = sandbox_lib.Worker(worker_lib.policy(run), run.work_dir, run.say,
                                         preload="optimize", env=worker_lib.env(run))
-            staging, worker_report = worker.call(worker_lib.TARGET, worker_lib.job(run))
+            staging, worker_report = worker.call(_WORKER_TARGET, worker_lib.job(run))
             run.adopt(worker_report)
             from serving_opt import candidate_check
 
@@ -143,6 +147,28 @@ def optimize(
         shutil.rmtree(run.work_dir, ignore_errors=True)
         staging_lib.release(run.work_dir)
     return run.report()
+
+
+def build_in_worker(job: worker_lib.WorkerJob) -> tuple[str, OptimizeReport]:
+    """In the sandbox: read (the static check, before anything loads the model), then
+    freeze .. validate; returns the staging directory and the report.
+
+    The candidate stays in the work directory; the caller checks it and publishes it.
+    """
+    run = Run(job.input_dir, job.output_base, job.plan.options, sandbox_lib.say, job.steps)
+    run.plan, run.work_dir = job.plan, job.work_dir
+    run.stages, run.warnings = list(job.stages), list(job.warnings)
+    run.target_registry = job.target_registry
+    try:
+        staging = build_and_validate(run)
+    except ServingOptError as e:
+        if e.report is None:
+            e.with_report(run.report())
+        raise
+    finally:
+        for scratch in run.scratch_dirs:
+            writer.discard(scratch)
+    return staging, run.report()
 
 
 def build_and_validate(run: Run) -> str:

@@ -4,11 +4,11 @@ This process never imports TensorFlow when it sandboxes the work: it resolves th
 runtime (:func:`resolve_target`, which may need the network no sandbox has), starts one
 bubblewrap worker (:func:`policy`, :func:`env`), and sends it a :class:`WorkerJob`; the
 worker reads the model (the static check first), builds, proves, measures and validates
-the candidate (:func:`build_in_worker`) and returns its staging directory and report.
+the candidate (``optimizer.build_in_worker``) and returns its staging directory and report.
 
     worker = sandbox.Worker(policy(run), run.work_dir, run.say, preload="optimize",
                             env=env(run))
-    staging, report = worker.call("serving_opt.worker:build_in_worker", job(run))
+    staging, report = worker.call("serving_opt.optimizer:build_in_worker", job(run))
 """
 
 from __future__ import annotations
@@ -18,12 +18,8 @@ import os
 from dataclasses import dataclass
 
 from serving_opt import sandbox as sandbox_lib
-from serving_opt.errors import ServingOptError
 from serving_opt.plan import Plan
-from serving_opt.run import OptimizeReport, Run
-from serving_opt.savedmodel import writer
-
-TARGET = "serving_opt.worker:build_in_worker"
+from serving_opt.run import Run
 
 
 @dataclass(frozen=True)
@@ -62,30 +58,6 @@ def job(run: Run) -> WorkerJob:
     return WorkerJob(os.path.abspath(run.input_dir), os.path.abspath(run.output_base), plan,
                      run.steps, tuple(run.stages), tuple(run.warnings), run.work_dir,
                      run.target_registry)
-
-
-def build_in_worker(job: WorkerJob) -> tuple[str, OptimizeReport]:
-    """In the sandbox: read (the static check, before anything loads the model), then
-    freeze .. validate; returns the staging directory and the report.
-
-    The candidate stays in the work directory; the caller checks it and publishes it.
-    """
-    from serving_opt import optimizer
-
-    run = Run(job.input_dir, job.output_base, job.plan.options, sandbox_lib.say, job.steps)
-    run.plan, run.work_dir = job.plan, job.work_dir
-    run.stages, run.warnings = list(job.stages), list(job.warnings)
-    run.target_registry = job.target_registry
-    try:
-        staging = optimizer.build_and_validate(run)
-    except ServingOptError as e:
-        if e.report is None:
-            e.with_report(run.report())
-        raise
-    finally:
-        for scratch in run.scratch_dirs:
-            writer.discard(scratch)
-    return staging, run.report()
 
 
 def policy(run: Run) -> sandbox_lib.Policy:

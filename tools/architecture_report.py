@@ -5,7 +5,7 @@
 
 Prints the modules and their layers, the imports between stages, the import cycles
 (strongly connected components of the module graph, imports inside functions
-included: a lazy import is still a dependency), the longest functions and the
+included: a lazy import is still a dependency; ``if TYPE_CHECKING:`` imports are not), the longest functions and the
 widest signatures. Used to compare the structure before and after a redesign.
 """
 
@@ -45,6 +45,9 @@ def imports(name: str, path: str, known: dict[str, str]) -> set[str]:
     tree = ast.parse(open(path, encoding="utf-8").read())
     package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
     targets = set()
+    for block in ast.walk(tree):  # imports only type checkers read are not dependencies
+        if isinstance(block, ast.If) and ast.unparse(block.test).endswith("TYPE_CHECKING"):
+            block.body = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             targets.update(alias.name for alias in node.names)
