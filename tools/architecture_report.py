@@ -4,9 +4,9 @@
     python tools/architecture_report.py --json     # the same, as JSON
 
 Prints the modules and their layers, the imports between stages, the import cycles
-(strongly connected components of the module graph, imports inside functions
-included: a lazy import is still a dependency; ``if TYPE_CHECKING:`` imports are not), the longest functions and the
-widest signatures. Used to compare the structure before and after a redesign.
+(strongly connected components of the module graph; imports inside functions count, a
+lazy import is still a dependency; ``if TYPE_CHECKING:`` imports do not), the longest
+functions and the widest signatures. Used to compare the structure before and after a redesign.
 """
 
 from __future__ import annotations
