@@ -53,7 +53,8 @@ bench: $(BENCH_STAMP) $(SANDBOX_STAMP)
 	$(PY) benchmarks/compare.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check serving_opt tests examples benchmarks
+	$(VENV)/bin/ruff check serving_opt tests examples benchmarks tools
+	$(VENV)/bin/lint-imports  # the layering contracts of pyproject.toml ([tool.importlinter])
 
 # Every test file, straight through pytest (what a developer runs while working).
 pytest: $(STAMP) $(SANDBOX_STAMP) bazel-setup  # tests/test_bazel.py calls bazel

@@ -38,8 +38,7 @@ def use_protobufs_only() -> None:
 
 def check(model_dir: str, tags: str, allow_file_ops: bool) -> None:
     """Raises ServingOptError naming what is wrong with ``model_dir``."""
-    from serving_opt import untrusted
-    from serving_opt.savedmodel import loader
+    from serving_opt.savedmodel import loader, untrusted
 
     loader.check_model_files(model_dir)
     if not allow_file_ops:

@@ -4,7 +4,7 @@ A SavedModel is code. These ops, anywhere in a model (the graph or any library
 function), make a run of the model read or write files, execute Python, talk to the
 network or act on the process, on whatever machine runs it: the build host during
 ``optimize`` (freezing, parity, benchmark), ``validate`` and ``compare``, and the
-server. :mod:`serving_opt.untrusted` finds them; ``inspect`` rates them as risks; the
+server. :mod:`serving_opt.savedmodel.untrusted` finds them; ``inspect`` rates them as risks; the
 transforms and Grappler never constant-fold them.
 
 How the list is made and kept (TensorFlow 2.21: 1910 registered ops; 2.15's 1862 were

@@ -302,7 +302,7 @@ def serve_before_publishing(run: Run, staging: str):
 def check_candidate(run: Run, staging: str) -> None:
     """What came out of the sandbox is checked like any model before it is published:
     no link or special file, no host op the source did not have and the user allowed."""
-    from serving_opt import untrusted
+    from serving_opt.savedmodel import untrusted
 
     loader.check_model_files(staging)
     if not run.plan.trust.allow_file_ops:

@@ -29,11 +29,31 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from serving_opt.errors import UsageError
-from serving_opt.serving import backends
+
+# Validate's servers; serving.backends runs them.
+BACKENDS = ("auto", "docker", "binary", "local")
+DEFAULT_IMAGE = "tensorflow/serving:2.20.0"  # the current TF Serving release
+DEFAULT_SERVING_VERSION = "2.20.0"  # its TensorFlow
+_VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?([a-z0-9.+-]*)$")
+
+
+def check_version(version: str) -> str:
+    """``version`` if it looks like a TensorFlow release (``2.15``, ``2.20.0``).
+
+    Example:
+        >>> check_version("2.20.0")
+        '2.20.0'
+    """
+    version = (version or "").strip()
+    if not _VERSION_RE.match(version):
+        raise UsageError(f"--serving_version={version} is not a TensorFlow version",
+                         f"e.g. --serving_version={DEFAULT_SERVING_VERSION}")
+    return version
 
 __all__ = [
     "BuildOptions", "GateOptions", "InputOptions", "MeasureOptions", "OptimizeOptions",
@@ -264,9 +284,7 @@ class TargetOptions:
 
     def check(self) -> None:
         if self.serving_version is not None:
-            from serving_opt.serving import runtime as runtime_lib
-
-            runtime_lib.check_version(self.serving_version)
+            check_version(self.serving_version)
 
 
 @dataclass(frozen=True)
@@ -319,8 +337,8 @@ class ServingCheck:
     model_name: str | None = _opt(None, "Model name (default: the base's directory name).")
     server: str = _opt(
         "auto", "docker, binary (tensorflow_model_server on PATH), local (serving-opt serve), "
-        "or auto: the first that can run here.", choices=backends.BACKENDS)
-    image: str = _opt(backends.DEFAULT_IMAGE, "Docker image for --server=docker.")
+        "or auto: the first that can run here.", choices=BACKENDS)
+    image: str = _opt(DEFAULT_IMAGE, "Docker image for --server=docker.")
     protocols: tuple[str, ...] = _opt(
         PROTOCOLS, "APIs to validate: grpc, rest or both (every backend serves both).")
     concurrency: int = _opt(8, "Concurrent clients in the load phase (0 skips it).")
@@ -337,9 +355,9 @@ class ServingCheck:
         "tensorflow_model_server).", choices=REQUIRE_SERVER)
 
     def check(self) -> None:
-        if self.server not in backends.BACKENDS:
+        if self.server not in BACKENDS:
             raise UsageError(f"--server={self.server} is not one of "
-                             f"{', '.join(backends.BACKENDS)}", "e.g. --server=auto")
+                             f"{', '.join(BACKENDS)}", "e.g. --server=auto")
         if not (isinstance(self.concurrency, int) and 0 <= self.concurrency <= MAX_CLIENTS):
             raise UsageError(f"--concurrency={self.concurrency} must be within "
                              f"[0, {MAX_CLIENTS}]", "e.g. --concurrency=8 (0 skips the load "

@@ -215,7 +215,7 @@ def test_unused_nodes_are_dropped(sample, tmp_path):
 
 def test_the_converted_model_passes_the_static_check(converted):
     """The SavedModel goes through the same static check as any input (no host op)."""
-    from serving_opt import untrusted
+    from serving_opt.savedmodel import untrusted
 
     meta_graph = loader.find_meta_graph(loader.read_saved_model(converted.export_dir),
                                         {"serve"})

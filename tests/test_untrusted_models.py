@@ -252,7 +252,7 @@ def test_inspect_uses_the_same_list(tmp_path):
 
 
 def test_the_loaders_own_saver_and_asset_tables_are_not_refused(classifier_dir, keras_dir):
-    from serving_opt import untrusted
+    from serving_opt.savedmodel import untrusted
 
     for model_dir in (classifier_dir, keras_dir):
         meta_graph = loader.find_meta_graph(loader.read_saved_model(model_dir), {"serve"})

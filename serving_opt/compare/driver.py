@@ -206,8 +206,7 @@ def compare(baseline: str, candidate: str, examples: str,
         raise UsageError("--batch_size and --direct_num_workers must be >= 1, --worst_k >= 0",
                          "e.g. --batch_size=256")
     from serving_opt import sandbox as sandbox_lib
-    from serving_opt import untrusted
-    from serving_opt.savedmodel import loader
+    from serving_opt.savedmodel import loader, untrusted
 
     tags = loader.parse_tags(options.saved_model_tags)
     base_mg = _meta_graph(baseline, tags)

@@ -1,7 +1,7 @@
 """What in a SavedModel could break or endanger a TF Serving deployment, as :class:`Risk`\\ s.
 
 Errors: an op that touches the host (the same whole-graph check by which optimize,
-validate and compare refuse a model: serving_opt.untrusted), a signature tensor or init
+validate and compare refuse a model: serving_opt.savedmodel.untrusted), a signature tensor or init
 op missing from the graph, a missing or escaping asset, a symlink out of the model, an
 unreadable or missing variables checkpoint. Warnings: a variable, or variables plus
 graph, over the 2 GiB protobuf limit (such a model cannot be frozen).
@@ -170,7 +170,7 @@ def _signature_risks(
                     ))
     # The same whole-graph check as the refusal of optimize/validate/compare: every node
     # of the graph and of every library function, the loader's own saver and asset
-    # reads excepted only in the shape TF writes them (serving_opt.untrusted).
+    # reads excepted only in the shape TF writes them (serving_opt.savedmodel.untrusted).
     present = [sig.key for sig in signatures if sig.key in meta_graph.signature_def]
     for use in untrusted.host_op_uses(meta_graph, present):
         code, severity, what = _OP_RISKS[use.kind]

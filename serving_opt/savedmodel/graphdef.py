@@ -15,7 +15,7 @@ back as a ``.pb`` for users who load GraphDefs directly, refused when variables 
 
 A ``.pb`` is untrusted like any model: it is read bounded (never blocking, within
 protobuf's limit), imported only to infer shapes, never run here; the static check
-(:mod:`serving_opt.untrusted`) sees the SavedModel it becomes (:func:`convert` runs it).
+(:mod:`serving_opt.savedmodel.untrusted`) sees the SavedModel it becomes (:func:`convert` runs it).
 
 Example:
     >>> model = convert("frozen_inference_graph.pb", "/tmp/det/1",
@@ -409,8 +409,7 @@ def convert(graph_def_path: str, export_dir: str, inputs: str | Sequence[str] | 
         ...         "detection_scores,detection_classes,num_detections").inputs
         {'inputs': 'image_tensor:0'}
     """
-    from serving_opt import untrusted
-    from serving_opt.savedmodel import writer
+    from serving_opt.savedmodel import untrusted, writer
 
     graph_def = read_graph_def(graph_def_path)
     graph = to_serving_graph(graph_def, inputs, outputs, input_keys, graph_def_path)

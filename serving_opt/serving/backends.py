@@ -56,11 +56,12 @@ import uuid
 from dataclasses import dataclass, field
 
 from serving_opt.errors import ServingOptError, UsageError
+
+# What the user may ask for is an option (serving_opt.options): this package imports it.
+from serving_opt.options import BACKENDS, DEFAULT_IMAGE  # noqa: E402
 from serving_opt.serving import runtime as runtime_lib
 from serving_opt.serving.process import ServerProcess, die_with_parent
 
-BACKENDS = ("auto", "docker", "binary", "local")
-DEFAULT_IMAGE = "tensorflow/serving:2.20.0"  # the current TF Serving release
 BINARY_NAME = "tensorflow_model_server"
 CONTAINER_GRPC_PORT = 8500
 CONTAINER_REST_PORT = 8501

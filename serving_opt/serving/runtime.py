@@ -38,14 +38,15 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from serving_opt.errors import ServingOptError, UsageError
+from serving_opt.errors import ServingOptError
 
 # The TensorFlow that TF Serving's current release (the docker default image) runs.
-DEFAULT_SERVING_VERSION = "2.20.0"
+# The release a version flag is checked against, and its default, are options.
+from serving_opt.options import DEFAULT_SERVING_VERSION, check_version  # noqa: E402, F401
+
 ENV_CACHE = "SERVING_OPT_CACHE"
 ENV_RUNTIME_PREFIX = "SERVING_OPT_RUNTIME_"
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?([a-z0-9.+-]*)$")
 
 _VERSION_SCRIPT = "import tensorflow as tf; print(tf.__version__)"
 _REGISTRY_SCRIPT = r"""
@@ -96,20 +97,6 @@ class Runtime:
             env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         return env
-
-
-def check_version(version: str) -> str:
-    """``version`` if it looks like a TensorFlow release (``2.15``, ``2.20.0``).
-
-    Example:
-        >>> check_version("2.20.0")
-        '2.20.0'
-    """
-    version = (version or "").strip()
-    if not _VERSION_RE.match(version):
-        raise UsageError(f"--serving_version={version} is not a TensorFlow version",
-                         f"e.g. --serving_version={DEFAULT_SERVING_VERSION}")
-    return version
 
 
 def major_minor(version: str) -> str:

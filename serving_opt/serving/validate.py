@@ -433,7 +433,7 @@ def _local_runtime(options: ValidateOptions, say) -> tuple:
 
 
 def _refuse_host_ops(model_dirs, tags) -> None:
-    from serving_opt import untrusted
+    from serving_opt.savedmodel import untrusted
 
     for model_dir in model_dirs:
         meta_graph = loader.find_meta_graph(loader.read_saved_model(model_dir), tags, model_dir)
