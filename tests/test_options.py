@@ -132,13 +132,14 @@ def test_every_check_is_in_the_tree(options, message):
 
 
 def test_the_defaults_are_the_stages_own():
+    from serving_opt import gates
     from serving_opt.savedmodel import checkpoint, loader
-    from serving_opt.stages import freeze, grappler, parity, quantize, regression
+    from serving_opt.stages import freeze, grappler, quantize, regression
 
     options = OptimizeOptions()
-    assert (options.atol, options.rtol) == (parity.DEFAULT_ATOL, parity.DEFAULT_RTOL)
-    assert options.min_top1_agreement == parity.DEFAULT_MIN_TOP1_AGREEMENT
-    assert options.max_probability_error == parity.DEFAULT_MAX_PROBABILITY_ERROR
+    assert (options.atol, options.rtol) == (gates.DEFAULT_ATOL, gates.DEFAULT_RTOL)
+    assert options.min_top1_agreement == gates.DEFAULT_MIN_TOP1_AGREEMENT
+    assert options.max_probability_error == gates.DEFAULT_MAX_PROBABILITY_ERROR
     assert options.grappler_rounds == grappler.DEFAULT_ROUNDS
     assert options.freeze_max_bytes == freeze.DEFAULT_FREEZE_MAX_BYTES
     assert options.max_constant_bytes == checkpoint.DEFAULT_MAX_CONSTANT_BYTES
