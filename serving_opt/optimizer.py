@@ -238,7 +238,8 @@ def read(run: Run) -> Source:
 def check_untrusted(run: Run, meta_graph, keys: tuple[str, ...]) -> None:
     """A SavedModel is code: host ops refuse the run (unless ``--allow_file_ops``), so do
     the risks ``inspect`` rates ERROR; its warnings go into the report."""
-    from serving_opt import inspection, untrusted
+    from serving_opt import inspection
+    from serving_opt.savedmodel import untrusted
 
     if not run.plan.trust.allow_file_ops:
         untrusted.refuse_host_ops(meta_graph, keys, "optimize")

@@ -34,7 +34,8 @@ QUICK = dict(benchmark_runs=0, cold_start=False, allow_file_ops=True, parity_bat
 @pytest.fixture
 def static_check_off(monkeypatch):
     """The static check switched off in this process (the sandbox must hold alone)."""
-    from serving_opt import inspection, untrusted
+    from serving_opt import inspection
+    from serving_opt.savedmodel import untrusted
     from serving_opt.serving import validate as validate_lib
 
     monkeypatch.setattr(untrusted, "refuse_host_ops", lambda *a, **k: None)
@@ -151,7 +152,8 @@ def test_a_network_op_reaches_no_host_socket(tmp_path):
     model = HOSTILE["register_dataset"].build(str(tmp_path / "models"), "", address)
     script = textwrap.dedent(f"""
         import types
-        from serving_opt import inspection, untrusted, OptimizeOptions, optimize
+        from serving_opt import OptimizeOptions, inspection, optimize
+        from serving_opt.savedmodel import untrusted
         untrusted.refuse_host_ops = lambda *a, **k: None
         inspection.inspect_saved_model = lambda *a, **k: types.SimpleNamespace(risks=[])
         try:

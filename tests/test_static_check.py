@@ -23,11 +23,11 @@ from conftest import tree_snapshot
 from hostile_models import HOSTILE, REQUEST, canary_files
 from saved_model_io import edit_saved_model, save_tf1, serving_default
 
-from serving_opt import host_ops, inspection, untrusted
+from serving_opt import host_ops, inspection
 from serving_opt.errors import ServingOptError
 from serving_opt.graph import node_name
 from serving_opt.optimizer import OptimizeOptions, optimize
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import loader, untrusted
 
 v1 = tf.compat.v1
 QUICK = dict(benchmark_runs=0, cold_start=False)

@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterable
 from typing import Optional
 
-from serving_opt import host_ops, untrusted
+from serving_opt import host_ops
 from serving_opt.graph import node_name
 from serving_opt.inspection.facts import CheckpointRead, variables_prefix
 from serving_opt.inspection.report import (
@@ -28,7 +28,7 @@ from serving_opt.inspection.report import (
     VariablesReport,
 )
 from serving_opt.report import human_bytes
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import loader, untrusted
 
 SEVERITY_ERROR = "error"
 SEVERITY_WARNING = "warning"
