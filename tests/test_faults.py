@@ -481,7 +481,7 @@ def test_ctrl_c_during_the_benchmark_says_nothing_was_published(source, tmp_path
     cli.wait_for(r"^\[9/\d+\] benchmark")
     # Interrupted while the measuring process (it runs 100000 timed runs) is alive.
     measuring = wait_until(
-        lambda: descendants_mentioning(cli.process.pid, "serving_opt.stages.coldstart"),
+        lambda: descendants_mentioning(cli.process.pid, "serving_opt.measuring"),
         "the benchmark's measuring process started")
     cli.process.send_signal(signal.SIGINT)
     code, lines = cli.finish()
