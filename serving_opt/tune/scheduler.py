@@ -1,0 +1,440 @@
+"""A discrete-event model of TF Serving's batching, driven by a measured latency curve.
+
+What it models is what upstream does (``shared_batch_scheduler.h``,
+``batching_session.cc``), for one model and one signature (one queue):
+
+* a request's rows join the queue's **open batch**; the open batch is closed (and may
+  run) when it is full (``max_batch_size`` rows), when ``batch_timeout_micros`` have
+  passed since its first request arrived, or at once when that timeout is 0 and a
+  batch thread is free;
+* a request that does not fit in the open batch starts a new one; when
+  ``max_enqueued_batches`` batches are already waiting it is **rejected with
+  UNAVAILABLE** ("The batch scheduling queue ... is full");
+* ``num_batch_threads`` batches run at once, the oldest waiting batch first; a batch
+  runs as one session run of its rows **padded** to the next ``allowed_batch_sizes``
+  entry;
+* without batching every request is its own session run, as many at once as there
+  are requests in the server.
+
+Runs that overlap slow each other as the profile measured (``LatencyCurve.slowdown``:
+processor sharing, rates recomputed whenever a run starts or ends), and each run's
+time is drawn from the measured jitter. Around the batcher, a server spends time per
+request outside the session (``ServiceModel``): a delay that requests spend in
+parallel (network, gRPC, tensor decoding in C++ threads) and a part that requests
+spend one at a time (a Python server's interpreter lock; 0 for the C++ server), both
+calibrated against the real server by ``calibrate``.
+
+The load is the load generator's: N **closed-loop** clients each sending its next
+request when the last answer arrives, or **open-loop** Poisson arrivals at a rate.
+The figures are the generator's too: requests sent in the measured window, answered,
+over the window; percentiles of their latency.
+
+Example:
+    >>> curve = LatencyCurve(ThreadSettings(), (1, 32), (0.006, 0.043))
+    >>> result = simulate(curve, BatchingSettings(max_batch_size=16, num_batch_threads=1),
+    ...                   Workload("closed", clients=16), ServiceModel())
+    >>> round(result.rows_per_second)
+    ...
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from serving_opt.tune.curve import LatencyCurve
+from serving_opt.tune.settings import BatchingSettings
+
+# Requests in flight beyond which an open-loop run is called overloaded and stopped.
+MAX_IN_FLIGHT = 20_000
+_MIN_HOP_S = 20e-6  # no request crosses the server in zero time (an error reply neither)
+_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The load a prediction is for (the load generator's ``Load``, simulated).
+
+    ``duration`` is simulated seconds measured after ``warmup``; ``max_requests`` ends
+    the measured window earlier once that many requests were sent.
+
+    Example:
+        >>> Workload("open", rate=300.0, rows_per_request=1)
+    """
+
+    mode: str = "closed"
+    clients: int = 1
+    rate: float = 0.0
+    rows_per_request: int = 1
+    duration: float = 30.0
+    warmup: float = 1.0
+    max_requests: int = 4000
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ServiceModel:
+    """The server's time per request outside the session run, in seconds.
+
+    ``parallel_s`` is spent concurrently by all requests (half before the batcher,
+    half after); ``serial_s`` one request at a time (the same split), e.g. the
+    interpreter lock of a Python server; ``merge_s_per_row`` is added to the run of a
+    batch of several requests (merging their inputs, splitting the outputs).
+
+    Example:
+        >>> ServiceModel(parallel_s=0.002, serial_s=0.0004)
+    """
+
+    parallel_s: float = 0.0
+    serial_s: float = 0.0
+    merge_s_per_row: float = 0.0  # the batching session's concat and split, per row
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the model predicts for one setting under one workload.
+
+    ``overloaded``: an open-loop queue grew without bound (latencies are then the
+    window's, and meaningless). ``queue_ms`` is the mean time from the batcher's queue
+    to the start of the session run.
+
+    Example:
+        >>> prediction.rows_per_second, prediction.p99_ms
+        (612.0, 88.1)
+    """
+
+    requests: int
+    ok: int
+    rejected: int
+    seconds: float
+    requests_per_second: float
+    rows_per_second: float
+    mean_ms: float
+    p50_ms: float
+    p99_ms: float
+    mean_batch_rows: float
+    mean_padded_rows: float
+    batches_per_second: float
+    queue_ms: float
+    run_ms: float
+    overloaded: bool = False
+
+    @property
+    def reject_fraction(self) -> float:
+        return self.rejected / self.requests if self.requests else 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Request:
+    __slots__ = ("sent", "client", "enqueued", "started", "outcome", "done")
+
+    def __init__(self, sent: float, client: int) -> None:
+        self.sent = sent
+        self.client = client
+        self.enqueued = 0.0
+        self.started = 0.0
+        self.outcome = ""
+        self.done = -1.0
+
+
+class _Run:
+    __slots__ = ("requests", "rows", "padded", "base", "left")
+
+    def __init__(self, requests: list, rows: int, padded: int, base: float) -> None:
+        self.requests = requests
+        self.rows = rows
+        self.padded = padded
+        self.base = base  # seconds alone
+        self.left = 1.0  # fraction of the run still to do
+
+
+class _Simulation:
+    def __init__(self, curve: LatencyCurve, batching: BatchingSettings | None,
+                 workload: Workload, service: ServiceModel) -> None:
+        self.curve = curve
+        self.batching = batching.resolved() if batching is not None else None
+        self.workload = workload
+        self.rows = workload.rows_per_request
+        self.rng = np.random.default_rng(workload.seed)
+        self.hop_in = max(_MIN_HOP_S, service.parallel_s / 2)
+        self.hop_out = max(_MIN_HOP_S, service.parallel_s / 2)
+        self.serial_half = service.serial_s / 2
+        self.merge = service.merge_s_per_row
+        self.serial_free = 0.0
+        self.events: list = []
+        self.seq = 0
+        self.now = 0.0
+        self.window_start = workload.warmup
+        self.window_end = workload.warmup + workload.duration
+        self.stop_sending = self.window_end
+        self.measured_sent = 0
+        self.in_flight = 0
+        self.overloaded = False
+        self.finished: list[_Request] = []
+        # Batcher state: closed batches then the open one (upstream Queue::batches_).
+        self.batches: deque[list[_Request]] = deque([[]])
+        self.sizes: deque[int] = deque([0])
+        self.starts: deque[float] = deque([0.0])
+        self.running: list[_Run] = []
+        self.batch_runs = 0
+        self.last_update = 0.0
+        self.run_generation = 0
+        self.batch_log: list[tuple[float, int, int]] = []  # (start, rows, padded)
+        self._slowdowns: dict[tuple[int, int], float] = {}
+        self._seconds: dict[int, float] = {}
+
+    def slowdown(self, padded: int, k: int) -> float:
+        key = (padded, k)
+        value = self._slowdowns.get(key)
+        if value is None:
+            value = self._slowdowns[key] = self.curve.slowdown(padded, k)
+        return value
+
+    def seconds(self, padded: int) -> float:
+        value = self._seconds.get(padded)
+        if value is None:
+            value = self._seconds[padded] = self.curve.seconds(padded)
+        return value
+
+    # ------------------------------------------------------------------ event loop
+
+    def push(self, at: float, kind: str, payload=None) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (at, self.seq, kind, payload))
+
+    def run(self) -> Prediction:
+        w = self.workload
+        if w.mode == "closed":
+            for client in range(w.clients):
+                self.send(0.0, client)
+        else:
+            self.push(float(self.rng.exponential(1.0 / w.rate)), "arrival")
+        handlers = {"arrival": self.on_arrival, "in": self.on_in, "enqueue": self.on_enqueue,
+                    "timer": self.on_timer, "run_done": self.on_run_done,
+                    "reply": self.on_reply, "answer": self.on_answer}
+        while self.events:
+            at, _, kind, payload = heapq.heappop(self.events)
+            self.now = at
+            handlers[kind](payload)
+            if self.in_flight > MAX_IN_FLIGHT:
+                self.overloaded = True
+                break
+        return self.summarize()
+
+    # ------------------------------------------------------------------- requests
+
+    def send(self, at: float, client: int) -> None:
+        if at >= self.stop_sending:
+            return
+        request = _Request(at, client)
+        if self.window_start <= at < self.window_end:
+            self.measured_sent += 1
+            if self.measured_sent >= self.workload.max_requests:
+                # Enough requests: the window ends here (the rest only drains).
+                self.window_end = self.stop_sending = at + _EPS
+        self.in_flight += 1
+        self.push(at + self.hop_in, "in", request)
+
+    def on_arrival(self, _payload) -> None:
+        self.send(self.now, -1)
+        nxt = self.now + float(self.rng.exponential(1.0 / self.workload.rate))
+        if nxt < self.stop_sending:
+            self.push(nxt, "arrival")
+
+    def serial(self, at: float) -> float:
+        """FIFO through the one-at-a-time part; returns when this request leaves it."""
+        if self.serial_half <= 0:
+            return at
+        leave = max(at, self.serial_free) + self.serial_half
+        self.serial_free = leave
+        return leave
+
+    def on_in(self, request: _Request) -> None:
+        self.push(self.serial(self.now), "enqueue", request)
+
+    def on_enqueue(self, request: _Request) -> None:
+        request.enqueued = self.now
+        if self.batching is None:
+            self.start_run([request], self.rows, self.rows)
+            return
+        self.schedule(request)
+
+    def reply(self, request: _Request, outcome: str) -> None:
+        request.outcome = outcome
+        if outcome == "ok":
+            self.push(self.serial(self.now), "reply", request)
+        else:
+            self.push(self.now + self.hop_out, "answer", request)
+
+    def on_reply(self, request: _Request) -> None:
+        self.push(self.now + self.hop_out, "answer", request)
+
+    def on_answer(self, request: _Request) -> None:
+        request.done = self.now
+        self.in_flight -= 1
+        self.finished.append(request)
+        if request.client >= 0:
+            self.send(self.now, request.client)
+
+    # -------------------------------------------------------------------- batcher
+
+    def schedule(self, request: _Request) -> None:
+        options = self.batching
+        if self.rows > options.max_batch_size:
+            self.reply(request, "INVALID_ARGUMENT")
+            return
+        if self.sizes[-1] and self.sizes[-1] + self.rows > options.max_batch_size:
+            if len(self.batches) >= options.max_enqueued_batches:
+                self.reply(request, "UNAVAILABLE")
+                return
+            self.batches.append([])
+            self.sizes.append(0)
+            self.starts.append(0.0)
+        if not self.sizes[-1]:
+            self.starts[-1] = self.now
+            if options.batch_timeout_micros > 0:
+                self.push(self.now + options.batch_timeout_micros / 1e6, "timer")
+        self.batches[-1].append(request)
+        self.sizes[-1] += self.rows
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        options = self.batching
+        timeout = options.batch_timeout_micros / 1e6
+        while self.batch_runs < options.num_batch_threads:
+            if len(self.batches) >= 2:
+                pass
+            elif self.sizes[0] and (self.sizes[0] >= options.max_batch_size
+                                    or self.now + _EPS >= self.starts[0] + timeout):
+                pass
+            else:
+                return
+            batch = self.batches.popleft()
+            rows = self.sizes.popleft()
+            self.starts.popleft()
+            if not self.batches:
+                self.batches.append([])
+                self.sizes.append(0)
+                self.starts.append(0.0)
+            self.batch_runs += 1
+            self.start_run(batch, rows, options.padded(rows))
+
+    def on_timer(self, _payload) -> None:
+        self.dispatch()
+
+    # ------------------------------------------------------- session runs, shared
+
+    def advance(self) -> None:
+        elapsed = self.now - self.last_update
+        if elapsed > 0 and self.running:
+            k = len(self.running)
+            for run in self.running:
+                run.left -= elapsed / (run.base * self.slowdown(run.padded, k))
+        self.last_update = self.now
+
+    def reschedule(self) -> None:
+        self.run_generation += 1
+        if not self.running:
+            return
+        k = len(self.running)
+        soonest = min(max(0.0, r.left) * r.base * self.slowdown(r.padded, k)
+                      for r in self.running)
+        self.push(self.now + soonest, "run_done", self.run_generation)
+
+    def start_run(self, requests: list, rows: int, padded: int) -> None:
+        self.advance()
+        base = self.seconds(padded) * self.curve.jitter(float(self.rng.random()))
+        if len(requests) > 1:
+            base += self.merge * padded
+        for request in requests:
+            request.started = self.now
+        self.running.append(_Run(requests, rows, padded, max(base, 1e-7)))
+        self.batch_log.append((self.now, rows, padded))
+        self.reschedule()
+
+    def on_run_done(self, generation: int) -> None:
+        if generation != self.run_generation:
+            return  # a run started or ended since: rates changed
+        self.advance()
+        done = [r for r in self.running if r.left <= 1e-9]
+        self.running = [r for r in self.running if r.left > 1e-9]
+        for run in done:
+            for request in run.requests:
+                self.reply(request, "ok")
+            if self.batching is not None:
+                self.batch_runs -= 1
+        if self.batching is not None:
+            self.dispatch()
+        self.reschedule()
+
+    # --------------------------------------------------------------------- result
+
+    def summarize(self) -> Prediction:
+        start, end = self.window_start, min(self.window_end, self.stop_sending)
+        if self.overloaded:
+            end = min(end, self.now)
+        seconds = max(end - start, 1e-9)
+        measured = [r for r in self.finished if start <= r.sent < end]
+        if self.overloaded:
+            # What never finished counts as sent, unanswered.
+            sent = max(self.measured_sent, len(measured))
+        else:
+            sent = len(measured)
+        ok = [r for r in measured if r.outcome == "ok"]
+        if self.workload.mode == "open" and ok:
+            # A queue still draining long after arrivals stopped was growing all along.
+            drain = max(r.done for r in ok) - end
+            self.overloaded = self.overloaded or drain > max(1.0, seconds / 2)
+        latencies = np.array([(r.done - r.sent) * 1000.0 for r in ok]) if ok else None
+        rejected = sum(1 for r in measured if r.outcome == "UNAVAILABLE")
+        batches = [(rows, padded) for at, rows, padded in self.batch_log if start <= at < end]
+        queue = [r.started - r.enqueued for r in ok]
+        runs = [r.done - r.started for r in ok]
+
+        def pct(q: float) -> float:
+            return float(np.percentile(latencies, q)) if latencies is not None else math.inf
+
+        return Prediction(
+            requests=sent, ok=len(ok), rejected=rejected, seconds=seconds,
+            requests_per_second=len(ok) / seconds,
+            rows_per_second=len(ok) * self.rows / seconds,
+            mean_ms=float(latencies.mean()) if latencies is not None else math.inf,
+            p50_ms=pct(50), p99_ms=math.inf if self.overloaded else pct(99),
+            mean_batch_rows=float(np.mean([b[0] for b in batches])) if batches else 0.0,
+            mean_padded_rows=float(np.mean([b[1] for b in batches])) if batches else 0.0,
+            batches_per_second=len(batches) / seconds,
+            queue_ms=float(np.mean(queue)) * 1000.0 if queue else 0.0,
+            run_ms=float(np.mean(runs)) * 1000.0 if runs else 0.0,
+            overloaded=self.overloaded)
+
+
+def check_workload(workload: Workload) -> None:
+    """Raises ValueError for a workload the model cannot run."""
+    if workload.mode not in ("closed", "open"):
+        raise ValueError(f"workload mode {workload.mode!r} is not closed or open")
+    if workload.mode == "closed" and workload.clients < 1:
+        raise ValueError("a closed-loop workload needs at least one client")
+    if workload.mode == "open" and not 0 < workload.rate < math.inf:
+        raise ValueError("an open-loop workload needs a rate > 0")
+    if workload.rows_per_request < 1 or workload.duration <= 0 or workload.warmup < 0:
+        raise ValueError("rows_per_request >= 1, duration > 0 and warmup >= 0, please")
+
+
+def simulate(curve: LatencyCurve, batching: BatchingSettings | None, workload: Workload,
+             service: ServiceModel = ServiceModel()) -> Prediction:
+    """Predicts throughput and latency of ``batching`` (None: off) under ``workload``.
+
+    Example:
+        >>> simulate(curve, None, Workload("closed", clients=1), ServiceModel()).ok > 0
+        True
+    """
+    check_workload(workload)
+    if batching is not None and batching.problems():
+        raise ValueError("; ".join(batching.problems()))
+    return _Simulation(curve, batching, workload, service).run()

@@ -1,0 +1,427 @@
+"""``tune()``: measure the model, model the batcher, search, prove, recommend.
+
+The run, in order (each step says what it does while it works):
+
+0. **check** (here, before anything runs): options, the version, the signature, the
+   static check of the graph (a SavedModel is code), ``--examples``,
+   ``--current_parameters_file``, the output directory;
+1. **profile** the session alone, one fresh process per thread setting (``profile``);
+2. **calibrate** the server's own cost per request against TF Serving's default
+   (no batching) with one client and with N (``calibrate``); these also are the
+   default's proven points;
+3. **search** the settings with the scheduler model (``search``);
+4. **prove** upstream's batching defaults, the best few and the user's current file on
+   the real server under real load, each point next to its prediction (``prove``);
+5. **recommend** the proven setting that measured best within the SLO.
+
+Steps 1-4 run the model, so they run in one sandboxed worker (``serving_opt.sandbox``:
+read-only model and Python, no network but its own loopback, where the server and
+the load generator talk); what comes back is the report, as data. ``outputs.write``
+then writes what a deployment uses.
+
+Example:
+    >>> report = tune("/models/mnv2", TuneOptions(clients=16, slo_p99_ms=250),
+    ...               output_dir="build/tune")
+    >>> report.recommendation.command
+    'tensorflow_model_server --port=8500 ... --enable_batching=true ...'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Callable
+
+from serving_opt import sandbox as sandbox_lib
+from serving_opt.errors import UsageError
+from serving_opt.savedmodel import loader
+from serving_opt.serving import backends
+from serving_opt.tune import calibrate, load, payloads, prove, search
+from serving_opt.tune import profile as profile_lib
+from serving_opt.tune.options import TuneOptions, check_options
+from serving_opt.tune.prove import ProvenPoint
+from serving_opt.tune.report import Recommendation, TuneReport
+from serving_opt.tune.settings import (
+    PARAMETERS_FILENAME,
+    BatchingSettings,
+    ServingSettings,
+    ThreadSettings,
+    cores,
+    tf_serving_default,
+    upstream_batching,
+)
+
+DEFAULT_LABEL = "TF Serving default (no batching)"
+UPSTREAM_LABEL = "upstream batching defaults"
+CURRENT_LABEL = "your parameters file"
+TUNED_LABEL = "tuned"
+MAX_AUTO_BOUND = 512
+CONTAINER_PARAMETERS = f"/config/{PARAMETERS_FILENAME}"
+
+
+def tune(model_base: str, options: TuneOptions | None = None,
+         progress: Callable[[str], None] | None = None,
+         output_dir: str | None = None) -> TuneReport:
+    """Tunes TF Serving's batching and threads for the model in ``model_base``.
+
+    Raises UsageError/ServingOptError before any work for bad options or a model that
+    cannot run; otherwise returns the report (``report.ok`` False when no setting met
+    the objective). With ``output_dir``, also writes the deployment files there
+    (``report.outputs`` names them).
+
+    Example:
+        >>> tune("/models/mnv2", TuneOptions(clients=16, slo_p99_ms=250)).ok
+        True
+    """
+    say = progress or (lambda m: None)
+    options = options or TuneOptions()
+    check_options(options)
+    model_base = os.path.abspath(model_base)
+    from serving_opt.serving import validate
+
+    version = validate.resolve_version(model_base, options.version)
+    model_dir = validate.version_dir(model_base, version)
+    loader.check_model_files(model_dir)
+    tags = loader.parse_tags(options.saved_model_tags)
+    if not tags:
+        raise UsageError("--saved_model_tags is empty", "e.g. --saved_model_tags=serve")
+    meta_graph = loader.find_meta_graph(loader.read_saved_model(model_dir), tags, model_dir)
+    signatures = loader.serving_signatures(meta_graph)
+    if options.signature_name not in signatures:
+        raise UsageError(f"--signature_name={options.signature_name} is not a signature of "
+                         f"{model_dir} (it has {', '.join(sorted(signatures)) or 'none'})",
+                         "pass one of those")
+    if not options.allow_file_ops:
+        from serving_opt import untrusted
+
+        untrusted.refuse_host_ops(meta_graph, sorted(signatures), "serve")
+    examples = os.path.abspath(options.examples) if options.examples else None
+    if examples:
+        from serving_opt.savedmodel import inputs as inputs_lib
+
+        inputs_lib.read_examples_file(examples)
+    current = read_current_parameters(options.current_parameters_file)
+    if output_dir is not None:
+        from serving_opt.tune import outputs
+
+        outputs.prepare(output_dir)
+    sandboxed = sandbox_lib.require(options.allow_unsandboxed, f"tune {model_dir}")
+    if sandboxed and options.allow_unsandboxed and options.server == "docker":
+        sandboxed = False  # the Docker client cannot run in a sandbox; the user trusts it
+    backend = backends.resolve_backend(options.server, sandboxed=sandboxed)
+    options = dataclasses.replace(options, examples=examples)
+    started = time.monotonic()
+    if sandboxed:
+        binaries = _binary_dirs(backend)
+        read_only = [model_base, *([examples] if examples else []), *binaries]
+        report = sandbox_lib.call(
+            "serving_opt.tune.tuner:execute", model_base, version, options, backend, current,
+            policy=sandbox_lib.Policy(read_only=tuple(read_only)), progress=say,
+            env=sandbox_lib.search_path(*binaries))
+    else:
+        report = execute(model_base, version, options, backend, current, say)
+    report = dataclasses.replace(report, sandbox=sandbox_lib.describe(sandboxed),
+                                 seconds=round(time.monotonic() - started, 1))
+    if output_dir is not None:
+        from serving_opt.tune import outputs
+
+        report = dataclasses.replace(report, outputs=outputs.write(report, output_dir))
+    return report
+
+
+def read_current_parameters(path: str | None) -> BatchingSettings | None:
+    """``--current_parameters_file`` as BatchingSettings; UsageError naming the problem."""
+    if not path:
+        return None
+    from serving_opt.serving.model_server.batching import read_batching_parameters
+    from serving_opt.serving.model_server.status import ServingStatusError
+
+    if not os.path.isfile(path):
+        raise UsageError(f"--current_parameters_file={path} does not exist", "check the path")
+    try:
+        values = read_batching_parameters(path)
+    except ServingStatusError as e:
+        raise UsageError(f"--current_parameters_file={path}: {e.message}",
+                         "fix the file (TF Serving would refuse it too)") from None
+    settings = BatchingSettings(
+        max_batch_size=values.get("max_batch_size", BatchingSettings.max_batch_size),
+        batch_timeout_micros=values.get("batch_timeout_micros", 0),
+        max_enqueued_batches=values.get("max_enqueued_batches", 10),
+        num_batch_threads=values.get("num_batch_threads", 0),
+        allowed_batch_sizes=tuple(values.get("allowed_batch_sizes", ())),
+        pad_variable_length_inputs=bool(values.get("pad_variable_length_inputs", False)))
+    return settings
+
+
+def _binary_dirs(backend: str) -> list[str]:
+    if backend != "binary":
+        return []
+    import shutil
+
+    binary = shutil.which(backends.BINARY_NAME)
+    if binary is None:
+        return []
+    return list(dict.fromkeys([os.path.dirname(os.path.abspath(binary)),
+                               os.path.dirname(os.path.realpath(binary))]))
+
+
+# --------------------------------------------------------------- in the worker
+
+
+def plan(options: TuneOptions, cpus: int) -> profile_lib.ProfilePlan:
+    """What the profile measures for ``options`` on ``cpus`` cores.
+
+    Example:
+        >>> plan(TuneOptions(clients=16), 2).batch_sizes
+        (1, 2, 4, 8, 16, 32)
+    """
+    r = options.rows_per_request
+    n = options.clients
+    if options.max_batch_size_bound:
+        bound = options.max_batch_size_bound
+    else:
+        want = 2 * n * r if n else 0
+        if options.rate:
+            # What arrives in half the SLO could share a batch.
+            want = max(want, int(options.rate * options.slo_p99_ms / 2000.0) * r)
+        bound = min(MAX_AUTO_BOUND * r, max(32, want, r))
+    sizes = {r * 2 ** j for j in range(0, 21) if r * 2 ** j <= bound}
+    if n:
+        sizes |= {x for x in (n * r, max(1, n // 2) * r) if x <= bound}
+    sizes.add(bound)
+    intra = options.intra_op if options.intra_op is not None else ((0, 1) if cpus > 1 else (0,))
+    inter = options.inter_op if options.inter_op is not None else (0,)
+    threads = tuple(ThreadSettings(a, b) for a in intra for b in inter)
+    # Overlapping runs: no batching runs one per request in the server at once; batch
+    # threads run up to one per core.
+    most = max(n, 2 * cpus) if n else 4 * cpus
+    ks = sorted({k for k in (2, 4, 8, 16, 32, 64) if k <= min(most, 64)} | {min(most, 64)})
+    concurrency = [(r, k) for k in ks if k > 1]
+    middle = n * r if n and n * r <= bound else sorted(sizes)[len(sizes) // 2]
+    for size in sorted({middle, bound}):
+        concurrency += [(size, k) for k in range(2, min(cpus, 4) + 1)]
+    return profile_lib.ProfilePlan(
+        batch_sizes=tuple(sorted(sizes)), thread_settings=threads,
+        concurrency=tuple(dict.fromkeys(concurrency)), seconds=options.profile_seconds,
+        max_latency_s=options.slo_p99_ms / 1000.0,
+        tags=tuple(sorted(loader.parse_tags(options.saved_model_tags))),
+        examples=options.examples, seed=options.seed)
+
+
+def execute(model_base: str, version: int, options: TuneOptions, backend: str,
+            current: BatchingSettings | None = None,
+            progress: Callable[[str], None] | None = None) -> TuneReport:
+    """Steps 1-5 (see the module doc), where the model may run (the sandbox)."""
+    say = progress or sandbox_lib.say
+    from serving_opt.serving import validate
+
+    model_dir = validate.version_dir(model_base, version)
+    name = options.model_name or os.path.basename(model_base.rstrip("/")) or "model"
+    cpus = cores()
+    rows = options.rows_per_request
+    protocols = tuple(p for p in ("grpc", "rest") if p in options.protocols)
+    primary = protocols[0]
+    objective = search.Objective(options.slo_p99_ms, options.clients, options.rate, rows,
+                                 options.max_reject_fraction, options.padding, options.seed)
+    the_plan = plan(options, cpus)
+
+    say(f"1/4 measuring {model_dir} as TF Serving runs it: batch sizes "
+        f"{', '.join(map(str, the_plan.batch_sizes))}, threads "
+        f"{'; '.join(t.describe() for t in the_plan.thread_settings)} "
+        f"({options.profile_seconds:g} s per point, a fresh process per thread setting)")
+    model_profile = profile_lib.profile(model_dir, options.signature_name, the_plan, say)
+    built = payloads.build(model_dir, name, version, options.signature_name, rows,
+                           the_plan.tags, options.examples, options.seed)
+    spec = backends.ServerSpec(model_name=name, model_base=model_base, image=options.image,
+                               saved_model_tags=options.saved_model_tags,
+                               rest_api="rest" in protocols, version=version)
+    default_threads = ThreadSettings()
+    default_curve = _curve_or_first(model_profile, default_threads)
+    points: list[ProvenPoint] = []
+    calibrations: dict[str, calibrate.Calibration] = {}
+    pending: list[tuple[str, ServingSettings, str, str, load.LoadResult, bool]] = []
+
+    def measure(target: load.Target, what: load.Load, label: str) -> load.LoadResult:
+        result = load.run(target, what, timeout=what.warmup + what.duration
+                          + what.timeout + 120)
+        prove.check_answers(result, label)
+        return result
+
+    def loads_for(name_: str) -> load.Load:
+        if name_ == "closed":
+            return load.Load("closed", clients=options.clients, duration=options.duration,
+                             warmup=options.warmup, timeout=options.request_timeout,
+                             seed=options.seed)
+        return load.Load("open", rate=options.rate, duration=options.duration,
+                         warmup=options.warmup, timeout=options.request_timeout,
+                         seed=options.seed)
+
+    say(f"2/4 calibrating: the server's own cost per request, against {DEFAULT_LABEL}")
+    info = {}
+    default = tf_serving_default(default_threads)
+    with prove.running(backend, spec, default, None, options.load_deadline, say) as server:
+        info = {"server": server.description, "tf": server.tf_version}
+        targets = payloads.targets(server.address, server.rest_address, name, version, built,
+                                   rows)
+        for protocol in protocols:
+            say(f"  {protocol}: 1 client for {options.calibration_seconds:g} s")
+            one = measure(targets[protocol],
+                          load.Load("closed", clients=1, duration=options.calibration_seconds,
+                                    warmup=min(1.0, options.warmup),
+                                    timeout=options.request_timeout), DEFAULT_LABEL)
+            many_n = options.clients or max(2, 2 * cpus)
+            say(f"  {protocol}: {many_n} clients for {options.duration:g} s")
+            many = measure(targets[protocol],
+                           dataclasses.replace(loads_for("closed"), clients=many_n),
+                           DEFAULT_LABEL)
+            calibrations[protocol] = calibrate.fit(
+                default_curve, rows, one, many, protocol, model_profile.merge_s_per_row,
+                options.seed)
+            say(f"  {protocol}: {calibrations[protocol].note}")
+            if options.clients:
+                pending.append((DEFAULT_LABEL, default, "closed", protocol, many, True))
+            if options.rate:
+                say(f"  {protocol}: {options.rate:g} requests/s for {options.duration:g} s")
+                pending.append((DEFAULT_LABEL, default, "open", protocol,
+                                measure(targets[protocol], loads_for("open"), DEFAULT_LABEL),
+                                False))
+    service = calibrations[primary].service
+
+    say("3/4 searching the settings with a model of TF Serving's batch scheduler")
+    result = search.search(model_profile, objective, service, progress=say, cpus=cpus,
+                           default_threads=default_threads)
+    if result.best is not None:
+        say(f"  best predicted: {result.best.settings.describe()} "
+            f"({_summary(result.best.primary())})")
+    else:
+        say("  no setting meets the objective in the model; proving the closest")
+
+    to_prove: list[tuple[str, ServingSettings, tuple[str, ...]]] = [
+        (UPSTREAM_LABEL, upstream_batching(default_threads), protocols)]
+    chosen = [result.best] if result.best is not None else list(result.front[:1])
+    extra = [c for c in (*result.runners_up, *result.front)
+             if all(c.settings != x.settings for x in chosen)]
+    for candidate in extra:
+        if len(chosen) >= 1 + options.prove:
+            break
+        if all(candidate.settings != x.settings for x in chosen):
+            chosen.append(candidate)
+    for i, candidate in enumerate(chosen):
+        label = TUNED_LABEL if i == 0 else f"{TUNED_LABEL} #{i + 1}"
+        to_prove.append((label, candidate.settings, protocols if i == 0 else (primary,)))
+    if current is not None:
+        to_prove.append((CURRENT_LABEL, ServingSettings(current, default_threads), protocols))
+    say(f"4/4 proving {len(to_prove) + 1} settings on the server, "
+        f"{options.duration:g} s per load point")
+    for label, settings, its_protocols in to_prove:
+        with prove.running(backend, spec, settings, None, options.load_deadline, say) as server:
+            targets = payloads.targets(server.address, server.rest_address, name, version,
+                                       built, rows)
+            for workload_name in objective.workloads():
+                for protocol in its_protocols:
+                    measured = measure(targets[protocol], loads_for(workload_name), label)
+                    pending.append((label, settings, workload_name, protocol, measured, False))
+                    say(f"  {label} {workload_name}/{protocol}: {_measured(measured)}")
+
+    workloads = objective.workloads()
+    for label, settings, workload_name, protocol, measured, fitted in pending:
+        predicted = search.predict(model_profile, settings, workloads[workload_name],
+                                   calibrations[protocol].service)
+        points.append(ProvenPoint(label, settings, workload_name, protocol, measured,
+                                  predicted, fitted))
+    recommendation = recommend(points, objective, primary, name, result)
+    ceiling_batch, ceiling = _ceiling(model_profile)
+    report = TuneReport(
+        model_base=model_base, model_dir=model_dir, model_name=name, version=version,
+        signature=options.signature_name, objective=objective, backend=backend,
+        backend_note=backends.BACKEND_NOTES[backend], server=info.get("server", backend),
+        tensorflow_version=info.get("tf", ""), cores=cpus, profile=model_profile,
+        calibrations=tuple(calibrations[p] for p in protocols), search=result,
+        proven=tuple(points), recommendation=recommendation,
+        ceiling_rows_per_second=ceiling, ceiling_batch_size=ceiling_batch)
+    from serving_opt.tune import findings
+
+    return dataclasses.replace(report, findings=findings.findings(report),
+                               notes=findings.notes(report))
+
+
+def _curve_or_first(model_profile, threads: ThreadSettings):
+    try:
+        return model_profile.curve(threads)
+    except KeyError:
+        return model_profile.curves[0]
+
+
+def _summary(p) -> str:
+    return f"{p.rows_per_second:,.0f} rows/s, p99 {p.p99_ms:.1f} ms"
+
+
+def _measured(m: load.LoadResult) -> str:
+    text = f"{m.rows_per_second:,.0f} rows/s, p99 {m.p99_ms:.1f} ms"
+    if m.errors:
+        text += f", errors {m.errors}"
+    return text
+
+
+def _ceiling(model_profile) -> tuple[int, float]:
+    best = (1, 0.0)
+    for curve in model_profile.curves:
+        for n in curve.batch_sizes:
+            if curve.rows_per_second(n) > best[1]:
+                best = (n, curve.rows_per_second(n))
+    return best
+
+
+def recommend(points: list[ProvenPoint], objective: search.Objective, protocol: str,
+              model_name: str, result: search.SearchResult) -> Recommendation | None:
+    """The proven setting that measured best within the SLO (primary workload and
+    protocol); None when none did.
+
+    Example:
+        >>> recommend(points, objective, "grpc", "clf", result).basis
+        'measured best of 5 proven settings within the p99 SLO'
+    """
+    workload = "closed" if objective.clients else "open"
+    meets: dict[str, ProvenPoint] = {}
+    labels = []
+    for point in points:
+        if point.protocol != protocol:
+            continue
+        if point.label not in labels:
+            labels.append(point.label)
+        ok = all(_meets(p, objective) for p in points
+                 if p.label == point.label and p.protocol == protocol)
+        if ok and point.workload == workload:
+            meets[point.label] = point
+    if not meets:
+        return None
+
+    def key(point: ProvenPoint) -> tuple:
+        m = point.measured
+        if workload == "closed":
+            return (-m.rows_per_second, m.p99_ms)
+        return (m.p99_ms, -m.rows_per_second)
+
+    winner = min(meets.values(), key=key)
+    predicted_best = result.best.settings if result.best is not None else None
+    basis = f"measured best of {len(labels)} proven settings within the p99 SLO"
+    if predicted_best is not None and winner.settings != predicted_best:
+        basis += " (not the model's first choice)"
+    settings = winner.settings
+    parameters = settings.batching.text_proto() if settings.batching is not None else ""
+    flags = settings.flags(f"/models/{model_name}", model_name,
+                           CONTAINER_PARAMETERS if settings.batching is not None else None)
+    return Recommendation(settings, parameters, flags, basis)
+
+
+def _meets(point: ProvenPoint, objective: search.Objective) -> bool:
+    m = point.measured
+    if m.requests == 0 or m.ok == 0:
+        return False
+    if m.rejected / m.requests > objective.max_reject_fraction:
+        return False
+    if m.ok < m.requests * (1 - objective.max_reject_fraction) - 0.5:
+        return False  # other errors (deadline, internal) are failures too
+    return math.isfinite(m.p99_ms) and m.p99_ms <= objective.slo_p99_ms
