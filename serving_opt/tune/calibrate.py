@@ -53,6 +53,16 @@ class Calibration:
         return asdict(self)
 
 
+def _median_run(curve: LatencyCurve, rows: int) -> float:
+    """The session run's median at ``rows`` (the mean curve scaled by the nearest
+    measured median-to-mean ratio)."""
+    mean = curve.seconds(rows)
+    if not curve.p50_s:
+        return mean
+    i = min(range(len(curve.batch_sizes)), key=lambda j: abs(curve.batch_sizes[j] - rows))
+    return mean * curve.p50_s[i] / curve.mean_s[i]
+
+
 def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
         many_clients: LoadResult | None, protocol: str = "grpc",
         merge_s_per_row: float = 0.0, seed: int = 0) -> Calibration:
@@ -62,17 +72,19 @@ def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
         >>> fit(curve, 1, one, many).note
         'overhead 9.6 ms per request, 1.3 ms of it one request at a time'
     """
-    run_s = curve.seconds(rows)
+    run_s = _median_run(curve, rows)
     if not one_client.ok:
         raise ValueError(f"the one-client calibration got no answer ({one_client.first_error})")
-    overhead = max(0.0, one_client.mean_ms / 1000.0 - run_s)
+    # Medians on both sides: a shared machine's stalls move means, not medians.
+    overhead = max(0.0, one_client.p50_ms / 1000.0 - run_s)
     service = ServiceModel(parallel_s=overhead, serial_s=0.0, merge_s_per_row=merge_s_per_row)
     note = f"overhead {overhead * 1000:.2f} ms per request"
     if many_clients is None or not many_clients.ok or overhead <= 0:
         return Calibration(protocol, service, run_s, overhead, one_client, many_clients,
                            note + " (no concurrent measurement: all of it in parallel)")
     workload = Workload("closed", clients=many_clients.clients, rows_per_request=rows,
-                        max_requests=2000, seed=seed)
+                        max_requests=2000, seed=seed, warmup=0.0,
+                        warmup_answers=2 * many_clients.clients + 20)
     target = many_clients.rows_per_second
 
     def throughput(serial: float) -> float:

@@ -30,8 +30,7 @@ def findings(report) -> tuple[str, ...]:
 
     out = []
     points = report.proven
-    chosen = report.recommendation.settings if report.recommendation else None
-    chosen_label = next((p.label for p in points if p.settings == chosen), TUNED_LABEL)
+    chosen_label = TUNED_LABEL
     for workload in ("closed", "open"):
         for protocol in ("grpc", "rest"):
             tuned = _point(points, chosen_label, workload, protocol)
@@ -50,6 +49,12 @@ def findings(report) -> tuple[str, ...]:
             if workload == "open":
                 text += "; at a fixed rate rows/s only show what was answered"
             out.append(text)
+    if report.recommendation is not None:
+        label = next((p.label for p in points
+                      if p.settings == report.recommendation.settings), "")
+        if label and label != TUNED_LABEL:
+            out.append(f"recommended: {label} ({report.recommendation.settings.describe()}), "
+                       f"the {report.recommendation.basis}")
     if report.ceiling_rows_per_second > 0:
         best_measured = max((p.measured.rows_per_second for p in points
                              if p.workload == "closed"), default=0.0)

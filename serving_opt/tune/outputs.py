@@ -104,77 +104,104 @@ def project_docker_dir() -> str | None:
     return path if os.path.isdir(path) else None
 
 
-def dockerfile(report: TuneReport, parameters_source: str) -> str:
-    """The project's Dockerfile with the recommended settings baked in."""
+def _extra_flags(report: TuneReport) -> list[str]:
+    return [f for f in report.recommendation.flags
+            if f.startswith(("--enable_batching", "--batching_param", "--tensorflow_"))]
+
+
+def _project_file(name: str) -> str | None:
+    directory = project_docker_dir()
+    path = os.path.join(directory, name) if directory else None
+    if path and os.path.isfile(path):
+        with open(path) as f:
+            return f.read()
+    return None
+
+
+def dockerfile(report: TuneReport, parameters_source: str, base: str | None = None) -> str:
+    """The project's Dockerfile (``base``) with the recommended settings added: the
+    parameters file copied to /config and the flags as the image's CMD (its entrypoint
+    passes them to tensorflow_model_server)."""
     rec = report.recommendation
-    tag = backends.DEFAULT_IMAGE.split(":", 1)[1]
-    extra = [f for f in rec.flags if f.startswith(("--enable_batching", "--batching_param",
-                                                  "--tensorflow_"))]
-    lines = [
-        "# Bakes an optimized, validated model base into the official TF Serving image,",
-        "# with the batching and thread settings `serving-opt tune` proved for "
-        f"{report.model_name}.",
-        "#",
-        f"#   docker build -f {{this file}} --build-arg MODEL_NAME={report.model_name} \\",
-        f"#       --build-arg MODEL_BASE=build/models/{report.model_name} -t "
-        f"{report.model_name}-serving .",
-        "#",
-        "# The build context is the repository root (or wherever MODEL_BASE is relative to).",
-        "# MODEL_BASE holds integer version directories (1/, 2/, ...); TF Serving serves the "
-        "highest.",
-        f"ARG TF_SERVING_TAG={tag}",
-        "FROM tensorflow/serving:${TF_SERVING_TAG}",
-        "",
-        f"ARG MODEL_NAME={report.model_name}",
-        f"ARG MODEL_BASE=build/models/{report.model_name}",
-    ]
-    if rec.parameters_text:
-        lines.append(f"ARG BATCHING_PARAMETERS={parameters_source}")
-    lines += [
-        "",
-        "# The image's entrypoint reads MODEL_NAME and MODEL_BASE_PATH (default /models).",
-        "ENV MODEL_NAME=${MODEL_NAME} \\",
-        "    MODEL_BASE_PATH=/models",
-        "",
-        "COPY ${MODEL_BASE} /models/${MODEL_NAME}",
-    ]
-    if rec.parameters_text:
-        lines.append(f"COPY ${{BATCHING_PARAMETERS}} {CONTAINER_CONFIG}/{PARAMETERS_FILENAME}")
-    lines += ["", "# gRPC and REST, as in the base image.", "EXPOSE 8500 8501"]
+    base = base if base is not None else (_project_file("Dockerfile") or _shipped(_DOCKERFILE))
+    lines = base.rstrip("\n").split("\n")
+    out = []
+    for line in lines:
+        if line.startswith("ARG MODEL_NAME="):
+            line = f"ARG MODEL_NAME={report.model_name}"
+        if line.startswith("ARG MODEL_BASE="):
+            line = f"ARG MODEL_BASE=build/models/{report.model_name}"
+        out.append(line)
+        if line.startswith("ARG MODEL_BASE=") and rec.parameters_text:
+            out.append(f"ARG BATCHING_PARAMETERS={parameters_source}")
+        if line.startswith("COPY ${MODEL_BASE}") and rec.parameters_text:
+            out.append(f"COPY ${{BATCHING_PARAMETERS}} {CONTAINER_CONFIG}/{PARAMETERS_FILENAME}")
+    extra = _extra_flags(report)
     if extra:
-        lines += ["# The entrypoint passes these to tensorflow_model_server.",
-                  "CMD [" + ", ".join(json.dumps(f) for f in extra) + "]"]
-    return "\n".join(lines) + "\n"
+        out += ["", "# What `serving-opt tune` proved for this model and load; the image's "
+                "entrypoint", "# passes these to tensorflow_model_server.",
+                "CMD [" + ", ".join(json.dumps(f) for f in extra) + "]"]
+    return "\n".join(out) + "\n"
 
 
-def compose(report: TuneReport, parameters_source: str) -> str:
-    """The project's compose.yaml with the recommended settings in."""
+def compose(report: TuneReport, parameters_source: str, base: str | None = None) -> str:
+    """The project's compose.yaml (``base``) with the parameters file mounted and the
+    flags added to the server's command."""
     rec = report.recommendation
-    extra = [f for f in rec.flags if f.startswith(("--enable_batching", "--batching_param",
-                                                  "--tensorflow_"))]
-    name = report.model_name
-    lines = [
-        "# Serves a model base directory (integer version directories inside) with TF Serving,",
-        f"# with the batching and thread settings `serving-opt tune` proved for {name}.",
-        f"#   MODEL_NAME={name} MODEL_BASE=../build/models/{name} docker compose -f "
-        "{this file} up",
-        "services:",
-        "  serving:",
-        f"    image: {backends.DEFAULT_IMAGE}",
-        "    ports:",
-        '      - "8500:8500"   # gRPC (PredictionService, ModelService)',
-        '      - "8501:8501"   # REST',
-        "    environment:",
-        f"      MODEL_NAME: ${{MODEL_NAME:-{name}}}",
-        "    volumes:",
-        f"      - ${{MODEL_BASE:-../build/models/{name}}}:/models/${{MODEL_NAME:-{name}}}:ro",
-    ]
-    if rec.parameters_text:
-        lines.append(f"      - {parameters_source}:{CONTAINER_CONFIG}/{PARAMETERS_FILENAME}:ro")
-    lines += ["    command:", "      - --file_system_poll_wait_seconds=1",
-              "      - --enable_model_warmup=true"]
-    lines += [f"      - {flag}" for flag in extra]
-    return "\n".join(lines) + "\n"
+    base = base if base is not None else (_project_file("compose.yaml") or _shipped(_COMPOSE))
+    lines = base.rstrip("\n").split("\n")
+    out, in_command = [], False
+    for line in lines:
+        out.append(line)
+        if ":/models/" in line and line.strip().startswith("- ") and rec.parameters_text:
+            out.append(line[:len(line) - len(line.lstrip())]
+                       + f"- {parameters_source}:{CONTAINER_CONFIG}/{PARAMETERS_FILENAME}:ro")
+        if line.strip() == "command:":
+            in_command = True
+    indent = "      "
+    if not in_command:
+        out.append("    command:")
+    out += [f"{indent}- {flag}" for flag in _extra_flags(report)]
+    return "\n".join(out) + "\n"
+
+
+def _shipped(template: str) -> str:
+    tag = backends.DEFAULT_IMAGE.split(":", 1)[1]
+    return (template.replace("tensorflow/serving:2.20.0", backends.DEFAULT_IMAGE)
+            .replace("ARG TF_SERVING_TAG=2.20.0", f"ARG TF_SERVING_TAG={tag}"))
+
+
+# The project's docker files as this release ships them (used when the package runs
+# outside its checkout, where docker/ is not beside it).
+_DOCKERFILE = """ARG TF_SERVING_TAG=2.20.0
+FROM tensorflow/serving:${TF_SERVING_TAG}
+
+ARG MODEL_NAME=classifier
+ARG MODEL_BASE=build/models/classifier
+
+# The image's entrypoint reads MODEL_NAME and MODEL_BASE_PATH (default /models).
+ENV MODEL_NAME=${MODEL_NAME} \\
+    MODEL_BASE_PATH=/models
+
+COPY ${MODEL_BASE} /models/${MODEL_NAME}
+
+# gRPC and REST, as in the base image.
+EXPOSE 8500 8501
+"""
+_COMPOSE = """services:
+  serving:
+    image: tensorflow/serving:2.20.0
+    ports:
+      - "8500:8500"   # gRPC (PredictionService, ModelService)
+      - "8501:8501"   # REST
+    environment:
+      MODEL_NAME: ${MODEL_NAME:-classifier}
+    volumes:
+      - ${MODEL_BASE:-../build/models/classifier}:/models/${MODEL_NAME:-classifier}:ro
+    command:
+      - --file_system_poll_wait_seconds=1
+      - --enable_model_warmup=true
+"""
 
 
 def docker_env(report: TuneReport, output_dir: str) -> str:
@@ -186,7 +213,6 @@ def docker_env(report: TuneReport, output_dir: str) -> str:
         f"TUNE_DIR={os.path.abspath(output_dir)}",
         f"TF_INTRA_OP={threads.intra_op}",
         f"TF_INTER_OP={threads.inter_op}",
-        f"ENABLE_BATCHING={'true' if report.recommendation.settings.batching else 'false'}",
     ]) + "\n"
 
 
@@ -201,9 +227,11 @@ def _docker(report: TuneReport, output_dir: str) -> dict[str, str]:
         # compose resolves relative paths from the file's own directory.
         "docker_compose": _write(os.path.join(docker_out, "compose.yaml"),
                                  compose(report, f"../{PARAMETERS_FILENAME}")),
-        "docker_env": _write(os.path.join(docker_out, "docker.env"),
-                             docker_env(report, output_dir)),
     }
+    if report.recommendation.parameters_text:
+        # For the project's docker/compose.tuned.yaml override (batching on).
+        out["docker_env"] = _write(os.path.join(docker_out, "docker.env"),
+                                   docker_env(report, output_dir))
     project = project_docker_dir()
     if project is not None:
         diffs = []

@@ -59,8 +59,11 @@ _EPS = 1e-12
 class Workload:
     """The load a prediction is for (the load generator's ``Load``, simulated).
 
-    ``duration`` is simulated seconds measured after ``warmup``; ``max_requests`` ends
-    the measured window earlier once that many requests were sent.
+    The measured window opens once ``warmup`` seconds have passed and
+    ``warmup_answers`` requests were answered (the queue has reached its steady state),
+    and lasts ``duration`` seconds, or less once ``max_requests`` of its requests were
+    answered. An open-loop run whose requests in flight imply a mean latency over
+    ``give_up_s`` (Little's law) is stopped and called overloaded.
 
     Example:
         >>> Workload("open", rate=300.0, rows_per_request=1)
@@ -74,6 +77,8 @@ class Workload:
     warmup: float = 1.0
     max_requests: int = 4000
     seed: int = 0
+    warmup_answers: int = 0
+    give_up_s: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,7 @@ class Prediction:
 
     ``overloaded``: an open-loop queue grew without bound (latencies are then the
     window's, and meaningless). ``queue_ms`` is the mean time from the batcher's queue
-    to the start of the session run.
+    to the start of the session run, ``run_ms`` from there to the answer.
 
     Example:
         >>> prediction.rows_per_second, prediction.p99_ms
@@ -144,14 +149,24 @@ class _Request:
 
 
 class _Run:
-    __slots__ = ("requests", "rows", "padded", "base", "left")
+    __slots__ = ("requests", "rows", "padded", "finish")
 
-    def __init__(self, requests: list, rows: int, padded: int, base: float) -> None:
+    def __init__(self, requests: list, rows: int, padded: int, finish: float) -> None:
         self.requests = requests
         self.rows = rows
         self.padded = padded
-        self.base = base  # seconds alone
-        self.left = 1.0  # fraction of the run still to do
+        self.finish = finish  # on its group's virtual clock
+
+
+class _Group:
+    """The runs of one padded size. They all progress at the same rate (1 / slowdown),
+    so one virtual clock serves them: a run ends when the clock reaches start + base."""
+
+    __slots__ = ("clock", "heap")
+
+    def __init__(self) -> None:
+        self.clock = 0.0
+        self.heap: list = []
 
 
 class _Simulation:
@@ -161,7 +176,10 @@ class _Simulation:
         self.batching = batching.resolved() if batching is not None else None
         self.workload = workload
         self.rows = workload.rows_per_request
-        self.rng = np.random.default_rng(workload.seed)
+        # Arrivals from the seed alone, as the load generator draws them: both see the same
+        # Poisson sequence. Run-time jitter from a stream of its own.
+        self.arrivals = np.random.default_rng(workload.seed)
+        self.rng = np.random.default_rng([workload.seed, 1])
         self.hop_in = max(_MIN_HOP_S, service.parallel_s / 2)
         self.hop_out = max(_MIN_HOP_S, service.parallel_s / 2)
         self.serial_half = service.serial_s / 2
@@ -170,10 +188,19 @@ class _Simulation:
         self.events: list = []
         self.seq = 0
         self.now = 0.0
-        self.window_start = workload.warmup
-        self.window_end = workload.warmup + workload.duration
-        self.stop_sending = self.window_end
+        self.window_start = math.inf  # opens after the warmup (see Workload)
+        self.window_end = math.inf
+        self.stop_sending = math.inf
+        self.answers = 0
+        if workload.warmup_answers <= 0:
+            self.open_window(workload.warmup)
+        if workload.mode == "open" and math.isfinite(workload.give_up_s):
+            self.max_in_flight = min(MAX_IN_FLIGHT,
+                                     max(50, int(workload.rate * workload.give_up_s)))
+        else:
+            self.max_in_flight = MAX_IN_FLIGHT
         self.measured_sent = 0
+        self.measured_ok = 0
         self.in_flight = 0
         self.overloaded = False
         self.finished: list[_Request] = []
@@ -181,7 +208,8 @@ class _Simulation:
         self.batches: deque[list[_Request]] = deque([[]])
         self.sizes: deque[int] = deque([0])
         self.starts: deque[float] = deque([0.0])
-        self.running: list[_Run] = []
+        self.groups: dict[int, _Group] = {}
+        self.running = 0
         self.batch_runs = 0
         self.last_update = 0.0
         self.run_generation = 0
@@ -202,6 +230,10 @@ class _Simulation:
             value = self._seconds[padded] = self.curve.seconds(padded)
         return value
 
+    def open_window(self, at: float) -> None:
+        self.window_start = at
+        self.window_end = self.stop_sending = at + self.workload.duration
+
     # ------------------------------------------------------------------ event loop
 
     def push(self, at: float, kind: str, payload=None) -> None:
@@ -214,7 +246,7 @@ class _Simulation:
             for client in range(w.clients):
                 self.send(0.0, client)
         else:
-            self.push(float(self.rng.exponential(1.0 / w.rate)), "arrival")
+            self.push(float(self.arrivals.exponential(1.0 / w.rate)), "arrival")
         handlers = {"arrival": self.on_arrival, "in": self.on_in, "enqueue": self.on_enqueue,
                     "timer": self.on_timer, "run_done": self.on_run_done,
                     "reply": self.on_reply, "answer": self.on_answer}
@@ -222,7 +254,7 @@ class _Simulation:
             at, _, kind, payload = heapq.heappop(self.events)
             self.now = at
             handlers[kind](payload)
-            if self.in_flight > MAX_IN_FLIGHT:
+            if self.in_flight > self.max_in_flight:
                 self.overloaded = True
                 break
         return self.summarize()
@@ -235,15 +267,15 @@ class _Simulation:
         request = _Request(at, client)
         if self.window_start <= at < self.window_end:
             self.measured_sent += 1
-            if self.measured_sent >= self.workload.max_requests:
-                # Enough requests: the window ends here (the rest only drains).
+            if self.measured_sent >= 50 * self.workload.max_requests:
+                # Requests rejected as fast as they are sent: enough of those too.
                 self.window_end = self.stop_sending = at + _EPS
         self.in_flight += 1
         self.push(at + self.hop_in, "in", request)
 
     def on_arrival(self, _payload) -> None:
         self.send(self.now, -1)
-        nxt = self.now + float(self.rng.exponential(1.0 / self.workload.rate))
+        nxt = self.now + float(self.arrivals.exponential(1.0 / self.workload.rate))
         if nxt < self.stop_sending:
             self.push(nxt, "arrival")
 
@@ -279,6 +311,17 @@ class _Simulation:
         request.done = self.now
         self.in_flight -= 1
         self.finished.append(request)
+        self.answers += 1
+        if (math.isinf(self.window_start) and self.answers >= self.workload.warmup_answers
+                and self.now >= self.workload.warmup):
+            self.open_window(self.now)
+        if request.outcome == "ok" and self.window_start <= request.sent < self.window_end:
+            self.measured_ok += 1
+            if self.measured_ok >= self.workload.max_requests:
+                # Enough answers: the window ends where this one was sent; what was sent
+                # after it is not measured, what was sent before drains.
+                self.window_end = request.sent + _EPS
+                self.stop_sending = min(self.stop_sending, self.now)
         if request.client >= 0:
             self.send(self.now, request.client)
 
@@ -333,19 +376,20 @@ class _Simulation:
     def advance(self) -> None:
         elapsed = self.now - self.last_update
         if elapsed > 0 and self.running:
-            k = len(self.running)
-            for run in self.running:
-                run.left -= elapsed / (run.base * self.slowdown(run.padded, k))
+            k = self.running
+            for padded, group in self.groups.items():
+                if group.heap:
+                    group.clock += elapsed / self.slowdown(padded, k)
         self.last_update = self.now
 
     def reschedule(self) -> None:
         self.run_generation += 1
         if not self.running:
             return
-        k = len(self.running)
-        soonest = min(max(0.0, r.left) * r.base * self.slowdown(r.padded, k)
-                      for r in self.running)
-        self.push(self.now + soonest, "run_done", self.run_generation)
+        k = self.running
+        soonest = min((g.heap[0][0] - g.clock) * self.slowdown(p, k)
+                      for p, g in self.groups.items() if g.heap)
+        self.push(self.now + max(0.0, soonest), "run_done", self.run_generation)
 
     def start_run(self, requests: list, rows: int, padded: int) -> None:
         self.advance()
@@ -354,7 +398,13 @@ class _Simulation:
             base += self.merge * padded
         for request in requests:
             request.started = self.now
-        self.running.append(_Run(requests, rows, padded, max(base, 1e-7)))
+        group = self.groups.get(padded)
+        if group is None:
+            group = self.groups[padded] = _Group()
+        run = _Run(requests, rows, padded, group.clock + max(base, 1e-7))
+        self.seq += 1
+        heapq.heappush(group.heap, (run.finish, self.seq, run))
+        self.running += 1
         self.batch_log.append((self.now, rows, padded))
         self.reschedule()
 
@@ -362,8 +412,11 @@ class _Simulation:
         if generation != self.run_generation:
             return  # a run started or ended since: rates changed
         self.advance()
-        done = [r for r in self.running if r.left <= 1e-9]
-        self.running = [r for r in self.running if r.left > 1e-9]
+        done = []
+        for group in self.groups.values():
+            while group.heap and group.heap[0][0] <= group.clock + 1e-12:
+                done.append(heapq.heappop(group.heap)[2])
+        self.running -= len(done)
         for run in done:
             for request in run.requests:
                 self.reply(request, "ok")
@@ -376,6 +429,8 @@ class _Simulation:
     # --------------------------------------------------------------------- result
 
     def summarize(self) -> Prediction:
+        if math.isinf(self.window_start):  # never warmed up: everything is the window
+            self.window_start, self.window_end = 0.0, self.now
         start, end = self.window_start, min(self.window_end, self.stop_sending)
         if self.overloaded:
             end = min(end, self.now)

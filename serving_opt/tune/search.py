@@ -13,8 +13,8 @@ The grid (rows per request r, N clients, cores C, L(n) the measured latency):
 
 * ``max_batch_size``: r times 1, 2, 4, ... and N/2 and N requests, up to the largest
   batch measured (a batch holds whole requests, so multiples of r);
-* ``batch_timeout_micros``: 0, and 10%, 25%, 50%, 100% of L(max_batch_size), and 1, 2,
-  5 ms, all under half the SLO;
+* ``batch_timeout_micros``: 0, 1 ms (upstream's suggestion), and 25%, 50%, 100% of
+  L(max_batch_size), all under half the SLO;
 * ``num_batch_threads``: 1 up to C (1, 2, C/2, C on bigger machines);
 * ``max_enqueued_batches``: closed loop: the fewest batches that hold every client's
   request (more never changes anything, fewer only rejects); open loop: what the SLO
@@ -50,9 +50,10 @@ from serving_opt.tune.settings import (
     upstream_batching,
 )
 
-SCREEN_REQUESTS = 1500
-FINAL_REQUESTS = 6000
+SCREEN_REQUESTS = 800
+FINAL_REQUESTS = 5000
 REFINE = 8  # candidates simulated again at full length
+NEAR = 0.03  # predictions closer than this are ties
 DEFAULT_THREADS = ThreadSettings()
 
 
@@ -73,15 +74,22 @@ class Objective:
     seed: int = 0
 
     def workloads(self, max_requests: int = FINAL_REQUESTS) -> dict[str, Workload]:
+        """The simulated workloads: measured once the queue is steady (a few answers
+        per client), an open loop given up once its latency passes 5x the SLO."""
         out = {}
         if self.clients:
             out["closed"] = Workload("closed", clients=self.clients,
                                      rows_per_request=self.rows_per_request,
-                                     max_requests=max_requests, seed=self.seed)
+                                     max_requests=max_requests, seed=self.seed, warmup=0.0,
+                                     warmup_answers=2 * self.clients + 20)
         if self.rate:
-            out["open"] = Workload("open", rate=self.rate, rows_per_request=self.rows_per_request,
-                                   max_requests=max_requests, seed=self.seed)
+            out["open"] = self.open_workload(self.rate, max_requests)
         return out
+
+    def open_workload(self, rate: float, max_requests: int) -> Workload:
+        return Workload("open", rate=rate, rows_per_request=self.rows_per_request,
+                        max_requests=max_requests, seed=self.seed, warmup=0.0,
+                        warmup_answers=100, give_up_s=5 * self.slo_p99_ms / 1000.0)
 
 
 @dataclass(frozen=True)
@@ -158,10 +166,9 @@ def grid(curve: LatencyCurve, objective: Objective, largest: int,
         run_s = curve.seconds(size)
         if run_s > slo_s and size > r:
             continue  # one run of it alone misses the objective
-        timeouts = {0}
-        for fraction in (0.1, 0.25, 0.5, 1.0):
+        timeouts = {0, 1000}
+        for fraction in (0.25, 0.5, 1.0):
             timeouts.add(int(round(fraction * run_s * 1e6, -2)))
-        timeouts |= {1000, 2000, 5000}
         timeouts = sorted(t for t in timeouts if t == 0 or t < slo_s * 1e6 / 2)
         if size == r:
             timeouts = [0]  # a batch of one request is full at once
@@ -230,14 +237,39 @@ def _verdict(predictions: dict, objective: Objective) -> str:
     return ""
 
 
+def _simpler(candidate: Candidate) -> tuple:
+    """Smaller is simpler: no batching, then smaller batches, fewer threads, shorter
+    timeouts, TensorFlow's default threads."""
+    b = candidate.settings.batching
+    threads = candidate.settings.threads
+    return (b.max_batch_size if b else 0, b.num_batch_threads if b else 0,
+            b.batch_timeout_micros if b else 0, threads.intra_op, threads.inter_op)
+
+
 def _score(candidate: Candidate) -> tuple:
     p = candidate.primary()
-    b = candidate.settings.batching
-    simpler = (b.num_batch_threads if b else 0, b.max_batch_size if b else 0,
-               b.batch_timeout_micros if b else 0)
     if "closed" in candidate.predictions:
-        return (-p.rows_per_second, p.p99_ms, *simpler)
-    return (p.p99_ms, *simpler)
+        return (-p.rows_per_second, p.p99_ms, *_simpler(candidate))
+    return (p.p99_ms, *_simpler(candidate))
+
+
+def pick(candidates: Sequence[Candidate]) -> Candidate | None:
+    """The best candidate meeting the objective. A prediction is not exact, so a gain
+    under NEAR is no reason for a bigger setting: among those within NEAR of the best
+    throughput (open loop: of the best p99), the lowest p99 wins if it is more than NEAR
+    lower, else the simplest."""
+    ok = [c for c in candidates if c.ok]
+    if not ok:
+        return None
+    top = min(ok, key=_score)
+    if "closed" in top.predictions:
+        best_rows = top.primary().rows_per_second
+        near = [c for c in ok if c.primary().rows_per_second >= best_rows * (1 - NEAR)]
+    else:
+        near = [c for c in ok if c.primary().p99_ms <= top.primary().p99_ms * (1 + NEAR)]
+    lowest = min(c.primary().p99_ms for c in near)
+    calm = [c for c in near if c.primary().p99_ms <= lowest * (1 + NEAR)]
+    return min(calm, key=_simpler)
 
 
 def front(candidates: Sequence[Candidate]) -> tuple[Candidate, ...]:
@@ -260,7 +292,9 @@ def front(candidates: Sequence[Candidate]) -> tuple[Candidate, ...]:
 def search(profile: ModelProfile, objective: Objective, service: ServiceModel,
            thread_settings: Sequence[ThreadSettings] | None = None,
            progress: Callable[[str], None] | None = None, cpus: int | None = None,
-           default_threads: ThreadSettings = DEFAULT_THREADS) -> SearchResult:
+           default_threads: ThreadSettings = DEFAULT_THREADS,
+           screen_requests: int = SCREEN_REQUESTS,
+           final_requests: int = FINAL_REQUESTS) -> SearchResult:
     """Every candidate through the model; the best meeting ``objective`` and the front.
 
     Example:
@@ -279,13 +313,17 @@ def search(profile: ModelProfile, objective: Objective, service: ServiceModel,
         settings_list += [ServingSettings(b, curve.threads)
                           for b in grid(curve, objective, largest, cpus)]
     say(f"searching {len(settings_list)} settings with the scheduler model")
-    screened = [evaluate(profile, s, objective, service, SCREEN_REQUESTS) for s in settings_list]
+    screened = [evaluate(profile, s, objective, service, screen_requests)
+                for s in settings_list]
     ranked = sorted(screened, key=lambda c: (not c.ok, _score(c)))
-    refined = [evaluate(profile, c.settings, objective, service) for c in ranked[:REFINE]]
-    refined = sorted(refined, key=lambda c: (not c.ok, _score(c)))
-    best = refined[0] if refined and refined[0].ok else None
-    default = evaluate(profile, tf_serving_default(default_threads), objective, service)
-    upstream = evaluate(profile, upstream_batching(default_threads), objective, service)
+    refined = [evaluate(profile, c.settings, objective, service, final_requests)
+               for c in ranked[:REFINE]]
+    best = pick(refined)
+    refined = sorted(refined, key=lambda c: (c is not best, not c.ok, _score(c)))
+    default = evaluate(profile, tf_serving_default(default_threads), objective, service,
+                       final_requests)
+    upstream = evaluate(profile, upstream_batching(default_threads), objective, service,
+                        final_requests)
     by_settings = {c.settings: c for c in screened}
     by_settings.update({c.settings: c for c in refined})
     everything = list(by_settings.values())
@@ -296,22 +334,23 @@ def search(profile: ModelProfile, objective: Objective, service: ServiceModel,
         runners_up=tuple(c for c in refined[1:] if c.ok), evaluated=len(screened),
         points=points)
     if best is not None:
-        result = replace(result, padding_cost=padding_cost(profile, best, objective, service))
-        if objective.rate or objective.clients:
-            result = replace(result, open_capacity=open_capacity(profile, best.settings,
-                                                                 objective, service))
+        result = replace(result, padding_cost=padding_cost(profile, best, objective, service,
+                                                           final_requests),
+                         open_capacity=open_capacity(profile, best.settings, objective, service,
+                                                     max_requests=screen_requests))
     return result
 
 
 def padding_cost(profile: ModelProfile, best: Candidate, objective: Objective,
-                 service: ServiceModel) -> str:
+                 service: ServiceModel, max_requests: int = FINAL_REQUESTS) -> str:
     """One sentence: what ``allowed_batch_sizes`` (powers of two) does to the best."""
     b = best.settings.batching
     if b is None or b.max_batch_size <= objective.rows_per_request:
         return "no batching chosen: padding does not apply"
     other = replace(objective, padding="none" if b.allowed_batch_sizes else "pow2")
     changed = replace(b, allowed_batch_sizes=_padding(other, b.max_batch_size))
-    twin = evaluate(profile, replace(best.settings, batching=changed), objective, service)
+    twin = evaluate(profile, replace(best.settings, batching=changed), objective, service,
+                    max_requests)
     mine, theirs = best.primary(), twin.primary()
     if b.allowed_batch_sizes:
         return (f"padding to {'/'.join(map(str, b.allowed_batch_sizes))} costs "
@@ -325,7 +364,8 @@ def padding_cost(profile: ModelProfile, best: Candidate, objective: Objective,
 
 
 def open_capacity(profile: ModelProfile, settings: ServingSettings, objective: Objective,
-                  service: ServiceModel, steps: int = 10) -> float:
+                  service: ServiceModel, steps: int = 10,
+                  max_requests: int = SCREEN_REQUESTS) -> float:
     """The highest Poisson rate (requests/s) ``settings`` serves with p99 under the SLO
     and no more rejections than allowed (bisection on the model)."""
     curve = profile.curve(settings.threads)
@@ -338,8 +378,7 @@ def open_capacity(profile: ModelProfile, settings: ServingSettings, objective: O
     lo, hi = 0.0, 2.0 * ceiling_rows / r
     for _ in range(steps):
         mid = (lo + hi) / 2
-        workload = Workload("open", rate=mid, rows_per_request=r, max_requests=SCREEN_REQUESTS,
-                            seed=objective.seed)
+        workload = objective.open_workload(mid, max_requests)
         p = simulate(curve, b, workload, service)
         if (not p.overloaded and p.p99_ms <= objective.slo_p99_ms
                 and p.reject_fraction <= objective.max_reject_fraction):
