@@ -53,16 +53,6 @@ class Calibration:
         return asdict(self)
 
 
-def _median_run(curve: LatencyCurve, rows: int) -> float:
-    """The session run's median at ``rows`` (the mean curve scaled by the nearest
-    measured median-to-mean ratio)."""
-    mean = curve.seconds(rows)
-    if not curve.p50_s:
-        return mean
-    i = min(range(len(curve.batch_sizes)), key=lambda j: abs(curve.batch_sizes[j] - rows))
-    return mean * curve.p50_s[i] / curve.mean_s[i]
-
-
 def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
         many_clients: LoadResult | None, protocol: str = "grpc",
         merge_s_per_row: float = 0.0, seed: int = 0) -> Calibration:
@@ -72,7 +62,7 @@ def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
         >>> fit(curve, 1, one, many).note
         'overhead 9.6 ms per request, 1.3 ms of it one request at a time'
     """
-    run_s = _median_run(curve, rows)
+    run_s = curve.seconds(rows)  # the median run
     if not one_client.ok:
         raise ValueError(f"the one-client calibration got no answer ({one_client.first_error})")
     # Medians on both sides: a shared machine's stalls move means, not medians.

@@ -30,11 +30,11 @@ SPREAD_QUANTILES = tuple(range(0, 101, 5))  # percentiles of run time / mean, po
 
 @dataclass(frozen=True)
 class ConcurrencyPoint:
-    """k session runs of ``batch_size`` rows at once: each took ``mean_s`` on average."""
+    """k session runs of ``batch_size`` rows at once: each took ``median_s`` (median)."""
 
     batch_size: int
     concurrent: int
-    mean_s: float
+    median_s: float
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ class LatencyCurve:
 
     ``spread`` holds the run-time-to-mean ratio at SPREAD_QUANTILES, pooled over batch
     sizes: the jitter the scheduler model samples from. ``cpu_s`` is the process CPU
-    time per run (``cpu_s / mean_s`` is the cores a run keeps busy).
+    time per run (``cpu_s / median_s`` is about the cores a run keeps busy). The model
+    runs at ``median_s`` times a draw from ``spread``; ``mean_s`` is what was measured.
 
     Example:
         >>> LatencyCurve(ThreadSettings(1, 0), (1, 2), (0.004, 0.006)).seconds(2)
@@ -52,8 +53,8 @@ class LatencyCurve:
 
     threads: ThreadSettings
     batch_sizes: tuple[int, ...]
-    mean_s: tuple[float, ...]
-    p50_s: tuple[float, ...] = ()
+    median_s: tuple[float, ...]
+    mean_s: tuple[float, ...] = ()
     p99_s: tuple[float, ...] = ()
     cpu_s: tuple[float, ...] = ()
     runs: tuple[int, ...] = ()
@@ -62,13 +63,13 @@ class LatencyCurve:
     load_seconds: float = 0.0
 
     def seconds(self, rows: int) -> float:
-        """Mean latency of one session run of ``rows`` rows, alone.
+        """Median latency of one session run of ``rows`` rows, alone.
 
         Example:
             >>> LatencyCurve(ThreadSettings(), (1, 3), (1.0, 2.0)).seconds(5)
             3.0
         """
-        sizes, values = self.batch_sizes, self.mean_s
+        sizes, values = self.batch_sizes, self.median_s
         if len(sizes) == 1:
             return values[0] * max(rows, 1) / sizes[0] if rows > sizes[0] else values[0]
         if rows <= sizes[0]:
@@ -99,7 +100,7 @@ class LatencyCurve:
         for point in self.concurrency:
             alone = self.seconds(point.batch_size)
             by_size.setdefault(point.batch_size, [(1, 1.0)]).append(
-                (point.concurrent, max(1.0, point.mean_s / alone)))
+                (point.concurrent, max(1.0, point.median_s / alone)))
         if not by_size:
             # Nothing measured: runs share the cores a run leaves idle, then queue.
             share = self.cores_busy(rows)
@@ -120,7 +121,7 @@ class LatencyCurve:
         if not self.cpu_s:
             return 1.0
         i = min(range(len(self.batch_sizes)), key=lambda j: abs(self.batch_sizes[j] - rows))
-        return max(0.05, self.cpu_s[i] / self.mean_s[i])
+        return max(0.05, self.cpu_s[i] / self.median_s[i])
 
     def jitter(self, u: float) -> float:
         """The run-time-to-mean ratio at quantile ``u`` in [0, 1] (1.0 without spread)."""

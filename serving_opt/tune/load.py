@@ -157,26 +157,99 @@ def run(target: Target, load: Load, timeout: float | None = None) -> LoadResult:
         >>> run(target, Load("closed", clients=4, duration=2.0)).ok > 0
         True
     """
-    check_load(load)
-    if target.protocol not in PROTOCOLS or not target.payloads:
-        raise ServingOptError(f"cannot load {target.protocol!r} without requests",
-                              "give a grpc or rest Target with at least one payload")
-    budget = timeout or (load.warmup + load.duration + load.timeout + 60.0)
-    env = {**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "0", "TF_CPP_MIN_LOG_LEVEL": "3"}
-    try:
-        done = subprocess.run([sys.executable, "-m", "serving_opt.tune.load"],
-                              input=pickle.dumps((target, load)), capture_output=True,
-                              timeout=budget, env=env, check=False)
-    except subprocess.TimeoutExpired as e:
-        raise ServingOptError(f"the load generator did not finish within {budget:.0f} s",
-                              "shorten --duration, or check that the server answers") from e
-    lines = [ln for ln in done.stdout.decode(errors="replace").splitlines()
-             if ln.startswith("{")]
-    if done.returncode != 0 or not lines:
-        tail = (done.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-        raise ServingOptError(f"the load generator failed: {tail}",
-                              "rerun with --verbosity=1 and report this")
-    return LoadResult(**json.loads(lines[-1]))
+    with Generator() as generator:
+        return generator.run(target, load, timeout)
+
+
+class Generator:
+    """A generator process kept for many load points (Python and grpc start once).
+
+    Example:
+        >>> with Generator() as generator:
+        ...     first = generator.run(target, Load("closed", clients=1))
+        ...     second = generator.run(target, Load("closed", clients=16))
+    """
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+        self._stderr = None
+
+    def _start(self) -> subprocess.Popen:
+        import tempfile
+
+        env = {**os.environ, "GRPC_ENABLE_FORK_SUPPORT": "0", "TF_CPP_MIN_LOG_LEVEL": "3"}
+        self._stderr = tempfile.TemporaryFile()
+        return subprocess.Popen([sys.executable, "-m", "serving_opt.tune.load"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=self._stderr, env=env)
+
+    def run(self, target: Target, load: Load, timeout: float | None = None) -> LoadResult:
+        """One load point; raises ServingOptError when the generator fails or hangs."""
+        import select
+        import struct
+
+        check_load(load)
+        if target.protocol not in PROTOCOLS or not target.payloads:
+            raise ServingOptError(f"cannot load {target.protocol!r} without requests",
+                                  "give a grpc or rest Target with at least one payload")
+        if self.process is None or self.process.poll() is not None:
+            self.close()
+            self.process = self._start()
+        budget = timeout or (load.warmup + load.duration + load.timeout + 60.0)
+        job = pickle.dumps((target, load))
+        try:
+            self.process.stdin.write(struct.pack("<Q", len(job)) + job)
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # it died; the read below says so
+        deadline = time.monotonic() + budget
+        line = b""
+        while not line.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            ready = select.select([self.process.stdout], [], [], max(0.0, left))[0]
+            if not ready:
+                self.close()
+                raise ServingOptError(f"the load generator did not finish within {budget:.0f} s",
+                                      "shorten --duration, or check that the server answers")
+            chunk = self.process.stdout.readline()
+            if not chunk:
+                break
+            line += chunk
+        if not line.startswith(b"{"):
+            tail = self._stderr_tail()
+            self.close()
+            raise ServingOptError(f"the load generator failed: {tail}",
+                                  "rerun with --verbosity=1 and report this")
+        return LoadResult(**json.loads(line))
+
+    def _stderr_tail(self) -> str:
+        if self._stderr is None:
+            return "no output"
+        self._stderr.seek(0)
+        lines = self._stderr.read().decode(errors="replace").strip().splitlines()
+        return lines[-1] if lines else "no output"
+
+    def close(self) -> None:
+        if self.process is not None:
+            try:
+                self.process.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            self.process = None
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+
+    def __enter__(self) -> Generator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 # ----------------------------------------------------------------- in the generator
@@ -384,10 +457,23 @@ def _summarize(target: Target, load: Load, recorder: _Recorder, cpu: float) -> L
 
 
 def _main() -> int:
-    target, load = pickle.loads(sys.stdin.buffer.read())  # from our own caller: trusted
-    result = asyncio.run(_generate(target, load))
-    print(json.dumps(result.to_dict()), flush=True)
-    return 0
+    """Load points sent on stdin (length, pickle; from our own caller: trusted), one JSON
+    line each on stdout, on one event loop, until stdin closes."""
+    import struct
+
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    stdin = sys.stdin.buffer
+    try:
+        while True:
+            head = stdin.read(8)
+            if len(head) < 8:
+                return 0
+            target, load = pickle.loads(stdin.read(struct.unpack("<Q", head)[0]))
+            result = loop.run_until_complete(_generate(target, load))
+            print(json.dumps(result.to_dict()), flush=True)
+    finally:
+        loop.close()
 
 
 if __name__ == "__main__":

@@ -277,7 +277,7 @@ def _chart_data(report: TuneReport) -> dict:
     front = sorted((c.primary().p99_ms, c.primary().rows_per_second)
                    for c in report.search.front)
     curves = [{"label": c.threads.describe(), "sizes": list(c.batch_sizes),
-               "ms": [m * 1000 for m in c.mean_s],
+               "ms": [m * 1000 for m in c.median_s],
                "rows": [c.rows_per_second(n) for n in c.batch_sizes]}
               for c in report.profile.curves]
     title = (f"{report.model_name}: {report.objective.clients} clients" if primary == "closed"

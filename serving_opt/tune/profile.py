@@ -108,6 +108,34 @@ def profile(model_dir: str, signature: str, plan: ProfilePlan,
         (1, 2, 4, 8, 16, 32)
     """
     say = progress or (lambda m: None)
+    job = {"model": os.path.abspath(model_dir), "signature": signature,
+           "plan": asdict(plan)}
+    from serving_opt import sandbox
+
+    if sandbox.inside():
+        # The sandboxed worker imported TensorFlow (with TF Serving's defaults) and has
+        # run nothing yet: fork it per setting rather than import TensorFlow again.
+        results = [_fork_and_measure({**job, "threads": asdict(t)}, say)
+                   for t in plan.thread_settings]
+    else:
+        results = _in_helper(job, plan, say, timeout)
+    for result in results:
+        if "error" in result:
+            raise ServingOptError(f"measuring the model failed: {result['error']}",
+                                  "check that the model serves (serving-opt validate), "
+                                  "or pass inputs it accepts with --examples")
+    curves = tuple(_curve(result) for result in results)
+    first = results[0]
+    return ModelProfile(signature=signature, curves=curves,
+                        merge_s_per_row=first.get("merge_s_per_row", 0.0),
+                        input_bytes_per_row=first.get("input_bytes_per_row", 0),
+                        output_bytes_per_row=first.get("output_bytes_per_row", 0),
+                        inputs_source=first.get("inputs_source", ""))
+
+
+def _in_helper(job: dict, plan: ProfilePlan, say: Callable[[str], None],
+               timeout: float) -> list[dict]:
+    """The jobs in a helper process that imports TensorFlow with TF Serving's defaults."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     # Measured with TensorFlow's defaults, as TF Serving runs (whatever this process chose).
     for name, value in loader.RUNTIME_DEFAULTS.items():
@@ -115,8 +143,6 @@ def profile(model_dir: str, signature: str, plan: ProfilePlan,
             env.pop(name, None)
         else:
             env[name] = value
-    job = {"model": os.path.abspath(model_dir), "signature": signature,
-           "plan": asdict(plan)}
     payload = "".join(json.dumps({**job, "threads": asdict(t)}) + "\n"
                       for t in plan.thread_settings)
     process = subprocess.Popen([sys.executable, "-m", "serving_opt.tune.profile"],
@@ -147,27 +173,18 @@ def profile(model_dir: str, signature: str, plan: ProfilePlan,
         tail = ([ln.strip() for ln in stderr_lines if ln.strip()] or ["no output"])[-1]
         raise ServingOptError(f"measuring the model failed: {tail}",
                               "rerun with --verbosity=1, and report this")
-    for result in results:
-        if "error" in result:
-            raise ServingOptError(f"measuring the model failed: {result['error']}",
-                                  "check that the model serves (serving-opt validate), "
-                                  "or pass inputs it accepts with --examples")
-    curves = tuple(_curve(result) for result in results)
-    first = results[0]
-    return ModelProfile(signature=signature, curves=curves,
-                        merge_s_per_row=first.get("merge_s_per_row", 0.0),
-                        input_bytes_per_row=first.get("input_bytes_per_row", 0),
-                        output_bytes_per_row=first.get("output_bytes_per_row", 0),
-                        inputs_source=first.get("inputs_source", ""))
+    return results
 
 
 def _curve(result: dict) -> LatencyCurve:
     rows = result["sizes"]
+    # The curve is the median run; the jitter (run time over median) gives the rest,
+    # stalls included, so the model's mean run is the measured mean.
     return LatencyCurve(
         threads=ThreadSettings(**result["threads"]),
         batch_sizes=tuple(r["batch_size"] for r in rows),
+        median_s=tuple(r["p50_s"] for r in rows),
         mean_s=tuple(r["mean_s"] for r in rows),
-        p50_s=tuple(r["p50_s"] for r in rows),
         p99_s=tuple(r["p99_s"] for r in rows),
         cpu_s=tuple(r["cpu_s"] for r in rows),
         runs=tuple(r["runs"] for r in rows),
@@ -211,31 +228,50 @@ def _say(message: str) -> None:
     print(_PROGRESS + message, flush=True)
 
 
-def _time_runs(call: Callable[[], object], seconds: float, min_runs: int,
-               max_runs: int) -> tuple[list[float], float]:
-    """(wall seconds of each run, CPU seconds per run) of back-to-back runs."""
-    for _ in range(2):
+def _interleaved(calls: dict[int, Callable[[], object]], seconds: float, min_runs: int,
+                 max_runs: int, max_latency_s: float) -> dict[int, tuple[list[float], float]]:
+    """{size: (wall seconds of each run, CPU seconds per run)}, sizes run in rounds.
+
+    A shared machine's stalls come and go; one size after the other would hand a stall
+    to whichever size was running, bending the curve. Round-robin (one run of each size
+    per round, after two warmup runs each) spreads them over every size alike. A size
+    whose first runs already exceed ``max_latency_s`` is dropped, with every larger one.
+    """
+    times: dict[int, list[float]] = {n: [] for n in calls}
+    cpu: dict[int, float] = {n: 0.0 for n in calls}
+    for call in calls.values():
         call()
-    times: list[float] = []
-    cpu_start = time.process_time()
+        call()
+    active = sorted(calls)
+    budget = seconds * len(active)
     begin = time.perf_counter()
-    while len(times) < max_runs and (len(times) < min_runs
-                                     or time.perf_counter() - begin < seconds):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return times, (time.process_time() - cpu_start) / len(times)
+    while active:
+        for n in list(active):
+            c0, t0 = time.process_time(), time.perf_counter()
+            calls[n]()
+            times[n].append(time.perf_counter() - t0)
+            cpu[n] += time.process_time() - c0
+        if max_latency_s and len(times[active[0]]) == min_runs:
+            over = [n for n in active if float(np.median(times[n])) > max_latency_s]
+            if over:
+                # Keep the first size over the bound (the curve needs its end), drop the rest.
+                active = [n for n in active if n <= over[0]]
+                for n in [m for m in calls if m > over[0]]:
+                    times.pop(n, None)
+        done = len(times[active[0]])
+        if done >= max_runs or (done >= min_runs and time.perf_counter() - begin >= budget):
+            break
+    return {n: (t, cpu[n] / len(t)) for n, t in times.items() if t}
 
 
 def _concurrent(call: Callable[[], object], k: int, seconds: float,
-                min_runs: int) -> float:
-    """Mean seconds per run when ``k`` threads run back to back at once."""
+                min_runs: int) -> list[float]:
+    """Seconds of each run when ``k`` threads run back to back at once."""
     times: list[list[float]] = [[] for _ in range(k)]
     start_line = threading.Barrier(k)
     stop_at: list[float] = []
 
     def worker(i: int) -> None:
-        call()
         start_line.wait()
         if i == 0:
             stop_at.append(time.perf_counter() + seconds)
@@ -251,11 +287,28 @@ def _concurrent(call: Callable[[], object], k: int, seconds: float,
         t.start()
     for t in threads:
         t.join()
-    flat = [x for row in times for x in row]
-    return float(np.mean(flat))
+    return [x for row in times for x in row]
 
 
-def _measure(job: dict) -> dict:
+def _slowdown(call: Callable[[], object], k: int, seconds: float, min_runs: int,
+              rounds: int = 3) -> float:
+    """How much longer a run takes with ``k`` at once than alone: the median ratio of
+    alternating slices (alone, k at once, alone, ...), so a stall hits both sides."""
+    ratios = []
+    for _ in range(rounds):
+        alone = [_one(call) for _ in range(max(2, min_runs))]
+        together = _concurrent(call, k, seconds / rounds, min_runs)
+        ratios.append(float(np.median(together)) / max(float(np.median(alone)), 1e-9))
+    return float(np.median(ratios))
+
+
+def _one(call: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def _measure(job: dict, _say: Callable[[str], None]) -> dict:
     import tensorflow as tf
 
     plan = job["plan"]
@@ -282,26 +335,28 @@ def _measure(job: dict) -> dict:
         values = [part[a] for a in aliases]
         return lambda: fn(*values)
 
-    _say(f"  [{label}] loaded in {load_seconds:.2f} s")
+    _say(f"  [{label}] loaded in {load_seconds:.2f} s; timing batch sizes "
+         f"{', '.join(map(str, sizes))} in rounds")
+    timed = _interleaved({n: runner(n) for n in sizes}, plan["seconds"], plan["min_runs"],
+                         plan["max_runs"], plan["max_latency_s"])
     measured, ratios = [], []
-    for n in sizes:
-        times, cpu = _time_runs(runner(n), plan["seconds"], plan["min_runs"], plan["max_runs"])
-        mean = float(np.mean(times))
-        measured.append({"batch_size": n, "mean_s": mean,
-                         "p50_s": float(np.percentile(times, 50)),
+    for n in sorted(timed):
+        times, cpu = timed[n]
+        median = float(np.median(times))
+        measured.append({"batch_size": n, "mean_s": float(np.mean(times)), "p50_s": median,
                          "p99_s": float(np.percentile(times, 99)), "cpu_s": cpu,
                          "runs": len(times)})
-        ratios += [t / mean for t in times]
-        _say(f"  [{label}] batch {n}: {mean * 1000:.2f} ms, {n / mean:,.0f} rows/s")
-        if plan["max_latency_s"] and mean > plan["max_latency_s"]:
-            break
+        ratios += [t / median for t in times]
+        _say(f"  [{label}] batch {n}: {median * 1000:.2f} ms (median of {len(times)}), "
+             f"{n / median:,.0f} rows/s")
     concurrency = []
     for n, k in plan["concurrency"]:
-        if n > measured[-1]["batch_size"] and n not in sizes:
+        if n not in timed:
             continue
-        mean = _concurrent(runner(n), k, plan["seconds"], plan["min_runs"])
-        concurrency.append({"batch_size": n, "concurrent": k, "mean_s": mean})
-        _say(f"  [{label}] {k} runs of batch {n} at once: {mean * 1000:.2f} ms each")
+        factor = _slowdown(runner(n), k, plan["seconds"], plan["min_runs"])
+        concurrency.append({"batch_size": n, "concurrent": k,
+                            "median_s": factor * float(np.median(timed[n][0]))})
+        _say(f"  [{label}] {k} runs of batch {n} at once: {factor:.2f}x as long each")
     merge = _merge_cost(session, fetches, feed_tensors, aliases, feed, measured[-1]["batch_size"])
     spread = [float(np.percentile(ratios, q)) for q in SPREAD_QUANTILES]
     session.close()
@@ -339,32 +394,37 @@ def _nbytes(value) -> int:
     return int(value.nbytes)
 
 
+def _fork_and_measure(job: dict, say: Callable[[str], None]) -> dict:
+    """One thread setting in a forked child: TensorFlow's thread pools are made by the
+    child's first session, with the child's settings."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        try:
+            result = _measure(job, say)
+        except BaseException as e:  # noqa: BLE001 - reported to the parent as data
+            from serving_opt.errors import first_line
+
+            text = e.one_line() if isinstance(e, ServingOptError) else first_line(e)
+            result = {"error": f"{type(e).__name__}: {text}"[:1000]}
+        with os.fdopen(write_fd, "w") as out:
+            out.write(json.dumps(result))
+        sys.stdout.flush()
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as got:
+        text = got.read()
+    _, status = os.waitpid(pid, 0)
+    return json.loads(text) if text else {"error": f"the measuring process died (status "
+                                                   f"{status})"}
+
+
 def _serve() -> int:
     """The helper: import TensorFlow once, fork a child per job (one thread setting)."""
     loader.quiet_tensorflow_import()
     for line in sys.stdin:
-        job = json.loads(line)
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(read_fd)
-            try:
-                result = _measure(job)
-            except BaseException as e:  # noqa: BLE001 - reported to the parent as data
-                from serving_opt.errors import first_line
-
-                text = e.one_line() if isinstance(e, ServingOptError) else first_line(e)
-                result = {"error": f"{type(e).__name__}: {text}"[:1000]}
-            with os.fdopen(write_fd, "w") as out:
-                out.write(json.dumps(result))
-            sys.stdout.flush()
-            os._exit(0)
-        os.close(write_fd)
-        with os.fdopen(read_fd) as got:
-            text = got.read()
-        _, status = os.waitpid(pid, 0)
-        print(text or json.dumps({"error": f"the measuring process died (status {status})"}),
-              flush=True)
+        print(json.dumps(_fork_and_measure(json.loads(line), _say)), flush=True)
     return 0
 
 

@@ -93,22 +93,21 @@ def server_flags(settings: ServingSettings, parameters_path: str | None) -> list
     return flags
 
 
-@contextmanager
-def running(backend: str, spec: backends.ServerSpec, settings: ServingSettings,
-            runtime=None, load_deadline: float = 300.0,
-            say: Callable[[str], None] = lambda m: None) -> Iterator[backends.ServerProcess]:
-    """A server of ``backend`` serving ``spec`` with ``settings``, AVAILABLE; stopped after.
+def launch(backend: str, spec: backends.ServerSpec, settings: ServingSettings,
+           runtime=None, say: Callable[[str], None] = lambda m: None) -> backends.ServerProcess:
+    """Starts (does not wait for) a server of ``backend`` serving ``spec`` with
+    ``settings``; the caller stops it (start and stop from one thread: see backends).
 
     ``spec.version`` must be set: the server gets a model config of its own (a specific
     version policy), and the batching parameters file goes beside it.
 
     Example:
-        >>> with running("local", spec, settings) as server:
-        ...     server.address
-        '127.0.0.1:41234'
+        >>> server = launch("local", spec, settings)
+        >>> ready(server, spec)
+        >>> server.stop()
     """
     if spec.version is None:
-        raise ValueError("running() serves one version: set ServerSpec.version")
+        raise ValueError("launch() serves one version: set ServerSpec.version")
     server = backends.make_server(backend, spec, runtime)
     try:
         config_dir = server.temp_dirs[0]
@@ -123,13 +122,36 @@ def running(backend: str, spec: backends.ServerSpec, settings: ServingSettings,
         server.command = [*server.command, *server_flags(settings, parameters)]
         say(f"  starting {server.description} with {settings.describe()}")
         server.start()
-        client.wait_until_available(server.address, spec.model_name, spec.version, server,
-                                    load_deadline, say)
-        backends.identify(server)
     except BaseException:
         server.stop()
         raise
+    return server
+
+
+def ready(server: backends.ServerProcess, spec: backends.ServerSpec,
+          load_deadline: float = 300.0, say: Callable[[str], None] = lambda m: None) -> None:
+    """Waits until the version is AVAILABLE (raises with the server's reason if not)."""
+    client.wait_until_available(server.address, spec.model_name, spec.version, server,
+                                load_deadline, say)
+    backends.identify(server)
+
+
+@contextmanager
+def running(backend: str, spec: backends.ServerSpec, settings: ServingSettings,
+            runtime=None, load_deadline: float = 300.0,
+            say: Callable[[str], None] = lambda m: None,
+            started: backends.ServerProcess | None = None) -> Iterator[backends.ServerProcess]:
+    """A server of ``backend`` serving ``spec`` with ``settings``, AVAILABLE; stopped after
+    (``started``: one :func:`launch` already started for these settings).
+
+    Example:
+        >>> with running("local", spec, settings) as server:
+        ...     server.address
+        '127.0.0.1:41234'
+    """
+    server = started or launch(backend, spec, settings, runtime, say)
     try:
+        ready(server, spec, load_deadline, say)
         yield server
     finally:
         server.stop()

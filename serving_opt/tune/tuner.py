@@ -210,6 +210,48 @@ def plan(options: TuneOptions, cpus: int) -> profile_lib.ProfilePlan:
         examples=options.examples, seed=options.seed)
 
 
+@dataclasses.dataclass
+class _Run:
+    """What the steps of one run share (in the worker)."""
+
+    model_base: str
+    version: int
+    options: TuneOptions
+    backend: str
+    say: Callable[[str], None]
+    name: str
+    spec: backends.ServerSpec
+    protocols: tuple[str, ...]
+    payloads: tuple
+    generator: load.Generator
+
+    def load_for(self, workload: str, clients: int | None = None) -> load.Load:
+        o = self.options
+        if workload == "closed":
+            return load.Load("closed", clients=clients or o.clients, duration=o.duration,
+                             warmup=o.warmup, timeout=o.request_timeout, seed=o.seed)
+        return load.Load("open", rate=o.rate, duration=o.duration, warmup=o.warmup,
+                         timeout=o.request_timeout, seed=o.seed)
+
+    def measure(self, target: load.Target, what: load.Load, label: str) -> load.LoadResult:
+        result = self.generator.run(target, what,
+                                    timeout=what.warmup + what.duration + what.timeout + 120)
+        prove.check_answers(result, label)
+        return result
+
+    def serve(self, settings: ServingSettings, started=None):
+        return prove.running(self.backend, self.spec, settings, None,
+                             self.options.load_deadline, self.say, started)
+
+    def targets(self, server) -> dict[str, load.Target]:
+        return payloads.targets(server.address, server.rest_address, self.name, self.version,
+                                self.payloads, self.options.rows_per_request)
+
+
+# (label, settings, workload, protocol, measured, the model was fitted to it)
+_Measured = tuple[str, ServingSettings, str, str, load.LoadResult, bool]
+
+
 def execute(model_base: str, version: int, options: TuneOptions, backend: str,
             current: BatchingSettings | None = None,
             progress: Callable[[str], None] | None = None) -> TuneReport:
@@ -220,131 +262,133 @@ def execute(model_base: str, version: int, options: TuneOptions, backend: str,
     model_dir = validate.version_dir(model_base, version)
     name = options.model_name or os.path.basename(model_base.rstrip("/")) or "model"
     cpus = cores()
-    rows = options.rows_per_request
     protocols = tuple(p for p in ("grpc", "rest") if p in options.protocols)
-    primary = protocols[0]
-    objective = search.Objective(options.slo_p99_ms, options.clients, options.rate, rows,
-                                 options.max_reject_fraction, options.padding, options.seed)
+    objective = search.Objective(options.slo_p99_ms, options.clients, options.rate,
+                                 options.rows_per_request, options.max_reject_fraction,
+                                 options.padding, options.seed)
     the_plan = plan(options, cpus)
-
     say(f"1/4 measuring {model_dir} as TF Serving runs it: batch sizes "
         f"{', '.join(map(str, the_plan.batch_sizes))}, threads "
         f"{'; '.join(t.describe() for t in the_plan.thread_settings)} "
         f"({options.profile_seconds:g} s per point, a fresh process per thread setting)")
     model_profile = profile_lib.profile(model_dir, options.signature_name, the_plan, say)
-    built = payloads.build(model_dir, name, version, options.signature_name, rows,
-                           the_plan.tags, options.examples, options.seed)
+    built = payloads.build(model_dir, name, version, options.signature_name,
+                           options.rows_per_request, the_plan.tags, options.examples,
+                           options.seed)
     spec = backends.ServerSpec(model_name=name, model_base=model_base, image=options.image,
                                saved_model_tags=options.saved_model_tags,
                                rest_api="rest" in protocols, version=version)
-    default_threads = ThreadSettings()
-    default_curve = _curve_or_first(model_profile, default_threads)
-    points: list[ProvenPoint] = []
-    calibrations: dict[str, calibrate.Calibration] = {}
-    pending: list[tuple[str, ServingSettings, str, str, load.LoadResult, bool]] = []
-
-    def measure(target: load.Target, what: load.Load, label: str) -> load.LoadResult:
-        result = load.run(target, what, timeout=what.warmup + what.duration
-                          + what.timeout + 120)
-        prove.check_answers(result, label)
-        return result
-
-    def loads_for(name_: str) -> load.Load:
-        if name_ == "closed":
-            return load.Load("closed", clients=options.clients, duration=options.duration,
-                             warmup=options.warmup, timeout=options.request_timeout,
-                             seed=options.seed)
-        return load.Load("open", rate=options.rate, duration=options.duration,
-                         warmup=options.warmup, timeout=options.request_timeout,
-                         seed=options.seed)
-
-    say(f"2/4 calibrating: the server's own cost per request, against {DEFAULT_LABEL}")
-    info = {}
-    default = tf_serving_default(default_threads)
-    with prove.running(backend, spec, default, None, options.load_deadline, say) as server:
-        info = {"server": server.description, "tf": server.tf_version}
-        targets = payloads.targets(server.address, server.rest_address, name, version, built,
-                                   rows)
-        for protocol in protocols:
-            say(f"  {protocol}: 1 client for {options.calibration_seconds:g} s")
-            one = measure(targets[protocol],
-                          load.Load("closed", clients=1, duration=options.calibration_seconds,
-                                    warmup=min(1.0, options.warmup),
-                                    timeout=options.request_timeout), DEFAULT_LABEL)
-            many_n = options.clients or max(2, 2 * cpus)
-            say(f"  {protocol}: {many_n} clients for {options.duration:g} s")
-            many = measure(targets[protocol],
-                           dataclasses.replace(loads_for("closed"), clients=many_n),
-                           DEFAULT_LABEL)
-            calibrations[protocol] = calibrate.fit(
-                default_curve, rows, one, many, protocol, model_profile.merge_s_per_row,
-                options.seed)
-            say(f"  {protocol}: {calibrations[protocol].note}")
-            if options.clients:
-                pending.append((DEFAULT_LABEL, default, "closed", protocol, many, True))
-            if options.rate:
-                say(f"  {protocol}: {options.rate:g} requests/s for {options.duration:g} s")
-                pending.append((DEFAULT_LABEL, default, "open", protocol,
-                                measure(targets[protocol], loads_for("open"), DEFAULT_LABEL),
-                                False))
-    service = calibrations[primary].service
-
-    say("3/4 searching the settings with a model of TF Serving's batch scheduler")
-    result = search.search(model_profile, objective, service, progress=say, cpus=cpus,
-                           default_threads=default_threads)
-    if result.best is not None:
-        say(f"  best predicted: {result.best.settings.describe()} "
-            f"({_summary(result.best.primary())})")
-    else:
-        say("  no setting meets the objective in the model; proving the closest")
-
-    to_prove: list[tuple[str, ServingSettings, tuple[str, ...]]] = [
-        (UPSTREAM_LABEL, upstream_batching(default_threads), protocols)]
-    chosen = [result.best] if result.best is not None else list(result.front[:1])
-    extra = [c for c in (*result.runners_up, *result.front)
-             if all(c.settings != x.settings for x in chosen)]
-    for candidate in extra:
-        if len(chosen) >= 1 + options.prove:
-            break
-        if all(candidate.settings != x.settings for x in chosen):
-            chosen.append(candidate)
-    for i, candidate in enumerate(chosen):
-        label = TUNED_LABEL if i == 0 else f"{TUNED_LABEL} #{i + 1}"
-        to_prove.append((label, candidate.settings, protocols if i == 0 else (primary,)))
-    if current is not None:
-        to_prove.append((CURRENT_LABEL, ServingSettings(current, default_threads), protocols))
-    say(f"4/4 proving {len(to_prove) + 1} settings on the server, "
-        f"{options.duration:g} s per load point")
-    for label, settings, its_protocols in to_prove:
-        with prove.running(backend, spec, settings, None, options.load_deadline, say) as server:
-            targets = payloads.targets(server.address, server.rest_address, name, version,
-                                       built, rows)
-            for workload_name in objective.workloads():
-                for protocol in its_protocols:
-                    measured = measure(targets[protocol], loads_for(workload_name), label)
-                    pending.append((label, settings, workload_name, protocol, measured, False))
-                    say(f"  {label} {workload_name}/{protocol}: {_measured(measured)}")
-
+    with load.Generator() as generator:  # one process for every load point
+        run = _Run(model_base, version, options, backend, say, name, spec, protocols, built,
+                   generator)
+        say(f"2/4 calibrating: the server's own cost per request, against {DEFAULT_LABEL}")
+        calibrations, measured, server = _calibrate(run, model_profile, cpus)
+        service = calibrations[protocols[0]].service
+        # Upstream's defaults do not depend on the search: their server starts (imports,
+        # loads, warms up) while the model searches, when nothing is being measured.
+        upstream = prove.launch(backend, spec, upstream_batching(DEFAULT_THREADS), None, say)
+        try:
+            say("3/4 searching the settings with a model of TF Serving's batch scheduler")
+            result = search.search(model_profile, objective, service, progress=say,
+                                   cpus=cpus, default_threads=DEFAULT_THREADS)
+            if result.best is not None:
+                say(f"  best predicted: {result.best.settings.describe()} "
+                    f"({_summary(result.best.primary())})")
+            else:
+                say("  no setting meets the objective in the model; proving the closest")
+        except BaseException:
+            upstream.stop()
+            raise
+        measured += _prove(run, result, objective, current, upstream)
     workloads = objective.workloads()
-    for label, settings, workload_name, protocol, measured, fitted in pending:
-        predicted = search.predict(model_profile, settings, workloads[workload_name],
-                                   calibrations[protocol].service)
-        points.append(ProvenPoint(label, settings, workload_name, protocol, measured,
-                                  predicted, fitted))
-    recommendation = recommend(points, objective, primary, name, result)
+    points = [ProvenPoint(label, settings, workload, protocol, m,
+                          search.predict(model_profile, settings, workloads[workload],
+                                         calibrations[protocol].service), fitted)
+              for label, settings, workload, protocol, m, fitted in measured]
     ceiling_batch, ceiling = _ceiling(model_profile)
     report = TuneReport(
         model_base=model_base, model_dir=model_dir, model_name=name, version=version,
         signature=options.signature_name, objective=objective, backend=backend,
-        backend_note=backends.BACKEND_NOTES[backend], server=info.get("server", backend),
-        tensorflow_version=info.get("tf", ""), cores=cpus, profile=model_profile,
+        backend_note=backends.BACKEND_NOTES[backend], server=server[0],
+        tensorflow_version=server[1], cores=cpus, profile=model_profile,
         calibrations=tuple(calibrations[p] for p in protocols), search=result,
-        proven=tuple(points), recommendation=recommendation,
+        proven=tuple(points),
+        recommendation=recommend(points, objective, protocols[0], name, result),
         ceiling_rows_per_second=ceiling, ceiling_batch_size=ceiling_batch)
     from serving_opt.tune import findings
 
     return dataclasses.replace(report, findings=findings.findings(report),
                                notes=findings.notes(report))
+
+
+DEFAULT_THREADS = ThreadSettings()
+
+
+def _calibrate(run: _Run, model_profile, cpus: int):
+    """Step 2: TF Serving's default under 1 and N clients per protocol (and the open
+    loop); the fitted ServiceModels, the default's measured points, and what answered."""
+    o = run.options
+    default = tf_serving_default(DEFAULT_THREADS)
+    curve = _curve_or_first(model_profile, DEFAULT_THREADS)
+    calibrations: dict[str, calibrate.Calibration] = {}
+    measured: list[_Measured] = []
+    with run.serve(default) as server:
+        targets = run.targets(server)
+        for protocol in run.protocols:
+            run.say(f"  {protocol}: 1 client for {o.calibration_seconds:g} s")
+            one = run.measure(targets[protocol],
+                              load.Load("closed", clients=1, duration=o.calibration_seconds,
+                                        warmup=min(1.0, o.warmup), timeout=o.request_timeout),
+                              DEFAULT_LABEL)
+            many_n = o.clients or max(2, 2 * cpus)
+            run.say(f"  {protocol}: {many_n} clients for {o.duration:g} s")
+            many = run.measure(targets[protocol], run.load_for("closed", many_n), DEFAULT_LABEL)
+            calibrations[protocol] = calibrate.fit(curve, o.rows_per_request, one, many,
+                                                   protocol, model_profile.merge_s_per_row,
+                                                   o.seed)
+            run.say(f"  {protocol}: {calibrations[protocol].note}")
+            if o.clients:
+                measured.append((DEFAULT_LABEL, default, "closed", protocol, many, True))
+            if o.rate:
+                run.say(f"  {protocol}: {o.rate:g} requests/s for {o.duration:g} s")
+                result = run.measure(targets[protocol], run.load_for("open"), DEFAULT_LABEL)
+                measured.append((DEFAULT_LABEL, default, "open", protocol, result, False))
+        answered = (server.description, server.tf_version)
+    return calibrations, measured, answered
+
+
+def _prove(run: _Run, result: search.SearchResult, objective: search.Objective,
+           current: BatchingSettings | None, upstream) -> list[_Measured]:
+    """Step 4: upstream's defaults, the best (and ``--prove`` runners-up from the front),
+    the user's current file, each on a server of its own under every workload."""
+    o = run.options
+    primary = run.protocols[0]
+    to_prove: list[tuple[str, ServingSettings, tuple[str, ...]]] = [
+        (UPSTREAM_LABEL, upstream_batching(DEFAULT_THREADS), run.protocols)]
+    chosen = [result.best] if result.best is not None else list(result.front[:1])
+    for candidate in (*result.runners_up, *result.front):
+        if len(chosen) >= 1 + o.prove:
+            break
+        if all(candidate.settings != c.settings for c in chosen):
+            chosen.append(candidate)
+    for i, candidate in enumerate(chosen):
+        label = TUNED_LABEL if i == 0 else f"{TUNED_LABEL} #{i + 1}"
+        to_prove.append((label, candidate.settings, run.protocols if i == 0 else (primary,)))
+    if current is not None:
+        to_prove.append((CURRENT_LABEL, ServingSettings(current, DEFAULT_THREADS),
+                         run.protocols))
+    run.say(f"4/4 proving {len(to_prove)} more settings on the server, {o.duration:g} s per "
+            "load point")
+    measured: list[_Measured] = []
+    for label, settings, protocols in to_prove:
+        with run.serve(settings, upstream if label == UPSTREAM_LABEL else None) as server:
+            targets = run.targets(server)
+            for workload in objective.workloads():
+                for protocol in protocols:
+                    m = run.measure(targets[protocol], run.load_for(workload), label)
+                    measured.append((label, settings, workload, protocol, m, False))
+                    run.say(f"  {label} {workload}/{protocol}: {_measured(m)}")
+    return measured
 
 
 def _curve_or_first(model_profile, threads: ThreadSettings):
