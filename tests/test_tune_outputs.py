@@ -114,6 +114,11 @@ def _measured(prediction, factor: float) -> LoadResult:
 
 @pytest.fixture(scope="module")
 def report() -> TuneReport:
+    return synthetic_report()
+
+
+def synthetic_report() -> TuneReport:
+    """A report made by the real functions on a synthetic profile (no model runs)."""
     profile = _profile()
     objective = Objective(slo_p99_ms=250, clients=8)
     service = ServiceModel(parallel_s=0.002, serial_s=0.0003)

@@ -66,10 +66,23 @@ def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
     if not one_client.ok:
         raise ValueError(f"the one-client calibration got no answer ({one_client.first_error})")
     # Medians on both sides: a shared machine's stalls move means, not medians.
-    overhead = max(0.0, one_client.p50_ms / 1000.0 - run_s)
-    service = ServiceModel(parallel_s=overhead, serial_s=0.0, merge_s_per_row=merge_s_per_row)
+    latency = one_client.p50_ms / 1000.0
+    overhead = max(0.0, latency - run_s)
+    scale = 1.0
     note = f"overhead {overhead * 1000:.2f} ms per request"
-    if many_clients is None or not many_clients.ok or overhead <= 0:
+    if latency < run_s:
+        # The server answered faster than the session alone ran in the profile: the
+        # machine (shared) was faster now. Its overhead cannot be told apart; every run
+        # is scaled to what the server showed.
+        scale = latency / run_s
+        note = (f"the server answered one client in {latency * 1000:.2f} ms, under the "
+                f"profile's {run_s * 1000:.2f} ms session run (a shared machine ran faster): "
+                f"runs scaled by {scale:.2f}, overhead taken as 0")
+    service = ServiceModel(parallel_s=overhead, serial_s=0.0, merge_s_per_row=merge_s_per_row,
+                           run_scale=scale)
+    if overhead <= 0:
+        return Calibration(protocol, service, run_s, overhead, one_client, many_clients, note)
+    if many_clients is None or not many_clients.ok:
         return Calibration(protocol, service, run_s, overhead, one_client, many_clients,
                            note + " (no concurrent measurement: all of it in parallel)")
     workload = Workload("closed", clients=many_clients.clients, rows_per_request=rows,

@@ -159,6 +159,11 @@ def running(backend: str, spec: backends.ServerSpec, settings: ServingSettings,
 
 def check_answers(result: LoadResult, what: str) -> None:
     """Refuses a load point where nothing was answered: a broken setup, not a figure."""
+    if result.requests == 0:
+        raise ServingOptError(
+            f"no request was sent in the measured window under {what}: every client was "
+            f"still waiting for an answer (over {result.seconds:g} s)",
+            "raise --duration (and --request_timeout), or check the server's log")
     if result.ok == 0:
         raise ServingOptError(
             f"no request was answered under {what} ({result.first_error or 'no answer'})",

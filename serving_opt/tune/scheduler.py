@@ -97,6 +97,7 @@ class ServiceModel:
     parallel_s: float = 0.0
     serial_s: float = 0.0
     merge_s_per_row: float = 0.0  # the batching session's concat and split, per row
+    run_scale: float = 1.0  # every session run's time times this (see calibrate)
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,7 @@ class _Simulation:
         self.hop_out = max(_MIN_HOP_S, service.parallel_s / 2)
         self.serial_half = service.serial_s / 2
         self.merge = service.merge_s_per_row
+        self.run_scale = service.run_scale
         self.serial_free = 0.0
         self.events: list = []
         self.seq = 0
@@ -393,7 +395,8 @@ class _Simulation:
 
     def start_run(self, requests: list, rows: int, padded: int) -> None:
         self.advance()
-        base = self.seconds(padded) * self.curve.jitter(float(self.rng.random()))
+        base = (self.seconds(padded) * self.run_scale
+                * self.curve.jitter(float(self.rng.random())))
         if len(requests) > 1:
             base += self.merge * padded
         for request in requests:

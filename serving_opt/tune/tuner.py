@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -239,9 +240,18 @@ class _Run:
         prove.check_answers(result, label)
         return result
 
+    @contextlib.contextmanager
     def serve(self, settings: ServingSettings, started=None):
-        return prove.running(self.backend, self.spec, settings, None,
-                             self.options.load_deadline, self.say, started)
+        """A server with ``settings``, AVAILABLE and warm: its first requests (Grappler
+        on the first run, each new shape's kernels) answered before anything counts."""
+        with prove.running(self.backend, self.spec, settings, None,
+                           self.options.load_deadline, self.say, started) as server:
+            for target in self.targets(server).values():
+                self.generator.run(target, load.Load(
+                    "closed", clients=max(1, min(self.options.clients or 4, 4)),
+                    duration=max(0.5, self.options.warmup), warmup=0.0,
+                    timeout=max(self.options.request_timeout, 120.0)))
+            yield server
 
     def targets(self, server) -> dict[str, load.Target]:
         return payloads.targets(server.address, server.rest_address, self.name, self.version,
