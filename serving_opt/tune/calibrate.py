@@ -23,7 +23,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from serving_opt.tune.curve import LatencyCurve
 from serving_opt.tune.load import LoadResult
@@ -53,14 +53,32 @@ class Calibration:
         return asdict(self)
 
 
+def spread(result: LoadResult) -> tuple[tuple[float, float], ...]:
+    """(quantile, latency over median) points of a load result: how the server's time
+    per request varies (stalls of a shared machine, the interpreter lock, ...)."""
+    from serving_opt.tune.load import QUANTILES
+
+    values = result.quantiles_ms
+    if len(values) != len(QUANTILES) or not result.p50_ms:
+        return ()
+    return tuple((q / 100.0, v / result.p50_ms) for q, v in zip(QUANTILES, values))
+
+
 def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
         many_clients: LoadResult | None, protocol: str = "grpc",
         merge_s_per_row: float = 0.0, seed: int = 0) -> Calibration:
-    """Fits the per-request overhead (and its serial part) to the two measurements.
+    """Fits the server's cost per request, and the part of it spent one request at a
+    time, to the two measurements.
+
+    One client's median latency is the session run (the profile's median) plus the
+    cost; the serial part s is what makes N clients' throughput match. When the one
+    client answered faster than the profile's run (a shared machine that got faster),
+    or the serial part needs more than the cost leaves, the runs are scaled to fit:
+    one client's latency = run x scale + s.
 
     Example:
         >>> fit(curve, 1, one, many).note
-        'overhead 9.6 ms per request, 1.3 ms of it one request at a time'
+        'overhead 9.60 ms per request, 1.30 ms of it one request at a time'
     """
     run_s = curve.seconds(rows)  # the median run
     if not one_client.ok:
@@ -68,48 +86,49 @@ def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
     # Medians on both sides: a shared machine's stalls move means, not medians.
     latency = one_client.p50_ms / 1000.0
     overhead = max(0.0, latency - run_s)
-    scale = 1.0
-    note = f"overhead {overhead * 1000:.2f} ms per request"
-    if latency < run_s:
-        # The server answered faster than the session alone ran in the profile: the
-        # machine (shared) was faster now. Its overhead cannot be told apart; every run
-        # is scaled to what the server showed.
-        scale = latency / run_s
-        note = (f"the server answered one client in {latency * 1000:.2f} ms, under the "
-                f"profile's {run_s * 1000:.2f} ms session run (a shared machine ran faster): "
-                f"runs scaled by {scale:.2f}, overhead taken as 0")
-    service = ServiceModel(parallel_s=overhead, serial_s=0.0, merge_s_per_row=merge_s_per_row,
-                           run_scale=scale)
-    if overhead <= 0:
-        return Calibration(protocol, service, run_s, overhead, one_client, many_clients, note)
-    if many_clients is None or not many_clients.ok:
-        return Calibration(protocol, service, run_s, overhead, one_client, many_clients,
-                           note + " (no concurrent measurement: all of it in parallel)")
-    workload = Workload("closed", clients=many_clients.clients, rows_per_request=rows,
-                        max_requests=2000, seed=seed, warmup=0.0,
-                        warmup_answers=2 * many_clients.clients + 20)
-    target = many_clients.rows_per_second
 
-    def throughput(serial: float) -> float:
-        model = replace(service, parallel_s=overhead - serial, serial_s=serial)
-        return simulate(curve, None, workload, model).rows_per_second
+    jitter = spread(one_client)
 
-    if throughput(0.0) <= target:
-        return Calibration(protocol, service, run_s, overhead, one_client, many_clients,
-                           note + ", all of it in parallel")
-    lo, hi = 0.0, overhead
-    if throughput(hi) > target:
-        serial = hi
-        extra = ("; the server is slower under concurrency than even a fully serial "
-                 "overhead explains")
-    else:
-        for _ in range(STEPS):
-            mid = (lo + hi) / 2
-            if throughput(mid) > target:
-                lo = mid
+    def model(serial: float) -> ServiceModel:
+        rest = latency - serial
+        if rest >= run_s:
+            return ServiceModel(rest - run_s, serial, merge_s_per_row, 1.0, jitter)
+        return ServiceModel(0.0, serial, merge_s_per_row, max(rest, 1e-6) / run_s, jitter)
+
+    serial, extra = 0.0, ""
+    if many_clients is not None and many_clients.ok:
+        workload = Workload("closed", clients=many_clients.clients, rows_per_request=rows,
+                            max_requests=2000, seed=seed, warmup=0.0,
+                            warmup_answers=2 * many_clients.clients + 20)
+        target = many_clients.rows_per_second
+
+        def throughput(s: float) -> float:
+            return simulate(curve, None, workload, model(s)).rows_per_second
+
+        top = 0.98 * latency
+        if throughput(0.0) > target:
+            if throughput(top) > target:
+                serial = top
+                extra = ("; the server is slower under concurrency than even a fully serial "
+                         "cost explains")
             else:
-                hi = mid
-        serial, extra = (lo + hi) / 2, ""
-    service = replace(service, parallel_s=overhead - serial, serial_s=serial)
+                lo, hi = 0.0, top
+                for _ in range(STEPS):
+                    mid = (lo + hi) / 2
+                    if throughput(mid) > target:
+                        lo = mid
+                    else:
+                        hi = mid
+                serial = (lo + hi) / 2
+    else:
+        extra = " (no concurrent measurement: all of it taken as parallel)"
+    service = model(serial)
+    note = (f"one client {latency * 1000:.2f} ms against a {run_s * 1000:.2f} ms session run: "
+            f"overhead {overhead * 1000:.2f} ms per request")
+    if many_clients is not None and many_clients.ok:
+        note += f", {serial * 1000:.2f} ms of the server's time one request at a time"
+    if service.run_scale != 1.0:
+        note += (f"; session runs scaled by {service.run_scale:.2f} to fit (the machine ran "
+                 "them faster than during the profile)")
     return Calibration(protocol, service, run_s, overhead, one_client, many_clients,
-                       f"{note}, {serial * 1000:.2f} ms of it one request at a time{extra}")
+                       note + extra)

@@ -49,6 +49,8 @@ _MAX_MESSAGE_BYTES = 2**31 - 1
 # Open loop: requests in flight beyond this are not sent but counted as shed by the
 # client, so a server that stops answering cannot make the generator eat the machine.
 MAX_IN_FLIGHT = 4096
+# Latency percentiles every result carries (its distribution, for the model's jitter).
+QUANTILES = (0, 10, 25, 50, 75, 90, 95, 99, 99.9, 100)
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,7 @@ class LoadResult:
     max_ms: float = 0.0
     first_error: str = ""
     client_cpu_seconds: float = 0.0  # the generator's own CPU time over the whole run
+    quantiles_ms: tuple = ()  # latency at QUANTILES (answered requests)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -220,7 +223,9 @@ class Generator:
             self.close()
             raise ServingOptError(f"the load generator failed: {tail}",
                                   "rerun with --verbosity=1 and report this")
-        return LoadResult(**json.loads(line))
+        values = json.loads(line)
+        values["quantiles_ms"] = tuple(values.get("quantiles_ms") or ())
+        return LoadResult(**values)
 
     def _stderr_tail(self) -> str:
         if self._stderr is None:
@@ -453,7 +458,8 @@ def _summarize(target: Target, load: Load, recorder: _Recorder, cpu: float) -> L
         rows_per_second=ok * target.rows_per_request / seconds,
         mean_ms=float(latencies.mean()) if ok else 0.0, p50_ms=pct(50), p90_ms=pct(90),
         p99_ms=pct(99), max_ms=float(latencies.max()) if ok else 0.0,
-        first_error=recorder.first_error, client_cpu_seconds=round(cpu, 3))
+        first_error=recorder.first_error, client_cpu_seconds=round(cpu, 3),
+        quantiles_ms=tuple(pct(q) for q in QUANTILES) if ok else ())
 
 
 def _main() -> int:

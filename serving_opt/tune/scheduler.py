@@ -98,6 +98,9 @@ class ServiceModel:
     serial_s: float = 0.0
     merge_s_per_row: float = 0.0  # the batching session's concat and split, per row
     run_scale: float = 1.0  # every session run's time times this (see calibrate)
+    # The one-at-a-time part's jitter: (quantile, time over median) points, from the
+    # server's one-client latencies; empty: none.
+    serial_jitter: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,8 @@ class _Simulation:
         self.hop_in = max(_MIN_HOP_S, service.parallel_s / 2)
         self.hop_out = max(_MIN_HOP_S, service.parallel_s / 2)
         self.serial_half = service.serial_s / 2
+        self.serial_jitter = service.serial_jitter
+        self.serial_rng = np.random.default_rng([workload.seed, 2])
         self.merge = service.merge_s_per_row
         self.run_scale = service.run_scale
         self.serial_free = 0.0
@@ -285,7 +290,10 @@ class _Simulation:
         """FIFO through the one-at-a-time part; returns when this request leaves it."""
         if self.serial_half <= 0:
             return at
-        leave = max(at, self.serial_free) + self.serial_half
+        step = self.serial_half
+        if self.serial_jitter:
+            step *= _quantile(self.serial_jitter, float(self.serial_rng.random()))
+        leave = max(at, self.serial_free) + step
         self.serial_free = leave
         return leave
 
@@ -470,6 +478,14 @@ class _Simulation:
             queue_ms=float(np.mean(queue)) * 1000.0 if queue else 0.0,
             run_ms=float(np.mean(runs)) * 1000.0 if runs else 0.0,
             overloaded=self.overloaded)
+
+
+def _quantile(points: tuple[tuple[float, float], ...], u: float) -> float:
+    """The value at quantile ``u`` of a distribution given as (quantile, value) points."""
+    for (u0, v0), (u1, v1) in zip(points, points[1:]):
+        if u <= u1:
+            return v0 + (v1 - v0) * (u - u0) / (u1 - u0) if u1 > u0 else v1
+    return points[-1][1]
 
 
 def check_workload(workload: Workload) -> None:
