@@ -21,8 +21,10 @@ processor sharing, rates recomputed whenever a run starts or ends), and each run
 time is drawn from the measured jitter. Around the batcher, a server spends time per
 request outside the session (``ServiceModel``): a delay that requests spend in
 parallel (network, gRPC, tensor decoding in C++ threads) and a part that requests
-spend one at a time (a Python server's interpreter lock; 0 for the C++ server), both
-calibrated against the real server by ``calibrate``.
+spend one at a time, taken in no particular order (a Python server's interpreter lock,
+or a machine whose cores are busy with others; 0 for the C++ server on a quiet one),
+both calibrated against the real server by ``calibrate``, with the jitter of the
+server's own one-client latencies.
 
 The load is the load generator's: N **closed-loop** clients each sending its next
 request when the last answer arrives, or **open-loop** Poisson arrivals at a rate.
@@ -189,9 +191,10 @@ class _Simulation:
         self.serial_half = service.serial_s / 2
         self.serial_jitter = service.serial_jitter
         self.serial_rng = np.random.default_rng([workload.seed, 2])
+        self.serial_busy = False
+        self.serial_waiting: list = []
         self.merge = service.merge_s_per_row
         self.run_scale = service.run_scale
-        self.serial_free = 0.0
         self.events: list = []
         self.seq = 0
         self.now = 0.0
@@ -256,7 +259,8 @@ class _Simulation:
             self.push(float(self.arrivals.exponential(1.0 / w.rate)), "arrival")
         handlers = {"arrival": self.on_arrival, "in": self.on_in, "enqueue": self.on_enqueue,
                     "timer": self.on_timer, "run_done": self.on_run_done,
-                    "reply": self.on_reply, "answer": self.on_answer}
+                    "reply": self.on_reply, "answer": self.on_answer,
+                    "serial_done": self.on_serial_done}
         while self.events:
             at, _, kind, payload = heapq.heappop(self.events)
             self.now = at
@@ -286,19 +290,37 @@ class _Simulation:
         if nxt < self.stop_sending:
             self.push(nxt, "arrival")
 
-    def serial(self, at: float) -> float:
-        """FIFO through the one-at-a-time part; returns when this request leaves it."""
+    def serial(self, request: _Request, then: str) -> None:
+        """Through the one-at-a-time part, then on to ``then``. Waiting requests are
+        taken in no particular order, as threads get an interpreter lock (random order:
+        under load a request may wait for many that came after it)."""
         if self.serial_half <= 0:
-            return at
+            self.push(self.now, then, request)
+            return
+        if self.serial_busy:
+            self.serial_waiting.append((request, then))
+            return
+        self.serial_start(request, then)
+
+    def serial_start(self, request: _Request, then: str) -> None:
         step = self.serial_half
         if self.serial_jitter:
             step *= _quantile(self.serial_jitter, float(self.serial_rng.random()))
-        leave = max(at, self.serial_free) + step
-        self.serial_free = leave
-        return leave
+        self.serial_busy = True
+        self.push(self.now + step, "serial_done", (request, then))
+
+    def on_serial_done(self, payload) -> None:
+        request, then = payload
+        self.push(self.now, then, request)
+        self.serial_busy = False
+        if self.serial_waiting:
+            i = int(self.serial_rng.integers(len(self.serial_waiting)))
+            self.serial_waiting[i], self.serial_waiting[-1] = (self.serial_waiting[-1],
+                                                               self.serial_waiting[i])
+            self.serial_start(*self.serial_waiting.pop())
 
     def on_in(self, request: _Request) -> None:
-        self.push(self.serial(self.now), "enqueue", request)
+        self.serial(request, "enqueue")
 
     def on_enqueue(self, request: _Request) -> None:
         request.enqueued = self.now
@@ -310,7 +332,7 @@ class _Simulation:
     def reply(self, request: _Request, outcome: str) -> None:
         request.outcome = outcome
         if outcome == "ok":
-            self.push(self.serial(self.now), "reply", request)
+            self.serial(request, "reply")
         else:
             self.push(self.now + self.hop_out, "answer", request)
 
