@@ -1,16 +1,18 @@
 """What the server costs per request outside the session run, fitted to the real server.
 
 The profile measures the session alone; a server also receives, decodes, encodes and
-answers every request. Two measurements of the server without batching (TF Serving's
-default) tell the model how much, and of what kind:
+answers every request. Two measurements of the server with upstream's batching
+defaults (timeout 0, a batch thread per core: a few sessions at once, as the profile
+ran them) tell the model how much, and of what kind:
 
 * **one client**: each request's latency is the session run plus the server's and the
   client's own time; the difference is the overhead per request;
 * **N clients** (the user's, or 2 per core): if all of that overhead were spent in
-  parallel, N clients would get what the session gives N overlapping runs; a server
-  that gets less spends part of it one request at a time (a Python server's interpreter
-  lock). The serial part is the one that makes the model's throughput match the
-  measured one (bisection; the model's throughput falls as the serial part grows).
+  parallel, N clients would get what batches of their requests give; a server that
+  gets less spends part of it one request at a time (a Python server's interpreter
+  lock, or the cores of a shared machine). The serial part is the one that makes the
+  model's throughput match the measured one (bisection; the model's throughput falls
+  as the serial part grows).
 
 The N-client measurement is therefore not a prediction but the model's calibration,
 and the report says so; every other point is predicted before it is measured.
@@ -28,6 +30,7 @@ from dataclasses import asdict, dataclass
 from serving_opt.tune.curve import LatencyCurve
 from serving_opt.tune.load import LoadResult
 from serving_opt.tune.scheduler import ServiceModel, Workload, simulate
+from serving_opt.tune.settings import BatchingSettings
 
 STEPS = 14
 
@@ -66,7 +69,8 @@ def spread(result: LoadResult) -> tuple[tuple[float, float], ...]:
 
 def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
         many_clients: LoadResult | None, protocol: str = "grpc",
-        merge_s_per_row: float = 0.0, seed: int = 0) -> Calibration:
+        merge_s_per_row: float = 0.0, seed: int = 0,
+        batching: BatchingSettings | None = None) -> Calibration:
     """Fits the server's cost per request, and the part of it spent one request at a
     time, to the two measurements.
 
@@ -103,7 +107,7 @@ def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
         target = many_clients.rows_per_second
 
         def throughput(s: float) -> float:
-            return simulate(curve, None, workload, model(s)).rows_per_second
+            return simulate(curve, batching, workload, model(s)).rows_per_second
 
         top = 0.98 * latency
         if throughput(0.0) > target:

@@ -76,6 +76,19 @@ def findings(report) -> tuple[str, ...]:
         if over_ms > run_ms:
             text += "; the server's own cost dominates the model's"
         out.append(text)
+    from serving_opt.tune.tuner import AGAIN_LABEL
+
+    again = next((p for p in points if p.label == AGAIN_LABEL), None)
+    first = next((p for p in points if again is not None and p.label == UPSTREAM_LABEL
+                  and (p.workload, p.protocol) == (again.workload, again.protocol)), None)
+    if again is not None and first is not None and first.measured.rows_per_second > 0:
+        a, b = first.measured, again.measured
+        drift = b.rows_per_second / a.rows_per_second - 1
+        out.append(f"machine drift: {UPSTREAM_LABEL} measured {a.rows_per_second:,.0f} rows/s "
+                   f"(p99 {a.p99_ms:.0f} ms) first and {b.rows_per_second:,.0f} rows/s "
+                   f"(p99 {b.p99_ms:.0f} ms) last, {drift:+.0%}: differences between "
+                   "settings, or between model and measurement, smaller than that are "
+                   "this machine's noise")
     judged = [p for p in points if p.predicted is not None and not p.calibration]
     close = [p for p in judged if not p.flagged]
     if judged:

@@ -58,6 +58,7 @@ class TuneOptions:
     warmup: float = 2.0
     calibration_seconds: float = 5.0
     prove: int = 2
+    recheck: bool = True  # measure the calibration point again at the end (drift)
     protocols: tuple[str, ...] = PROTOCOLS
     server: str = "auto"
     image: str = backends.DEFAULT_IMAGE

@@ -6,12 +6,13 @@ The run, in order (each step says what it does while it works):
    static check of the graph (a SavedModel is code), ``--examples``,
    ``--current_parameters_file``, the output directory;
 1. **profile** the session alone, one fresh process per thread setting (``profile``);
-2. **calibrate** the server's own cost per request against TF Serving's default
-   (no batching) with one client and with N (``calibrate``); these also are the
-   default's proven points;
+2. **calibrate** the server's own cost per request against upstream's batching
+   defaults with one client and with N (``calibrate``); these also are upstream's
+   proven points;
 3. **search** the settings with the scheduler model (``search``);
-4. **prove** upstream's batching defaults, the best few and the user's current file on
-   the real server under real load, each point next to its prediction (``prove``);
+4. **prove** TF Serving's default (no batching), the best few and the user's current
+   file on the real server under real load, each point next to its prediction
+   (``prove``);
 5. **recommend** the proven setting that measured best within the SLO.
 
 Steps 1-4 run the model, so they run in one sandboxed worker (``serving_opt.sandbox``:
@@ -57,6 +58,7 @@ from serving_opt.tune.settings import (
 DEFAULT_LABEL = "TF Serving default (no batching)"
 UPSTREAM_LABEL = "upstream batching defaults"
 CURRENT_LABEL = "your parameters file"
+AGAIN_LABEL = "upstream batching defaults, again"
 TUNED_LABEL = "tuned"
 MAX_AUTO_BOUND = 512
 CONTAINER_PARAMETERS = f"/config/{PARAMETERS_FILENAME}"
@@ -291,12 +293,12 @@ def execute(model_base: str, version: int, options: TuneOptions, backend: str,
     with load.Generator() as generator:  # one process for every load point
         run = _Run(model_base, version, options, backend, say, name, spec, protocols, built,
                    generator)
-        say(f"2/4 calibrating: the server's own cost per request, against {DEFAULT_LABEL}")
+        say(f"2/4 calibrating: the server's own cost per request, against {UPSTREAM_LABEL}")
         calibrations, measured, server = _calibrate(run, model_profile, cpus)
         service = calibrations[protocols[0]].service
-        # Upstream's defaults do not depend on the search: their server starts (imports,
+        # TF Serving's default does not depend on the search: its server starts (imports,
         # loads, warms up) while the model searches, when nothing is being measured.
-        upstream = prove.launch(backend, spec, upstream_batching(DEFAULT_THREADS), None, say)
+        default = prove.launch(backend, spec, tf_serving_default(DEFAULT_THREADS), None, say)
         try:
             say("3/4 searching the settings with a model of TF Serving's batch scheduler")
             result = search.search(model_profile, objective, service, progress=say,
@@ -307,9 +309,9 @@ def execute(model_base: str, version: int, options: TuneOptions, backend: str,
             else:
                 say("  no setting meets the objective in the model; proving the closest")
         except BaseException:
-            upstream.stop()
+            default.stop()
             raise
-        measured += _prove(run, result, objective, current, upstream)
+        measured += _prove(run, result, objective, current, default)
     workloads = objective.workloads()
     points = [ProvenPoint(label, settings, workload, protocol, m,
                           search.predict(model_profile, settings, workloads[workload],
@@ -335,46 +337,52 @@ DEFAULT_THREADS = ThreadSettings()
 
 
 def _calibrate(run: _Run, model_profile, cpus: int):
-    """Step 2: TF Serving's default under 1 and N clients per protocol (and the open
-    loop); the fitted ServiceModels, the default's measured points, and what answered."""
+    """Step 2: upstream's batching defaults under 1 and N clients per protocol (and the
+    open loop); the fitted ServiceModels, their measured points, and what answered.
+
+    Upstream's defaults (timeout 0, a batch thread per core) run at most a few sessions
+    at once, as the profile ran them, so what N clients miss there is the server's own
+    cost; TF Serving's default (a session per request, all at once) is then a prediction.
+    """
     o = run.options
-    default = tf_serving_default(DEFAULT_THREADS)
+    upstream = upstream_batching(DEFAULT_THREADS)
     curve = _curve_or_first(model_profile, DEFAULT_THREADS)
     calibrations: dict[str, calibrate.Calibration] = {}
     measured: list[_Measured] = []
-    with run.serve(default) as server:
+    with run.serve(upstream) as server:
         targets = run.targets(server)
         for protocol in run.protocols:
             run.say(f"  {protocol}: 1 client for {o.calibration_seconds:g} s")
             one = run.measure(targets[protocol],
                               load.Load("closed", clients=1, duration=o.calibration_seconds,
                                         warmup=min(1.0, o.warmup), timeout=o.request_timeout),
-                              DEFAULT_LABEL)
+                              UPSTREAM_LABEL)
             many_n = o.clients or max(2, 2 * cpus)
             run.say(f"  {protocol}: {many_n} clients for {o.duration:g} s")
-            many = run.measure(targets[protocol], run.load_for("closed", many_n), DEFAULT_LABEL)
+            many = run.measure(targets[protocol], run.load_for("closed", many_n),
+                               UPSTREAM_LABEL)
             calibrations[protocol] = calibrate.fit(curve, o.rows_per_request, one, many,
                                                    protocol, model_profile.merge_s_per_row,
-                                                   o.seed)
+                                                   o.seed, upstream.batching)
             run.say(f"  {protocol}: {calibrations[protocol].note}")
             if o.clients:
-                measured.append((DEFAULT_LABEL, default, "closed", protocol, many, True))
+                measured.append((UPSTREAM_LABEL, upstream, "closed", protocol, many, True))
             if o.rate:
                 run.say(f"  {protocol}: {o.rate:g} requests/s for {o.duration:g} s")
-                result = run.measure(targets[protocol], run.load_for("open"), DEFAULT_LABEL)
-                measured.append((DEFAULT_LABEL, default, "open", protocol, result, False))
+                result = run.measure(targets[protocol], run.load_for("open"), UPSTREAM_LABEL)
+                measured.append((UPSTREAM_LABEL, upstream, "open", protocol, result, False))
         answered = (server.description, server.tf_version)
     return calibrations, measured, answered
 
 
 def _prove(run: _Run, result: search.SearchResult, objective: search.Objective,
-           current: BatchingSettings | None, upstream) -> list[_Measured]:
-    """Step 4: upstream's defaults, the best (and ``--prove`` runners-up from the front),
+           current: BatchingSettings | None, default) -> list[_Measured]:
+    """Step 4: TF Serving's default, the best (and ``--prove`` runners-up from the front),
     the user's current file, each on a server of its own under every workload."""
     o = run.options
     primary = run.protocols[0]
     to_prove: list[tuple[str, ServingSettings, tuple[str, ...]]] = [
-        (UPSTREAM_LABEL, upstream_batching(DEFAULT_THREADS), run.protocols)]
+        (DEFAULT_LABEL, tf_serving_default(DEFAULT_THREADS), run.protocols)]
     chosen = [result.best] if result.best is not None else list(result.front[:1])
     for candidate in (*result.runners_up, *result.front):
         if len(chosen) >= 1 + o.prove:
@@ -388,16 +396,25 @@ def _prove(run: _Run, result: search.SearchResult, objective: search.Objective,
         to_prove.append((CURRENT_LABEL, ServingSettings(current, DEFAULT_THREADS),
                          run.protocols))
     run.say(f"4/4 proving {len(to_prove)} more settings on the server, {o.duration:g} s per "
-            "load point")
+            "load point" + (", then the calibration point again" if o.recheck else ""))
     measured: list[_Measured] = []
     for label, settings, protocols in to_prove:
-        with run.serve(settings, upstream if label == UPSTREAM_LABEL else None) as server:
+        with run.serve(settings, default if label == DEFAULT_LABEL else None) as server:
             targets = run.targets(server)
             for workload in objective.workloads():
                 for protocol in protocols:
                     m = run.measure(targets[protocol], run.load_for(workload), label)
                     measured.append((label, settings, workload, protocol, m, False))
                     run.say(f"  {label} {workload}/{protocol}: {_measured(m)}")
+    if o.recheck:
+        # The calibration point once more, last: how far the machine itself moved while
+        # everything above was measured (a difference below that is noise).
+        workload = "closed" if o.clients else "open"
+        settings = upstream_batching(DEFAULT_THREADS)
+        with run.serve(settings) as server:
+            m = run.measure(run.targets(server)[primary], run.load_for(workload), AGAIN_LABEL)
+        measured.append((AGAIN_LABEL, settings, workload, primary, m, True))
+        run.say(f"  {AGAIN_LABEL} {workload}/{primary}: {_measured(m)}")
     return measured
 
 
@@ -441,7 +458,7 @@ def recommend(points: list[ProvenPoint], objective: search.Objective, protocol: 
     meets: dict[str, ProvenPoint] = {}
     labels = []
     for point in points:
-        if point.protocol != protocol:
+        if point.protocol != protocol or point.label == AGAIN_LABEL:
             continue
         if point.label not in labels:
             labels.append(point.label)

@@ -79,6 +79,9 @@ def define_flags(fv: flags.FlagValues) -> None:
                        "Seconds of the one-client calibration point.", flag_values=fv)
     flags.DEFINE_integer("prove", 2, "Tuned runners-up proven besides the best.",
                          flag_values=fv)
+    flags.DEFINE_bool("recheck", True,
+                      "Measure the calibration point again at the end: how far the machine "
+                      "itself drifted during the run.", flag_values=fv)
     flags.DEFINE_list("protocols", ["grpc", "rest"], "Load over grpc, rest or both.",
                       flag_values=fv)
     flags.DEFINE_enum("server", "auto", list(backends.BACKENDS),
@@ -124,7 +127,8 @@ def options_from_flags(fv: flags.FlagValues):
         padding=check_padding(fv.allowed_batch_sizes),
         max_reject_fraction=fv.max_reject_fraction, profile_seconds=fv.profile_seconds,
         duration=fv.duration, warmup=fv.warmup, calibration_seconds=fv.calibration_seconds,
-        prove=fv.prove, protocols=tuple(p.strip().lower() for p in fv.protocols),
+        prove=fv.prove, recheck=fv.recheck,
+        protocols=tuple(p.strip().lower() for p in fv.protocols),
         server=fv.server, image=fv.image, current_parameters_file=fv.current_parameters_file,
         load_deadline=fv.load_deadline, allow_file_ops=fv.allow_file_ops,
         allow_unsandboxed=fv.allow_unsandboxed)
