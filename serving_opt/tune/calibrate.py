@@ -99,7 +99,7 @@ def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
             return ServiceModel(rest - run_s, serial, merge_s_per_row, 1.0, jitter)
         return ServiceModel(0.0, serial, merge_s_per_row, max(rest, 1e-6) / run_s, jitter)
 
-    serial, extra = 0.0, ""
+    serial, extra, scaled = 0.0, "", None
     if many_clients is not None and many_clients.ok:
         workload = Workload("closed", clients=many_clients.clients, rows_per_request=rows,
                             max_requests=2000, seed=seed, warmup=0.0,
@@ -124,15 +124,40 @@ def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
                     else:
                         hi = mid
                 serial = (lo + hi) / 2
+        else:
+            # N clients got more than the profile's runs allow: the session ran faster
+            # now. Runs are scaled down (one client's latency kept: the rest is overhead)
+            # until the model gets what N clients got.
+            base = model(0.0)
+
+            def faster(k: float) -> ServiceModel:
+                return ServiceModel(max(0.0, latency - k * run_s), 0.0, merge_s_per_row, k,
+                                    jitter)
+
+            def rows(k: float) -> float:
+                return simulate(curve, batching, workload, faster(k)).rows_per_second
+
+            lo, hi = 0.05 * base.run_scale, base.run_scale
+            if rows(lo) < target:
+                scaled = faster(lo)
+                extra = "; N clients got more than even 20x faster runs explain"
+            else:
+                for _ in range(STEPS):
+                    mid = (lo + hi) / 2
+                    if rows(mid) < target:
+                        hi = mid
+                    else:
+                        lo = mid
+                scaled = faster((lo + hi) / 2)
     else:
         extra = " (no concurrent measurement: all of it taken as parallel)"
-    service = model(serial)
+    service = scaled if scaled is not None else model(serial)
     note = (f"one client {latency * 1000:.2f} ms against a {run_s * 1000:.2f} ms session run: "
-            f"overhead {overhead * 1000:.2f} ms per request")
+            f"overhead {service.parallel_s * 1000 + serial * 1000:.2f} ms per request")
     if many_clients is not None and many_clients.ok:
         note += f", {serial * 1000:.2f} ms of the server's time one request at a time"
     if service.run_scale != 1.0:
         note += (f"; session runs scaled by {service.run_scale:.2f} to fit (the machine ran "
-                 "them faster than during the profile)")
+                 "them at another speed than during the profile)")
     return Calibration(protocol, service, run_s, overhead, one_client, many_clients,
                        note + extra)

@@ -61,6 +61,10 @@ class LatencyCurve:
     spread: tuple[float, ...] = ()
     concurrency: tuple[ConcurrencyPoint, ...] = field(default_factory=tuple)
     load_seconds: float = 0.0
+    # The machine-speed probe in this setting's window, and the factor that put its
+    # times on the first setting's scale (profile.probe).
+    probe_s: float = 0.0
+    speed_scale: float = 1.0
 
     def seconds(self, rows: int) -> float:
         """Median latency of one session run of ``rows`` rows, alone.

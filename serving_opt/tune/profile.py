@@ -124,7 +124,9 @@ def profile(model_dir: str, signature: str, plan: ProfilePlan,
             raise ServingOptError(f"measuring the model failed: {result['error']}",
                                   "check that the model serves (serving-opt validate), "
                                   "or pass inputs it accepts with --examples")
-    curves = tuple(_curve(result) for result in results)
+    # Every thread setting on the first one's machine speed (see probe()).
+    reference = results[0].get("probe_s") or 0.0
+    curves = tuple(_curve(result, reference) for result in results)
     first = results[0]
     return ModelProfile(signature=signature, curves=curves,
                         merge_s_per_row=first.get("merge_s_per_row", 0.0),
@@ -176,21 +178,24 @@ def _in_helper(job: dict, plan: ProfilePlan, say: Callable[[str], None],
     return results
 
 
-def _curve(result: dict) -> LatencyCurve:
+def _curve(result: dict, reference_probe_s: float = 0.0) -> LatencyCurve:
     rows = result["sizes"]
+    probe_s = result.get("probe_s") or 0.0
+    f = reference_probe_s / probe_s if reference_probe_s > 0 and probe_s > 0 else 1.0
     # The curve is the median run; the jitter (run time over median) gives the rest,
     # stalls included, so the model's mean run is the measured mean.
     return LatencyCurve(
         threads=ThreadSettings(**result["threads"]),
         batch_sizes=tuple(r["batch_size"] for r in rows),
-        median_s=tuple(r["p50_s"] for r in rows),
-        mean_s=tuple(r["mean_s"] for r in rows),
-        p99_s=tuple(r["p99_s"] for r in rows),
-        cpu_s=tuple(r["cpu_s"] for r in rows),
+        median_s=tuple(f * r["p50_s"] for r in rows),
+        mean_s=tuple(f * r["mean_s"] for r in rows),
+        p99_s=tuple(f * r["p99_s"] for r in rows),
+        cpu_s=tuple(f * r["cpu_s"] for r in rows),
         runs=tuple(r["runs"] for r in rows),
         spread=tuple(result["spread"]),
-        concurrency=tuple(ConcurrencyPoint(**c) for c in result["concurrency"]),
-        load_seconds=result["load_seconds"])
+        concurrency=tuple(ConcurrencyPoint(c["batch_size"], c["concurrent"],
+                                           f * c["median_s"]) for c in result["concurrency"]),
+        load_seconds=result["load_seconds"], probe_s=probe_s, speed_scale=f)
 
 
 # ------------------------------------------------------------- the measuring process
@@ -228,15 +233,30 @@ def _say(message: str) -> None:
     print(_PROGRESS + message, flush=True)
 
 
+_PROBE = np.random.default_rng(0).random(50_000)
+
+
+def probe() -> float:
+    """Seconds of a fixed single-threaded piece of work (a sort): how fast this machine
+    runs us right now. Each thread setting is measured in a window of its own; on a
+    shared machine windows differ, and the probe puts them on one scale."""
+    start = time.perf_counter()
+    np.sort(_PROBE)
+    return time.perf_counter() - start
+
+
 def _interleaved(calls: dict[int, Callable[[], object]], seconds: float, min_runs: int,
-                 max_runs: int, max_latency_s: float) -> dict[int, tuple[list[float], float]]:
-    """{size: (wall seconds of each run, CPU seconds per run)}, sizes run in rounds.
+                 max_runs: int, max_latency_s: float
+                 ) -> tuple[dict[int, tuple[list[float], float]], float]:
+    """({size: (wall seconds of each run, CPU seconds per run)}, the probe's median):
+    sizes run in rounds, a probe in each round.
 
     A shared machine's stalls come and go; one size after the other would hand a stall
     to whichever size was running, bending the curve. Round-robin (one run of each size
     per round, after two warmup runs each) spreads them over every size alike. A size
     whose first runs already exceed ``max_latency_s`` is dropped, with every larger one.
     """
+    probes: list[float] = []
     times: dict[int, list[float]] = {n: [] for n in calls}
     cpu: dict[int, float] = {n: 0.0 for n in calls}
     for call in calls.values():
@@ -246,6 +266,7 @@ def _interleaved(calls: dict[int, Callable[[], object]], seconds: float, min_run
     budget = seconds * len(active)
     begin = time.perf_counter()
     while active:
+        probes.append(probe())
         for n in list(active):
             c0, t0 = time.process_time(), time.perf_counter()
             calls[n]()
@@ -261,7 +282,7 @@ def _interleaved(calls: dict[int, Callable[[], object]], seconds: float, min_run
         done = len(times[active[0]])
         if done >= max_runs or (done >= min_runs and time.perf_counter() - begin >= budget):
             break
-    return {n: (t, cpu[n] / len(t)) for n, t in times.items() if t}
+    return {n: (t, cpu[n] / len(t)) for n, t in times.items() if t}, float(np.median(probes))
 
 
 def _concurrent(call: Callable[[], object], k: int, seconds: float,
@@ -337,8 +358,9 @@ def _measure(job: dict, _say: Callable[[str], None]) -> dict:
 
     _say(f"  [{label}] loaded in {load_seconds:.2f} s; timing batch sizes "
          f"{', '.join(map(str, sizes))} in rounds")
-    timed = _interleaved({n: runner(n) for n in sizes}, plan["seconds"], plan["min_runs"],
-                         plan["max_runs"], plan["max_latency_s"])
+    timed, probe_s = _interleaved({n: runner(n) for n in sizes}, plan["seconds"],
+                                  plan["min_runs"], plan["max_runs"], plan["max_latency_s"])
+    _say(f"  [{label}] machine-speed probe: {probe_s * 1000:.2f} ms")
     measured, ratios = [], []
     for n in sorted(timed):
         times, cpu = timed[n]
@@ -361,7 +383,8 @@ def _measure(job: dict, _say: Callable[[str], None]) -> dict:
     spread = [float(np.percentile(ratios, q)) for q in SPREAD_QUANTILES]
     session.close()
     return {"threads": asdict(threads), "load_seconds": load_seconds, "sizes": measured,
-            "concurrency": concurrency, "spread": spread, "inputs_source": source, **merge}
+            "concurrency": concurrency, "spread": spread, "inputs_source": source,
+            "probe_s": probe_s, **merge}
 
 
 def _merge_cost(session, fetches, feed_tensors, aliases, feed: dict, rows: int) -> dict:
