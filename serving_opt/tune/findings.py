@@ -58,17 +58,23 @@ def findings(report) -> tuple[str, ...]:
     if report.ceiling_rows_per_second > 0:
         best_measured = max((p.measured.rows_per_second for p in points
                              if p.workload == "closed"), default=0.0)
+        scale = report.calibrations[0].service.run_scale if report.calibrations else 1.0
+        ceiling = report.ceiling_rows_per_second / scale
         if best_measured:
-            out.append(
-                f"in-process ceiling: the session alone does {report.ceiling_rows_per_second:,.0f} "
-                f"rows/s at batch {report.ceiling_batch_size}; the best proven closed-loop "
-                f"point reached {best_measured / report.ceiling_rows_per_second:.0%} of it")
+            text = (f"in-process ceiling: the session alone does {ceiling:,.0f} rows/s at batch "
+                    f"{report.ceiling_batch_size}")
+            if scale != 1.0:
+                text += (f" at the machine speed of the calibration ("
+                         f"{report.ceiling_rows_per_second:,.0f} as profiled)")
+            out.append(text + f"; the best proven closed-loop point reached "
+                       f"{best_measured / ceiling:.0%} of it")
     for calibration in report.calibrations:
-        run_ms = calibration.run_s * 1000
-        over_ms = calibration.overhead_s * 1000
-        serial_ms = calibration.service.serial_s * 1000
-        text = (f"server cost per request ({calibration.protocol}, one client): "
-                f"{over_ms:.2f} ms beside a {run_ms:.2f} ms session run")
+        service = calibration.service
+        run_ms = calibration.run_s * service.run_scale * 1000
+        over_ms = (service.parallel_s + service.serial_s) * 1000
+        serial_ms = service.serial_s * 1000
+        text = (f"server cost per request ({calibration.protocol}): {over_ms:.2f} ms beside a "
+                f"{run_ms:.2f} ms session run")
         if serial_ms > 0:
             text += (f"; {serial_ms:.2f} ms of it is spent one request at a time, which caps "
                      f"any setting at {1000 / serial_ms * report.objective.rows_per_request:,.0f}"

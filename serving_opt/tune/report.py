@@ -139,7 +139,7 @@ def format_report(report: TuneReport) -> str:
                        for n in sizes]])
     lines.append(report_lib.table(["threads", *[f"b{n}" for n in sizes]], rows, indent="  "))
     lines.append("")
-    lines.append("server overhead (calibration against TF Serving's default settings):")
+    lines.append("server overhead (calibration against upstream's batching defaults):")
     for calibration in report.calibrations:
         lines.append(f"  {calibration.protocol}: {calibration.note}")
     lines.append("")
