@@ -49,8 +49,10 @@ $(BENCH_STAMP): $(STAMP)
 
 # Original vs lossless, int8, fp16 and GTT quantize_weights on the text classifier, wide &
 # deep and MobileNetV2, side by side (slow): build/bench/quantize.md and quantize.png.
+# Then serving-opt tune on MobileNetV2 and the text classifier: build/bench/tune.md.
 bench: $(BENCH_STAMP) $(SANDBOX_STAMP)
 	$(PY) benchmarks/compare.py
+	$(PY) benchmarks/tune.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check serving_opt tests examples benchmarks tools

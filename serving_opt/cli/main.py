@@ -33,7 +33,7 @@ from serving_opt.errors import (
 )
 
 PROG = "serving-opt"
-COMMANDS = ("inspect", "optimize", "validate", "serve", "compare")
+COMMANDS = ("inspect", "optimize", "validate", "serve", "compare", "tune")
 
 
 def _command_module(name: str):

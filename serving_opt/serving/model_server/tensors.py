@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 
 import numpy as np
@@ -48,6 +49,16 @@ _QUANTIZED = {
     types_pb2.DT_QINT16: "qint16",
     types_pb2.DT_QUINT16: "quint16",
     types_pb2.DT_QINT32: "qint32",
+}
+
+# Fixed-size types whose tensor_content numpy reads as FromProto does (little-endian
+# hosts): bool, bfloat16, complex and quantized types keep TensorFlow's own decoding.
+_CONTENT_DTYPES = {
+    types_pb2.DT_FLOAT: np.float32, types_pb2.DT_DOUBLE: np.float64,
+    types_pb2.DT_HALF: np.float16, types_pb2.DT_INT8: np.int8, types_pb2.DT_INT16: np.int16,
+    types_pb2.DT_INT32: np.int32, types_pb2.DT_INT64: np.int64, types_pb2.DT_UINT8: np.uint8,
+    types_pb2.DT_UINT16: np.uint16, types_pb2.DT_UINT32: np.uint32,
+    types_pb2.DT_UINT64: np.uint64,
 }
 
 # Which repeated field Tensor::AsProtoField fills for each dtype.
@@ -207,6 +218,13 @@ def from_proto(proto: tensor_pb2.TensorProto) -> np.ndarray:
 
     decoded_bytes(proto)  # the checks C++ makes before it allocates
     dtype = proto.dtype
+    content = proto.tensor_content
+    if content and dtype in _CONTENT_DTYPES and num_elements(proto) and sys.byteorder == "little":
+        # What clients send (tf.make_tensor_proto): FromProto copies tensor_content as it
+        # is once its size matches (checked above); so does numpy, 10x faster than a
+        # ParseTensor run per request (a 300 KB image: 0.2 ms instead of 2.7).
+        shape = [d.size for d in proto.tensor_shape.dim]
+        return np.frombuffer(content, dtype=_CONTENT_DTYPES[dtype]).reshape(shape)
     try:
         # eager_mode(): request threads must not inherit a graph context from elsewhere.
         with context.eager_mode():

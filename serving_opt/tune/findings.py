@@ -1,0 +1,143 @@
+"""The sentences of a tuning report: what was gained, what limits it, and how far to
+trust the model.
+
+Example:
+    >>> findings(report)[0]
+    'closed/grpc: tuned 612 rows/s (p99 88 ms): 1.79x TF Serving default ...'
+"""
+
+from __future__ import annotations
+
+import math
+
+from serving_opt.tune.prove import FLAG_DIFFERENCE, ProvenPoint
+
+
+def _point(points, label: str, workload: str, protocol: str) -> ProvenPoint | None:
+    for point in points:
+        if (point.label, point.workload, point.protocol) == (label, workload, protocol):
+            return point
+    return None
+
+
+def _x(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b > 0 else "-"
+
+
+def findings(report) -> tuple[str, ...]:
+    """Comparisons per workload and protocol, the ceiling, the server's cost, the model."""
+    from serving_opt.tune.tuner import DEFAULT_LABEL, TUNED_LABEL, UPSTREAM_LABEL
+
+    out = []
+    points = report.proven
+    chosen_label = TUNED_LABEL
+    for workload in ("closed", "open"):
+        for protocol in ("grpc", "rest"):
+            tuned = _point(points, chosen_label, workload, protocol)
+            default = _point(points, DEFAULT_LABEL, workload, protocol)
+            upstream = _point(points, UPSTREAM_LABEL, workload, protocol)
+            if tuned is None or default is None:
+                continue
+            t, d = tuned.measured, default.measured
+            text = (f"{workload}/{protocol}: {chosen_label} {t.rows_per_second:,.0f} rows/s "
+                    f"(p99 {t.p99_ms:.1f} ms): {_x(t.rows_per_second, d.rows_per_second)} "
+                    f"{DEFAULT_LABEL} ({d.rows_per_second:,.0f} rows/s, p99 {d.p99_ms:.1f} ms)")
+            if upstream is not None:
+                u = upstream.measured
+                text += (f", {_x(t.rows_per_second, u.rows_per_second)} {UPSTREAM_LABEL} "
+                         f"({u.rows_per_second:,.0f} rows/s, p99 {u.p99_ms:.1f} ms)")
+            if workload == "open":
+                text += "; at a fixed rate rows/s only show what was answered"
+            out.append(text)
+    if report.recommendation is not None:
+        label = next((p.label for p in points
+                      if p.settings == report.recommendation.settings), "")
+        if label and label != TUNED_LABEL:
+            out.append(f"recommended: {label} ({report.recommendation.settings.describe()}), "
+                       f"the {report.recommendation.basis}")
+    if report.ceiling_rows_per_second > 0:
+        best_measured = max((p.measured.rows_per_second for p in points
+                             if p.workload == "closed"), default=0.0)
+        scale = report.calibrations[0].service.run_scale if report.calibrations else 1.0
+        ceiling = report.ceiling_rows_per_second / scale
+        if best_measured:
+            text = (f"in-process ceiling: the session alone does {ceiling:,.0f} rows/s at batch "
+                    f"{report.ceiling_batch_size}")
+            if scale != 1.0:
+                text += (f" at the machine speed of the calibration ("
+                         f"{report.ceiling_rows_per_second:,.0f} as profiled)")
+            out.append(text + f"; the best proven closed-loop point reached "
+                       f"{best_measured / ceiling:.0%} of it")
+    for calibration in report.calibrations:
+        service = calibration.service
+        run_ms = calibration.run_s * service.run_scale * 1000
+        over_ms = (service.parallel_s + service.serial_s) * 1000
+        serial_ms = service.serial_s * 1000
+        text = (f"server cost per request ({calibration.protocol}): {over_ms:.2f} ms beside a "
+                f"{run_ms:.2f} ms session run")
+        if serial_ms > 0:
+            text += (f"; {serial_ms:.2f} ms of it is spent one request at a time, which caps "
+                     f"any setting at {1000 / serial_ms * report.objective.rows_per_request:,.0f}"
+                     " rows/s")
+        if over_ms > run_ms:
+            text += "; the server's own cost dominates the model's"
+        out.append(text)
+    from serving_opt.tune.tuner import AGAIN_LABEL
+
+    again = next((p for p in points if p.label == AGAIN_LABEL), None)
+    first = next((p for p in points if again is not None and p.label == UPSTREAM_LABEL
+                  and (p.workload, p.protocol) == (again.workload, again.protocol)), None)
+    if again is not None and first is not None and first.measured.rows_per_second > 0:
+        a, b = first.measured, again.measured
+        drift = b.rows_per_second / a.rows_per_second - 1
+        out.append(f"machine drift: {UPSTREAM_LABEL} measured {a.rows_per_second:,.0f} rows/s "
+                   f"(p99 {a.p99_ms:.0f} ms) first and {b.rows_per_second:,.0f} rows/s "
+                   f"(p99 {b.p99_ms:.0f} ms) last, {drift:+.0%}: differences between "
+                   "settings, or between model and measurement, smaller than that are "
+                   "this machine's noise")
+    judged = [p for p in points if p.predicted is not None and not p.calibration]
+    close = [p for p in judged if not p.flagged]
+    if judged:
+        text = (f"model vs measurement: within {FLAG_DIFFERENCE:.0%} on rows/s and p99 at "
+                f"{len(close)} of {len(judged)} predicted points")
+        flagged = [p for p in judged if p.flagged]
+        if flagged:
+            text += "; off at " + "; ".join(
+                f"{p.label} {p.workload}/{p.protocol} (rows/s {_pct(p.throughput_error)}, "
+                f"p99 {_pct(p.p99_error)})" for p in flagged)
+        out.append(text)
+    search = report.search
+    if search.padding_cost:
+        out.append(search.padding_cost)
+    if search.best is not None and search.open_capacity > 0:
+        out.append(f"the model's best setting sustains up to {search.open_capacity:,.0f} "
+                   f"requests/s of open-loop (Poisson) traffic with p99 under "
+                   f"{report.objective.slo_p99_ms:g} ms")
+    if search.best is None:
+        closest = min((c for c in search.front), key=lambda c: c.primary().p99_ms,
+                      default=None)
+        if closest is not None:
+            out.append(f"no setting meets the objective in the model; the lowest p99 is "
+                       f"{closest.primary().p99_ms:.0f} ms ({closest.settings.describe()}): "
+                       "raise --slo_p99_ms, or lower --clients/--rate")
+    return tuple(out)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:+.0%}"
+
+
+def notes(report) -> tuple[str, ...]:
+    """How it was measured, honestly."""
+    out = []
+    if report.backend == "local":
+        out.append("proven on serving-opt's local TF-Serving-compatible server (a stand-in: "
+                   "its --enable_batching batches like upstream's BatchingSession, but its "
+                   "per-request cost is a Python server's); no Docker engine or "
+                   "tensorflow_model_server binary ran here. TF Serving's C++ server spends "
+                   "less per request, so its figures are expected higher")
+    else:
+        out.append(f"proven on {report.server}")
+    out.append(f"{report.cores} cores; the load generator runs on the same machine and "
+               "takes CPU from the server, as the issue's measurements did")
+    return tuple(out)

@@ -1,0 +1,188 @@
+"""``TuneReport``: everything a tuning run found, measured and recommends; and its table.
+
+Example:
+    >>> print(format_report(report))
+    >>> report.recommendation.settings.batching.max_batch_size
+    16
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from serving_opt import report as report_lib
+from serving_opt.tune.calibrate import Calibration
+from serving_opt.tune.profile import ModelProfile
+from serving_opt.tune.prove import ProvenPoint
+from serving_opt.tune.search import Objective, SearchResult
+from serving_opt.tune.settings import ServingSettings
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The settings to deploy, as TF Serving reads them.
+
+    ``parameters_text`` is the batching_parameters.txt content ('' for no batching);
+    ``flags`` the ``tensorflow_model_server`` flags for a model at ``/models/<name>``
+    with that file at ``/config/batching_parameters.txt``; ``basis`` says why these.
+
+    Example:
+        >>> print(recommendation.command)
+        tensorflow_model_server --port=8500 --rest_api_port=8501 --model_name=clf ...
+    """
+
+    settings: ServingSettings
+    parameters_text: str
+    flags: tuple[str, ...]
+    basis: str
+
+    @property
+    def command(self) -> str:
+        return " ".join(("tensorflow_model_server", *self.flags))
+
+
+@dataclass(frozen=True)
+class TuneReport:
+    """One tuning run: the profile, the calibration, the search, the proof, the verdict.
+
+    ``findings`` are the sentences a reader needs (comparisons, ceiling, agreement of
+    model and measurement); ``notes`` say how it was measured (which server, noise).
+
+    Example:
+        >>> report.proven[0].label
+        'TF Serving default (no batching)'
+    """
+
+    model_base: str
+    model_dir: str
+    model_name: str
+    version: int
+    signature: str
+    objective: Objective
+    backend: str
+    backend_note: str
+    server: str
+    tensorflow_version: str
+    cores: int
+    profile: ModelProfile
+    calibrations: tuple[Calibration, ...]
+    search: SearchResult
+    proven: tuple[ProvenPoint, ...]
+    recommendation: Recommendation | None
+    ceiling_rows_per_second: float
+    ceiling_batch_size: int
+    findings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    sandbox: str = ""
+    seconds: float = 0.0
+    outputs: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.recommendation is not None
+
+    def to_dict(self) -> dict:
+        """JSON-ready: derived figures of each point included, infinities as null."""
+        out = report_lib.to_jsonable(self)
+        out["proven"] = [_finite(report_lib.to_jsonable(p.to_dict())) for p in self.proven]
+        out["ok"] = self.ok
+        if self.recommendation is not None:
+            out["recommendation"]["command"] = self.recommendation.command
+            out["recommendation"]["describe"] = self.recommendation.settings.describe()
+        return _finite(out)
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _ms(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value:.1f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.0%}"
+
+
+def format_report(report: TuneReport) -> str:
+    """The human table: profile, proof (prediction next to measurement), verdict."""
+    objective = report.objective
+    load = []
+    if objective.clients:
+        load.append(f"{objective.clients} closed-loop clients")
+    if objective.rate:
+        load.append(f"{objective.rate:g} requests/s open loop")
+    lines = [
+        f"serving-opt tune: {report.model_name} version {report.version} "
+        f"({report.signature}), {' and '.join(load)}, {objective.rows_per_request} "
+        f"row(s) per request, p99 SLO {objective.slo_p99_ms:g} ms",
+        f"  server   {report.server} ({report.backend_note})",
+        f"  sandbox  {report.sandbox or '-'}",
+        "",
+        "session alone (profile; rows/s at each batch size):",
+    ]
+    curves = report.profile.curves
+    sizes = curves[0].batch_sizes if curves else ()
+    rows = []
+    for curve in curves:
+        rows.append([curve.threads.describe(),
+                     *[f"{curve.rows_per_second(n):,.0f}" if n in curve.batch_sizes else "-"
+                       for n in sizes]])
+    lines.append(report_lib.table(["threads", *[f"b{n}" for n in sizes]], rows, indent="  "))
+    lines.append("")
+    lines.append("server overhead (calibration against upstream's batching defaults):")
+    for calibration in report.calibrations:
+        lines.append(f"  {calibration.protocol}: {calibration.note}")
+    lines.append("")
+    lines.append("proven (measured on the server; predicted by the model before measuring):")
+    rows = []
+    for point in report.proven:
+        p, m = point.predicted, point.measured
+        what = f"{point.workload}/{point.protocol}"
+        rows.append([
+            point.label + (" *" if point.calibration else ""), what,
+            f"{m.rows_per_second:,.0f}", _ms(m.p99_ms),
+            f"{p.rows_per_second:,.0f}" if p else "-", _ms(p.p99_ms) if p else "-",
+            _pct(point.throughput_error), _pct(point.p99_error),
+            f"{m.rejected}" if m.rejected else "", "FLAG" if point.flagged else ""])
+    lines.append(report_lib.table(
+        ["settings", "load", "rows/s", "p99 ms", "pred rows/s", "pred p99", "d rows/s",
+         "d p99", "rejected", ">25%"], rows, indent="  "))
+    lines.append("  (* the model was fitted to this point; d = measured / predicted - 1)")
+    lines.append("")
+    labels = {}
+    for point in report.proven:
+        labels.setdefault(point.label, point.settings)
+    lines.append("settings:")
+    for label, settings in labels.items():
+        lines.append(f"  {label}: {settings.describe()}")
+    if report.findings:
+        lines.append("")
+        lines.append("findings:")
+        lines.extend(f"  - {finding}" for finding in report.findings)
+    if report.notes:
+        lines.append("")
+        lines.extend(f"note: {note}" for note in report.notes)
+    lines.append("")
+    if report.recommendation is None:
+        lines.append("recommendation: none meets the objective (see findings)")
+    else:
+        rec = report.recommendation
+        lines.append(f"recommendation ({rec.basis}): {rec.settings.describe()}")
+        lines.append(f"  {rec.command}")
+        if rec.parameters_text:
+            lines.extend("  | " + line for line in rec.parameters_text.rstrip().splitlines())
+    if report.outputs:
+        lines.append("")
+        lines.append("written:")
+        lines.extend(f"  {name:<24} {path}" for name, path in report.outputs.items())
+    return "\n".join(lines)

@@ -1,0 +1,498 @@
+"""``tune()``: measure the model, model the batcher, search, prove, recommend.
+
+The run, in order (each step says what it does while it works):
+
+0. **check** (here, before anything runs): options, the version, the signature, the
+   static check of the graph (a SavedModel is code), ``--examples``,
+   ``--current_parameters_file``, the output directory;
+1. **profile** the session alone, one fresh process per thread setting (``profile``);
+2. **calibrate** the server's own cost per request against upstream's batching
+   defaults with one client and with N (``calibrate``); these also are upstream's
+   proven points;
+3. **search** the settings with the scheduler model (``search``);
+4. **prove** TF Serving's default (no batching), the best few and the user's current
+   file on the real server under real load, each point next to its prediction
+   (``prove``);
+5. **recommend** the proven setting that measured best within the SLO.
+
+Steps 1-4 run the model, so they run in one sandboxed worker (``serving_opt.sandbox``:
+read-only model and Python, no network but its own loopback, where the server and
+the load generator talk); what comes back is the report, as data. ``outputs.write``
+then writes what a deployment uses.
+
+Example:
+    >>> report = tune("/models/mnv2", TuneOptions(clients=16, slo_p99_ms=250),
+    ...               output_dir="build/tune")
+    >>> report.recommendation.command
+    'tensorflow_model_server --port=8500 ... --enable_batching=true ...'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Callable
+
+from serving_opt import sandbox as sandbox_lib
+from serving_opt.errors import UsageError
+from serving_opt.savedmodel import loader
+from serving_opt.serving import backends
+from serving_opt.tune import calibrate, load, payloads, prove, search
+from serving_opt.tune import profile as profile_lib
+from serving_opt.tune.options import TuneOptions, check_options
+from serving_opt.tune.prove import ProvenPoint
+from serving_opt.tune.report import Recommendation, TuneReport
+from serving_opt.tune.settings import (
+    PARAMETERS_FILENAME,
+    BatchingSettings,
+    ServingSettings,
+    ThreadSettings,
+    cores,
+    tf_serving_default,
+    upstream_batching,
+)
+
+DEFAULT_LABEL = "TF Serving default (no batching)"
+UPSTREAM_LABEL = "upstream batching defaults"
+CURRENT_LABEL = "your parameters file"
+AGAIN_LABEL = "upstream batching defaults, again"
+TUNED_LABEL = "tuned"
+MAX_AUTO_BOUND = 512
+CONTAINER_PARAMETERS = f"/config/{PARAMETERS_FILENAME}"
+
+
+def tune(model_base: str, options: TuneOptions | None = None,
+         progress: Callable[[str], None] | None = None,
+         output_dir: str | None = None) -> TuneReport:
+    """Tunes TF Serving's batching and threads for the model in ``model_base``.
+
+    Raises UsageError/ServingOptError before any work for bad options or a model that
+    cannot run; otherwise returns the report (``report.ok`` False when no setting met
+    the objective). With ``output_dir``, also writes the deployment files there
+    (``report.outputs`` names them).
+
+    Example:
+        >>> tune("/models/mnv2", TuneOptions(clients=16, slo_p99_ms=250)).ok
+        True
+    """
+    say = progress or (lambda m: None)
+    options = options or TuneOptions()
+    check_options(options)
+    model_base = os.path.abspath(model_base)
+    from serving_opt.serving import validate
+
+    version = validate.resolve_version(model_base, options.version)
+    model_dir = validate.version_dir(model_base, version)
+    loader.check_model_files(model_dir)
+    tags = loader.parse_tags(options.saved_model_tags)
+    if not tags:
+        raise UsageError("--saved_model_tags is empty", "e.g. --saved_model_tags=serve")
+    meta_graph = loader.find_meta_graph(loader.read_saved_model(model_dir), tags, model_dir)
+    signatures = loader.serving_signatures(meta_graph)
+    if options.signature_name not in signatures:
+        raise UsageError(f"--signature_name={options.signature_name} is not a signature of "
+                         f"{model_dir} (it has {', '.join(sorted(signatures)) or 'none'})",
+                         "pass one of those")
+    if not options.allow_file_ops:
+        from serving_opt import untrusted
+
+        untrusted.refuse_host_ops(meta_graph, sorted(signatures), "serve")
+    examples = os.path.abspath(options.examples) if options.examples else None
+    if examples:
+        from serving_opt.savedmodel import inputs as inputs_lib
+
+        inputs_lib.read_examples_file(examples)
+    current = read_current_parameters(options.current_parameters_file)
+    if output_dir is not None:
+        from serving_opt.tune import outputs
+
+        outputs.prepare(output_dir)
+    sandboxed = sandbox_lib.require(options.allow_unsandboxed, f"tune {model_dir}")
+    if sandboxed and options.allow_unsandboxed and options.server == "docker":
+        sandboxed = False  # the Docker client cannot run in a sandbox; the user trusts it
+    backend = backends.resolve_backend(options.server, sandboxed=sandboxed)
+    options = dataclasses.replace(options, examples=examples)
+    started = time.monotonic()
+    if sandboxed:
+        binaries = _binary_dirs(backend)
+        read_only = [model_base, *([examples] if examples else []), *binaries]
+        report = sandbox_lib.call(
+            "serving_opt.tune.tuner:execute", model_base, version, options, backend, current,
+            policy=sandbox_lib.Policy(read_only=tuple(read_only)), progress=say,
+            env=sandbox_lib.search_path(*binaries))
+    else:
+        report = execute(model_base, version, options, backend, current, say)
+    report = dataclasses.replace(report, sandbox=sandbox_lib.describe(sandboxed),
+                                 seconds=round(time.monotonic() - started, 1))
+    if output_dir is not None:
+        from serving_opt.tune import outputs
+
+        report = dataclasses.replace(report, outputs=outputs.write(report, output_dir))
+    return report
+
+
+def read_current_parameters(path: str | None) -> BatchingSettings | None:
+    """``--current_parameters_file`` as BatchingSettings; UsageError naming the problem."""
+    if not path:
+        return None
+    from serving_opt.serving.model_server.batching import read_batching_parameters
+    from serving_opt.serving.model_server.status import ServingStatusError
+
+    if not os.path.isfile(path):
+        raise UsageError(f"--current_parameters_file={path} does not exist", "check the path")
+    try:
+        values = read_batching_parameters(path)
+    except ServingStatusError as e:
+        raise UsageError(f"--current_parameters_file={path}: {e.message}",
+                         "fix the file (TF Serving would refuse it too)") from None
+    settings = BatchingSettings(
+        max_batch_size=values.get("max_batch_size", BatchingSettings.max_batch_size),
+        batch_timeout_micros=values.get("batch_timeout_micros", 0),
+        max_enqueued_batches=values.get("max_enqueued_batches", 10),
+        num_batch_threads=values.get("num_batch_threads", 0),
+        allowed_batch_sizes=tuple(values.get("allowed_batch_sizes", ())),
+        pad_variable_length_inputs=bool(values.get("pad_variable_length_inputs", False)))
+    return settings
+
+
+def _binary_dirs(backend: str) -> list[str]:
+    if backend != "binary":
+        return []
+    import shutil
+
+    binary = shutil.which(backends.BINARY_NAME)
+    if binary is None:
+        return []
+    return list(dict.fromkeys([os.path.dirname(os.path.abspath(binary)),
+                               os.path.dirname(os.path.realpath(binary))]))
+
+
+# --------------------------------------------------------------- in the worker
+
+
+def plan(options: TuneOptions, cpus: int) -> profile_lib.ProfilePlan:
+    """What the profile measures for ``options`` on ``cpus`` cores.
+
+    Example:
+        >>> plan(TuneOptions(clients=16), 2).batch_sizes
+        (1, 2, 4, 8, 16, 32)
+    """
+    r = options.rows_per_request
+    n = options.clients
+    if options.max_batch_size_bound:
+        bound = options.max_batch_size_bound
+    else:
+        want = 2 * n * r if n else 0
+        if options.rate:
+            # What arrives in half the SLO could share a batch.
+            want = max(want, int(options.rate * options.slo_p99_ms / 2000.0) * r)
+        bound = min(MAX_AUTO_BOUND * r, max(32, want, r))
+    sizes = {r * 2 ** j for j in range(0, 21) if r * 2 ** j <= bound}
+    if n:
+        sizes |= {x for x in (n * r, max(1, n // 2) * r) if x <= bound}
+    sizes.add(bound)
+    intra = options.intra_op if options.intra_op is not None else ((0, 1) if cpus > 1 else (0,))
+    inter = options.inter_op if options.inter_op is not None else (0,)
+    threads = tuple(ThreadSettings(a, b) for a in intra for b in inter)
+    # Overlapping runs: no batching runs one per request in the server at once; batch
+    # threads run up to one per core.
+    most = max(n, 2 * cpus) if n else 4 * cpus
+    ks = sorted({k for k in (2, 4, 8, 16, 32, 64) if k <= min(most, 64)} | {min(most, 64)})
+    concurrency = [(r, k) for k in ks if k > 1]
+    middle = n * r if n and n * r <= bound else sorted(sizes)[len(sizes) // 2]
+    for size in sorted({middle, bound}):
+        concurrency += [(size, k) for k in range(2, min(cpus, 4) + 1)]
+    return profile_lib.ProfilePlan(
+        batch_sizes=tuple(sorted(sizes)), thread_settings=threads,
+        concurrency=tuple(dict.fromkeys(concurrency)), seconds=options.profile_seconds,
+        max_latency_s=options.slo_p99_ms / 1000.0,
+        tags=tuple(sorted(loader.parse_tags(options.saved_model_tags))),
+        examples=options.examples, seed=options.seed)
+
+
+@dataclasses.dataclass
+class _Run:
+    """What the steps of one run share (in the worker)."""
+
+    model_base: str
+    version: int
+    options: TuneOptions
+    backend: str
+    say: Callable[[str], None]
+    name: str
+    spec: backends.ServerSpec
+    protocols: tuple[str, ...]
+    payloads: tuple
+    generator: load.Generator
+
+    def load_for(self, workload: str, clients: int | None = None) -> load.Load:
+        o = self.options
+        if workload == "closed":
+            return load.Load("closed", clients=clients or o.clients, duration=o.duration,
+                             warmup=o.warmup, timeout=o.request_timeout, seed=o.seed)
+        return load.Load("open", rate=o.rate, duration=o.duration, warmup=o.warmup,
+                         timeout=o.request_timeout, seed=o.seed)
+
+    def measure(self, target: load.Target, what: load.Load, label: str) -> load.LoadResult:
+        result = self.generator.run(target, what,
+                                    timeout=what.warmup + what.duration + what.timeout + 120)
+        prove.check_answers(result, label)
+        return result
+
+    @contextlib.contextmanager
+    def serve(self, settings: ServingSettings, started=None):
+        """A server with ``settings``, AVAILABLE and warm: its first requests (Grappler
+        on the first run, each new shape's kernels) answered before anything counts."""
+        with prove.running(self.backend, self.spec, settings, None,
+                           self.options.load_deadline, self.say, started) as server:
+            for target in self.targets(server).values():
+                self.generator.run(target, load.Load(
+                    "closed", clients=max(1, min(self.options.clients or 4, 4)),
+                    duration=max(0.5, self.options.warmup), warmup=0.0,
+                    timeout=max(self.options.request_timeout, 120.0)))
+            yield server
+
+    def targets(self, server) -> dict[str, load.Target]:
+        return payloads.targets(server.address, server.rest_address, self.name, self.version,
+                                self.payloads, self.options.rows_per_request)
+
+
+# (label, settings, workload, protocol, measured, the model was fitted to it)
+_Measured = tuple[str, ServingSettings, str, str, load.LoadResult, bool]
+
+
+def execute(model_base: str, version: int, options: TuneOptions, backend: str,
+            current: BatchingSettings | None = None,
+            progress: Callable[[str], None] | None = None) -> TuneReport:
+    """Steps 1-5 (see the module doc), where the model may run (the sandbox)."""
+    say = progress or sandbox_lib.say
+    from serving_opt.serving import validate
+
+    model_dir = validate.version_dir(model_base, version)
+    name = options.model_name or os.path.basename(model_base.rstrip("/")) or "model"
+    cpus = cores()
+    protocols = tuple(p for p in ("grpc", "rest") if p in options.protocols)
+    objective = search.Objective(options.slo_p99_ms, options.clients, options.rate,
+                                 options.rows_per_request, options.max_reject_fraction,
+                                 options.padding, options.seed)
+    the_plan = plan(options, cpus)
+    say(f"1/4 measuring {model_dir} as TF Serving runs it: batch sizes "
+        f"{', '.join(map(str, the_plan.batch_sizes))}, threads "
+        f"{'; '.join(t.describe() for t in the_plan.thread_settings)} "
+        f"({options.profile_seconds:g} s per point, a fresh process per thread setting)")
+    model_profile = profile_lib.profile(model_dir, options.signature_name, the_plan, say)
+    built = payloads.build(model_dir, name, version, options.signature_name,
+                           options.rows_per_request, the_plan.tags, options.examples,
+                           options.seed)
+    spec = backends.ServerSpec(model_name=name, model_base=model_base, image=options.image,
+                               saved_model_tags=options.saved_model_tags,
+                               rest_api="rest" in protocols, version=version)
+    with load.Generator() as generator:  # one process for every load point
+        run = _Run(model_base, version, options, backend, say, name, spec, protocols, built,
+                   generator)
+        say(f"2/4 calibrating: the server's own cost per request, against {UPSTREAM_LABEL}")
+        calibrations, measured, server = _calibrate(run, model_profile, cpus)
+        service = calibrations[protocols[0]].service
+        # TF Serving's default does not depend on the search: its server starts (imports,
+        # loads, warms up) while the model searches, when nothing is being measured.
+        default = prove.launch(backend, spec, tf_serving_default(DEFAULT_THREADS), None, say)
+        try:
+            say("3/4 searching the settings with a model of TF Serving's batch scheduler")
+            result = search.search(model_profile, objective, service, progress=say,
+                                   cpus=cpus, default_threads=DEFAULT_THREADS)
+            if result.best is not None:
+                say(f"  best predicted: {result.best.settings.describe()} "
+                    f"({_summary(result.best.primary())})")
+            else:
+                say("  no setting meets the objective in the model; proving the closest")
+        except BaseException:
+            default.stop()
+            raise
+        measured += _prove(run, result, objective, current, default)
+    workloads = objective.workloads()
+    points = [ProvenPoint(label, settings, workload, protocol, m,
+                          search.predict(model_profile, settings, workloads[workload],
+                                         calibrations[protocol].service), fitted)
+              for label, settings, workload, protocol, m, fitted in measured]
+    ceiling_batch, ceiling = _ceiling(model_profile)
+    report = TuneReport(
+        model_base=model_base, model_dir=model_dir, model_name=name, version=version,
+        signature=options.signature_name, objective=objective, backend=backend,
+        backend_note=backends.BACKEND_NOTES[backend], server=server[0],
+        tensorflow_version=server[1], cores=cpus, profile=model_profile,
+        calibrations=tuple(calibrations[p] for p in protocols), search=result,
+        proven=tuple(points),
+        recommendation=recommend(points, objective, protocols[0], name, result),
+        ceiling_rows_per_second=ceiling, ceiling_batch_size=ceiling_batch)
+    from serving_opt.tune import findings
+
+    return dataclasses.replace(report, findings=findings.findings(report),
+                               notes=findings.notes(report))
+
+
+DEFAULT_THREADS = ThreadSettings()
+
+
+def _calibrate(run: _Run, model_profile, cpus: int):
+    """Step 2: upstream's batching defaults under 1 and N clients per protocol (and the
+    open loop); the fitted ServiceModels, their measured points, and what answered.
+
+    Upstream's defaults (timeout 0, a batch thread per core) run at most a few sessions
+    at once, as the profile ran them, so what N clients miss there is the server's own
+    cost; TF Serving's default (a session per request, all at once) is then a prediction.
+    """
+    o = run.options
+    upstream = upstream_batching(DEFAULT_THREADS)
+    curve = _curve_or_first(model_profile, DEFAULT_THREADS)
+    calibrations: dict[str, calibrate.Calibration] = {}
+    measured: list[_Measured] = []
+    with run.serve(upstream) as server:
+        targets = run.targets(server)
+        for protocol in run.protocols:
+            run.say(f"  {protocol}: 1 client for {o.calibration_seconds:g} s")
+            one = run.measure(targets[protocol],
+                              load.Load("closed", clients=1, duration=o.calibration_seconds,
+                                        warmup=min(1.0, o.warmup), timeout=o.request_timeout),
+                              UPSTREAM_LABEL)
+            many_n = o.clients or max(2, 2 * cpus)
+            run.say(f"  {protocol}: {many_n} clients for {o.duration:g} s")
+            many = run.measure(targets[protocol], run.load_for("closed", many_n),
+                               UPSTREAM_LABEL)
+            calibrations[protocol] = calibrate.fit(curve, o.rows_per_request, one, many,
+                                                   protocol, model_profile.merge_s_per_row,
+                                                   o.seed, upstream.batching)
+            run.say(f"  {protocol}: {calibrations[protocol].note}")
+            if o.clients:
+                measured.append((UPSTREAM_LABEL, upstream, "closed", protocol, many, True))
+            if o.rate:
+                run.say(f"  {protocol}: {o.rate:g} requests/s for {o.duration:g} s")
+                result = run.measure(targets[protocol], run.load_for("open"), UPSTREAM_LABEL)
+                measured.append((UPSTREAM_LABEL, upstream, "open", protocol, result, False))
+        answered = (server.description, server.tf_version)
+    return calibrations, measured, answered
+
+
+def _prove(run: _Run, result: search.SearchResult, objective: search.Objective,
+           current: BatchingSettings | None, default) -> list[_Measured]:
+    """Step 4: TF Serving's default, the best (and ``--prove`` runners-up from the front),
+    the user's current file, each on a server of its own under every workload."""
+    o = run.options
+    primary = run.protocols[0]
+    to_prove: list[tuple[str, ServingSettings, tuple[str, ...]]] = [
+        (DEFAULT_LABEL, tf_serving_default(DEFAULT_THREADS), run.protocols)]
+    chosen = [result.best] if result.best is not None else list(result.front[:1])
+    for candidate in (*result.runners_up, *result.front):
+        if len(chosen) >= 1 + o.prove:
+            break
+        if all(candidate.settings != c.settings for c in chosen):
+            chosen.append(candidate)
+    for i, candidate in enumerate(chosen):
+        label = TUNED_LABEL if i == 0 else f"{TUNED_LABEL} #{i + 1}"
+        to_prove.append((label, candidate.settings, run.protocols if i == 0 else (primary,)))
+    if current is not None:
+        to_prove.append((CURRENT_LABEL, ServingSettings(current, DEFAULT_THREADS),
+                         run.protocols))
+    run.say(f"4/4 proving {len(to_prove)} more settings on the server, {o.duration:g} s per "
+            "load point" + (", then the calibration point again" if o.recheck else ""))
+    measured: list[_Measured] = []
+    for label, settings, protocols in to_prove:
+        with run.serve(settings, default if label == DEFAULT_LABEL else None) as server:
+            targets = run.targets(server)
+            for workload in objective.workloads():
+                for protocol in protocols:
+                    m = run.measure(targets[protocol], run.load_for(workload), label)
+                    measured.append((label, settings, workload, protocol, m, False))
+                    run.say(f"  {label} {workload}/{protocol}: {_measured(m)}")
+    if o.recheck:
+        # The calibration point once more, last: how far the machine itself moved while
+        # everything above was measured (a difference below that is noise).
+        workload = "closed" if o.clients else "open"
+        settings = upstream_batching(DEFAULT_THREADS)
+        with run.serve(settings) as server:
+            m = run.measure(run.targets(server)[primary], run.load_for(workload), AGAIN_LABEL)
+        measured.append((AGAIN_LABEL, settings, workload, primary, m, True))
+        run.say(f"  {AGAIN_LABEL} {workload}/{primary}: {_measured(m)}")
+    return measured
+
+
+def _curve_or_first(model_profile, threads: ThreadSettings):
+    try:
+        return model_profile.curve(threads)
+    except KeyError:
+        return model_profile.curves[0]
+
+
+def _summary(p) -> str:
+    return f"{p.rows_per_second:,.0f} rows/s, p99 {p.p99_ms:.1f} ms"
+
+
+def _measured(m: load.LoadResult) -> str:
+    text = f"{m.rows_per_second:,.0f} rows/s, p99 {m.p99_ms:.1f} ms"
+    if m.errors:
+        text += f", errors {m.errors}"
+    return text
+
+
+def _ceiling(model_profile) -> tuple[int, float]:
+    best = (1, 0.0)
+    for curve in model_profile.curves:
+        for n in curve.batch_sizes:
+            if curve.rows_per_second(n) > best[1]:
+                best = (n, curve.rows_per_second(n))
+    return best
+
+
+def recommend(points: list[ProvenPoint], objective: search.Objective, protocol: str,
+              model_name: str, result: search.SearchResult) -> Recommendation | None:
+    """The proven setting that measured best within the SLO (primary workload and
+    protocol); None when none did.
+
+    Example:
+        >>> recommend(points, objective, "grpc", "clf", result).basis
+        'measured best of 5 proven settings within the p99 SLO'
+    """
+    workload = "closed" if objective.clients else "open"
+    meets: dict[str, ProvenPoint] = {}
+    labels = []
+    for point in points:
+        if point.protocol != protocol or point.label == AGAIN_LABEL:
+            continue
+        if point.label not in labels:
+            labels.append(point.label)
+        ok = all(_meets(p, objective) for p in points
+                 if p.label == point.label and p.protocol == protocol)
+        if ok and point.workload == workload:
+            meets[point.label] = point
+    if not meets:
+        return None
+
+    def key(point: ProvenPoint) -> tuple:
+        m = point.measured
+        if workload == "closed":
+            return (-m.rows_per_second, m.p99_ms)
+        return (m.p99_ms, -m.rows_per_second)
+
+    winner = min(meets.values(), key=key)
+    predicted_best = result.best.settings if result.best is not None else None
+    basis = f"measured best of {len(labels)} proven settings within the p99 SLO"
+    if predicted_best is not None and winner.settings != predicted_best:
+        basis += " (not the model's first choice)"
+    settings = winner.settings
+    parameters = settings.batching.text_proto() if settings.batching is not None else ""
+    flags = settings.flags(f"/models/{model_name}", model_name,
+                           CONTAINER_PARAMETERS if settings.batching is not None else None)
+    return Recommendation(settings, parameters, flags, basis)
+
+
+def _meets(point: ProvenPoint, objective: search.Objective) -> bool:
+    m = point.measured
+    if m.requests == 0 or m.ok == 0:
+        return False
+    if m.rejected / m.requests > objective.max_reject_fraction:
+        return False
+    if m.ok < m.requests * (1 - objective.max_reject_fraction) - 0.5:
+        return False  # other errors (deadline, internal) are failures too
+    return math.isfinite(m.p99_ms) and m.p99_ms <= objective.slo_p99_ms

@@ -1,0 +1,107 @@
+"""``serving-opt tune``: usage errors before any work, and one real run end to end.
+
+The end-to-end run uses a tiny real model (the conv net sample), the real sandbox, a
+real local server with ``--enable_batching``, and real gRPC and REST load, with a
+budget of about a second per point; it asserts that every file a deployment uses is
+written and agrees with the report, never on the figures themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from serving_opt.cli import main as cli
+from serving_opt.serving.model_server.batching import parse_batching_parameters
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = cli.main(["serving-opt", "tune", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--output_dir=/tmp/x", "--slo_p99_ms=250", "--clients=4"],
+     "missing required flag(s) --model_base_path"),
+    (["--model_base_path=/m", "--output_dir=/tmp/x", "--clients=4"],
+     "missing required flag(s) --slo_p99_ms"),
+    (["--model_base_path=/m", "--output_dir=/tmp/x", "--slo_p99_ms=250"],
+     "nothing to tune for: give --clients=N"),
+    (["--model_base_path=/m", "--output_dir=/tmp/x", "--slo_p99_ms=0", "--clients=4"],
+     "--slo_p99_ms=0.0 must be a positive number"),
+    (["--model_base_path=/m", "--output_dir=/tmp/x", "--slo_p99_ms=250", "--clients=4",
+      "--tensorflow_intra_op_parallelism=two"], "is not 'auto' or a list of thread counts"),
+    (["--model_base_path=/m", "--output_dir=/tmp/x", "--slo_p99_ms=250", "--clients=4",
+      "--allowed_batch_sizes=16,8"], "--allowed_batch_sizes=16,8 must increase"),
+    (["--model_base_path=/m", "--output_dir=/tmp/x", "--slo_p99_ms=250", "--clients=4",
+      "--protocols=grpc,pigeon"], "must name grpc, rest or both"),
+    (["--model_base_path=/m", "--output_dir=/tmp/x", "--slo_p99_ms=250", "--rate=-3"],
+     "--rate=-3.0 must be a positive number"),
+    (["--model_base_path=/m", "--output_dir=/tmp/x", "--slo_p99_ms=250", "--clients=4",
+      "--rows_per_request=8", "--max_batch_size_bound=4"], "is below --rows_per_request=8"),
+])
+def test_usage_errors_are_one_line_with_the_fix_and_exit_2(capsys, args, message):
+    code, out, err = run(capsys, *args)
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+    assert out == ""
+
+
+def test_a_missing_model_base_fails_before_any_work(capsys, tmp_path):
+    code, _, err = run(capsys, f"--model_base_path={tmp_path}/none", "--clients=4",
+                       "--slo_p99_ms=250", f"--output_dir={tmp_path}/out")
+    assert code == 1
+    assert "does not exist" in err and len(err.strip().splitlines()) == 1
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_an_unknown_signature_is_a_usage_error(capsys, convnet_base, tmp_path):
+    code, _, err = run(capsys, f"--model_base_path={convnet_base}", "--clients=4",
+                       "--slo_p99_ms=250", f"--output_dir={tmp_path}/out",
+                       "--signature_name=nope")
+    assert code == 2
+    assert "--signature_name=nope is not a signature" in err and "serving_default" in err
+
+
+def test_tune_end_to_end_writes_every_output(capsys, convnet_base, tmp_path):
+    out_dir = tmp_path / "tune"
+    code, out, err = run(
+        capsys, f"--model_base_path={convnet_base}", "--clients=4", "--rate=40",
+        "--slo_p99_ms=2000", f"--output_dir={out_dir}", "--tensorflow_intra_op_parallelism=0",
+        "--max_batch_size_bound=8", "--profile_seconds=0.05", "--duration=1", "--warmup=0.3",
+        "--calibration_seconds=0.5", "--prove=0", "--norecheck", "--protocols=grpc,rest")
+    assert code == 0, err
+    # Progress showed while it measured, step by step.
+    for step in ("1/4 measuring", "2/4 calibrating", "3/4 searching", "4/4 proving"):
+        assert step in err
+    report = json.loads((out_dir / "tune.json").read_text())
+    assert report["ok"] is True
+    labels = {(p["label"], p["workload"], p["protocol"]) for p in report["proven"]}
+    for label in ("TF Serving default (no batching)", "upstream batching defaults", "tuned"):
+        for workload in ("closed", "open"):
+            assert (label, workload, "grpc") in labels
+            assert (label, workload, "rest") in labels
+    for point in report["proven"]:
+        assert point["measured"]["ok"] > 0
+        assert point["predicted"] is not None
+    assert report["server"].startswith("local:serving-opt serve")
+    assert "bubblewrap" in report["sandbox"]
+    assert [c["protocol"] for c in report["calibrations"]] == ["grpc", "rest"]
+
+    recommendation = report["recommendation"]
+    flags_line = (out_dir / "tensorflow_model_server.flags").read_text().strip()
+    assert flags_line == recommendation["command"]
+    for name in ("tune.txt", "docker/Dockerfile", "docker/compose.yaml", "docker.diff"):
+        assert (out_dir / name).stat().st_size > 0, name
+    assert (out_dir / "tune.png").exists() or (out_dir / "tune.svg").exists()
+    if recommendation["settings"]["batching"] is not None:
+        text = (out_dir / "batching_parameters.txt").read_text()
+        values = parse_batching_parameters(text)
+        assert values["max_batch_size"] == recommendation["settings"]["batching"][
+            "max_batch_size"]
+        assert "--enable_batching=true" in flags_line
+    assert "recommendation" in out and "model vs measurement" in out

@@ -1,0 +1,74 @@
+"""The load generator against a real server: answers counted, rejections counted as the
+batcher's, open-loop arrivals exactly the seeded Poisson sequence.
+
+A local server with ``--enable_batching`` (one batch thread, batches of one request,
+one batch allowed to wait) runs in-process on loopback; the generator is its own
+process, as in a tuning run. Nothing here depends on how fast this machine is: counts
+of what was sent and how it was answered, not times.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from serving_opt.serving.model_server import ServerOptions, serve
+from serving_opt.tune import load, payloads
+from serving_opt.tune.settings import BatchingSettings
+
+
+@pytest.fixture(scope="module")
+def server(convnet_base, tmp_path_factory):
+    parameters = tmp_path_factory.mktemp("batching") / "batching_parameters.txt"
+    parameters.write_text(BatchingSettings(max_batch_size=1, batch_timeout_micros=0,
+                                           max_enqueued_batches=1,
+                                           num_batch_threads=1).text_proto())
+    running = serve(ServerOptions(model_name="convnet", model_base_path=convnet_base, port=0,
+                                  rest_api_port=-1, enable_batching=True,
+                                  batching_parameters_file=str(parameters),
+                                  startup_timeout_seconds=120))
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def targets(server, convnet_dir):
+    built = payloads.build(convnet_dir, "convnet", 1, "serving_default", 1)
+    return payloads.targets(server.address, server.rest_address, "convnet", 1, built, 1)
+
+
+def test_a_full_batch_queue_is_counted_as_rejected(targets):
+    # Sixteen clients against one running batch and one waiting: the rest get UNAVAILABLE
+    # from the batcher, and the client keeps them apart from answers.
+    with load.Generator() as generator:
+        result = generator.run(targets["grpc"], load.Load("closed", clients=16, duration=1.0,
+                                                          warmup=0.2))
+    assert result.ok > 0
+    assert result.rejected > 0
+    assert result.errors.get("UNAVAILABLE") == result.rejected
+    assert result.requests == result.ok + sum(result.errors.values())
+    assert "queue" in result.first_error
+
+
+def test_rest_answers_and_rejections_are_counted(targets):
+    result = load.run(targets["rest"], load.Load("closed", clients=8, duration=1.0,
+                                                 warmup=0.2))
+    assert result.ok > 0
+    assert result.requests == result.ok + sum(result.errors.values())
+    assert set(result.errors) <= {"HTTP 503"}
+    assert result.rejected == result.errors.get("HTTP 503", 0)
+
+
+def test_open_loop_sends_the_seeded_poisson_arrivals(targets):
+    rate, warmup, duration, seed = 30.0, 0.5, 1.5, 7
+    result = load.run(targets["grpc"], load.Load("open", rate=rate, duration=duration,
+                                                 warmup=warmup, seed=seed))
+    rng = np.random.default_rng(seed)
+    at, expected = 0.0, 0
+    while True:
+        at += rng.exponential(1 / rate)
+        if at >= warmup + duration:
+            break
+        expected += at >= warmup
+    assert result.requests + result.shed == expected
+    assert result.ok + sum(result.errors.values()) == result.requests

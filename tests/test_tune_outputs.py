@@ -1,0 +1,245 @@
+"""What tune writes for a deployment is what TF Serving reads.
+
+``batching_parameters.txt`` is parsed as a ``tensorflow.serving.BatchingParameters``
+text proto and checked with TF Serving's own startup checks (the local server's
+reader, batching.py, built from session_bundle_config.proto's fields since the
+tensorflow-serving-api wheel does not ship that proto; with upstream's generated
+module when it is importable); the flag line is accepted by the flags TF Serving
+defines (as the local server mirrors them); the docker files mount and pass what
+the server needs. The report is made by the real functions (scheduler model,
+search, recommend) on a synthetic profile, so no model runs here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+from absl import flags
+
+from serving_opt.cli.commands import serve as serve_command
+from serving_opt.serving import backends
+from serving_opt.serving.model_server.batching import parse_batching_parameters
+from serving_opt.tune import outputs, tuner
+from serving_opt.tune.calibrate import Calibration
+from serving_opt.tune.curve import ConcurrencyPoint, LatencyCurve
+from serving_opt.tune.load import LoadResult
+from serving_opt.tune.profile import ModelProfile
+from serving_opt.tune.prove import ProvenPoint
+from serving_opt.tune.report import TuneReport, format_report
+from serving_opt.tune.scheduler import ServiceModel
+from serving_opt.tune.search import Objective, evaluate, search
+from serving_opt.tune.settings import (
+    PARAMETERS_FILENAME,
+    BatchingSettings,
+    ServingSettings,
+    ThreadSettings,
+    tf_serving_default,
+    upstream_batching,
+)
+
+DOCKER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docker")
+
+
+def _upstream_message():
+    """TF Serving's generated BatchingParameters, when a package ships it."""
+    try:
+        from tensorflow_serving.servables.tensorflow import session_bundle_config_pb2
+    except ImportError:
+        return None
+    return session_bundle_config_pb2.BatchingParameters
+
+
+@pytest.mark.parametrize("settings", [
+    BatchingSettings(),
+    BatchingSettings(max_batch_size=16, batch_timeout_micros=2_000, max_enqueued_batches=1,
+                     num_batch_threads=1),
+    BatchingSettings(max_batch_size=32, batch_timeout_micros=0, max_enqueued_batches=4,
+                     num_batch_threads=2, allowed_batch_sizes=(8, 16, 32),
+                     pad_variable_length_inputs=True),
+])
+def test_batching_parameters_parse_as_tf_serving_reads_them(settings):
+    text = settings.text_proto()
+    values = parse_batching_parameters(text)  # raises like TF Serving at startup
+    resolved = settings.resolved()
+    assert values["max_batch_size"] == resolved.max_batch_size
+    assert values["batch_timeout_micros"] == resolved.batch_timeout_micros
+    assert values["max_enqueued_batches"] == resolved.max_enqueued_batches
+    assert values["num_batch_threads"] == resolved.num_batch_threads
+    assert values.get("allowed_batch_sizes", []) == list(resolved.allowed_batch_sizes)
+    assert values.get("pad_variable_length_inputs", False) == resolved.pad_variable_length_inputs
+    upstream = _upstream_message()
+    if upstream is not None:
+        from google.protobuf import text_format
+
+        message = text_format.Parse(text, upstream())
+        assert message.max_batch_size.value == resolved.max_batch_size
+        assert list(message.allowed_batch_sizes) == list(resolved.allowed_batch_sizes)
+
+
+def test_a_written_file_reads_back_as_the_same_settings(tmp_path):
+    settings = BatchingSettings(24, 1_500, 2, 2, (8, 24))
+    path = tmp_path / PARAMETERS_FILENAME
+    path.write_text(settings.text_proto())
+    assert tuner.read_current_parameters(str(path)) == settings
+
+
+def test_settings_tf_serving_would_refuse_are_named():
+    bad = BatchingSettings(max_batch_size=16, allowed_batch_sizes=(4, 8))
+    assert bad.problems() == ["the last allowed_batch_sizes entry (8) must equal "
+                              "max_batch_size (16)"]
+    with pytest.raises(Exception, match="Last entry in allowed_batch_sizes"):
+        parse_batching_parameters(bad.text_proto())
+
+
+def _profile() -> ModelProfile:
+    sizes = (1, 2, 4, 8, 16, 32)
+    ms = (6.0, 8.0, 12.0, 19.0, 30.0, 45.0)
+    curve = LatencyCurve(ThreadSettings(), sizes, tuple(m / 1000 for m in ms),
+                         concurrency=(ConcurrencyPoint(1, 4, 0.022), ConcurrencyPoint(1, 8, 0.045),
+                                      ConcurrencyPoint(16, 2, 0.055)))
+    single = LatencyCurve(ThreadSettings(1, 0), sizes, tuple(2 * m / 1000 for m in ms),
+                          concurrency=(ConcurrencyPoint(16, 2, 0.061),))
+    return ModelProfile("serving_default", (curve, single))
+
+
+def _measured(prediction, factor: float) -> LoadResult:
+    return LoadResult("grpc", "closed", 8, 0.0, 1, 10.0, 100, 100,
+                      rows_per_second=prediction.rows_per_second * factor,
+                      requests_per_second=prediction.rows_per_second * factor,
+                      p50_ms=prediction.p50_ms * factor, p99_ms=prediction.p99_ms * factor)
+
+
+@pytest.fixture(scope="module")
+def report() -> TuneReport:
+    return synthetic_report()
+
+
+def synthetic_report() -> TuneReport:
+    """A report made by the real functions on a synthetic profile (no model runs)."""
+    profile = _profile()
+    objective = Objective(slo_p99_ms=250, clients=8)
+    service = ServiceModel(parallel_s=0.002, serial_s=0.0003)
+    result = search(profile, objective, service, cpus=2, screen_requests=200,
+                    final_requests=600)
+    points = []
+    for label, settings, factor in ((tuner.DEFAULT_LABEL, tf_serving_default(), 0.6),
+                                    (tuner.UPSTREAM_LABEL, upstream_batching(), 0.9),
+                                    (tuner.TUNED_LABEL, result.best.settings, 1.3)):
+        predicted = evaluate(profile, settings, objective, service, 600).predictions["closed"]
+        points.append(ProvenPoint(label, settings, "closed", "grpc", _measured(predicted, factor),
+                                  predicted, calibration=label == tuner.DEFAULT_LABEL))
+    recommendation = tuner.recommend(points, objective, "grpc", "mnv2", result)
+    calibration = Calibration("grpc", service, 0.006, 0.0023, note="overhead 2.30 ms")
+    made = TuneReport(
+        model_base="/models/mnv2", model_dir="/models/mnv2/1", model_name="mnv2", version=1,
+        signature="serving_default", objective=objective, backend="local",
+        backend_note=backends.BACKEND_NOTES["local"], server="local:test", tensorflow_version="x",
+        cores=2, profile=profile, calibrations=(calibration,), search=result,
+        proven=tuple(points), recommendation=recommendation, ceiling_rows_per_second=711.0,
+        ceiling_batch_size=32)
+    import dataclasses
+
+    from serving_opt.tune import findings
+
+    return dataclasses.replace(made, findings=findings.findings(made),
+                               notes=findings.notes(made))
+
+
+def test_the_recommendation_is_the_measured_best_within_the_slo(report):
+    # The tuned point measured 1.3x its prediction, upstream's defaults 0.9x.
+    rows = {p.label: p.measured.rows_per_second for p in report.proven}
+    winner = max(rows, key=rows.get)
+    assert report.recommendation.settings == next(p.settings for p in report.proven
+                                                  if p.label == winner)
+    assert report.recommendation.settings == report.search.best.settings
+    assert report.proven[2].flagged  # measured 30% over its prediction
+    assert not report.proven[1].flagged
+
+
+def test_every_output_is_written_and_consistent(report, tmp_path):
+    out = outputs.write(report, str(tmp_path))
+    rec = report.recommendation
+    settings = rec.settings
+    assert settings.batching is not None
+    expected = {"batching_parameters", "flags", "dockerfile", "docker_compose", "docker_env",
+                "docker_diff", "chart", "json", "table"}
+    assert expected <= set(out)
+    for path in out.values():
+        assert os.path.getsize(path) > 0
+
+    values = parse_batching_parameters(open(out["batching_parameters"]).read())
+    assert values["max_batch_size"] == settings.batching.max_batch_size
+
+    line = open(out["flags"]).read().split()
+    assert line[0] == "tensorflow_model_server"
+    assert "--enable_batching=true" in line
+    assert f"--batching_parameters_file=/config/{PARAMETERS_FILENAME}" in line
+    fv = flags.FlagValues()
+    serve_command.define_flags(fv)
+    fv(["serve", *line[1:]])  # every flag is one tensorflow_model_server defines
+    assert fv.enable_batching and fv.model_name == "mnv2"
+
+    dockerfile = open(out["dockerfile"]).read()
+    assert re.search(r"^FROM tensorflow/serving:\$\{TF_SERVING_TAG\}$", dockerfile, re.M)
+    assert f"ARG TF_SERVING_TAG={backends.DEFAULT_IMAGE.split(':')[1]}" in dockerfile
+    assert f"COPY ${{BATCHING_PARAMETERS}} /config/{PARAMETERS_FILENAME}" in dockerfile
+    cmd = json.loads(re.search(r"^CMD (\[.*\])$", dockerfile, re.M).group(1))
+    assert "--enable_batching=true" in cmd
+    assert f"--batching_parameters_file=/config/{PARAMETERS_FILENAME}" in cmd
+
+    compose = open(out["docker_compose"]).read()
+    assert f"image: {backends.DEFAULT_IMAGE}" in compose
+    assert f"../{PARAMETERS_FILENAME}:/config/{PARAMETERS_FILENAME}:ro" in compose
+    assert "      - --enable_batching=true" in compose
+    diff = open(out["docker_diff"]).read()
+    assert f"+COPY ${{BATCHING_PARAMETERS}} /config/{PARAMETERS_FILENAME}" in diff
+    env = dict(line.split("=", 1) for line in open(out["docker_env"]).read().split())
+    assert env["TF_INTRA_OP"] == str(settings.threads.intra_op)
+    assert env["MODEL_NAME"] == "mnv2"
+
+    data = json.loads(open(out["json"]).read(), parse_constant=_refuse)
+    assert data["ok"] is True
+    assert [p["label"] for p in data["proven"]] == [p.label for p in report.proven]
+    assert all("throughput_error" in p and "flagged" in p for p in data["proven"])
+    table = open(out["table"]).read()
+    assert "recommendation" in table and rec.command in table
+    with open(out["chart"], "rb") as f:
+        head = f.read(8)
+    assert head.startswith(b"\x89PNG") or head.startswith(b"<svg")
+
+
+def _refuse(name: str):
+    raise AssertionError(f"{name} in the JSON report")
+
+
+def test_the_table_shows_prediction_next_to_measurement(report):
+    table = format_report(report)
+    assert "pred rows/s" in table and "FLAG" in table
+    assert "model vs measurement" in table
+
+
+def test_the_project_override_passes_what_tune_writes():
+    override = open(os.path.join(DOCKER_DIR, "compose.tuned.yaml")).read()
+    assert f"/batching_parameters.txt:/config/{PARAMETERS_FILENAME}:ro" in override
+    assert "- --enable_batching=true" in override
+    assert f"- --batching_parameters_file=/config/{PARAMETERS_FILENAME}" in override
+    assert "${TF_INTRA_OP:-0}" in override and "${TF_INTER_OP:-0}" in override
+    assert tuner.CONTAINER_PARAMETERS == f"/config/{PARAMETERS_FILENAME}"
+
+
+def test_no_batching_recommended_writes_no_parameters_file(report, tmp_path):
+    import dataclasses
+
+    plain = dataclasses.replace(
+        report, recommendation=dataclasses.replace(
+            report.recommendation, settings=ServingSettings(None, ThreadSettings(1, 0)),
+            parameters_text="",
+            flags=ServingSettings(None, ThreadSettings(1, 0)).flags("/models/mnv2", "mnv2")))
+    out = outputs.write(plain, str(tmp_path))
+    assert "batching_parameters" not in out and "docker_env" not in out
+    assert not os.path.exists(tmp_path / PARAMETERS_FILENAME)
+    assert "--tensorflow_intra_op_parallelism=1" in open(out["flags"]).read()
+    assert "--enable_batching" not in open(out["dockerfile"]).read()
