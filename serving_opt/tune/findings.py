@@ -26,7 +26,7 @@ def _x(a: float, b: float) -> str:
 
 def findings(report) -> tuple[str, ...]:
     """Comparisons per workload and protocol, the ceiling, the server's cost, the model."""
-    from serving_opt.tune.tuner import DEFAULT_LABEL, TUNED_LABEL, UPSTREAM_LABEL
+    from serving_opt.tune.report import DEFAULT_LABEL, TUNED_LABEL, UPSTREAM_LABEL
 
     out = []
     points = report.proven
@@ -82,7 +82,7 @@ def findings(report) -> tuple[str, ...]:
         if over_ms > run_ms:
             text += "; the server's own cost dominates the model's"
         out.append(text)
-    from serving_opt.tune.tuner import AGAIN_LABEL
+    from serving_opt.tune.report import AGAIN_LABEL
 
     again = next((p for p in points if p.label == AGAIN_LABEL), None)
     first = next((p for p in points if again is not None and p.label == UPSTREAM_LABEL

@@ -18,6 +18,13 @@ from serving_opt.tune.prove import ProvenPoint
 from serving_opt.tune.search import Objective, SearchResult
 from serving_opt.tune.settings import ServingSettings
 
+# The configurations every tune run measures, by the names the report and chart use.
+DEFAULT_LABEL = "TF Serving default (no batching)"
+UPSTREAM_LABEL = "upstream batching defaults"
+CURRENT_LABEL = "your parameters file"
+AGAIN_LABEL = "upstream batching defaults, again"
+TUNED_LABEL = "tuned"
+
 
 @dataclass(frozen=True)
 class Recommendation:

@@ -44,7 +44,15 @@ from serving_opt.tune import calibrate, load, payloads, prove, search
 from serving_opt.tune import profile as profile_lib
 from serving_opt.tune.options import TuneOptions, check_options
 from serving_opt.tune.prove import ProvenPoint
-from serving_opt.tune.report import Recommendation, TuneReport
+from serving_opt.tune.report import (  # noqa: F401 - the labels' old home
+    AGAIN_LABEL,
+    CURRENT_LABEL,
+    DEFAULT_LABEL,
+    TUNED_LABEL,
+    UPSTREAM_LABEL,
+    Recommendation,
+    TuneReport,
+)
 from serving_opt.tune.settings import (
     PARAMETERS_FILENAME,
     BatchingSettings,
@@ -55,11 +63,6 @@ from serving_opt.tune.settings import (
     upstream_batching,
 )
 
-DEFAULT_LABEL = "TF Serving default (no batching)"
-UPSTREAM_LABEL = "upstream batching defaults"
-CURRENT_LABEL = "your parameters file"
-AGAIN_LABEL = "upstream batching defaults, again"
-TUNED_LABEL = "tuned"
 MAX_AUTO_BOUND = 512
 CONTAINER_PARAMETERS = f"/config/{PARAMETERS_FILENAME}"
 
@@ -97,7 +100,7 @@ def tune(model_base: str, options: TuneOptions | None = None,
                          f"{model_dir} (it has {', '.join(sorted(signatures)) or 'none'})",
                          "pass one of those")
     if not options.allow_file_ops:
-        from serving_opt import untrusted
+        from serving_opt.savedmodel import untrusted
 
         untrusted.refuse_host_ops(meta_graph, sorted(signatures), "serve")
     examples = os.path.abspath(options.examples) if options.examples else None
