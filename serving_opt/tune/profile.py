@@ -210,6 +210,7 @@ def feeds_for(model_dir: str, signature: str, rows: int, tags: Sequence[str],
         >>> feeds_for("/models/clf/1", "serving_default", 4, ("serve",), None, 0)[1]
         'synthesized'
     """
+    from serving_opt.savedmodel import examples as examples_lib
     from serving_opt.savedmodel import inputs as inputs_lib
 
     meta_graph = loader.find_meta_graph(loader.read_saved_model(model_dir), tags, model_dir)
@@ -217,8 +218,8 @@ def feeds_for(model_dir: str, signature: str, rows: int, tags: Sequence[str],
         raise ServingOptError(f"signature {signature!r} is not in {model_dir} (it has "
                               f"{sorted(loader.serving_signatures(meta_graph))})",
                               "pass one of those with --signature_name")
-    user = inputs_lib.read_examples_file(examples) if examples else None
-    inputs_lib.check_examples(user)
+    user = examples_lib.read_examples_file(examples) if examples else None
+    examples_lib.check_examples(user)
     feeds = inputs_lib.signature_feeds(meta_graph, model_dir, user=user, seed=seed)
     made = feeds(signature, rows)
     return inputs_lib.resize_batch(made.batches, rows), made.source

@@ -105,9 +105,9 @@ def tune(model_base: str, options: TuneOptions | None = None,
         untrusted.refuse_host_ops(meta_graph, sorted(signatures), "serve")
     examples = os.path.abspath(options.examples) if options.examples else None
     if examples:
-        from serving_opt.savedmodel import inputs as inputs_lib
+        from serving_opt.savedmodel import examples as examples_lib
 
-        inputs_lib.read_examples_file(examples)
+        examples_lib.read_examples_file(examples)
     current = read_current_parameters(options.current_parameters_file)
     if output_dir is not None:
         from serving_opt.tune import outputs
