@@ -131,9 +131,12 @@ def launch(backend: str, spec: backends.ServerSpec, settings: ServingSettings,
 def ready(server: backends.ServerProcess, spec: backends.ServerSpec,
           load_deadline: float = 300.0, say: Callable[[str], None] = lambda m: None) -> None:
     """Waits until the version is AVAILABLE (raises with the server's reason if not)."""
-    client.wait_until_available(server.address, spec.model_name, spec.version, server,
-                                load_deadline, say)
-    backends.identify(server)
+    waiting = client.GrpcClient(server.address, spec.model_name, spec.version, timeout=30.0)
+    try:
+        waiting.wait_until_available(server, load_deadline)
+    finally:
+        waiting.close()
+    server.identify()
 
 
 @contextmanager
