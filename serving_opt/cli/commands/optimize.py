@@ -56,6 +56,21 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_bool("json", False, "Print the report as JSON instead of a table.",
                       flag_values=fv)
     flags.DEFINE_bool("progress", True, "Print stage progress on stderr.", flag_values=fv)
+    flags.DEFINE_bool("tune", False,
+                      "After publishing, run serving-opt tune on the published version "
+                      "(needs --tune_output_dir, --slo_p99_ms and --clients or --rate).",
+                      flag_values=fv)
+    flags.DEFINE_string("tune_output_dir", None,
+                        "With --tune: where tune writes batching_parameters.txt, the flag "
+                        "line, its report and chart.", flag_values=fv)
+    flags.DEFINE_float("slo_p99_ms", None, "With --tune: the p99 latency objective, in ms.",
+                       flag_values=fv)
+    flags.DEFINE_integer("clients", 0, "With --tune: closed-loop clients of the load.",
+                         flag_values=fv)
+    flags.DEFINE_float("rate", 0.0, "With --tune: open-loop arrivals, requests/s.",
+                       flag_values=fv)
+    flags.DEFINE_integer("rows_per_request", 1, "With --tune: rows in each request.",
+                         flag_values=fv)
 
 
 def options_from_flags(fv: flags.FlagValues) -> options_lib.OptimizeOptions:
@@ -84,6 +99,7 @@ def main(fv: flags.FlagValues) -> int:
         raise UsageError(f"--version={fv.version} is negative", "pass --version=N with N >= 0")
     options = options_from_flags(fv)
     check_dependent_flags(fv)
+    tuning = tune_options(fv, options) if fv.tune else None  # checked before any work
     progress = (lambda m: print(m, file=sys.stderr, flush=True)) if fv.progress else None
     try:
         result = optimize(fv.saved_model_dir, fv.model_base_path, options, progress)
@@ -92,6 +108,52 @@ def main(fv: flags.FlagValues) -> int:
             _emit(e.report, fv)
         raise
     _emit(result, fv)
+    if tuning is None:
+        return 0
+    return _tune(fv, tuning, result, progress)
+
+
+_TUNE_FLAGS = ("tune_output_dir", "slo_p99_ms", "clients", "rate", "rows_per_request")
+
+
+def tune_options(fv: flags.FlagValues, options: options_lib.OptimizeOptions):
+    """The TuneOptions of ``--tune``, checked (UsageError before any work).
+
+    The model's inputs, tags and trust are optimize's own: one setting, not two.
+    """
+    from serving_opt.tune.options import TuneOptions, check_options
+
+    if not fv.tune_output_dir or fv.slo_p99_ms is None:
+        raise UsageError("--tune needs --tune_output_dir and --slo_p99_ms",
+                         "e.g. --tune --tune_output_dir=build/tune --slo_p99_ms=100 "
+                         "--clients=16")
+    tuning = TuneOptions(
+        slo_p99_ms=fv.slo_p99_ms, clients=fv.clients, rate=fv.rate,
+        rows_per_request=fv.rows_per_request, version=options.output.version,
+        saved_model_tags=options.inputs.saved_model_tags, examples=options.inputs.examples,
+        allow_file_ops=options.trust.allow_file_ops,
+        allow_unsandboxed=options.trust.allow_unsandboxed)
+    check_options(tuning)
+    return tuning
+
+
+def _tune(fv: flags.FlagValues, tuning, result, progress) -> int:
+    """serving-opt tune on the version just published; 1 when no setting met the SLO."""
+    import dataclasses
+    import os
+
+    from serving_opt.tune import tune
+    from serving_opt.tune.report import format_report
+
+    version = int(os.path.basename(os.path.normpath(result.output_dir)))
+    tuned = tune(fv.model_base_path, dataclasses.replace(tuning, version=version), progress,
+                 output_dir=fv.tune_output_dir)
+    print(format_report(tuned))
+    if not tuned.ok:
+        print(f"{cli.PROG} optimize: error: published {result.output_dir}, but no tuned "
+              f"setting met p99 <= {tuning.slo_p99_ms:g} ms; see {fv.tune_output_dir}",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -116,6 +178,10 @@ def check_dependent_flags(fv: flags.FlagValues) -> None:
     if given and fv.quantize == "none":
         raise UsageError(f"--{given[0]} has no effect without --quantize",
                          f"add --quantize=int8 (or fp16), or drop --{given[0]}")
+    given = [name for name in _TUNE_FLAGS if fv[name].present]
+    if given and not fv.tune:
+        raise UsageError(f"--{given[0]} has no effect without --tune",
+                         f"add --tune, or drop --{given[0]}")
     if fv["cold_start_rounds"].present and not fv.cold_start:
         raise UsageError("--cold_start_rounds has no effect with --nocold_start",
                          "drop one of them")
