@@ -20,6 +20,7 @@ from serving_opt import options as options_lib
 from serving_opt import report
 from serving_opt.cli import main as cli
 from serving_opt.cli import option_flags
+from serving_opt.cli.commands import tune as tune_cli
 from serving_opt.errors import ServingOptError, UsageError
 
 SUMMARY = "freeze, transform and re-wrap a SavedModel; publish it after a parity check"
@@ -63,14 +64,7 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("tune_output_dir", None,
                         "With --tune: where tune writes batching_parameters.txt, the flag "
                         "line, its report and chart.", flag_values=fv)
-    flags.DEFINE_float("slo_p99_ms", None, "With --tune: the p99 latency objective, in ms.",
-                       flag_values=fv)
-    flags.DEFINE_integer("clients", 0, "With --tune: closed-loop clients of the load.",
-                         flag_values=fv)
-    flags.DEFINE_float("rate", 0.0, "With --tune: open-loop arrivals, requests/s.",
-                       flag_values=fv)
-    flags.DEFINE_integer("rows_per_request", 1, "With --tune: rows in each request.",
-                         flag_values=fv)
+    tune_cli.define_workload_flags(fv, help_prefix="With --tune: ")
 
 
 def options_from_flags(fv: flags.FlagValues) -> options_lib.OptimizeOptions:
@@ -113,7 +107,7 @@ def main(fv: flags.FlagValues) -> int:
     return _tune(fv, tuning, result, progress)
 
 
-_TUNE_FLAGS = ("tune_output_dir", "slo_p99_ms", "clients", "rate", "rows_per_request")
+_TUNE_FLAGS = ("tune_output_dir", *tune_cli.WORKLOAD_FLAGS)
 
 
 def tune_options(fv: flags.FlagValues, options: options_lib.OptimizeOptions):

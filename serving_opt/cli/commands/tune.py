@@ -28,6 +28,29 @@ from serving_opt.serving import backends
 SUMMARY = "find and prove TF Serving batching/thread settings for a load and a p99 SLO"
 
 
+WORKLOAD_FLAGS = ("slo_p99_ms", "clients", "rate", "rows_per_request")
+
+
+def define_workload_flags(fv: flags.FlagValues, help_prefix: str = "") -> None:
+    """The load tune is asked to serve and its objective; ``optimize --tune`` shares them.
+
+    Example:
+        >>> define_workload_flags(fv, help_prefix="With --tune: ")
+    """
+    flags.DEFINE_float("slo_p99_ms", None,
+                       help_prefix + "The p99 latency objective, in milliseconds.",
+                       flag_values=fv)
+    flags.DEFINE_integer("clients", 0,
+                         help_prefix + "Closed-loop clients: each sends its next request "
+                         "when its answer arrives (0: none).", flag_values=fv)
+    flags.DEFINE_float("rate", 0.0,
+                       help_prefix + "Open-loop Poisson arrivals, requests/s (0: none).",
+                       flag_values=fv)
+    flags.DEFINE_integer("rows_per_request", 1,
+                         help_prefix + "Rows (examples, images) in each request.",
+                         flag_values=fv)
+
+
 def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("model_base_path", None,
                         "Model base directory (holds <version>/), as TF Serving's flag.",
@@ -35,15 +58,7 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("output_dir", None,
                         "Where batching_parameters.txt, the flag line, docker files, the "
                         "report, the table and the chart go.", flag_values=fv)
-    flags.DEFINE_float("slo_p99_ms", None, "The p99 latency objective, in milliseconds.",
-                       flag_values=fv)
-    flags.DEFINE_integer("clients", 0,
-                         "Closed-loop clients: each sends its next request when its answer "
-                         "arrives (0: none).", flag_values=fv)
-    flags.DEFINE_float("rate", 0.0, "Open-loop Poisson arrivals, requests/s (0: none).",
-                       flag_values=fv)
-    flags.DEFINE_integer("rows_per_request", 1, "Rows (examples, images) in each request.",
-                         flag_values=fv)
+    define_workload_flags(fv)
     flags.DEFINE_string("model_name", None, "Model name (default: the base's directory name).",
                         flag_values=fv)
     flags.DEFINE_integer("version", None, "Version to tune (default: the highest).",
