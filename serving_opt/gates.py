@@ -99,6 +99,9 @@ class Kind(str, enum.Enum):
     PROBABILITIES = "probabilities"  # a classifier's per-class rows: top-1 and max error
     DISCRETE = "discrete"  # integers, booleans, strings (class ids, names): share equal
     VALUES = "values"  # other floats (logits, embeddings, regressions): reported
+    # A detection model's outputs (boxes, scores, classes, count behind NMS), judged as
+    # detections by serving_opt.detection.gate.
+    DETECTIONS = "detections"
 
 
 def output_kind(name: str, dtype: str, class_rows: bool) -> Kind:

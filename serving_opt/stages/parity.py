@@ -13,6 +13,13 @@ does raising where the original answers. Only "raises" is compared, not the mess
 When the original rejects every batch of a signature, the inputs are wrong (a usage
 error again): there would be no answer left to compare.
 
+Outputs behind discontinuous ops (NMS, TopK, ArgMax, comparisons) are measured
+elementwise too, but judged by :mod:`serving_opt.detection.gate`: in lossless work a
+changed answer passes only where the tensors feeding the op (fetched in both runs)
+agree within the tolerance, a near-tie rounding decided the other way; detections are
+matched by class and IoU. Under ``--quantize`` a detection model is judged by
+detection agreement.
+
 Defaults: ``atol=1e-5``, ``rtol=1e-4``. Lossless rewrites (batch-norm folding,
 constant folding) move float32 results by about 1e-6 relative; a lossy
 transform such as ``round_weights`` or ``quantize_weights`` fails by orders of
@@ -28,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from serving_opt import gates
+from serving_opt.detection import gate as discrete_gate
 from serving_opt.errors import ServingOptError, first_line
 from serving_opt.gates import DEFAULT_ATOL, DEFAULT_RTOL, LossyGate, ToleranceGate
 from serving_opt.savedmodel import inputs as inputs_lib
@@ -140,23 +148,28 @@ def check_parity(
     ref_sess, ref_mg = loader.load_session(reference_dir, tags)
     try:
         feeds = inputs_lib.signature_feeds(ref_mg, reference_dir, user=user_inputs, seed=seed)
-        runs: dict[str, list] = {}  # key -> [(feed, expected outputs)]
+        runs: dict[str, list] = {}  # key -> [(feed, expected outputs, feeding tensors)]
         sources = {}
+        discrete: dict[str, discrete_gate.DiscreteOutputs] = {}
         for key in signature_keys:
             ref_sig = ref_mg.signature_def[key]
+            found = discrete_gate.plan(ref_mg.graph_def, ref_sig, key)
+            if found is not None:
+                discrete[key] = found
+            extra = found.feeds if found is not None else ()
             sig_inputs = feeds(key, batch_size, num_batches)
             sources[key] = sig_inputs.source
             runs[key] = []
             for feed in sig_inputs.batches:
                 try:
-                    runs[key].append((feed, run_signature(ref_sess, ref_sig, feed)))
+                    runs[key].append((feed, *_run(ref_sess, ref_sig, feed, extra)))
                 except Exception as e:  # the original itself rejects these inputs
                     if user_inputs is not None:
                         # The user's batch: a rejection is behaviour the candidate keeps.
-                        runs[key].append((feed, Rejected(first_line(e))))
+                        runs[key].append((feed, Rejected(first_line(e)), {}))
                         continue
                     raise _rejects_inputs(sig_inputs.source, key, first_line(e)) from e
-            if runs[key] and all(isinstance(r, Rejected) for _, r in runs[key]):
+            if runs[key] and all(isinstance(r, Rejected) for _, r, _ in runs[key]):
                 # Every batch rejected: the inputs are wrong, there is nothing to compare.
                 raise _rejects_inputs(sig_inputs.source, key, runs[key][0][1].error)
         outputs = {key: sorted(ref_mg.signature_def[key].outputs) for key in signature_keys}
@@ -179,9 +192,13 @@ def check_parity(
             per_output: dict[str, list] = {a: [] for a in outputs[key]}
             failure = ""
             rejected = 0
-            for feed, expected in runs[key]:
+            found = discrete.get(key)
+            paired = discrete_gate.candidate_tensors(found, cand_mg.graph_def, cand_sig, key) \
+                if found is not None else {}
+            batches: list[discrete_gate.Batch] = []
+            for feed, expected, ref_feeds in runs[key]:
                 try:
-                    actual = run_signature(cand_sess, cand_sig, feed)
+                    actual, cand_feeds = _run(cand_sess, cand_sig, feed, tuple(paired.values()))
                 except Exception as e:
                     if isinstance(expected, Rejected):
                         rejected += 1
@@ -197,16 +214,23 @@ def check_parity(
                 batches_run += 1
                 for alias in per_output:
                     per_output[alias].append((expected[alias], actual.get(alias)))
+                if found is not None:
+                    batches.append(discrete_gate.Batch(
+                        expected, actual, ref_feeds,
+                        {ref: cand_feeds[cand] for ref, cand in paired.items()
+                         if cand in cand_feeds}))
             if failure:
                 results.append(OutputParity(key, "*", "", (), 0, 1, 0.0, 0.0, False, failure))
                 continue
             if rejected:
                 results.append(OutputParity(key, "(errors)", "", (), rejected, 0, 0.0, 0.0,
                                             True, f"{rejected} input batches rejected by both"))
-            for alias, pairs in per_output.items():
-                if not pairs:
-                    continue  # every batch was rejected, by both models
-                results.append(_output_parity(gates.check_output(key, alias, pairs, gate)))
+            checks = {alias: gates.check_output(key, alias, pairs, gate)
+                      for alias, pairs in per_output.items()
+                      if pairs}  # none: every batch was rejected, by both models
+            if found is not None:
+                checks = discrete_gate.rejudge(checks, batches, found, gate)
+            results.extend(_output_parity(check) for check in checks.values())
     finally:
         cand_sess.close()
     return ParityReport(
@@ -217,6 +241,26 @@ def check_parity(
         input_sources=sources,
         batches_run=batches_run,
     )
+
+
+def _run(session, signature_def, feed: dict, tensors: tuple[str, ...]) -> tuple[dict, dict]:
+    """The signature's outputs by alias and, in the same run, ``tensors`` by name.
+
+    A tensor that cannot be fetched (inside a TF1 while loop's frame, say) is not an
+    error of the model: the outputs alone are run again and no tensor is returned.
+    """
+    if tensors:
+        aliases = sorted(signature_def.outputs)
+        fetches = [signature_def.outputs[a].name for a in aliases] + list(tensors)
+        feeds = {signature_def.inputs[a].name: v for a, v in feed.items()}
+        try:
+            values = session.run(fetches, feeds)
+        except Exception:  # noqa: BLE001 - the outputs alone decide what the model does
+            pass
+        else:
+            return (dict(zip(aliases, values[:len(aliases)])),
+                    dict(zip(tensors, values[len(aliases):])))
+    return run_signature(session, signature_def, feed), {}
 
 
 def _output_parity(check: gates.OutputCheck) -> OutputParity:
