@@ -36,14 +36,14 @@ def freeze(run: Run, candidate: Candidate, note: str = "") -> ServingGraph:
             # half-written is ever where TF Serving looks.
             scratch = run.scratch_dir()
             graph, info = freeze_lib.freeze_session_model(
-                run.input_dir, plan.tags, keys, max_bytes=plan.build.freeze_max_bytes,
+                run.model_dir, plan.tags, keys, max_bytes=plan.build.freeze_max_bytes,
                 variables_dir=os.path.join(scratch, "variables"))
             note = freeze_note(info)
             run.kept_variables = info.large_variables_kept
             for var in info.large_variables_kept:
                 run.progress("-", f"kept as a variable: {var.name} ({var.reason})")
         else:
-            graph = freeze_lib.load_unfrozen(run.input_dir, plan.tags, keys)
+            graph = freeze_lib.load_unfrozen(run.model_dir, plan.tags, keys)
         run.graph, run.frozen, run.freeze_note = graph, candidate.frozen, note
         stage.done(graph, note)
     return graph

@@ -178,6 +178,8 @@ def build_and_validate(run: Run) -> str:
     run.source = read(run)
     staging = attempts.try_candidates(run, build_candidate, proving.measure)
     try:
+        if run.plan.output.output_format == "graphdef":
+            write_graph_def(run, staging)
         if run.plan.validate is not None:
             run.validation = serve_before_publishing(run, staging)
     except BaseException:
@@ -222,17 +224,60 @@ def read(run: Run) -> Source:
     loader.quiet_tensorflow_import()  # so the read stage times reading, not importing TF
     with run.stage("read", None) as stage:
         examples_lib.check_examples(plan_.user_inputs)
-        saved_model = loader.read_saved_model(run.input_dir)
-        loader.check_model_files(run.input_dir)  # no symlink out of the model is followed
-        meta_graph = loader.find_meta_graph(saved_model, plan_.tags, run.input_dir)
+        if plan_.graph_def_input:
+            run.model_dir = saved_model_from_graph_def(run)
+        saved_model = loader.read_saved_model(run.model_dir)
+        loader.check_model_files(run.model_dir)  # no symlink out of the model is followed
+        meta_graph = loader.find_meta_graph(saved_model, plan_.tags, run.model_dir)
         keys = tuple(loader.select_signatures(meta_graph, plan_.build.signatures))
         kind = "tf2" if loader.is_tf2(meta_graph) else "tf1"
         check_untrusted(run, meta_graph, keys)  # before anything runs the model
         source = Source(meta_graph, keys, kind, total_node_count(meta_graph.graph_def),
-                        SizeReport.of(run.input_dir))
+                        SizeReport.of(run.model_dir))
         stage.nodes = source.nodes
         stage.note = f"{kind} model, signatures: {', '.join(keys)}"
+        if plan_.graph_def_input:
+            stage.note = f"frozen GraphDef, served as {', '.join(keys)}"
     return source
+
+
+def saved_model_from_graph_def(run: Run) -> str:
+    """A frozen GraphDef input as a SavedModel (one ``serving_default`` predict signature,
+    no variables) in the work directory: what every stage then reads, and the reference
+    the candidate is proven against. The static check runs on it before it is written."""
+    from serving_opt.savedmodel import graphdef
+
+    options = run.plan.options.graph_def
+    export_dir = os.path.join(run.work_subdir("graphdef-"), "1")
+    converted = graphdef.convert(
+        run.input_dir, export_dir, options.graph_inputs or None,
+        options.graph_outputs or None, options.signature_keys or None,
+        allow_file_ops=run.plan.trust.allow_file_ops)
+    run.graph_def["input"] = {"inputs": dict(converted.inputs),
+                              "outputs": dict(converted.outputs),
+                              "nodes": converted.nodes, "nodes_dropped": converted.dropped}
+    feeds = ", ".join(f"{k}={v}" for k, v in converted.inputs.items())
+    run.progress("-", f"frozen GraphDef: serving_default takes {feeds}; returns "
+                      f"{', '.join(converted.outputs)}"
+                 + (f" ({converted.dropped} nodes no output needs left out)"
+                    if converted.dropped else ""))
+    return export_dir
+
+
+def write_graph_def(run: Run, staging: str) -> None:
+    """``--output_format=graphdef``: the proven candidate's graph also as a frozen
+    GraphDef inside its version directory (published with it, atomically)."""
+    from serving_opt.options import GRAPH_DEF_NAME
+    from serving_opt.savedmodel import graphdef
+
+    written = graphdef.write_graph_def(graphdef.saved_model_graph(staging, run.plan.tags),
+                                       os.path.join(staging, GRAPH_DEF_NAME))
+    run.graph_def["output"] = {"file": GRAPH_DEF_NAME, "size_bytes": written.size_bytes,
+                               "inputs": dict(written.inputs),
+                               "outputs": dict(written.outputs)}
+    run.size_after = SizeReport.of(staging)
+    run.progress("-", f"wrote {GRAPH_DEF_NAME} ({written.size_bytes / 1e6:.1f} MB): feed "
+                      f"{', '.join(written.inputs.values())}")
 
 
 def check_untrusted(run: Run, meta_graph, keys: tuple[str, ...]) -> None:
@@ -243,7 +288,7 @@ def check_untrusted(run: Run, meta_graph, keys: tuple[str, ...]) -> None:
 
     if not run.plan.trust.allow_file_ops:
         untrusted.refuse_host_ops(meta_graph, keys, "optimize")
-    risks = inspection.inspect_saved_model(run.input_dir, run.plan.tags).risks
+    risks = inspection.inspect_saved_model(run.model_dir, run.plan.tags).risks
     host_codes = ("code_execution_op", "file_write_op", "file_read_op", "host_op")
     for risk in risks:
         # Host ops of the kept signatures were refused above; the others are reported.
@@ -274,8 +319,12 @@ def serve_before_publishing(run: Run, staging: str):
             planned = run.plan.validate
             serving = dataclasses.replace(planned.serving, model_name=planned.serving.model_name
                                           or os.path.basename(os.path.abspath(output_base)))
+            # The server must answer as the candidate does in a session; that the
+            # candidate answers as the input does is the parity gate's proof (which
+            # knows near-ties behind NMS; an elementwise check against the input
+            # would not).
             opts = dataclasses.replace(planned, serving=serving, version=version,
-                                       reference_dir=run.input_dir)
+                                       reference_dir=served)
             result = validate_lib.validate(hidden_base, opts, progress=run.say)
         finally:
             os.rename(served, staging)
@@ -285,6 +334,7 @@ def serve_before_publishing(run: Run, staging: str):
         result = dataclasses.replace(
             result,
             model_base=os.path.abspath(output_base),
+            reference_dir=os.path.abspath(final),
             warmup_file=result.warmup_file.replace(served, final) if result.warmup_file
             else None,
         )

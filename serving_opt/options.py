@@ -56,8 +56,9 @@ def check_version(version: str) -> str:
     return version
 
 __all__ = [
-    "BuildOptions", "GateOptions", "InputOptions", "MeasureOptions", "OptimizeOptions",
-    "OutputOptions", "ServingCheck", "TargetOptions", "Tolerance", "TrustOptions",
+    "BuildOptions", "GateOptions", "GraphDefOptions", "InputOptions", "MeasureOptions",
+    "OptimizeOptions", "OutputOptions", "ServingCheck", "TargetOptions", "Tolerance",
+    "TrustOptions",
     "ValidateOptions", "check_options", "parse_protocols",
 ]
 
@@ -309,6 +310,10 @@ class TrustOptions:
         lower_bound=1 << 28)
 
 
+OUTPUT_FORMATS = ("saved_model", "graphdef")
+GRAPH_DEF_NAME = "frozen_inference_graph.pb"  # the .pb --output_format=graphdef writes
+
+
 @dataclass(frozen=True)
 class OutputOptions:
     """Where optimize publishes: the version directory of the model base.
@@ -320,9 +325,48 @@ class OutputOptions:
     version: int | None = _opt(
         None, "Version directory to write (default: highest existing + 1).")
     overwrite: bool = _opt(False, "Replace an existing version directory.")
+    output_format: str = _opt(
+        "saved_model", "saved_model, or graphdef: the version directory also holds the "
+        f"optimized graph as a frozen GraphDef ({GRAPH_DEF_NAME}) for code that loads "
+        ".pb files. graphdef keeps every weight a constant (only frozen candidates are "
+        "tried; --max_constant_bytes does not apply).", choices=OUTPUT_FORMATS)
 
     def check(self) -> None:
         _check_version(self.version, "(int64)")
+        if self.output_format not in OUTPUT_FORMATS:
+            raise UsageError(f"--output_format={self.output_format} is not one of "
+                             f"{', '.join(OUTPUT_FORMATS)}", "use --output_format=graphdef "
+                             "or saved_model")
+
+
+@dataclass(frozen=True)
+class GraphDefOptions:
+    """How a frozen GraphDef (``frozen_inference_graph.pb``) becomes a servable model:
+    which tensors are its inputs and outputs and the signature's input keys. Only for a
+    ``.pb`` input (a SavedModel has signatures).
+
+    Example:
+        >>> GraphDefOptions(graph_outputs=("detection_boxes", "num_detections"))
+    """
+
+    # Flags --inputs and --outputs (cli/commands/optimize.py renames them); the fields
+    # are named apart from OptimizeOptions.inputs, the group.
+    graph_inputs: tuple[str, ...] = _opt(
+        (), "With a .pb input: its input tensors, with or without :0 (default: the only "
+        "Placeholder).")
+    graph_outputs: tuple[str, ...] = _opt(
+        (), "With a .pb input: its output tensors, e.g. detection_boxes,detection_scores,"
+        "detection_classes,num_detections (default: the only node nothing consumes).")
+    signature_keys: tuple[str, ...] = _opt(
+        (), "With a .pb input: the serving signature's input keys, in --inputs order "
+        "(default: 'inputs' for one input, as the Object Detection API exports it; else "
+        "the tensor names).")
+
+    def given(self) -> tuple[str, ...]:
+        """The flags set, by their command-line names."""
+        names = (("inputs", self.graph_inputs), ("outputs", self.graph_outputs),
+                 ("signature_keys", self.signature_keys))
+        return tuple(name for name, value in names if value)
 
 
 @dataclass(frozen=True)
@@ -537,6 +581,7 @@ class OptimizeOptions(_Tree):
     target: TargetOptions = field(default_factory=TargetOptions)
     trust: TrustOptions = field(default_factory=TrustOptions)
     output: OutputOptions = field(default_factory=OutputOptions)
+    graph_def: GraphDefOptions = field(default_factory=GraphDefOptions)
     # Serve the result over gRPC and REST before publishing (serving-opt validate); None:
     # skip. A ValidateOptions is taken too: its own group, its shared values checked
     # against this tree's.
@@ -545,17 +590,17 @@ class OptimizeOptions(_Tree):
     GROUPS: ClassVar[dict[str, type]] = {
         "build": BuildOptions, "inputs": InputOptions, "tolerance": Tolerance,
         "gate": GateOptions, "measure": MeasureOptions, "target": TargetOptions,
-        "trust": TrustOptions, "output": OutputOptions}
+        "trust": TrustOptions, "output": OutputOptions, "graph_def": GraphDefOptions}
 
     def __init__(self, build: BuildOptions = _UNSET, inputs: InputOptions = _UNSET,
                  tolerance: Tolerance = _UNSET, gate: GateOptions = _UNSET,
                  measure: MeasureOptions = _UNSET, target: TargetOptions = _UNSET,
                  trust: TrustOptions = _UNSET, output: OutputOptions = _UNSET,
                  validate: ServingCheck | ValidateOptions | None = _UNSET,
-                 **flat: Any) -> None:
+                 graph_def: GraphDefOptions = _UNSET, **flat: Any) -> None:
         self._assign(dict(build=build, inputs=inputs, tolerance=tolerance, gate=gate,
                           measure=measure, target=target, trust=trust, output=output,
-                          validate=validate), flat)
+                          graph_def=graph_def, validate=validate), flat)
         if isinstance(self.validate, ValidateOptions):
             object.__setattr__(self, "validate", self._own_serving_check(self.validate))
 
@@ -597,6 +642,9 @@ class OptimizeOptions(_Tree):
         self.measure.check()
         self.inputs.check()
         self.target.check()
+        if self.output.output_format == "graphdef" and self.build.freeze == "never":
+            raise UsageError("--output_format=graphdef needs a frozen model and --freeze=never "
+                             "keeps the variables", "drop one of them")
         if self.validate is not None:
             if not isinstance(self.validate, ServingCheck):
                 raise UsageError(f"OptimizeOptions.validate is a "

@@ -10,6 +10,7 @@ the plan (its option groups and what was resolved from them), not from the optio
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -28,7 +29,7 @@ from serving_opt.options import (
     ValidateOptions,
 )
 from serving_opt.savedmodel import examples as examples_lib
-from serving_opt.savedmodel import loader, writer
+from serving_opt.savedmodel import graphdef, loader, writer
 from serving_opt.stages import grappler as grappler_lib
 from serving_opt.stages import transforms as transforms_lib
 
@@ -55,6 +56,8 @@ class Plan:
     # The ValidateOptions of --validate, built from the options (the backend and runtime
     # are resolved before the sandbox starts); None: no validation.
     validate: ValidateOptions | None = None
+    # The input is a frozen GraphDef (.pb): the worker makes it a SavedModel first.
+    graph_def_input: bool = False
 
     @property
     def build(self) -> BuildOptions:
@@ -98,6 +101,11 @@ def plan(input_dir: str, output_base: str, options: OptimizeOptions) -> Plan:
         UsageError: --output_base exports/1/out is inside --input_dir exports/1
     """
     options.check()
+    graph_def_input = _check_graph_def_input(input_dir, options)
+    if options.output.output_format == "graphdef" and options.build.max_constant_bytes:
+        # A .pb has no checkpoint: every weight stays a constant, in both outputs.
+        options = dataclasses.replace(options, build=dataclasses.replace(
+            options.build, max_constant_bytes=None))
     build = options.build
     transforms = transforms_lib.resolve_spec(build.transforms)
     _check_paths(input_dir, output_base)
@@ -117,9 +125,34 @@ def plan(input_dir: str, output_base: str, options: OptimizeOptions) -> Plan:
         tags=loader.parse_tags(options.inputs.saved_model_tags),
         version=version,
         user_inputs=examples_lib.read_examples_file(examples) if examples else None,
-        candidates=attempts.candidates(build.freeze, build.quantize),
+        candidates=attempts.candidates(
+            "always" if options.output.output_format == "graphdef" else build.freeze,
+            build.quantize),
         validate=options.validate_options(),
+        graph_def_input=graph_def_input,
     )
+
+
+def _check_graph_def_input(input_dir: str, options: OptimizeOptions) -> bool:
+    """Whether the input is a frozen GraphDef; the .pb-only flags are usage errors
+    without one. (Its tensors are resolved when the worker reads it.)"""
+    is_pb = graphdef.is_graph_def_path(input_dir)
+    given = options.graph_def.given()
+    if not is_pb:
+        if given:
+            raise UsageError(f"--{given[0]} applies to a frozen GraphDef (.pb) input only, "
+                             f"and {input_dir} is not one",
+                             f"drop --{given[0]} (a SavedModel has signatures)")
+        return False
+    if not os.path.isfile(input_dir):
+        raise UsageError(f"{input_dir} is not a file", "pass the frozen GraphDef (.pb) itself")
+    if options.build.freeze == "never":
+        raise UsageError("--freeze=never with a frozen GraphDef input: it has no variables "
+                         "to keep", "drop --freeze=never")
+    if options.build.signatures:
+        raise UsageError("--signatures with a frozen GraphDef input: the .pb becomes one "
+                         "signature, serving_default", "drop --signatures")
+    return True
 
 
 def _check_paths(input_dir: str, output_base: str) -> None:

@@ -65,7 +65,7 @@ def prove(run: Run, graph: ServingGraph, staging: str) -> None:
         batch_size, batches = max(batch_size, 64), max(batches, 8)
     with run.stage("parity", f"parity gate on {len(keys)} signature(s)") as stage:
         report = parity.check_parity(
-            run.input_dir, staging, plan.tags, keys, user_inputs=plan.user_inputs,
+            run.model_dir, staging, plan.tags, keys, user_inputs=plan.user_inputs,
             atol=plan.tolerance.atol, rtol=plan.tolerance.rtol, batch_size=batch_size,
             num_batches=batches, seed=plan.inputs.seed, lossy=lossy)
         run.parity = report
@@ -86,7 +86,7 @@ def prove(run: Run, graph: ServingGraph, staging: str) -> None:
         compare_gate(run, graph, staging)
     with run.stage("tf2_load", "checking it loads with tf.saved_model.load", step="-") as stage:
         # The session loader ran in the gate; TF2's loader must take the result too.
-        stage.done(graph, check_loads_in_tf2(staging, run.input_dir, plan.tags,
+        stage.done(graph, check_loads_in_tf2(staging, run.model_dir, plan.tags,
                                              graph.signature_defs))
 
 
@@ -98,7 +98,7 @@ def compare_gate(run: Run, graph: ServingGraph, staging: str) -> None:
     plan = run.plan
     shards = plan.gate.compare_examples
     with run.stage("compare", f"comparing on {shards}", step="-") as stage:
-        report = compare_lib.compare(run.input_dir, staging, shards, compare_lib.CompareOptions(
+        report = compare_lib.compare(run.model_dir, staging, shards, compare_lib.CompareOptions(
             signatures=tuple(plan.build.signatures), saved_model_tags=plan.inputs.saved_model_tags,
             atol=plan.tolerance.atol, rtol=plan.tolerance.rtol,
             allow_file_ops=plan.trust.allow_file_ops))
@@ -172,10 +172,10 @@ def _cold_start(run: Run, staging: str, key: str):
     """Both models loaded in fresh processes, answering one synthesized request."""
     # The user's examples when given: a model that checks its inputs (an Assert that
     # x >= 0) must meet the requests it will really get, not synthesized ones.
-    feeds = inputs_lib.signature_feeds(run.source.meta_graph, run.input_dir,
+    feeds = inputs_lib.signature_feeds(run.source.meta_graph, run.model_dir,
                                        user=run.plan.user_inputs,
                                        seed=run.plan.inputs.seed)(key, 1).batches[0]
-    return coldstart.measure(run.input_dir, staging, run.plan.tags, key, feeds,
+    return coldstart.measure(run.model_dir, staging, run.plan.tags, key, feeds,
                              rounds=run.plan.measure.cold_start_rounds)
 
 
@@ -183,7 +183,7 @@ def _steady_state(run: Run, staging: str, key: str):
     """The interleaved latency benchmark of both models, in a measuring process."""
     plan = run.plan
     return benchmark_lib.benchmark_in_fresh_process(
-        run.input_dir, staging, plan.tags, key, batch_sizes=plan.measure.benchmark_batch_sizes,
+        run.model_dir, staging, plan.tags, key, batch_sizes=plan.measure.benchmark_batch_sizes,
         runs=plan.measure.benchmark_runs, seed=plan.inputs.seed, examples=plan.inputs.examples)
 
 

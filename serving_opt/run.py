@@ -111,6 +111,9 @@ class OptimizeReport:
     # Every candidate configuration tried, its verdict and why it was left, in order
     # (serving_opt.attempts.AttemptReport); the last is the one published (or refused).
     attempts: tuple = ()
+    # A frozen GraphDef input ("input": its feeds and fetches as the signature serves
+    # them) and --output_format=graphdef ("output": the .pb written, its feeds/fetches).
+    graph_def: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -152,6 +155,9 @@ class Run:
     def __init__(self, input_dir: str, output_base: str, options,
                  say: Progress | None = None, steps: tuple[str, ...] = ()) -> None:
         self.input_dir = input_dir
+        # The SavedModel the stages read: the input, or what a .pb input became.
+        self.model_dir = input_dir
+        self.graph_def: dict = {}  # OptimizeReport.graph_def
         self.output_base = output_base
         self.options = options
         self.say = say or (lambda _: None)
@@ -297,4 +303,5 @@ class Run:
             validation=self.validation,
             sandbox=self.sandbox,
             attempts=tuple(self.attempts),
+            graph_def=dict(self.graph_def),
         )

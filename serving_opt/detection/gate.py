@@ -117,8 +117,10 @@ def rejudge(checks: Mapping[str, OutputCheck], batches: Sequence[Batch],
                 out[k] = _with(checks[k], verdict, Kind.DETECTIONS, agreement)
         elif any(_differs(checks[k]) for k in detection_keys):
             verdict = _lossless_detections(batches, detection, gate)
-            for k in detection_keys:
-                out[k] = _with(checks[k], verdict, Kind.DETECTIONS)
+            for k in detection_keys:  # the whole story once, on the boxes
+                out[k] = _with(checks[k], verdict if k == detection.boxes else
+                               Verdict(verdict.ok, f"judged as detections with "
+                                                   f"{detection.boxes}"), Kind.DETECTIONS)
     if gate.scores_agreement:
         return out  # other discrete outputs: the lossy rule's own (agreement of values)
     for key in discrete.keys:

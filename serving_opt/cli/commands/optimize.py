@@ -30,7 +30,10 @@ SUMMARY = "freeze, transform and re-wrap a SavedModel; publish it after a parity
 _GROUPS = {"output": options_lib.OutputOptions, "build": options_lib.BuildOptions,
            "inputs": options_lib.InputOptions, "tolerance": options_lib.Tolerance,
            "gate": options_lib.GateOptions, "measure": options_lib.MeasureOptions,
-           "target": options_lib.TargetOptions, "trust": options_lib.TrustOptions}
+           "target": options_lib.TargetOptions, "trust": options_lib.TrustOptions,
+           "graph_def": options_lib.GraphDefOptions}
+# Flags named apart from their fields (OptimizeOptions.inputs is a group).
+_RENAME = {"graph_def": {"graph_inputs": "inputs", "graph_outputs": "outputs"}}
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -41,15 +44,18 @@ def define_flags(fv: flags.FlagValues) -> None:
         >>> fv = flags.FlagValues(); define_flags(fv)
     """
     cli.define_model_dir(fv, cli.SAVED_MODEL_DIR,
-                         "SavedModel directory to optimize (read only).", aliases=("input_dir",))
+                         "SavedModel directory to optimize (read only), or a frozen GraphDef "
+                         "(.pb, e.g. frozen_inference_graph.pb; see --inputs/--outputs).",
+                         aliases=("input_dir",))
     cli.define_model_dir(fv, cli.MODEL_BASE_PATH,
                          "Model base directory (holds <version>/); the result goes to "
                          "MODEL_BASE_PATH/<version>.", aliases=("output_base",))
-    for group in _GROUPS.values():
-        option_flags.define(fv, group)
+    for name, group in _GROUPS.items():
+        option_flags.define(fv, group, rename=_RENAME.get(name))
     flags.DEFINE_bool("validate", False,
                       "Before publishing, serve the result (over gRPC and REST) and compare "
-                      "every signature's answers with the input model (see serving-opt "
+                      "every signature's answers with the result's own in a session (the "
+                      "parity gate compared those with the input model; see serving-opt "
                       "validate).", flag_values=fv)
     option_flags.define(fv, options_lib.ServingCheck, help_prefix="With --validate: ")
     flags.DEFINE_string("report", None, "Also write the report as JSON to this file.",
@@ -74,7 +80,8 @@ def options_from_flags(fv: flags.FlagValues) -> options_lib.OptimizeOptions:
         >>> options_from_flags(fv).build.quantize     # after --quantize=int8
         'int8'
     """
-    groups = {name: option_flags.read(fv, group) for name, group in _GROUPS.items()}
+    groups = {name: option_flags.read(fv, group, rename=_RENAME.get(name))
+              for name, group in _GROUPS.items()}
     validate = option_flags.read(fv, options_lib.ServingCheck) if fv.validate else None
     return options_lib.OptimizeOptions(**groups, validate=validate)
 

@@ -1,0 +1,158 @@
+"""optimize on a frozen GraphDef (``frozen_inference_graph.pb``) of an Object Detection
+API-shaped model: in as a .pb, folded, proven by the detection parity rule, served by
+the local server over gRPC and REST (--validate), published with the .pb beside it.
+
+One optimize run is shared by the tests that read its result (module fixture).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from serving_opt import OptimizeOptions, optimize
+from serving_opt.detection import sample as detection_sample
+from serving_opt.errors import UsageError
+from serving_opt.options import GRAPH_DEF_NAME, ServingCheck
+from serving_opt.savedmodel import examples as examples_lib
+from serving_opt.savedmodel import graphdef, loader
+from serving_opt.stages.parity import check_parity
+
+OUTPUTS = tuple(detection_sample.OUTPUT_NODES)
+BATCH_NORM_OPS = {"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3",
+                  "BatchNormWithGlobalNormalization", "Rsqrt"}
+
+
+def _frames_file(path, height: int, width: int, seeds=(0, 1)) -> str:
+    with open(path, "w") as f:
+        for seed in seeds:
+            f.write(json.dumps({"inputs": detection_sample.frame(height, width, seed=seed)
+                                .tolist()}) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory):
+    return detection_sample.build(str(tmp_path_factory.mktemp("detection") / "model"))
+
+
+@pytest.fixture(scope="module")
+def published(sample, tmp_path_factory):
+    work = tmp_path_factory.mktemp("optimized")
+    frames = _frames_file(work / "frames.jsonl", 480, 640)
+    options = OptimizeOptions(
+        graph_outputs=OUTPUTS, examples=frames, output_format="graphdef",
+        benchmark_runs=0, cold_start=False,
+        validate=ServingCheck(server="local", concurrency=0))
+    return optimize(sample.frozen_graph, str(work / "base"), options)
+
+
+def _ops(saved_model_dir: str) -> set[str]:
+    saved_model = loader.read_saved_model(saved_model_dir)
+    graph_def = saved_model.meta_graphs[0].graph_def
+    return {n.op for n in graph_def.node} | \
+        {n.op for f in graph_def.library.function for n in f.node_def}
+
+
+def test_a_pb_is_published_as_a_servable_version(published):
+    assert published.published and published.output_dir.endswith(os.sep + "1")
+    assert published.graph_def["input"]["inputs"] == {"inputs": "image_tensor:0"}
+    assert sorted(published.graph_def["input"]["outputs"]) == sorted(OUTPUTS)
+    assert published.signatures == ("serving_default",)
+
+
+def test_no_batch_norm_is_left_in_the_served_graph(sample, published):
+    before = {n.op for n in graphdef.read_graph_def(sample.frozen_graph).node}
+    assert before & BATCH_NORM_OPS  # the sample has both kinds
+    assert not _ops(published.output_dir) & BATCH_NORM_OPS
+
+
+def test_the_local_server_served_it_over_grpc_and_rest(published):
+    validation = published.validation
+    assert validation is not None and validation.ok
+    assert validation.reference_dir == os.path.abspath(published.output_dir)
+    assert set(validation.protocols) == {"grpc", "rest"}
+
+
+def test_the_optimized_pb_is_written_beside_it_and_answers_the_same(published):
+    written = os.path.join(published.output_dir, GRAPH_DEF_NAME)
+    assert published.graph_def["output"]["file"] == GRAPH_DEF_NAME
+    assert not {n.op for n in graphdef.read_graph_def(written).node} & BATCH_NORM_OPS
+    image = detection_sample.frame(480, 640, seed=3)
+    from_pb = detection_sample.run_frozen_graph(written, image)
+    sess, meta_graph = loader.load_session(published.output_dir)
+    try:
+        signature = meta_graph.signature_def["serving_default"]
+        served = sess.run({k: v.name for k, v in signature.outputs.items()},
+                          {signature.inputs["inputs"].name: image})
+    finally:
+        sess.close()
+    for key in OUTPUTS:  # the same graph: the same numbers
+        np.testing.assert_array_equal(from_pb[key], served[key])
+
+
+@pytest.mark.parametrize("height,width", [(480, 640), (720, 1280)])
+def test_the_published_version_detects_like_the_original_frozen_graph(
+        sample, published, tmp_path, height, width):
+    original = graphdef.convert(sample.frozen_graph, str(tmp_path / "original"),
+                                outputs=OUTPUTS).export_dir
+    frames = examples_lib.read_examples_file(
+        _frames_file(tmp_path / "frames.jsonl", height, width, seeds=(5, 6)))
+    report = check_parity(original, published.output_dir, frozenset({"serve"}),
+                          ["serving_default"], user_inputs=frames)
+    assert report.ok, report.summary()
+    assert report.input_sources["serving_default"].startswith("json:")  # the frames
+
+
+def test_a_folded_graph_with_a_corrupted_weight_fails_the_detection_gate(sample, tmp_path):
+    from tensorflow.python.framework import tensor_util
+
+    frozen = graphdef.read_graph_def(sample.frozen_graph)
+    node = next(n for n in frozen.node if n.name == "FeatureExtractor/Conv2d_3/weights")
+    weights = tensor_util.MakeNdarray(node.attr["value"].tensor).copy()
+    weights[0, 0, 0, :] *= 1.05  # one input channel's taps at one position, 5% off
+    node.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(weights))
+    corrupted_pb = tmp_path / "corrupted.pb"
+    corrupted_pb.write_bytes(frozen.SerializeToString())
+    original = graphdef.convert(sample.frozen_graph, str(tmp_path / "original"),
+                                outputs=OUTPUTS).export_dir
+    corrupted = graphdef.convert(str(corrupted_pb), str(tmp_path / "corrupted"),
+                                 outputs=OUTPUTS).export_dir
+    frames = examples_lib.read_examples_file(
+        _frames_file(tmp_path / "frames.jsonl", 480, 640))
+    report = check_parity(original, corrupted, frozenset({"serve"}), ["serving_default"],
+                          user_inputs=frames)
+    assert not report.ok
+    boxes = next(o for o in report.outputs if o.output == "detection_boxes")
+    assert "not near-ties" in boxes.detail or "detections" in boxes.detail
+    assert not boxes.ok
+
+
+@pytest.mark.parametrize("options,message", [
+    (OptimizeOptions(graph_outputs=("detection_boxes",)), "--outputs applies to a frozen"),
+    (OptimizeOptions(output_format="graphdef", freeze="never"), "--output_format=graphdef"),
+])
+def test_pb_flags_are_usage_errors_before_any_work(classifier_dir, tmp_path, options,
+                                                   message):
+    with pytest.raises(UsageError, match=message):
+        optimize(classifier_dir, str(tmp_path / "out"), options)
+    assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
+
+
+def test_pb_usage_errors_name_the_fix(sample, tmp_path):
+    with pytest.raises(UsageError, match="--signatures with a frozen GraphDef"):
+        optimize(sample.frozen_graph, str(tmp_path / "out"),
+                 OptimizeOptions(signatures=("serving_default",)))
+    with pytest.raises(UsageError, match="is not a file"):
+        optimize(str(tmp_path / "missing.pb"), str(tmp_path / "out"), OptimizeOptions())
+
+
+def test_an_output_the_graph_lacks_is_named(sample, tmp_path):
+    with pytest.raises(UsageError, match="'detection_masks', which is not a node"):
+        optimize(sample.frozen_graph, str(tmp_path / "out"),
+                 OptimizeOptions(graph_outputs=("detection_masks",), benchmark_runs=0,
+                                 cold_start=False))
+    assert not [n for n in os.listdir(tmp_path / "out") if not n.startswith(".")]
