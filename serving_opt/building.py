@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 
+from serving_opt import graph_diff
 from serving_opt.attempts import Candidate
 from serving_opt.graph import ServingGraph, prune_library
 from serving_opt.run import Run, SizeReport
@@ -66,9 +67,13 @@ def transform(run: Run, graph: ServingGraph) -> ServingGraph:
         # The default preset is a convenience: a transform of it that fails on this graph
         # is left out with a warning. A spec the user wrote fails the run instead.
         skipped: list[str] | None = [] if run.plan.default_preset else None
-        graph = transforms_lib.apply_transforms(graph, transforms, skipped)
+        trace: list = []
+        graph = transforms_lib.apply_transforms(graph, transforms, skipped, trace)
         for message in skipped or ():
             run.warn(f"default transform left out: {message}")
+        if trace:  # what each pass did, on this graph
+            run.transform_passes = tuple(
+                d.line() for d in graph_diff.diff_passes(trace[1:], trace[0][1]))
         run.graph = graph
         stage.done(graph, f"{len(transforms)} transforms")
     return graph

@@ -150,6 +150,16 @@ def format_optimize_report(report) -> str:
     out.append(f"  transforms {printable(report.transforms or 'none')}")
     out.append(f"  grappler   {','.join(report.grappler_passes) or 'none'} "
                f"x{report.grappler_rounds}")
+    for line in getattr(report, "transform_passes", ()):
+        out.append(f"    pass     {printable(line)}")
+    graph_def = getattr(report, "graph_def", {}) or {}
+    if "input" in graph_def:
+        feeds = ", ".join(f"{k}={v}" for k, v in graph_def["input"]["inputs"].items())
+        out.append(f"  graphdef   in: serving_default takes {printable(feeds)}")
+    if "output" in graph_def:
+        out.append(f"  graphdef   out: {graph_def['output']['file']} "
+                   f"({human_bytes(graph_def['output']['size_bytes'])}) in the version "
+                   "directory")
     if getattr(report, "sandbox", ""):
         out.append(f"  sandbox    {report.sandbox}")
     kept = sorted(getattr(report, "variables_kept", ()), key=lambda v: -v.nbytes)

@@ -114,6 +114,9 @@ class OptimizeReport:
     # A frozen GraphDef input ("input": its feeds and fetches as the signature serves
     # them) and --output_format=graphdef ("output": the .pb written, its feeds/fetches).
     graph_def: dict = field(default_factory=dict)
+    # What each Graph Transform Tool pass did to this graph, one line per pass
+    # (serving_opt.graph_diff): ops removed, batch norms folded, CheckNumerics removed.
+    transform_passes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -158,6 +161,7 @@ class Run:
         # The SavedModel the stages read: the input, or what a .pb input became.
         self.model_dir = input_dir
         self.graph_def: dict = {}  # OptimizeReport.graph_def
+        self.transform_passes: tuple[str, ...] = ()
         self.output_base = output_base
         self.options = options
         self.say = say or (lambda _: None)
@@ -304,4 +308,5 @@ class Run:
             sandbox=self.sandbox,
             attempts=tuple(self.attempts),
             graph_def=dict(self.graph_def),
+            transform_passes=tuple(self.transform_passes),
         )

@@ -156,3 +156,14 @@ def test_an_output_the_graph_lacks_is_named(sample, tmp_path):
                  OptimizeOptions(graph_outputs=("detection_masks",), benchmark_runs=0,
                                  cold_start=False))
     assert not [n for n in os.listdir(tmp_path / "out") if not n.startswith(".")]
+
+
+def test_the_report_says_what_each_transform_pass_did(published):
+    from serving_opt import report as report_lib
+
+    passes = {line.split(":")[0]: line for line in published.transform_passes}
+    assert "2 FusedBatchNorm folded into Conv2D" in passes["fold_old_batch_norms"]
+    assert "3 unfused batch norms" in passes["fold_batch_norms"]
+    table = report_lib.format_optimize_report(published)
+    assert "    pass     fold_old_batch_norms: 2 FusedBatchNorm folded" in table
+    assert "graphdef   out: frozen_inference_graph.pb" in table

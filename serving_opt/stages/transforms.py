@@ -301,13 +301,24 @@ def _call_groups(transforms: tuple[Transform, ...]) -> list[list[Transform]]:
     return groups
 
 
+# Graphs up to this size are transformed one pass per call of the tool, so the report can
+# say what each pass did; larger ones (weights folded in) keep the shared calls, each of
+# which parses and serializes everything.
+TRACE_MAX_BYTES = 256 * 2**20
+
+
 def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
-                     skipped: list[str] | None = None) -> ServingGraph:
+                     skipped: list[str] | None = None,
+                     trace: list | None = None) -> ServingGraph:
     """Runs TF's C++ Graph Transform Tool on the graph, protecting what serving needs.
 
     With ``skipped`` (a list), a transform the tool fails on is left out and its error
     appended there instead of raised: the lossless default preset degrades instead of
     failing a run on a graph one of its transforms cannot handle.
+
+    With ``trace`` (a list), ``("", the GraphDef the first pass gets)`` and then
+    ``(spec, GraphDef after it)`` per pass (per shared call for graphs over
+    :data:`TRACE_MAX_BYTES`) are appended, for :func:`serving_opt.graph_diff.diff_passes`.
 
     Example:
         >>> out = apply_transforms(frozen, parse_transforms("fold_constants fold_batch_norms"))
@@ -341,6 +352,8 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
         anchor.attr["value"].tensor.int_val.append(0)
         anchor.input.extend("^" + n for n in silent)
     data = graph_def.SerializeToString()
+    if trace is not None:  # where the first pass starts (batch norms downgraded, anchored)
+        trace.append(("", graph_def))
     # Folding treats its inputs as feeds: every fed node (asset paths fed at load, the
     # saver's checkpoint path, non-Placeholder signature inputs) goes in, or its consumer
     # would be folded with the export-time value baked in.
@@ -352,7 +365,10 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
     # Ops touching files or the host are never folded, whatever the spec: a ReadFile of
     # a constant path would otherwise become a constant holding the build host's file.
     host_op_types = sorted({n.op for n in graph_def.node if host_op_kind(n) is not None})
-    for group in _call_groups(transforms):
+    groups = _call_groups(transforms)
+    if trace is not None and len(data) <= TRACE_MAX_BYTES:
+        groups = [[t] for group in groups for t in group]
+    for group in groups:
         if group[0].name == "fold_batch_norms":
             # Needs the constants fold_constants produced, so it runs in between;
             # the tool's own fold then finds nothing left it could get wrong.
@@ -392,6 +408,10 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
                     skipped.append(f"{transform.spec()}: {first_line(single)}")
         if originals:
             data = _placeholders_to_consts(data, originals)
+        if trace is not None:
+            after = graph_pb2.GraphDef()
+            after.ParseFromString(data)
+            trace.append((" ".join(t.spec() for t in group), after))
     out_bytes = data
     result = graph_pb2.GraphDef()
     result.ParseFromString(out_bytes)
