@@ -167,3 +167,31 @@ def test_the_report_says_what_each_transform_pass_did(published):
     table = report_lib.format_optimize_report(published)
     assert "    pass     fold_old_batch_norms: 2 FusedBatchNorm folded" in table
     assert "graphdef   out: frozen_inference_graph.pb" in table
+
+
+def test_inspect_lists_a_pbs_candidate_inputs_and_outputs(sample, capsys):
+    from serving_opt.cli import main as cli
+
+    assert cli.main(["serving-opt", "inspect", f"--saved_model_dir={sample.frozen_graph}"]) == 0
+    text = capsys.readouterr().out
+    assert "candidate inputs:  image_tensor:0 (uint8 [?,?,?,3])" in text
+    assert "detection_boxes:0 (float32 [?,100,4])" in text
+    assert "pass through CombinedNonMaxSuppression" in text
+    assert "2 FusedBatchNormV3" in text
+    assert "--outputs=" in text and "detection_boxes" in text.split("--outputs=")[1]
+
+
+def test_inspect_rates_a_pb_with_a_host_op_an_error(tmp_path, capsys):
+    import tensorflow as tf
+
+    from serving_opt.cli import main as cli
+
+    with tf.Graph().as_default() as graph:
+        x = tf.compat.v1.placeholder(tf.string, [], name="path")
+        tf.io.read_file(x, name="contents")
+    path = tmp_path / "reads.pb"
+    path.write_bytes(graph.as_graph_def().SerializeToString())
+    assert cli.main(["serving-opt", "inspect", f"--saved_model_dir={path}"]) == 1
+    out = capsys.readouterr()
+    assert "risk ERROR host_op: ReadFile contents" in out.out
+    assert "host_op" in out.err

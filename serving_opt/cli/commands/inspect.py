@@ -9,6 +9,7 @@ Reads files only; nothing is loaded or run.
 Examples:
     serving-opt inspect --saved_model_dir=build/sample/1
     serving-opt inspect --saved_model_dir=build/sample/1 --saved_model_tags=serve --json
+    serving-opt inspect --saved_model_dir=frozen_inference_graph.pb
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from absl import flags
 from serving_opt import inspection
 from serving_opt.cli import main as cli
 from serving_opt.errors import EXIT_FAILURE, UsageError
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import graphdef, loader
 
 SUMMARY = "show signatures, variables, ops, size on disk and serving risks of a SavedModel"
 FAIL_ON = ["error", "warning", "never"]
@@ -33,7 +34,8 @@ def define_flags(fv: flags.FlagValues) -> None:
         >>> fv = flags.FlagValues(); define_flags(fv)
     """
     cli.define_model_dir(fv, cli.SAVED_MODEL_DIR,
-                         "SavedModel directory (the one holding saved_model.pb).")
+                         "SavedModel directory (the one holding saved_model.pb), or a frozen "
+                         "GraphDef .pb (its candidate inputs and outputs are listed).")
     flags.DEFINE_string(
         "saved_model_tags", None,
         "Comma-separated tag set of the MetaGraph to inspect, e.g. 'serve'; default: all.",
@@ -62,7 +64,13 @@ def main(fv: flags.FlagValues) -> int:
         raise UsageError("--saved_model_dir is empty", "pass the SavedModel directory")
     if fv.verbosity <= 0:
         loader.quiet_tensorflow_import()
-    report = inspection.inspect_saved_model(fv.saved_model_dir, fv.saved_model_tags or None)
+    if graphdef.is_graph_def_path(fv.saved_model_dir):
+        from serving_opt.inspection.graph_def import inspect_graph_def
+
+        report = inspect_graph_def(fv.saved_model_dir)
+    else:
+        report = inspection.inspect_saved_model(fv.saved_model_dir,
+                                                fv.saved_model_tags or None)
     print(report.to_json() if fv.json else report.format_table())
     levels = {"error": (inspection.SEVERITY_ERROR,),
               "warning": (inspection.SEVERITY_ERROR, inspection.SEVERITY_WARNING),
