@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo bench test venv lint pytest pytest-bazel bazel-setup bazel-test clean sandbox
+.PHONY: demo demo-detection bench test venv lint pytest pytest-bazel bazel-setup bazel-test clean sandbox
 
 venv: $(STAMP)
 
@@ -41,6 +41,21 @@ demo: $(STAMP) $(SANDBOX_STAMP)
 	  --validate --server=auto --write_warmup --duration=3 \
 	  --report=build/report/optimize.json
 	@echo; echo "JSON report: build/report/optimize.json (marker: build/report/VALIDATED)"
+
+# The detection case: an OD-API-shaped frozen_inference_graph.pb in, folded, proven by
+# the detection parity rule, served over gRPC and REST, published with its .pb.
+demo-detection: $(STAMP) $(SANDBOX_STAMP)
+	@$(PY) -m serving_opt.detection.sample --output_dir=build/detection \
+	  --write_frames=build/detection/frames.jsonl
+	@echo; echo "== serving-opt inspect build/detection/frozen_inference_graph.pb"
+	@$(VENV)/bin/serving-opt inspect --saved_model_dir=build/detection/frozen_inference_graph.pb
+	@echo; echo "== serving-opt optimize the .pb -> build/models/detector"
+	@$(VENV)/bin/serving-opt optimize \
+	  --saved_model_dir=build/detection/frozen_inference_graph.pb \
+	  --outputs=detection_boxes,detection_scores,detection_classes,num_detections \
+	  --examples=build/detection/frames.jsonl --output_format=graphdef \
+	  --model_base_path=build/models/detector --version=1 --overwrite \
+	  --validate --server=auto --duration=3 --report=build/report/detector.json
 
 # The bench's extra (matplotlib, for its chart), on top of the dev install.
 $(BENCH_STAMP): $(STAMP)

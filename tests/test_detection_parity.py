@@ -53,6 +53,41 @@ def _detector(export_dir: str, bias_on_anchor_1: float) -> str:
         return save_tf1(graph, export_dir, serving_default({"logits": logits}, outputs))
 
 
+def _looped_detector(export_dir: str, bias_on_anchor_1: float) -> str:
+    """The same detector with the OD API's TF1 postprocessing: one NMS per image inside a
+    while loop, whose inputs cannot be fetched from outside the loop."""
+    v1.disable_control_flow_v2()
+    try:
+        with tf.Graph().as_default() as graph:
+            logits = v1.placeholder(tf.float32, [None, 3], name="logits")
+            scores = tf.sigmoid(logits + tf.constant([0.0, bias_on_anchor_1, 0.0]),
+                                name="scores")
+            anchors = tf.constant(ANCHORS)
+
+            def body(i, boxes_out, scores_out, counts_out):
+                keep = tf.image.non_max_suppression(anchors, scores[i], 3, 0.5,
+                                                    score_threshold=0.1)
+                pad = [[0, 3 - tf.size(keep)]]
+                kept_boxes = tf.pad(tf.gather(anchors, keep), pad + [[0, 0]])
+                kept_scores = tf.pad(tf.gather(scores[i], keep), pad)
+                return (i + 1, boxes_out.write(i, kept_boxes), scores_out.write(i, kept_scores),
+                        counts_out.write(i, tf.cast(tf.size(keep), tf.float32)))
+
+            n = tf.shape(logits)[0]
+            _, boxes, kept, counts = tf.while_loop(
+                lambda i, *_: i < n, body,
+                [0, tf.TensorArray(tf.float32, size=n), tf.TensorArray(tf.float32, size=n),
+                 tf.TensorArray(tf.float32, size=n)])
+            kept_scores = tf.identity(kept.stack(), "detection_scores")
+            outputs = {"detection_boxes": tf.identity(boxes.stack(), "detection_boxes"),
+                       "detection_scores": kept_scores,
+                       "detection_classes": tf.zeros_like(kept_scores, name="classes"),
+                       "num_detections": tf.identity(counts.stack(), "num_detections")}
+            return save_tf1(graph, export_dir, serving_default({"logits": logits}, outputs))
+    finally:
+        v1.enable_control_flow_v2()
+
+
 def _classifier(export_dir: str, bias_on_class_1: float) -> str:
     """logits [batch, 3] -> probabilities and ArgMax class ids."""
     with tf.Graph().as_default() as graph:
@@ -74,6 +109,13 @@ def logits_examples(tmp_path_factory):
 def detectors(tmp_path_factory):
     base = tmp_path_factory.mktemp("detectors")
     return {name: _detector(str(base / name), bias) for name, bias in
+            (("original", 0.0), ("rounded", TIE_BREAKER), ("defect", DEFECT))}
+
+
+@pytest.fixture(scope="module")
+def looped_detectors(tmp_path_factory):
+    base = tmp_path_factory.mktemp("looped")
+    return {name: _looped_detector(str(base / name), bias) for name, bias in
             (("original", 0.0), ("rounded", TIE_BREAKER), ("defect", DEFECT))}
 
 
@@ -167,3 +209,18 @@ def test_an_argmax_changed_by_a_defect_fails(classifiers, logits_examples):
     assert not rows["class_ids"].ok
     assert "not near-ties" in rows["class_ids"].detail
     assert not rows["probabilities"].ok  # the continuous output fails elementwise too
+
+
+def test_an_nms_inside_a_tf1_while_loop_is_judged_on_the_tensors_entering_it(
+        looped_detectors, logits_examples):
+    report = _parity(looped_detectors, "rounded", logits_examples)
+    rows = _rows(report)
+    assert rows["detection_boxes"].mismatches > 0  # the other anchor was kept
+    assert report.ok, report.summary()
+    assert "accepted as a near-tie" in rows["detection_boxes"].detail
+
+
+def test_a_defect_before_a_looped_nms_fails(looped_detectors, logits_examples):
+    report = _parity(looped_detectors, "defect", logits_examples)
+    assert not report.ok
+    assert "are not near-ties" in _rows(report)["detection_boxes"].detail

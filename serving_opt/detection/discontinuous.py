@@ -196,13 +196,23 @@ class Analysis:
         return text
 
 
+def _float_typed(node) -> bool:
+    """Inside a function, where inputs are not traced: a comparison, argmax or rounding
+    of integers (a while loop's ``i < n``) is exact; NMS and TopK are always counted."""
+    if node.op in NMS_OPS or node.op in TOPK_OPS:
+        return True
+    if "T" not in node.attr:
+        return True  # unknown: counted, as the safe side
+    return node.attr["T"].type in _FLOAT_TYPES
+
+
 def _producing_op(function_library: dict, name: str, seen: set[str]) -> str | None:
     """The first discontinuous op type inside function ``name`` or one it calls."""
     if name in seen or name not in function_library:
         return None
     seen.add(name)
     for node in function_library[name].node_def:
-        if node.op in DISCONTINUOUS_OPS - {"Cast"}:
+        if node.op in DISCONTINUOUS_OPS - {"Cast"} and _float_typed(node):
             return node.op
         for called in called_functions(node):
             found = _producing_op(function_library, called, seen)
@@ -216,8 +226,9 @@ def analyze(graph_def, signature_def, signature_key: str = "serving_default") ->
     continuous tensors feeding them, and whether the signature is a detection model.
 
     Walks data edges back from each output over the top-level graph (TF1 while loops
-    included: the OD API's NMS runs inside one); a call op whose function holds a
-    discontinuous op is reported with ``function`` set and no feeds.
+    included: the OD API's NMS runs inside one, and its feeds, which cannot be fetched
+    there, are replaced by the tensors entering the loop); a call op whose function holds
+    a discontinuous op is reported with ``function`` set and no feeds.
 
     Example:
         >>> analyze(frozen_graph_def, sig).detection.boxes
@@ -227,10 +238,15 @@ def analyze(graph_def, signature_def, signature_key: str = "serving_default") ->
     library = {f.signature.name: f for f in graph_def.library.function}
     dependent = request_dependent(graph_def)
     classified: dict[str, DiscontinuousOp | None] = {}
+    in_loops = _in_loop_frames(graph_def)
 
     def classify(name: str) -> DiscontinuousOp | None:
         if name not in classified:
-            classified[name] = _classify(nodes[name], library, dependent)
+            op = _classify(nodes[name], library, dependent)
+            if op is not None and in_loops and any(node_name(f) in in_loops for f in op.feeds):
+                op = dataclasses.replace(op, feeds=_hoisted(op.feeds, nodes, in_loops,
+                                                            dependent))
+            classified[name] = op
         return classified[name]
 
     def upstream(name: str) -> tuple[str, ...]:
@@ -273,6 +289,64 @@ def analyze(graph_def, signature_def, signature_key: str = "serving_default") ->
     ops.sort(key=lambda o: order.get(o.name, 0))
     analysis = Analysis(signature_key, tuple(paths), tuple(ops), None)
     return dataclasses.replace(analysis, detection=detection_keys(signature_def, analysis))
+
+
+def _in_loop_frames(graph_def) -> set[str]:
+    """Nodes inside a TF1 while loop's frame: downstream of an Enter, up to its Exit.
+    Their tensors cannot be fetched from outside the loop."""
+    consumers: dict[str, list[str]] = collections.defaultdict(list)
+    enters = []
+    for node in graph_def.node:
+        if node.op in ("Enter", "RefEnter"):
+            enters.append(node.name)
+        for i in node.input:
+            if not i.startswith("^"):
+                consumers[node_name(i)].append(node.name)
+    by_name = {n.name: n for n in graph_def.node}
+    inside: set[str] = set()
+    stack = list(enters)
+    while stack:
+        name = stack.pop()
+        if name in inside:
+            continue
+        inside.add(name)
+        for consumer in consumers.get(name, ()):
+            if by_name[consumer].op not in ("Exit", "RefExit"):
+                stack.append(consumer)
+    return inside
+
+
+def _hoisted(feeds: tuple[str, ...], nodes: dict, in_loops: set[str],
+             dependent: set[str]) -> tuple[str, ...]:
+    """Feeds inside a while loop (the OD API's per-image, per-class NMS) replaced by the
+    request-dependent float tensors that enter the loop and reach them: fetchable, and
+    when they agree row by row the values inside the loop computed from them do too."""
+    out: list[str] = []
+    for feed in feeds:
+        if node_name(feed) not in in_loops:
+            out.append(feed)
+            continue
+        seen = {node_name(feed)}
+        stack = [node_name(feed)]
+        while stack:
+            node = nodes.get(stack.pop())
+            if node is None:
+                continue
+            if node.op in ("Enter", "RefEnter"):
+                source = next((i for i in node.input if not i.startswith("^")), "")
+                dtype = node.attr["T"].type if "T" in node.attr else 0
+                if source and node_name(source) in dependent and dtype in _FLOAT_TYPES:
+                    if node_name(source) in in_loops:  # a nested loop: one level out more
+                        out.extend(_hoisted((_tensor(source),), nodes, in_loops, dependent))
+                    else:
+                        out.append(_tensor(source))
+                continue
+            for i in node.input:
+                parent = node_name(i)
+                if not i.startswith("^") and parent in in_loops and parent not in seen:
+                    seen.add(parent)
+                    stack.append(parent)
+    return tuple(dict.fromkeys(out))
 
 
 def _classify(node, library: dict, dependent: set[str]) -> DiscontinuousOp | None:

@@ -612,6 +612,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--slow", action="store_true",
                         help="the ~0.8 s per image variant (1024 px, wide backbone)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--write_frames", default=None,
+                        help="also write two 480x640 frames as JSON lines ({'inputs': ...}) "
+                             "to this file, for optimize --examples")
     parser.add_argument("--time_images", type=int, default=0,
                         help="then time this many 480x640 images through the frozen graph")
     args = parser.parse_args(argv)
@@ -631,6 +634,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         sample = build(args.output_dir, size=size, seed=args.seed, width=width)
         print(sample.summary())
         print(f"wrote {sample.frozen_graph} and {sample.saved_model_dir}")
+    if args.write_frames:
+        import json
+
+        with open(args.write_frames, "w") as f:
+            for seed in (0, 1):
+                f.write(json.dumps({"inputs": frame(seed=seed).tolist()}) + "\n")
+        print(f"wrote {args.write_frames} (2 frames of {REFERENCE_FRAME[0]}x"
+              f"{REFERENCE_FRAME[1]})")
     if args.time_images:
         timing = time_per_image(os.path.join(args.output_dir, FROZEN_GRAPH_NAME),
                                 args.time_images)
