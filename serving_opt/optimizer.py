@@ -44,6 +44,7 @@ from serving_opt.options import (  # noqa: F401 - the options' public home is se
 from serving_opt.plan import Plan, plan
 from serving_opt.run import OptimizeReport, Progress, Run, SizeReport, StageReport
 from serving_opt.savedmodel import examples as examples_lib
+from serving_opt.savedmodel import inputs as inputs_lib
 from serving_opt.savedmodel import loader, writer
 from serving_opt.savedmodel import staging as staging_lib
 from serving_opt.stages import grappler as grappler_lib
@@ -231,6 +232,7 @@ def read(run: Run) -> Source:
         meta_graph = loader.find_meta_graph(saved_model, plan_.tags, run.model_dir)
         keys = tuple(loader.select_signatures(meta_graph, plan_.build.signatures))
         kind = "tf2" if loader.is_tf2(meta_graph) else "tf1"
+        inputs_lib.check_user_inputs_fit(meta_graph, keys, plan_.user_inputs)
         check_untrusted(run, meta_graph, keys)  # before anything runs the model
         source = Source(meta_graph, keys, kind, total_node_count(meta_graph.graph_def),
                         SizeReport.of(run.model_dir))

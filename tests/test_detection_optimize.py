@@ -195,3 +195,13 @@ def test_inspect_rates_a_pb_with_a_host_op_an_error(tmp_path, capsys):
     out = capsys.readouterr()
     assert "risk ERROR host_op: ReadFile contents" in out.out
     assert "host_op" in out.err
+
+
+def test_examples_that_fit_no_signature_are_a_usage_error_not_synthesized(sample, tmp_path):
+    wrong = tmp_path / "wrong.jsonl"
+    wrong.write_text(json.dumps({"images": detection_sample.frame(48, 64).tolist()}) + "\n")
+    with pytest.raises(UsageError, match="fits no signature: it has requests with keys "
+                                         "images, and serving_default takes inputs"):
+        optimize(sample.frozen_graph, str(tmp_path / "out"),
+                 OptimizeOptions(graph_outputs=OUTPUTS, examples=str(wrong),
+                                 benchmark_runs=0, cold_start=False))

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from serving_opt.errors import ServingOptError
+from serving_opt.errors import ServingOptError, UsageError
 from serving_opt.graph import CALL_OPS, node_name
 from serving_opt.savedmodel.examples import UserInputs
 
@@ -474,6 +474,36 @@ def inputs_for_signature(
             feed[alias] = synthesizer.tensor(info.dtype, tensor_info_shape(info), batch_size)
         batches.append(feed)
     return SignatureInputs(key, tuple(batches), "synthesized")
+
+
+def check_user_inputs_fit(meta_graph, keys: Sequence[str], user: UserInputs | None) -> None:
+    """UsageError when ``--examples`` fits none of the signatures ``keys``: its tf.Examples
+    feed no signature that parses them, or no JSON request's keys are a signature's
+    inputs. Otherwise every measurement would quietly run on synthesized inputs.
+
+    Example:
+        >>> check_user_inputs_fit(meta_graph, ["serving_default"], json_with_key_logits)
+        Traceback (most recent call last):
+        UsageError: --examples x.jsonl fits no signature: its requests have keys logits; ...
+    """
+    if user is None or (not user.examples and not user.requests):
+        return
+    takes_examples = any(example_input_alias(meta_graph.graph_def,
+                                             meta_graph.signature_def[k]) is not None
+                         for k in keys)
+    if user.examples and takes_examples:
+        return
+    aliases = {k: set(meta_graph.signature_def[k].inputs) for k in keys}
+    if user.requests and any(r and set(r) <= a for r in user.requests
+                             for a in aliases.values()):
+        return
+    given = "tf.Examples" if user.examples and not user.requests else \
+        "requests with keys " + ", ".join(sorted({k for r in user.requests for k in r}))
+    wanted = "; ".join(f"{k} takes {', '.join(sorted(a)) or 'nothing'}"
+                       for k, a in sorted(aliases.items()))
+    raise UsageError(f"--examples {user.path} fits no signature: it has {given}, and {wanted}",
+                     "give each JSON line the signature's input keys (or tf.Examples for a "
+                     "signature that parses them)")
 
 
 def resize_batch(batches: Sequence[dict], batch_size: int) -> dict:
