@@ -353,7 +353,11 @@ def benchmark(
 
         sizes = list(dict.fromkeys(batch_sizes))
         measured, skipped = _calibrate(sizes, prepare, warmup, deadline)
-        calibration = _plan(measured, skipped, runs, deadline, runs_per_batch or {})
+        calibration, too_dear = plan_runs(
+            {b.size: (b.times_a[0] / 1000.0, b.times_b[0] / 1000.0) for b in measured.values()},
+            runs, None if deadline is None else measuring.seconds_until(deadline),
+            runs_per_batch)
+        skipped += too_dear
         planned = {c.batch_size: c.runs for c in calibration if c.runs}
         left = sum((planned[b.size] - 1) * (b.times_a[0] + b.times_b[0]) / 1000.0
                    for b in measured.values() if b.size in planned)
@@ -400,7 +404,8 @@ def _calibrate(sizes: list[int], prepare: Callable[[int], _Batch], warmup: int,
             # Extrapolated linearly from the largest smaller batch: per-row cost rarely
             # grows with the batch, so this errs towards measuring less, never more.
             base = max(smaller, key=lambda b: b.size)
-            per_run = max(base.times_a[0], base.times_b[0]) / 1000.0 * size / base.size
+            # The faster of its two runs: noise only ever adds.
+            per_run = min(base.times_a[0], base.times_b[0]) / 1000.0 * size / base.size
             need = per_run * 2 * (MIN_RUNS + 1)  # a warm-up and MIN_RUNS runs of each
             if need > share:
                 skipped.append(Skipped(
@@ -429,35 +434,63 @@ def _calibrate(sizes: list[int], prepare: Callable[[int], _Batch], warmup: int,
     return measured, skipped
 
 
-def _plan(measured: dict[int, _Batch], skipped: list[Skipped], runs: int,
-          deadline: float | None, fixed: Mapping[int, int]) -> list[Calibration]:
-    """The runs of each calibrated batch size: ``fixed``'s, else ``runs``, or with a
-    deadline as many as fit; the cheapest batch size is served first and what it leaves
-    rolls over to the dearer ones. Batch sizes that cannot fit :data:`MIN_RUNS` go to
-    ``skipped``."""
-    left = measuring.seconds_until(deadline)
-    ordered = sorted(measured.values(), key=lambda b: b.times_a[0] + b.times_b[0])
-    plan: list[Calibration] = []
-    for n, batch in enumerate(ordered):
-        seconds_a, seconds_b = batch.times_a[0] / 1000.0, batch.times_b[0] / 1000.0
-        if deadline is None or batch.size in fixed:
-            plan.append(Calibration(batch.size, seconds_a, seconds_b, None,
-                                    max(1, fixed.get(batch.size, runs))))
-            continue
+def plan_runs(calibrated: Mapping[int, tuple[float, float]], runs: int,
+              left_seconds: float | None,
+              fixed: Mapping[int, int] | None = None) -> tuple[list[Calibration], list[Skipped]]:
+    """The runs of each calibrated batch size (``batch -> (seconds of one run of the
+    original, of the optimized)``), the calibration run included: ``fixed``'s, else
+    ``runs``, or with ``left_seconds`` as many as fit it, at most ``runs``. The cheapest
+    batch size is served first and what it leaves rolls over to the dearer ones; one
+    that cannot fit :data:`MIN_RUNS` is skipped (planned 0 runs, and named).
+
+    Example:
+        >>> plan, skipped = plan_runs({1: (0.9, 0.8), 32: (27.0, 26.0)}, 100, 40.0)
+        >>> [(c.batch_size, c.runs) for c in plan]
+        [(32, 0), (1, 24)]
+        >>> skipped[0].reason
+        'batch 32 skipped: one run takes 27 s (original) and 26 s (optimized), 5 runs ...'
+    """
+    fixed = fixed or {}
+    if left_seconds is None:
+        return [Calibration(size, a, b, None, max(1, fixed.get(size, runs)))
+                for size, (a, b) in calibrated.items()], []
+    plan = [Calibration(size, a, b, None, max(1, fixed[size]))
+            for size, (a, b) in calibrated.items() if size in fixed]
+    sized = {size: seconds for size, seconds in calibrated.items() if size not in fixed}
+    skipped: list[Skipped] = []
+    while True:
+        shares = _shares(sized, runs, left_seconds)
+        short = [size for size, (share, made) in shares.items() if made < MIN_RUNS]
+        if not short:
+            break
+        # The dearest that does not fit goes, and what it would have had is shared again.
+        size = max(short, key=lambda s: sum(sized[s]))
+        seconds_a, seconds_b = sized.pop(size)
+        share = shares[size][0]
+        skipped.append(Skipped(
+            size, f"batch {size} skipped: one run takes {_secs(seconds_a)} (original) "
+            f"and {_secs(seconds_b)} (optimized), {MIN_RUNS} runs about "
+            f"{_secs((seconds_a + seconds_b) * MIN_RUNS)}, more than its share of the "
+            f"budget, {_secs(share)}", max(seconds_a, seconds_b), share))
+        plan.append(Calibration(size, seconds_a, seconds_b, share, 0))
+    plan += [Calibration(size, *sized[size], share, made)
+             for size, (share, made) in shares.items()]
+    return plan, skipped
+
+
+def _shares(sized: Mapping[int, tuple[float, float]], runs: int,
+            left: float) -> dict[int, tuple[float, int]]:
+    """``batch -> (its share, the runs it fits)``: the cheapest first, each an even share
+    of what the ones before it left."""
+    ordered = sorted(sized.items(), key=lambda item: sum(item[1]))
+    shares: dict[int, tuple[float, int]] = {}
+    for n, (size, (seconds_a, seconds_b)) in enumerate(ordered):
         pair = seconds_a + seconds_b
         share = left / (len(ordered) - n)
         more = runs - 1 if pair <= 0 else min(runs - 1, int(share // pair))
-        if 1 + more < MIN_RUNS:
-            skipped.append(Skipped(
-                batch.size, f"batch {batch.size} skipped: one run takes "
-                f"{_secs(seconds_a)} (original) and {_secs(seconds_b)} (optimized), "
-                f"{MIN_RUNS} runs about {_secs(pair * MIN_RUNS)}, more than its share of "
-                f"the budget, {_secs(share)}", max(seconds_a, seconds_b), share))
-            plan.append(Calibration(batch.size, seconds_a, seconds_b, share, 0))
-            continue
+        shares[size] = (share, 1 + more)
         left -= more * pair
-        plan.append(Calibration(batch.size, seconds_a, seconds_b, share, 1 + more))
-    return plan
+    return shares
 
 
 def _run(batch: _Batch, runs: int, deadline: float | None) -> None:
