@@ -10,7 +10,12 @@ RSS includes the imported runtime, like a real server's would).
 
 A job is a JSON object naming the function that runs it, ``"run": "module:function"``;
 the function takes the job and returns a JSON-able dict. The stages that measure
-(``stages.coldstart``, ``stages.benchmark``) bring their own jobs.
+(``stages.coldstart``, ``stages.benchmark``) bring their own jobs. A job may say how it
+is doing while it runs (:func:`say`); ``run_jobs`` hands those lines to its ``progress``.
+
+All of optimize's measurements of one candidate share a time budget
+(``--measure_seconds``, a :class:`Budget`): the cold start counts against it, the
+benchmark is sized from what is left, and a confirmation gets the rest.
 
     results = run_jobs([{"run": "serving_opt.stages.coldstart:cold_start_job", ...}],
                        timeout=600, what="the cold-start measurement",
@@ -21,20 +26,83 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from serving_opt.errors import ServingOptError
 from serving_opt.savedmodel import loader
 
+_PROGRESS = "progress"  # the key of a line a job prints while it runs
 
-def run_jobs(jobs: list[dict], timeout: float, *, what: str, skip: str) -> list[dict]:
+
+@dataclass(frozen=True)
+class Budget:
+    """Seconds allowed for measuring one candidate, counted from its creation.
+
+    ``time.monotonic`` is one clock for every process of the machine, so a measuring
+    process is handed the deadline itself (:attr:`deadline`), not a duration that its
+    start-up (importing TensorFlow) would silently extend.
+
+    Example:
+        >>> budget = Budget(120.0)
+        >>> 0 < budget.left() <= 120.0
+        True
+    """
+
+    seconds: float
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def deadline(self) -> float:
+        return self.started + self.seconds
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def left(self) -> float:
+        """Seconds until the deadline, never below 0."""
+        return max(0.0, self.deadline - time.monotonic())
+
+
+def seconds_until(deadline: float | None) -> float:
+    """Seconds from now until a ``time.monotonic`` deadline (0 once past; inf for None).
+
+    Example:
+        >>> seconds_until(None)
+        inf
+    """
+    return math.inf if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def say(message: str) -> None:
+    """In a job: one line of progress, handed to ``run_jobs``' ``progress`` as it is said.
+
+    The job's child writes it on the pipe its result will follow on; the helper prints
+    nothing while a child runs, so lines never interleave.
+
+    Example:
+        >>> say("benchmark: 2 batch sizes x 14 runs, about 95 s left")
+    """
+    sys.stdout.write(json.dumps({_PROGRESS: str(message)}) + "\n")
+    sys.stdout.flush()
+
+
+def run_jobs(jobs: list[dict], timeout: float, *, what: str, skip: str,
+             progress: Callable[[str], None] | None = None) -> list[dict]:
     """Runs the jobs in one measuring process, each in a forked child; their results in
     order. A job that raised has ``{"error": "<type>: <first line>"}`` for a result.
 
     ``what`` names the measurement and ``skip`` the flag that skips it, for the error
-    when the process itself fails or overruns ``timeout`` seconds.
+    when the process itself fails or overruns ``timeout`` seconds. Lines a job
+    :func:`say` s go to ``progress`` as they come (called in this thread).
 
     Example:
         >>> run_jobs([{"run": "serving_opt.stages.coldstart:cold_start_job", ...}], 600,
@@ -50,20 +118,85 @@ def run_jobs(jobs: list[dict], timeout: float, *, what: str, skip: str) -> list[
         else:
             env[name] = value
     payload = "".join(json.dumps(job) + "\n" for job in jobs)
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "serving_opt.measuring"], input=payload,
-            capture_output=True, text=True, timeout=timeout, env=env,
-        )
-    except subprocess.TimeoutExpired as e:
-        raise ServingOptError(f"{what} took over {timeout:.0f} s",
-                              f"rerun with {skip} to skip it") from e
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or len(lines) != len(jobs):
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    returncode, stdout, stderr = _stream(
+        [sys.executable, "-m", "serving_opt.measuring"], payload, env, timeout,
+        progress or (lambda _: None), what=what, skip=skip)
+    lines = [line for line in stdout if line.startswith("{")]
+    if returncode != 0 or len(lines) != len(jobs):
+        tail = (stderr.strip().splitlines() or ["no output"])[-1]
         raise ServingOptError(f"{what} failed: {tail}",
                               f"rerun with {skip} to skip it, and report this")
     return [json.loads(line) for line in lines]
+
+
+def _stream(command: list[str], payload: str, env: dict, timeout: float,
+            progress: Callable[[str], None], *, what: str,
+            skip: str) -> tuple[int, list[str], str]:
+    """Runs ``command`` with ``payload`` on stdin: its return code, the stdout lines that
+    are not progress (each progress line went to ``progress`` when it came) and stderr."""
+    deadline = time.monotonic() + timeout
+    # A group of its own: on a timeout or an interrupt the measuring child it forked is
+    # killed with it, not left measuring (and holding the pipes open).
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True)
+    lines: queue.Queue[str | None] = queue.Queue()
+    errors: list[str] = []
+
+    def read_stdout() -> None:
+        for line in process.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    readers = [threading.Thread(target=read_stdout, daemon=True),
+               threading.Thread(target=lambda: errors.append(process.stderr.read()),
+                                daemon=True)]
+    for reader in readers:
+        reader.start()
+    try:
+        try:
+            with process.stdin:
+                process.stdin.write(payload)
+        except BrokenPipeError:
+            pass  # it died at start: its return code and stderr say why
+        out: list[str] = []
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise ServingOptError(f"{what} took over {timeout:.0f} s",
+                                      f"rerun with {skip} to skip it") from None
+            if line is None:
+                break
+            message = _progress_of(line)
+            if message is None:
+                out.append(line.rstrip("\n"))
+            else:
+                progress(message)
+        try:
+            returncode = process.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise ServingOptError(f"{what} took over {timeout:.0f} s",
+                                  f"rerun with {skip} to skip it") from None
+    except BaseException:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+        raise
+    for reader in readers:
+        reader.join()
+    return returncode, out, "".join(errors)
+
+
+def _progress_of(line: str) -> str | None:
+    if not line.startswith('{"' + _PROGRESS + '": '):
+        return None
+    try:
+        return str(json.loads(line)[_PROGRESS])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def rss_bytes(field: str) -> int:

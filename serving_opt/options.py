@@ -243,10 +243,22 @@ class GateOptions:
 
 @dataclass(frozen=True)
 class MeasureOptions:
-    """What is measured, both models side by side: the cold start and the benchmark.
+    """What is measured, both models side by side: the cold start and the benchmark,
+    and how long that may take.
+
+    ``measure_seconds`` bounds all of one candidate's measurements: the cold start
+    counts against it, the benchmark's runs per batch size are sized from what is left
+    (a batch size that cannot fit a few runs is skipped and named in the report), and a
+    confirmation of a regression gets the rest. The default, 180 s, was sized for a
+    model costing about 1 s per image on 2 cores: its cold start (~25 s), batch 1 with
+    the 20+ runs the p50 gate needs (~65 s, batch 32 skipped: one run alone takes
+    ~30 s per model) and, should a figure look worse, a confirmation (~90 s) fit, so
+    the whole optimize stays well under 10 minutes. A model answering in milliseconds
+    makes its 100 runs per batch size in seconds, as before.
 
     Example:
         >>> MeasureOptions(benchmark_runs=0)   # the cold start only
+        >>> MeasureOptions(measure_seconds=600)   # a slow model, measured at batch 32 too
     """
 
     cold_start: bool = _opt(
@@ -254,15 +266,29 @@ class MeasureOptions:
         "refuse a candidate that is worse (--nocold_start skips it).")
     cold_start_rounds: int = _opt(
         1, "Fresh processes per model for the cold start (median is used).")
-    benchmark_runs: int = _opt(
-        100, "Interleaved timed runs per batch size (0 skips the benchmark).")
+    # None: sized from measure_seconds; a number (the flag given) is taken as is.
+    benchmark_runs: int | None = _opt(
+        None, "Interleaved timed runs per batch size, taken as given instead of sized from "
+        "--measure_seconds (0 skips the benchmark; default: as many as the budget fits, "
+        "5 to 100).")
     benchmark_batch_sizes: tuple[int, ...] = (1, 32)
+    measure_seconds: float = _opt(
+        180.0, "Time budget in seconds for measuring a candidate: the cold start, the "
+        "benchmark (its runs per batch size are sized to fit; a batch size that cannot fit "
+        "a few runs is skipped and named in the report) and a confirmation of a "
+        "regression. The default fits a model costing about 1 s per image on 2 cores.")
 
     def check(self) -> None:
-        if self.benchmark_runs < 0:
+        if self.benchmark_runs is not None and self.benchmark_runs < 0:
             raise UsageError("--benchmark_runs must be >= 0", "0 skips the benchmark")
         if self.cold_start_rounds < 1:
             raise UsageError("--cold_start_rounds must be >= 1", "e.g. --cold_start_rounds=3")
+        if isinstance(self.measure_seconds, bool) or not isinstance(
+                self.measure_seconds, (int, float)) or not 0 < self.measure_seconds < math.inf:
+            raise UsageError(f"--measure_seconds={self.measure_seconds} must be a positive, "
+                             "finite number of seconds",
+                             "e.g. --measure_seconds=180 (--benchmark_runs=N fixes the runs "
+                             "instead)")
 
 
 @dataclass(frozen=True)

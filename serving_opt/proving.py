@@ -12,7 +12,10 @@ raises (ParityError, ServingOptError) and :mod:`serving_opt.attempts` judges it.
 
 from __future__ import annotations
 
-from serving_opt import gates
+import dataclasses
+import time
+
+from serving_opt import gates, measuring
 from serving_opt.errors import ParityError, first_line
 from serving_opt.graph import ServingGraph
 from serving_opt.run import Run
@@ -112,11 +115,17 @@ def compare_gate(run: Run, graph: ServingGraph, staging: str) -> None:
 
 def measure(run: Run, staging: str) -> list[str]:
     """Stages 8-9: cold start in fresh processes, then steady-state latency side by side;
-    returns the measures on which the candidate is worse than the original."""
+    returns the measures on which the candidate is worse than the original.
+
+    All of it within ``--measure_seconds`` (:func:`benchmark_share`): the cold start
+    counts against the budget, the benchmark is sized to half of what it leaves beyond a
+    second cold start, and the other half is kept for a confirmation.
+    """
     settings, keys = run.plan.measure, run.source.keys
     key = "serving_default" if "serving_default" in keys else keys[0]
     run.cold_start = None
     run.benchmark = None
+    budget = measuring.Budget(settings.measure_seconds)
     if settings.cold_start:
         message = f"cold start: load + first request in fresh processes " \
                   f"(x{settings.cold_start_rounds})"
@@ -127,40 +136,92 @@ def measure(run: Run, staging: str) -> list[str]:
         run.progress("cold_start", "cold start skipped (--nocold_start)")
         run.warn("cold-start gate off (--nocold_start): load time, first request and "
                  "memory were not compared")
-    if settings.benchmark_runs > 0:
-        message = f"benchmark: load time and latency, {settings.benchmark_runs} interleaved runs"
+    cold_seconds = budget.elapsed()
+    sized = settings.benchmark_runs is None  # from the budget, not --benchmark_runs
+    share = benchmark_share(budget, cold_seconds, run.cold_start) if sized else None
+    if settings.benchmark_runs == 0:
+        run.progress("benchmark", "benchmark skipped")
+    elif sized and share is None:
+        run.progress("benchmark", "benchmark skipped: no time left in the budget")
+        run.warn(f"benchmark skipped: the cold start took {cold_seconds:.0f} s of the "
+                 f"{settings.measure_seconds:g} s budget, leaving too little to measure "
+                 "latency (raise --measure_seconds, or set --benchmark_runs)")
+    else:
+        message = (f"benchmark: load time and latency, {settings.benchmark_runs} interleaved "
+                   "runs" if share is None else
+                   f"benchmark: load time and latency, interleaved runs sized to {share:.0f} s "
+                   f"of the {settings.measure_seconds:g} s budget (--measure_seconds)")
         with run.stage("benchmark", message) as stage:
             try:
-                run.benchmark = _steady_state(run, staging, key)
+                run.benchmark = _steady_state(run, staging, key, share=share)
             except Exception as e:  # noqa: BLE001 - a failed measurement gates nothing
                 run.warn(f"benchmark skipped: {first_line(e)}")
-            stage.done(run.graph, "" if run.benchmark else "failed, see warnings")
-    else:
-        run.progress("benchmark", "benchmark skipped")
+            stage.done(run.graph, _bench_note(run.benchmark) if run.benchmark
+                       else "failed, see warnings")
+        for skipped in run.benchmark.skipped if run.benchmark else ():
+            run.warn(f"benchmark: {skipped.reason} (raise --measure_seconds, or set "
+                     "--benchmark_runs, to measure it)")
     worse = regression_lib.regressions(run.cold_start, run.benchmark,
                                        run.plan.gate.regression_tolerance)
     if worse:
-        worse = _confirm(run, staging, key, worse)
+        worse = _confirm(run, staging, key, worse, budget)
     return worse
 
 
-def _confirm(run: Run, staging: str, key: str, worse: list[str]) -> list[str]:
+# The benchmark's part of what the cold start leaves: the rest is kept for confirming a
+# regression, which repeats the cold start and the benchmark of what looked worse.
+BENCHMARK_FRACTION = 0.5
+MIN_BENCHMARK_SECONDS = 5.0  # below this, starting a measuring process is all it would do
+
+
+def benchmark_share(budget: measuring.Budget, cold_seconds: float, cold) -> float | None:
+    """Seconds the benchmark gets: half of what is left once a second cold start (a
+    confirmation may need one) is set aside; None when that is too little to load both
+    models and time a few runs.
+
+    Example:
+        >>> benchmark_share(measuring.Budget(180.0), 25.0, cold)   # just after the cold start
+        65.0
+    """
+    share = (budget.left() - cold_seconds) * BENCHMARK_FRACTION
+    loads = cold.before.load_seconds + cold.after.load_seconds if cold is not None else 0.0
+    return share if share >= max(MIN_BENCHMARK_SECONDS, 2 * loads) else None
+
+
+def _confirm(run: Run, staging: str, key: str, worse: list[str],
+             budget: measuring.Budget) -> list[str]:
     """A regression counts only if a second measurement shows it too.
 
     A busy build machine (two test shards, a compile) can slow one fresh process by
-    more than the tolerance; a real regression (a 1 GB constant graph) reproduces.
+    more than the tolerance; a real regression (a 1 GB constant graph) reproduces. Only
+    what looked worse is measured again (``regression.to_remeasure``): the cold start if
+    one of its figures did, the batch sizes whose latency did, with the runs they had
+    the first time (fewer could not show the figure the gate judged).
     """
-    run.progress("-", f"worse on {worse[0]}; measuring again to confirm")
+    again_plan = regression_lib.to_remeasure(worse)
     cold, bench = run.cold_start, run.benchmark
+    redo_cold = cold is not None and again_plan.cold_start
+    redo = [b for b in again_plan.batch_sizes
+            if bench is not None and any(lat.batch_size == b for lat in bench.after)]
+    what = ", ".join(regression_lib.measure_of(line) for line in worse)
+    run.progress("-", f"worse on {worse[0]}; measuring again to confirm ({what}; "
+                      f"{budget.left():.0f} s of the budget left)")
     with run.stage("confirm", "confirming the regression", step="-") as stage:
-        if cold is not None:
+        if redo_cold:
             cold = _cold_start(run, staging, key)
-        if bench is not None and any(regression_lib.is_steady_state(line) for line in worse):
-            bench = _steady_state(run, staging, key)
-        again = regression_lib.regressions(cold, bench, run.plan.gate.regression_tolerance)
-        stage.done(run.graph, "; ".join(again) or "not reproduced")
-    first = {regression_lib.measure_of(line) for line in worse}
-    confirmed = [line for line in again if regression_lib.measure_of(line) in first]
+        if redo:
+            runs = {lat.batch_size: lat.runs for lat in bench.after if lat.batch_size in redo}
+            seconds = sum(c.pair_seconds * runs[c.batch_size] for c in bench.calibration
+                          if c.batch_size in runs)
+            run.progress("-", "confirming " + ", ".join(f"batch {b} x {n} runs"
+                                                        for b, n in runs.items())
+                         + f", about {seconds:.0f} s (and loading both models)")
+            again = _steady_state(run, staging, key, batch_sizes=tuple(redo),
+                                  runs_per_batch=runs)
+            bench = benchmark_lib.with_remeasured(bench, again)
+        again_worse = regression_lib.regressions(cold, bench, run.plan.gate.regression_tolerance)
+        stage.done(run.graph, "; ".join(again_worse) or "not reproduced")
+    confirmed = regression_lib.confirmed(worse, again_worse)
     if confirmed:
         run.cold_start, run.benchmark = cold, bench  # the measurement that confirmed it
     else:
@@ -179,12 +240,40 @@ def _cold_start(run: Run, staging: str, key: str):
                              rounds=run.plan.measure.cold_start_rounds)
 
 
-def _steady_state(run: Run, staging: str, key: str):
-    """The interleaved latency benchmark of both models, in a measuring process."""
+def _steady_state(run: Run, staging: str, key: str, *, share: float | None = None,
+                  batch_sizes: tuple[int, ...] | None = None,
+                  runs_per_batch: dict[int, int] | None = None):
+    """The interleaved latency benchmark of both models, in a measuring process: sized to
+    ``share`` seconds, or ``--benchmark_runs`` runs (``runs_per_batch``'s for those)."""
     plan = run.plan
-    return benchmark_lib.benchmark_in_fresh_process(
-        run.model_dir, staging, plan.tags, key, batch_sizes=plan.measure.benchmark_batch_sizes,
-        runs=plan.measure.benchmark_runs, seed=plan.inputs.seed, examples=plan.inputs.examples)
+    settings = plan.measure
+    deadline = None if share is None else time.monotonic() + share
+    runs = benchmark_lib.MAX_RUNS if settings.benchmark_runs is None \
+        else settings.benchmark_runs
+    loads = 3
+    cold = run.cold_start
+    if runs_per_batch:
+        loads = 1  # a confirmation: the load time is not gated, the cold start has it
+    elif share is not None and cold is not None and 3 * (
+            cold.before.load_seconds + cold.after.load_seconds) > \
+            benchmark_lib.LOAD_SHARE * share:
+        loads = 1  # loading is what a slow model is slowest at; the cold start timed it
+    report = benchmark_lib.benchmark_in_fresh_process(
+        run.model_dir, staging, plan.tags, key,
+        batch_sizes=batch_sizes or settings.benchmark_batch_sizes, runs=runs,
+        seed=plan.inputs.seed, examples=plan.inputs.examples, loads=loads, deadline=deadline,
+        runs_per_batch=runs_per_batch, progress=lambda line: run.progress("-", line))
+    return dataclasses.replace(report, budget_seconds=share,
+                               measure_seconds=None if share is None else settings.measure_seconds)
+
+
+def _bench_note(bench) -> str:
+    """``batch 1 x 23 runs 0.98x (0.95-1.01, 95%); batch 32 skipped``"""
+    parts = [f"batch {lat.batch_size} x {lat.runs} runs"
+             + (f" {r.describe()}" if (r := bench.ratio(lat.batch_size)) else "")
+             for lat in bench.after]
+    parts += [f"batch {s.batch_size} skipped" for s in bench.skipped]
+    return "; ".join(parts)
 
 
 def _cold_note(cold) -> str:

@@ -236,20 +236,44 @@ def format_optimize_report(report) -> str:
              human_bytes(a.runtime_rss_bytes), ""],
         ]))
     if report.benchmark is not None:
-        b = report.benchmark
         out.append("")
-        out.append(f"benchmark of {b.signature} (same process, interleaved, Grappler on at load)")
-        rows = [["load time (s)", f"{b.load_seconds_before:.3f}", f"{b.load_seconds_after:.3f}",
-                 ratio(b.load_seconds_before, b.load_seconds_after)]]
-        for lb, la in zip(b.before, b.after):
-            rows.append([f"p50 batch {lb.batch_size} (ms)", f"{lb.p50_ms:.3f}",
-                         f"{la.p50_ms:.3f}", ratio(lb.p50_ms, la.p50_ms)])
-            rows.append([f"p99 batch {lb.batch_size} (ms)", f"{lb.p99_ms:.3f}",
-                         f"{la.p99_ms:.3f}", ratio(lb.p99_ms, la.p99_ms)])
-        out.append(table(["measure", "before", "after", "after/before"], rows))
+        out.append(format_benchmark(report.benchmark))
     if getattr(report, "validation", None) is not None:
         out.append("")
         out.append(format_validation_report(report.validation))
+    return "\n".join(out)
+
+
+def format_benchmark(b) -> str:
+    """The benchmark's table: per batch size the runs made and the interval of the pairs'
+    after/before ratio, then the batch sizes the budget skipped and why.
+
+    Example:
+        >>> print(format_benchmark(report.benchmark))
+        benchmark of serving_default (same process, interleaved, Grappler on at load; runs
+        sized to 65 s of the 180 s budget, --measure_seconds)
+        ...
+    """
+    budget = getattr(b, "budget_seconds", None)
+    sizing = "" if budget is None else (
+        f"; runs sized to {budget:.0f} s of the "
+        + (f"{b.measure_seconds:g} s budget" if getattr(b, "measure_seconds", None)
+           else "budget") + ", --measure_seconds")
+    out = [f"benchmark of {printable(b.signature)} (same process, interleaved, Grappler on "
+           f"at load{sizing})"]
+    ratios = {r.batch_size: r for r in getattr(b, "ratios", ())}
+    rows = [["load time (s)", f"{b.load_seconds_before:.3f}", f"{b.load_seconds_after:.3f}",
+             ratio(b.load_seconds_before, b.load_seconds_after), "", ""]]
+    for lb, la in zip(b.before, b.after):
+        pairs = ratios.get(lb.batch_size)
+        rows.append([f"p50 batch {lb.batch_size} (ms)", f"{lb.p50_ms:.3f}",
+                     f"{la.p50_ms:.3f}", ratio(lb.p50_ms, la.p50_ms), min(lb.runs, la.runs),
+                     pairs.describe() if pairs else ""])
+        rows.append([f"p99 batch {lb.batch_size} (ms)", f"{lb.p99_ms:.3f}",
+                     f"{la.p99_ms:.3f}", ratio(lb.p99_ms, la.p99_ms), "", ""])
+    out.append(table(["measure", "before", "after", "after/before", "runs",
+                      "pairs' median after/before (interval, confidence)"], rows))
+    out.extend(f"  {printable(s.reason)}" for s in getattr(b, "skipped", ()))
     return "\n".join(out)
 
 

@@ -72,7 +72,7 @@ def test_replace_takes_flat_and_nested_names():
     assert (flat.tolerance.atol, flat.output.version) == (1e-2, 3)
     assert flat.build.quantize == "int8" and flat.measure.benchmark_runs == 0  # kept
     nested = dataclasses.replace(options, measure=MeasureOptions(cold_start=False))
-    assert nested.measure.benchmark_runs == 100 and nested.build.quantize == "int8"
+    assert nested.measure.benchmark_runs is None and nested.build.quantize == "int8"
     validate = dataclasses.replace(ValidateOptions(server="local"), version=2, concurrency=0)
     assert (validate.serving.server, validate.serving.concurrency, validate.version) \
         == ("local", 0, 2)

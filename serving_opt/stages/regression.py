@@ -9,9 +9,16 @@ tiny models (a 3 ms load, a 0.1 ms request) from failing on scheduler jitter.
 Steady-state p50 is gated from 20 interleaved runs up and p99 from 100 up: with fewer,
 a percentile is one of a handful of samples, which measures the machine, not the model.
 
+A measure that looks worse is measured again before it counts (a busy machine can slow
+one fresh process by more than the tolerance); only what looked worse is measured again
+(:func:`to_remeasure`): the cold start if one of its figures did, and only the batch
+sizes whose latency did.
+
 Example:
     >>> regressions(cold, bench)
     ['load time 12.84x the original (1.80 s -> 23.11 s)']
+    >>> to_remeasure(["p50 at batch 32 1.31x the original (0.30 ms -> 0.39 ms)"])
+    Remeasure(cold_start=False, batch_sizes=(32,))
 """
 
 from __future__ import annotations
@@ -94,6 +101,58 @@ def measure_of(line: str) -> str:
         'p50 at batch 32'
     """
     return line.split(" the original")[0].rsplit(" ", 1)[0]
+
+
+@dataclass(frozen=True)
+class Remeasure:
+    """What a confirmation measures again: the cold start (one fresh process gives all
+    three of its figures) if any of its figures looked worse, and the batch sizes whose
+    p50 or p99 did."""
+
+    cold_start: bool
+    batch_sizes: tuple[int, ...]
+
+
+def to_remeasure(worse: list[str]) -> Remeasure:
+    """The measurements that can confirm the regression lines ``worse``, and no others.
+
+    Example:
+        >>> to_remeasure(["first request 1.40x the original (50 ms -> 70 ms)",
+        ...               "p99 at batch 1 1.31x the original (0.30 ms -> 0.39 ms)",
+        ...               "p50 at batch 1 1.20x the original (0.20 ms -> 0.24 ms)"])
+        Remeasure(cold_start=True, batch_sizes=(1,))
+    """
+    batches = [batch_of(line) for line in worse if is_steady_state(line)]
+    return Remeasure(cold_start=any(not is_steady_state(line) for line in worse),
+                     batch_sizes=tuple(dict.fromkeys(b for b in batches if b is not None)))
+
+
+def confirmed(worse: list[str], again: list[str]) -> list[str]:
+    """The lines of the second measurement (``again``) about a measure the first one
+    found worse: a measure worse only the second time was not confirmed.
+
+    Example:
+        >>> confirmed(["load time 1.40x the original (1.00 s -> 1.40 s)"],
+        ...           ["load time 1.30x the original (1.00 s -> 1.30 s)",
+        ...            "first request 1.20x the original (50 ms -> 60 ms)"])
+        ['load time 1.30x the original (1.00 s -> 1.30 s)']
+    """
+    first = {measure_of(line) for line in worse}
+    return [line for line in again if measure_of(line) in first]
+
+
+def batch_of(line: str) -> int | None:
+    """The batch size a steady-state regression line is about (None: not one).
+
+    Example:
+        >>> batch_of("p50 at batch 32 1.31x the original (0.30 ms -> 0.39 ms)")
+        32
+    """
+    measure = measure_of(line)
+    if not is_steady_state(line) or " at batch " not in measure:
+        return None
+    size = measure.rsplit(" ", 1)[-1]
+    return int(size) if size.isdigit() else None
 
 
 def is_steady_state(line: str) -> bool:
