@@ -114,7 +114,10 @@ def rejudge(checks: Mapping[str, OutputCheck], batches: Sequence[Batch],
         if gate.scores_agreement:
             verdict, agreement = _lossy_detections(batches, detection, gate)
             for k in detection_keys:
-                out[k] = _with(checks[k], verdict, Kind.DETECTIONS, agreement)
+                out[k] = _with(checks[k], verdict if k == detection.boxes else
+                               Verdict(verdict.ok, f"judged as detections with "
+                                                   f"{detection.boxes}"),
+                               Kind.DETECTIONS, agreement)
         elif any(_differs(checks[k]) for k in detection_keys):
             verdict = _lossless_detections(batches, detection, gate)
             for k in detection_keys:  # the whole story once, on the boxes
