@@ -166,7 +166,9 @@ def freeze_note(info: freeze_lib.FreezeInfo) -> str:
         >>> freeze_note(info)
         '14 variables (4096 bytes) frozen'
     """
-    note = f"{info.variables_frozen} variables ({info.variable_bytes} bytes) frozen"
+    note = f"{info.variables_frozen} variables ({info.variable_bytes} bytes) frozen" \
+        if info.variables_frozen or info.large_variables_kept else \
+        "no variables: nothing to freeze"
     if info.dropped_variable_initializers:
         note += f", {len(info.dropped_variable_initializers)} variable initializers dropped " \
                 "from the init op"
