@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 import types
 
 import pytest
@@ -143,30 +144,52 @@ def test_compare_a_hostile_model_leaves_the_host_untouched(tmp_path, host, stati
 def test_a_network_op_reaches_no_host_socket(tmp_path):
     # A listener on the host's loopback; the model's RegisterDataset dials it. The run is
     # a separate process (static check patched out there too), bounded in time: a
-    # tf.data service client retries, and a sandbox dies with its parent.
+    # tf.data service client retries for ever, and a sandbox dies with its parent. The
+    # workers' stderr goes to a file, with TensorFlow's info log on: once the client logs
+    # that its dial failed and it will retry, the op has dialed and the run is stopped
+    # (a connection it made would already be in the listener's backlog).
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
     listener.setblocking(False)
     address = f"127.0.0.1:{listener.getsockname()[1]}"
     model = HOSTILE["register_dataset"].build(str(tmp_path / "models"), "", address)
+    worker_log = tmp_path / "worker-stderr.log"
     script = textwrap.dedent(f"""
-        import types
-        from serving_opt import OptimizeOptions, inspection, optimize
+        import tempfile, types
+        from serving_opt import OptimizeOptions, inspection, optimize, sandbox
         from serving_opt.savedmodel import untrusted
         untrusted.refuse_host_ops = lambda *a, **k: None
         inspection.inspect_saved_model = lambda *a, **k: types.SimpleNamespace(risks=[])
+
+        class WorkerStderrToFile:
+            def __getattr__(self, name):
+                return getattr(tempfile, name)
+
+            def TemporaryFile(self, *a, **k):
+                return open({str(worker_log)!r}, "ab+")
+
+        sandbox.tempfile = WorkerStderrToFile()
         try:
             optimize({model!r}, {str(tmp_path / 'out')!r},
                      OptimizeOptions(**{QUICK!r}))
         except Exception as e:
             print("refused:", e)
     """)
-    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        process.wait(timeout=180)
-    except subprocess.TimeoutExpired:
+    with open(tmp_path / "run.log", "wb") as run_log:  # a pipe nobody reads could fill
+        process = subprocess.Popen([sys.executable, "-c", script], stdout=run_log,
+                                   stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})
+
+    def dialed_and_will_retry() -> bool:
+        return worker_log.exists() and \
+            "Failed to register dataset" in worker_log.read_text(errors="replace")
+
+    deadline = time.monotonic() + 180
+    while process.poll() is None and not dialed_and_will_retry() \
+            and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if process.poll() is None:
         os.killpg(process.pid, 9)
         process.wait()
     try:
