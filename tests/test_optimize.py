@@ -44,22 +44,38 @@ def _run(path: str, key: str, feed: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def optimized_classifier(classifier_dir, tmp_path_factory):
-    base = str(tmp_path_factory.mktemp("optimized_classifier"))
-    return optimize(classifier_dir, base, FAST)
+def optimized(tmp_path_factory):
+    """Each sample model optimized once (FAST) for the whole module, on first use: maps a
+    source directory to (its files just before the run, the report). Tests only read
+    these; a test that changes the result or the source runs its own optimize."""
+    runs: dict[str, tuple[dict, object]] = {}
+
+    def run(src: str):
+        if src not in runs:
+            before = tree_snapshot(src)
+            base = str(tmp_path_factory.mktemp("optimized"))
+            runs[src] = (before, optimize(src, base, FAST))
+        return runs[src]
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def optimized_classifier(optimized, classifier_dir):
+    return optimized(classifier_dir)[1]
 
 
 @pytest.mark.parametrize("fixture", ["classifier_dir", "regressor_dir", "convnet_dir"])
-def test_optimized_model_keeps_the_exact_signature_map(fixture, request, tmp_path):
+def test_optimized_model_keeps_the_exact_signature_map(fixture, request, optimized):
     src = request.getfixturevalue(fixture)
-    report = optimize(src, str(tmp_path / "out"), FAST)
+    _, report = optimized(src)
     assert _signature_map(report.output_dir) == _signature_map(src)
 
 
 @pytest.mark.parametrize("fixture", ["classifier_dir", "regressor_dir", "convnet_dir"])
-def test_optimized_model_passes_parity_and_is_smaller(fixture, request, tmp_path):
+def test_optimized_model_passes_parity_and_is_smaller(fixture, request, optimized):
     src = request.getfixturevalue(fixture)
-    report = optimize(src, str(tmp_path / "out"), FAST)
+    _, report = optimized(src)
     assert report.published and report.parity.ok
     assert report.nodes_after < report.nodes_before
     assert report.size_after.total < report.size_before.total
@@ -125,10 +141,10 @@ def test_signature_output_identity_survives_remove_nodes(optimized_classifier):
     assert list(nodes.values()).count("Identity") < 5
 
 
-def test_batch_norm_folding_removes_batch_norm_ops(convnet_dir, tmp_path):
+def test_batch_norm_folding_removes_batch_norm_ops(convnet_dir, optimized):
     src_mg = loader.find_meta_graph(loader.read_saved_model(convnet_dir), {"serve"})
     assert any(n.op.startswith("FusedBatchNorm") for n in src_mg.graph_def.node)
-    report = optimize(convnet_dir, str(tmp_path / "out"), FAST)
+    _, report = optimized(convnet_dir)
     out_mg = loader.find_meta_graph(loader.read_saved_model(report.output_dir), {"serve"})
     assert not [n.op for n in out_mg.graph_def.node if "BatchNorm" in n.op]
     assert report.parity.ok
@@ -145,9 +161,8 @@ def test_lossy_transform_is_caught_and_nothing_is_published(classifier_dir, tmp_
     assert os.listdir(base) == []  # no version, no staging leftovers
 
 
-def test_source_directory_is_byte_for_byte_unchanged(classifier_dir, tmp_path):
-    before = tree_snapshot(classifier_dir)
-    optimize(classifier_dir, str(tmp_path / "out"), FAST)
+def test_source_directory_is_byte_for_byte_unchanged(classifier_dir, optimized):
+    before, _ = optimized(classifier_dir)  # taken just before its optimize ran
     assert tree_snapshot(classifier_dir) == before
 
 
