@@ -25,6 +25,9 @@ from serving_opt.errors import ParityError, UsageError  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FEATURES = 4
 LOSSY = OptimizeOptions(benchmark_runs=0, transforms="round_weights(num_steps=4)")
+# Not about measuring: the cold start (on in the helper's default) is skipped where the
+# test is about versions, signatures or the callback's schedule.
+NOT_MEASURED = OptimizeOptions(benchmark_runs=0, cold_start=False)
 
 
 def _data(seed: int = 0, n: int = 64):
@@ -95,8 +98,8 @@ def test_export_publishes_numbered_versions_that_predict_like_the_model(model, d
     x, _ = data
     base = str(tmp_path / "models" / "clf")
 
-    first = so_keras.export(model, base)
-    second = so_keras.export(model, base)
+    first = so_keras.export(model, base)  # the helper's default options
+    second = so_keras.export(model, base, options=NOT_MEASURED)
 
     assert (first.output_dir, second.output_dir) == (os.path.join(base, "1"),
                                                      os.path.join(base, "2"))
@@ -110,7 +113,7 @@ def test_export_writes_the_signature_keys_model_export_writes(model, tmp_path):
     reference = str(tmp_path / "keras_export")
     model.export(reference, format="tf_saved_model", verbose=False)
 
-    report = so_keras.export(model, str(tmp_path / "base"))
+    report = so_keras.export(model, str(tmp_path / "base"), options=NOT_MEASURED)
 
     assert _signature_keys(report.output_dir) == _signature_keys(reference) == {
         "serve", "serving_default"}
@@ -127,7 +130,7 @@ def test_export_with_custom_signatures(model, data, tmp_path):
         return {"logit": tf.math.log(p / (1.0 - p))}
 
     hidden = model.get_layer("hidden")
-    report = so_keras.export(model, str(tmp_path / "base"), signatures={
+    report = so_keras.export(model, str(tmp_path / "base"), options=NOT_MEASURED, signatures={
         "predict": [spec],  # an input signature: the model itself
         "logit": logit,  # a tf.function with an input signature
         "hidden": (lambda f: hidden(model.get_layer("norm")(f)), [spec]),  # (fn, signature)
@@ -176,7 +179,7 @@ def test_callback_exports_once_at_the_end_of_fit_by_default(data, tmp_path):
     x, y = data
     model = _model(x)
     base = str(tmp_path / "base")
-    callback = so_keras.OptimizedExportCallback(base, verbose=0)
+    callback = so_keras.OptimizedExportCallback(base, options=NOT_MEASURED, verbose=0)
 
     model.fit(x, y, epochs=2, batch_size=16, verbose=0, callbacks=[callback])
 
@@ -191,7 +194,8 @@ def test_callback_every_n_epochs_keeps_the_last_k_versions(data, tmp_path, capsy
     base = tmp_path / "base"
     (base / "7").mkdir(parents=True)  # an older run's version: pruned like any other
     (base / "notes").mkdir()  # not a version: never touched
-    callback = so_keras.OptimizedExportCallback(str(base), every_n_epochs=1, keep=2)
+    callback = so_keras.OptimizedExportCallback(str(base), every_n_epochs=1, keep=2,
+                                                options=NOT_MEASURED)
 
     model.fit(x, y, epochs=3, batch_size=16, verbose=0, callbacks=[callback])
 
@@ -208,7 +212,8 @@ def test_callback_exports_the_final_weights_when_the_last_epoch_was_not_exported
     x, y = data
     model = _model(x)
     base = str(tmp_path / "base")
-    callback = so_keras.OptimizedExportCallback(base, every_n_epochs=2, verbose=0)
+    callback = so_keras.OptimizedExportCallback(base, every_n_epochs=2, options=NOT_MEASURED,
+                                                verbose=0)
 
     model.fit(x, y, epochs=3, batch_size=16, verbose=0, callbacks=[callback])
 
