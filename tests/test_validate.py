@@ -24,6 +24,8 @@ from serving_opt.serving import backends
 from serving_opt.serving.validate import ValidateOptions, validate, write_marker
 
 QUICK = ValidateOptions(server="local", concurrency=2, duration=0.5)
+# validate is the subject here, not the optimizer's measurements.
+NOT_MEASURED = dict(benchmark_runs=0, cold_start=False)
 
 
 def _port_closed(address: str) -> bool:
@@ -36,7 +38,7 @@ def _port_closed(address: str) -> bool:
 @pytest.fixture(scope="module")
 def optimized_classifier_base(classifier_dir, tmp_path_factory):
     base = str(tmp_path_factory.mktemp("served") / "clf")
-    optimize(classifier_dir, base, OptimizeOptions(benchmark_runs=0))
+    optimize(classifier_dir, base, OptimizeOptions(**NOT_MEASURED))
     return base
 
 
@@ -76,7 +78,7 @@ def test_wrong_answers_are_not_validated(regressor_dir, tmp_path):
     # Deliberately lossy, with the parity gate loosened so it gets published.
     base = str(tmp_path / "lossy")
     optimize(regressor_dir, base, OptimizeOptions(
-        transforms="round_weights(num_steps=2)", atol=1e3, rtol=1.0, benchmark_runs=0))
+        transforms="round_weights(num_steps=2)", atol=1e3, rtol=1.0, **NOT_MEASURED))
     report = validate(base, ValidateOptions(server="local", reference_dir=regressor_dir,
                                             concurrency=0))
     assert not report.ok
@@ -126,7 +128,7 @@ def test_write_warmup_writes_records_the_server_replays(regressor_dir, tmp_path)
 def test_optimize_with_validate_publishes_a_served_and_warmed_model(classifier_dir, tmp_path):
     base = tmp_path / "models"
     report = optimize(classifier_dir, str(base), OptimizeOptions(
-        benchmark_runs=0, validate=ValidateOptions(server="local", concurrency=2, duration=0.5,
+        **NOT_MEASURED, validate=ValidateOptions(server="local", concurrency=2, duration=0.5,
                                                    write_warmup=True)))
     assert report.published and report.validation.ok
     assert sorted(os.listdir(base)) == ["1"]  # no hidden serving base left behind
