@@ -56,8 +56,11 @@ def checked_model(tmp_path_factory) -> str:
 
 def test_cold_start_and_benchmark_use_the_users_examples(checked_model, tmp_path):
     examples = write_examples(str(tmp_path / "x.jsonl"))
+    # freeze=always and allow_regression: the frozen candidate is published whatever the
+    # (noisy) timings say, instead of a retry with variables kept that measures it all
+    # again; the measurements, not the gate, are this test's subject.
     report = optimize(checked_model, str(tmp_path / "out"),
-                      OptimizeOptions(examples=examples, benchmark_runs=3,
+                      OptimizeOptions(examples=examples, benchmark_runs=3, freeze="always",
                                       allow_regression=True))
     assert report.published
     assert report.cold_start is not None and report.benchmark is not None

@@ -376,7 +376,7 @@ def test_a_parity_failure_of_the_frozen_graph_falls_back(tf_module_dir, tmp_path
 
 def test_freeze_never_keeps_the_functions_and_variables(text_lstm_dir, tmp_path):
     report = optimize(text_lstm_dir, str(tmp_path / "out"),
-                      OptimizeOptions(freeze="never", benchmark_runs=0))
+                      OptimizeOptions(freeze="never", benchmark_runs=0, cold_start=False))
     assert report.published and not report.frozen and report.parity.ok
     assert [s.name for s in report.stages][:3] == ["read", "freeze", "transforms"]
     out = _meta_graph(report.output_dir)
