@@ -119,6 +119,12 @@ class BuildOptions:
         "gathered rows dequantized; other weights are dequantized once, at load. Lossy: the "
         "lossy gate decides.", choices=QUANTIZE_MODES)
     quantize_min_elements: int = _opt(16384, "Weights with fewer elements stay float.")
+    input_shapes: str | None = _opt(
+        None, "Pin inputs' unknown dimensions, like strip_unused_nodes(shape=...): "
+        "'image_tensor:1,1080,1920,3' (an input key or tensor name; -1 leaves a dimension "
+        "free; several separated by ';'). Shape computations then fold; the pinned graph is "
+        "kept only if it measures faster than the unpinned one, and then serves only that "
+        "shape. The parity gate and the measurements use the pinned shape.")
 
     def check(self) -> None:
         """UsageError naming the first bad value (the spec and passes parsed too)."""
@@ -142,6 +148,9 @@ class BuildOptions:
 
         transforms_lib.resolve_spec(self.transforms)
         grappler_lib.parse_passes(self.grappler)
+        from serving_opt.savedmodel import shapes as shapes_lib
+
+        shapes_lib.parse(self.input_shapes)
 
     @property
     def lossy(self) -> bool:

@@ -30,6 +30,7 @@ from serving_opt.options import (
 )
 from serving_opt.savedmodel import examples as examples_lib
 from serving_opt.savedmodel import graphdef, loader, writer
+from serving_opt.savedmodel import shapes as shapes_lib
 from serving_opt.stages import grappler as grappler_lib
 from serving_opt.stages import transforms as transforms_lib
 
@@ -58,6 +59,8 @@ class Plan:
     validate: ValidateOptions | None = None
     # The input is a frozen GraphDef (.pb): the worker makes it a SavedModel first.
     graph_def_input: bool = False
+    # --input_shapes, parsed (savedmodel.shapes.PinnedShape); resolved when the model is read.
+    pins: tuple = ()
 
     @property
     def build(self) -> BuildOptions:
@@ -130,6 +133,7 @@ def plan(input_dir: str, output_base: str, options: OptimizeOptions) -> Plan:
             build.quantize),
         validate=options.validate_options(),
         graph_def_input=graph_def_input,
+        pins=shapes_lib.parse(build.input_shapes),
     )
 
 

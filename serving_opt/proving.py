@@ -21,6 +21,7 @@ from serving_opt.graph import ServingGraph
 from serving_opt.run import Run
 from serving_opt.savedmodel import inputs as inputs_lib
 from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import shapes as shapes_lib
 from serving_opt.stages import benchmark as benchmark_lib
 from serving_opt.stages import coldstart, parity
 from serving_opt.stages import regression as regression_lib
@@ -66,11 +67,17 @@ def prove(run: Run, graph: ServingGraph, staging: str) -> None:
     if lossy is not None:
         # An agreement rate is a proportion: 32 rows cannot tell 99.5% from 97%.
         batch_size, batches = max(batch_size, 64), max(batches, 8)
+    pinned_batch = shapes_lib.batch_size(run.source.pinned)
+    if pinned_batch is not None:
+        # The pinned batch is the only one a pinned candidate takes: more batches instead.
+        batches = max(batches, -(-batch_size * batches // pinned_batch))
+        batch_size = pinned_batch
     with run.stage("parity", f"parity gate on {len(keys)} signature(s)") as stage:
         report = parity.check_parity(
             run.model_dir, staging, plan.tags, keys, user_inputs=plan.user_inputs,
             atol=plan.tolerance.atol, rtol=plan.tolerance.rtol, batch_size=batch_size,
-            num_batches=batches, seed=plan.inputs.seed, lossy=lossy)
+            num_batches=batches, seed=plan.inputs.seed, lossy=lossy,
+            shapes=run.source.pinned)
         run.parity = report
         stage.done(graph, report.summary())
         if not report.ok:
@@ -234,8 +241,9 @@ def _cold_start(run: Run, staging: str, key: str):
     # The user's examples when given: a model that checks its inputs (an Assert that
     # x >= 0) must meet the requests it will really get, not synthesized ones.
     feeds = inputs_lib.signature_feeds(run.source.meta_graph, run.model_dir,
-                                       user=run.plan.user_inputs,
-                                       seed=run.plan.inputs.seed)(key, 1).batches[0]
+                                       user=run.plan.user_inputs, seed=run.plan.inputs.seed,
+                                       shapes=run.source.pinned)(
+        key, shapes_lib.batch_size(run.source.pinned) or 1).batches[0]
     return coldstart.measure(run.model_dir, staging, run.plan.tags, key, feeds,
                              rounds=run.plan.measure.cold_start_rounds)
 
@@ -260,11 +268,19 @@ def _steady_state(run: Run, staging: str, key: str, *, share: float | None = Non
         loads = 1  # loading is what a slow model is slowest at; the cold start timed it
     report = benchmark_lib.benchmark_in_fresh_process(
         run.model_dir, staging, plan.tags, key,
-        batch_sizes=batch_sizes or settings.benchmark_batch_sizes, runs=runs,
+        batch_sizes=batch_sizes or measured_batch_sizes(run), runs=runs,
         seed=plan.inputs.seed, examples=plan.inputs.examples, loads=loads, deadline=deadline,
-        runs_per_batch=runs_per_batch, progress=lambda line: run.progress("-", line))
+        runs_per_batch=runs_per_batch, shapes=run.source.pinned,
+        progress=lambda line: run.progress("-", line))
     return dataclasses.replace(report, budget_seconds=share,
                                measure_seconds=None if share is None else settings.measure_seconds)
+
+
+def measured_batch_sizes(run: Run) -> tuple[int, ...]:
+    """``--benchmark_batch_sizes``, or the batch ``--input_shapes`` pins (the only one the
+    user serves, and the only one a pinned candidate takes)."""
+    pinned = shapes_lib.batch_size(run.source.pinned)
+    return (pinned,) if pinned is not None else tuple(run.plan.measure.benchmark_batch_sizes)
 
 
 def _bench_note(bench) -> str:

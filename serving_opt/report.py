@@ -160,6 +160,16 @@ def format_optimize_report(report) -> str:
         out.append(f"  graphdef   out: {graph_def['output']['file']} "
                    f"({human_bytes(graph_def['output']['size_bytes'])}) in the version "
                    "directory")
+    pinning = getattr(report, "input_shapes", {}) or {}
+    if pinning:
+        pinned = ", ".join(f"{key}.{alias}={','.join(str(d) for d in dims)}"
+                           for key, by_alias in sorted(pinning["pinned"].items())
+                           for alias, dims in sorted(by_alias.items()))
+        nodes = (f"; {pinning['nodes_unpinned']} -> {pinning['nodes_pinned']} nodes"
+                 if "nodes_pinned" in pinning else "")
+        out.append(f"  shapes     {printable(pinned)}: "
+                   + ("kept" if pinning["kept"] else "not kept")
+                   + f" ({printable(pinning.get('reason', ''))}{nodes})")
     if getattr(report, "sandbox", ""):
         out.append(f"  sandbox    {report.sandbox}")
     kept = sorted(getattr(report, "variables_kept", ()), key=lambda v: -v.nbytes)

@@ -117,6 +117,9 @@ class OptimizeReport:
     # What each Graph Transform Tool pass did to this graph, one line per pass
     # (serving_opt.graph_diff): ops removed, batch norms folded, CheckNumerics removed.
     transform_passes: tuple[str, ...] = ()
+    # --input_shapes: what was pinned, whether the pinned candidate was kept, and the
+    # side-by-side latency ratio (pinned/unpinned) that decided it.
+    input_shapes: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -162,6 +165,7 @@ class Run:
         self.model_dir = input_dir
         self.graph_def: dict = {}  # OptimizeReport.graph_def
         self.transform_passes: tuple[str, ...] = ()
+        self.input_shapes: dict = {}  # OptimizeReport.input_shapes
         self.output_base = output_base
         self.options = options
         self.say = say or (lambda _: None)
@@ -242,6 +246,12 @@ class Run:
         for k, v in fields.items():
             setattr(self, k, v)
 
+    def forget_between(self, first: tuple, second: tuple) -> None:
+        """Forgets the stages and warnings recorded between two snapshots (a build that
+        another replaced), keeping what came after; the results stay as they are."""
+        del self.stages[first[0]:second[0]]
+        del self.warnings[first[1]:second[1]]
+
     def adopt(self, worker_report: OptimizeReport) -> None:
         """Takes over what the sandboxed worker did: its stages, warnings and results."""
         self.worker_report = worker_report
@@ -309,4 +319,5 @@ class Run:
             attempts=tuple(self.attempts),
             graph_def=dict(self.graph_def),
             transform_passes=tuple(self.transform_passes),
+            input_shapes=dict(self.input_shapes),
         )

@@ -12,7 +12,7 @@ The user's ``--examples`` (TFRecords of tf.Example, JSON lines of requests) are 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -424,6 +424,7 @@ def inputs_for_signature(
     user: UserInputs | None = None,
     batch_size: int = 16,
     num_batches: int = 2,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
 ) -> SignatureInputs:
     """Feeds for a signature: the user's where they fit, synthesized otherwise.
 
@@ -471,7 +472,10 @@ def inputs_for_signature(
                     f"signature {key} input {alias} is sparse/composite; cannot synthesize it",
                     "pass real inputs with --examples (JSON lines)",
                 )
-            feed[alias] = synthesizer.tensor(info.dtype, tensor_info_shape(info), batch_size)
+            # A pinned input (--input_shapes) is synthesized at its pinned shape: the shape
+            # the user serves, and the only one a pinned candidate accepts.
+            shape = (shapes or {}).get(alias) or tensor_info_shape(info)
+            feed[alias] = synthesizer.tensor(info.dtype, shape, batch_size)
         batches.append(feed)
     return SignatureInputs(key, tuple(batches), "synthesized")
 
@@ -541,7 +545,7 @@ class SignatureFeeds(Protocol):
 
 
 def signature_feeds(meta_graph, saved_model_dir: str, *, user: UserInputs | None = None,
-                    seed: int = 0) -> SignatureFeeds:
+                    seed: int = 0, shapes: Mapping | None = None) -> SignatureFeeds:
     """The feed builder parity, benchmark and validate all use: ``feeds(key, batch_size, n)``.
 
     The returned ``feeds(key, batch_size, num_batches=1)`` gives the
@@ -549,6 +553,8 @@ def signature_feeds(meta_graph, saved_model_dir: str, *, user: UserInputs | None
     they fit, synthesized otherwise. One synthesizer serves every call: the
     vocabulary is read once, and successive calls continue one seeded random stream,
     so a run's inputs are reproducible and differ between signatures and batch sizes.
+    ``shapes`` ({key: {alias: shape}}, from ``--input_shapes``) sets the shape an input
+    is synthesized at.
 
     Example:
         >>> feeds = signature_feeds(meta_graph, "build/sample/1", seed=0)
@@ -559,6 +565,7 @@ def signature_feeds(meta_graph, saved_model_dir: str, *, user: UserInputs | None
 
     def feeds(key: str, batch_size: int, num_batches: int = 1) -> SignatureInputs:
         return inputs_for_signature(meta_graph.graph_def, key, meta_graph.signature_def[key],
-                                    synthesizer, user, batch_size, num_batches)
+                                    synthesizer, user, batch_size, num_batches,
+                                    (shapes or {}).get(key))
 
     return feeds

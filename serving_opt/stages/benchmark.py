@@ -318,6 +318,7 @@ def benchmark(
     deadline: float | None = None,
     progress: Callable[[str], None] | None = None,
     runs_per_batch: Mapping[int, int] | None = None,
+    shapes: Mapping | None = None,
 ) -> BenchmarkReport:
     """Measures load time and p50/p99 latency of one signature, before vs. after.
 
@@ -345,7 +346,8 @@ def benchmark(
         # The user's examples when given (a model may refuse synthesized inputs), grown
         # or cut to each batch size so the figure is for the batch it names.
         user = examples_lib.read_examples_file(examples) if examples else None
-        feeds = inputs_lib.signature_feeds(mg_a, before_dir, user=user, seed=seed)
+        feeds = inputs_lib.signature_feeds(mg_a, before_dir, user=user, seed=seed,
+                                           shapes=shapes)
 
         def prepare(batch: int) -> _Batch:
             feed = inputs_lib.resize_batch(feeds(signature_key, batch).batches, batch)
@@ -548,6 +550,7 @@ def benchmark_in_fresh_process(before_dir: str, after_dir: str, tags: frozenset[
                                deadline: float | None = None,
                                progress: Callable[[str], None] | None = None,
                                runs_per_batch: Mapping[int, int] | None = None,
+                               shapes: Mapping | None = None,
                                ) -> BenchmarkReport:
     """:func:`benchmark` run in a measuring process (``serving_opt.measuring``).
 
@@ -569,7 +572,9 @@ def benchmark_in_fresh_process(before_dir: str, after_dir: str, tags: frozenset[
         "tags": sorted(tags), "signature": signature_key, "batch_sizes": list(batch_sizes),
         "runs": runs, "seed": seed, "loads": loads, "deadline": deadline,
         "runs_per_batch": sorted((runs_per_batch or {}).items()),
-        "examples": os.path.abspath(examples) if examples else None}], timeout,
+        "examples": os.path.abspath(examples) if examples else None,
+        "shapes": {k: {a: list(d) for a, d in v.items()} for k, v in (shapes or {}).items()},
+    }], timeout,
         what="the benchmark", skip="--benchmark_runs=0", progress=progress)
     if "error" in result:
         raise ServingOptError(f"the benchmark failed: {result['error']}",
@@ -584,5 +589,7 @@ def benchmark_job(job: dict) -> dict:
                        seed=job["seed"], examples=job.get("examples"),
                        loads=job.get("loads", 3), deadline=job.get("deadline"),
                        runs_per_batch=dict(job.get("runs_per_batch", ())),
+                       shapes={k: {a: tuple(d) for a, d in v.items()}
+                               for k, v in job.get("shapes", {}).items()},
                        progress=measuring.say)
     return {"report": asdict(report)}

@@ -31,7 +31,7 @@ lossy, are :mod:`serving_opt.gates`'.
 from __future__ import annotations
 
 import gc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from serving_opt import gates
@@ -135,8 +135,11 @@ def check_parity(
     num_batches: int = 2,
     seed: int = 0,
     lossy: LossyGate | None = None,
+    shapes: Mapping | None = None,
 ) -> ParityReport:
     """Runs every signature of both models on the same inputs and compares the outputs.
+
+    ``shapes`` ({key: {alias: shape}}, ``--input_shapes``): synthesized inputs take them.
 
     Example:
         >>> check_parity("build/sample/1", "build/optimized/1", frozenset({"serve"}),
@@ -147,7 +150,8 @@ def check_parity(
     # optimizer's peak. The original's answers are kept (they are small), then compared.
     ref_sess, ref_mg = loader.load_session(reference_dir, tags)
     try:
-        feeds = inputs_lib.signature_feeds(ref_mg, reference_dir, user=user_inputs, seed=seed)
+        feeds = inputs_lib.signature_feeds(ref_mg, reference_dir, user=user_inputs, seed=seed,
+                                           shapes=shapes)
         runs: dict[str, list] = {}  # key -> [(feed, expected outputs, feeding tensors)]
         sources = {}
         discrete: dict[str, discrete_gate.DiscreteOutputs] = {}
