@@ -111,7 +111,9 @@ class GraphPatterns:
     unfused_with_rsqrt: int  # unfused chains whose scale still computes an Rsqrt
     scale_muls: dict  # producer op type -> Muls by a constant right after a weighted op
     check_numerics: tuple[str, ...]  # messages of the CheckNumerics ops
-    foldable: int  # request-independent ops other than Const (constant subgraphs)
+    # Request-independent ops other than Const and Identity (constant subgraphs; an
+    # Identity computes nothing, and removing one is not folding).
+    foldable: int
     foldable_ops: dict  # their op types
     nodes: int
 
@@ -179,7 +181,7 @@ def find_patterns(graph_def) -> GraphPatterns:
     checks = []
     foldable_ops: collections.Counter = collections.Counter()
     for node in graph_def.node:
-        if node.name not in dependent and node.op != "Const":
+        if node.name not in dependent and node.op not in ("Const", "Identity"):
             foldable_ops[node.op] += 1
         if node.op in CHECK_NUMERICS_OPS:
             checks.append(node.attr["message"].s.decode("utf-8", "replace")
@@ -339,7 +341,7 @@ def diff_pass(name: str, before, after) -> PassDiff:
     if not removed and not added:
         notes.extend(_left_alone(name, p_before))
     identities = dict(removed).get("Identity", 0)
-    if identities and folded <= 0:
+    if identities:
         changes.append(f"{_plural(identities, 'Identity', 'Identities')} removed")
     return PassDiff(name, tuple(removed), tuple(added), tuple(changes), tuple(notes),
                     len(before.node), len(after.node))

@@ -337,3 +337,14 @@ def test_sample_cli_reuses_an_existing_sample(sample, capsys):
     assert "already holds a detection sample" in out
     assert "s per 480x640 image" in out
     assert os.path.isfile(sample.frozen_graph)
+
+
+def test_removing_identities_is_not_called_folding(frozen):
+    """An Identity on a constant computes nothing: removing it is not a fold."""
+    identities = graph_diff.op_histogram(frozen)["Identity"]
+    assert identities > 0
+    after = _transform(frozen, "remove_nodes(op=Identity)")
+    diff = graph_diff.diff_pass("remove_nodes(op=Identity)", frozen, after)
+    removed = dict(diff.removed)["Identity"]
+    assert f"{removed} Identities removed" in diff.changes
+    assert not any("folded" in change for change in diff.changes), diff.changes

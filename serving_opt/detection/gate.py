@@ -113,23 +113,28 @@ def rejudge(checks: Mapping[str, OutputCheck], batches: Sequence[Batch],
     if detection and all(k in checks for k in detection_keys) and batches:
         if gate.scores_agreement:
             verdict, agreement = _lossy_detections(batches, detection, gate)
-            for k in detection_keys:
-                out[k] = _with(checks[k], verdict if k == detection.boxes else
-                               Verdict(verdict.ok, f"judged as detections with "
-                                                   f"{detection.boxes}"),
-                               Kind.DETECTIONS, agreement)
+            out.update(_as_detections(checks, detection, verdict, agreement))
         elif any(_differs(checks[k]) for k in detection_keys):
             verdict = _lossless_detections(batches, detection, gate)
-            for k in detection_keys:  # the whole story once, on the boxes
-                out[k] = _with(checks[k], verdict if k == detection.boxes else
-                               Verdict(verdict.ok, f"judged as detections with "
-                                                   f"{detection.boxes}"), Kind.DETECTIONS)
+            out.update(_as_detections(checks, detection, verdict))
     if gate.scores_agreement:
         return out  # other discrete outputs: the lossy rule's own (agreement of values)
     for key in discrete.keys:
         if key in detection_keys or key not in checks or not _differs(checks[key]):
             continue
         out[key] = _with(checks[key], _lossless_rows(key, batches, gate))
+    return out
+
+
+def _as_detections(checks: dict, detection, verdict: Verdict,
+                   agreement: float | None = None) -> dict:
+    """The detection outputs' checks, all judged by one verdict: its whole story once, on
+    the boxes, and the other outputs pointing there."""
+    out = {}
+    for k in _keys_of(detection):
+        own = verdict if k == detection.boxes else \
+            Verdict(verdict.ok, f"judged as detections with {detection.boxes}")
+        out[k] = _with(checks[k], own, Kind.DETECTIONS, agreement)
     return out
 
 

@@ -668,18 +668,23 @@ def load_session(saved_model_dir: str, tags: Iterable[str] = (SERVE_TAG,), confi
 
 
 def run_signature(session, signature_def, feed_by_alias: dict,
-                  output_aliases: Sequence[str] | None = None) -> dict:
-    """Runs one signature in a session: feeds and fetches keyed by alias.
+                  output_aliases: Sequence[str] | None = None,
+                  tensors: Sequence[str] = ()) -> dict:
+    """Runs one signature in a session: feeds and fetches keyed by alias; ``tensors``
+    (graph tensors by name) are fetched in the same run, keyed by their names.
 
     Example:
         >>> run_signature(sess, sig, {"images": batch})["scores"].shape
         (16, 4)
+        >>> sorted(run_signature(sess, sig, feed, tensors=["nms/scores:0"]))
+        ['nms/scores:0', 'scores']
     """
     feeds = {signature_def.inputs[a].name: v for a, v in feed_by_alias.items()}
     aliases = list(output_aliases or sorted(signature_def.outputs))
-    fetches = [signature_def.outputs[a].name for a in aliases]
+    fetches = [signature_def.outputs[a].name for a in aliases] + list(tensors)
     values = session.run(fetches, feeds)
-    return dict(zip(aliases, values))
+    return dict(zip(aliases + list(tensors), values))
+
 
 def dir_size(path: str) -> int:
     """Total bytes of regular files under ``path``.

@@ -254,16 +254,13 @@ def _run(session, signature_def, feed: dict, tensors: tuple[str, ...]) -> tuple[
     error of the model: the outputs alone are run again and no tensor is returned.
     """
     if tensors:
-        aliases = sorted(signature_def.outputs)
-        fetches = [signature_def.outputs[a].name for a in aliases] + list(tensors)
-        feeds = {signature_def.inputs[a].name: v for a, v in feed.items()}
         try:
-            values = session.run(fetches, feeds)
+            values = run_signature(session, signature_def, feed, tensors=tensors)
         except Exception:  # noqa: BLE001 - the outputs alone decide what the model does
             pass
         else:
-            return (dict(zip(aliases, values[:len(aliases)])),
-                    dict(zip(tensors, values[len(aliases):])))
+            return ({a: values[a] for a in signature_def.outputs},
+                    {t: values[t] for t in tensors})
     return run_signature(session, signature_def, feed), {}
 
 
