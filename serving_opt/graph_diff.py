@@ -111,8 +111,8 @@ class GraphPatterns:
     unfused_with_rsqrt: int  # unfused chains whose scale still computes an Rsqrt
     scale_muls: dict  # producer op type -> Muls by a constant right after a weighted op
     check_numerics: tuple[str, ...]  # messages of the CheckNumerics ops
-    # Request-independent ops other than Const and Identity (constant subgraphs; an
-    # Identity computes nothing, and removing one is not folding).
+    # Request-independent ops other than Const, Identity and NoOp (constant subgraphs;
+    # the other two compute nothing, and removing one is not folding).
     foldable: int
     foldable_ops: dict  # their op types
     nodes: int
@@ -181,7 +181,7 @@ def find_patterns(graph_def) -> GraphPatterns:
     checks = []
     foldable_ops: collections.Counter = collections.Counter()
     for node in graph_def.node:
-        if node.name not in dependent and node.op not in ("Const", "Identity"):
+        if node.name not in dependent and node.op not in ("Const", "Identity", "NoOp"):
             foldable_ops[node.op] += 1
         if node.op in CHECK_NUMERICS_OPS:
             checks.append(node.attr["message"].s.decode("utf-8", "replace")

@@ -124,7 +124,8 @@ class BuildOptions:
         "'image_tensor:1,1080,1920,3' (an input key or tensor name; -1 leaves a dimension "
         "free; several separated by ';'). Shape computations then fold; the pinned graph is "
         "kept only if it measures faster than the unpinned one, and then serves only that "
-        "shape. The parity gate and the measurements use the pinned shape.")
+        "shape. The parity gate and the measurements use the pinned shape; timing the two "
+        "takes up to a quarter of --measure_seconds more.")
 
     def check(self) -> None:
         """UsageError naming the first bad value (the spec and passes parsed too)."""
