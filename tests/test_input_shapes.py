@@ -36,9 +36,14 @@ def _build(export_dir: str) -> None:
             grid = tf.sin(tf.cast(tf.range(width * 20000), tf.float32))
         # The largest values of a grid computed from the width alone: what pinning folds.
         offset = tf.reduce_sum(tf.math.top_k(grid, k=WIDTH, sorted=True).values)
-        weights = tf.constant(np.random.default_rng(0).normal(size=(WIDTH, 4))
-                              .astype(np.float32))
-        y = tf.identity(tf.matmul(x, weights) + offset * 1e-3, name="y")
+        rng = np.random.default_rng(0)
+        # A variable (1 KiB) and a constant (2 KiB): with small limits, the one stays a
+        # variable when freezing and the other is moved into the checkpoint after it.
+        weights = tf.compat.v1.get_variable(
+            "weights", initializer=rng.normal(size=(WIDTH, 4)).astype(np.float32))
+        head = tf.constant(rng.normal(size=(4, 128)).astype(np.float32))
+        y = tf.identity(tf.matmul(tf.matmul(x, weights) + offset * 1e-3, head), name="y")
+        sess.run(tf.compat.v1.global_variables_initializer())
         builder = tf.compat.v1.saved_model.Builder(export_dir)
         signature = tf.compat.v1.saved_model.predict_signature_def({"x": x}, {"y": y})
         builder.add_meta_graph_and_variables(sess, ["serve"],
@@ -148,12 +153,17 @@ def test_pinned_inputs_pass_the_gate_and_fold_what_only_the_shape_decided(model_
 
 def test_a_pinned_candidate_that_measures_faster_is_published_pinned(model_dir, tmp_path):
     # Timed side by side in one process, the unpinned model sorts 1.3M floats per request
-    # and the pinned one does a 64x4 matmul: a gap of two orders of magnitude, which no
+    # and the pinned one two small matmuls: a gap of two orders of magnitude, which no
     # load on the machine closes (both sides are slowed alike).
+    # Limits that keep the variable and move the constant: both builds read the
+    # checkpoint freezing wrote (the first must not consume it).
     report = optimize(model_dir, str(tmp_path / "out"),
-                      _options(input_shapes="x:1,64", benchmark_runs=15))
+                      _options(input_shapes="x:1,64", benchmark_runs=15,
+                               freeze_max_bytes=512, max_constant_bytes=512))
     pinning = report.input_shapes
     assert pinning["kept"], pinning
+    assert sorted(v.name for v in report.variables_kept) == [
+        "Const_1/serving_opt_variable", "weights"], report.variables_kept
     assert pinning["ratio"]["high"] < 1.0 and pinning["ratio"]["batch_size"] == 1
     assert _signature_shape(report.output_dir) == (1, WIDTH)
     assert not _ops(report.output_dir) & SHAPE_ONLY_OPS

@@ -180,6 +180,29 @@ def save_arrays(prefix: str, arrays: dict) -> str:
     return prefix
 
 
+def linked_copy(prefix: str, directory: str) -> str:
+    """The V2 checkpoint at ``prefix`` (its index and data shards) hard-linked into
+    ``directory`` (copied where a link cannot be made); returns the new prefix.
+
+    Example:
+        >>> linked_copy("/w/freeze/variables/variables", "/w/x/earlier")
+        '/w/x/earlier/variables'
+    """
+    import shutil
+
+    os.makedirs(directory, exist_ok=True)
+    stem = os.path.basename(prefix)
+    parent = os.path.dirname(prefix)
+    for name in os.listdir(parent):
+        if name == f"{stem}.index" or name.startswith(f"{stem}.data-"):
+            src, dst = os.path.join(parent, name), os.path.join(directory, name)
+            try:
+                os.link(src, dst)
+            except OSError:  # another filesystem, or no hard links there
+                shutil.copyfile(src, dst)
+    return os.path.join(directory, stem)
+
+
 def merge_checkpoints(prefixes: list[str], destination_prefix: str) -> str:
     """Merges V2 checkpoints into one at ``destination_prefix``, deleting the parts.
 
@@ -287,7 +310,10 @@ def externalize_constants(graph, min_bytes: int, work_dir: str) -> tuple:
     del values
     prefixes = [part]
     if graph.variables_dir is not None:
-        prefixes.insert(0, os.path.join(graph.variables_dir, "variables"))
+        # Merging deletes its parts: merge links to the earlier checkpoint, so ``graph``
+        # stays whole (another candidate may be built from it: --input_shapes).
+        prefixes.insert(0, linked_copy(os.path.join(graph.variables_dir, "variables"),
+                                       os.path.join(work_dir, "earlier")))
     merged_dir = os.path.join(work_dir, "merged")
     merge_checkpoints(prefixes, os.path.join(merged_dir, "variables"))
     return replace_saver(graph, graph_def, list(graph.kept_variables) + moved, merged_dir,
