@@ -8,8 +8,8 @@ Pinning lets the transforms and Grappler fold what depended only on the input's 
 that shape alone. So the pinned graph has to earn it: it is built from the same frozen
 graph, proven by the same gates, then both are timed side by side, in one measuring
 process, at the pinned shape. It is kept when its latency is lower with 95% confidence;
-otherwise (slower, within noise, not buildable, not measured) the unpinned candidate
-goes on, and the report says why (``OptimizeReport.input_shapes``).
+otherwise (slower, within noise, not buildable, not measured, or no node fewer, which
+is not timed) the unpinned candidate goes on, and the report says why (``OptimizeReport.input_shapes``).
 """
 
 from __future__ import annotations
@@ -54,6 +54,14 @@ def pin_if_faster(run: Run, frozen: ServingGraph, staging: str,
         return _unpinned(run, record, staging, f"the pinned graph failed: {first_line(e)}")
     pinned_graph = run.graph
     record.update(nodes_unpinned=unpinned_nodes, nodes_pinned=pinned_graph.node_count())
+    if record["nodes_pinned"] >= unpinned_nodes:
+        # Nothing folded: it can only serve fewer shapes. Not worth the measuring time
+        # (two more loads of the model: minutes for a 1 GB one).
+        run.restore(start)
+        writer.discard(pinned_staging)
+        return _unpinned(run, record, staging, f"it folds nothing ({unpinned_nodes} -> "
+                                               f"{record['nodes_pinned']} nodes), so it "
+                                               "was not timed")
     end = run.snapshot()
     try:
         ratio, bench_note = _compare(run, staging, pinned_staging)

@@ -33,6 +33,8 @@ def _build(export_dir: str) -> None:
         width = tf.shape(x)[1]
         check = tf.debugging.Assert(tf.equal(width, WIDTH), ["x must be 64 wide"])
         with tf.control_dependencies([check]):
+            # Everything after the check: a MatMul of the wrong width must not fail first.
+            x = tf.identity(x)
             grid = tf.sin(tf.cast(tf.range(width * 20000), tf.float32))
         # The largest values of a grid computed from the width alone: what pinning folds.
         offset = tf.reduce_sum(tf.math.top_k(grid, k=WIDTH, sorted=True).values)
@@ -45,7 +47,8 @@ def _build(export_dir: str) -> None:
         y = tf.identity(tf.matmul(tf.matmul(x, weights) + offset * 1e-3, head), name="y")
         sess.run(tf.compat.v1.global_variables_initializer())
         builder = tf.compat.v1.saved_model.Builder(export_dir)
-        signature = tf.compat.v1.saved_model.predict_signature_def({"x": x}, {"y": y})
+        signature = tf.compat.v1.saved_model.predict_signature_def(
+            {"x": graph.get_tensor_by_name("x:0")}, {"y": y})
         builder.add_meta_graph_and_variables(sess, ["serve"],
                                              signature_def_map={"serving_default": signature})
         builder.save()
@@ -104,10 +107,10 @@ def test_a_spec_the_model_contradicts_is_a_usage_error_before_freezing(model_dir
     assert not os.path.exists(tmp_path / "out" / "1")
 
 
-def test_a_dimension_the_model_fixes_cannot_be_pinned_otherwise(tmp_path):
+def _build_doubler(export: str) -> str:
+    """y = 2x, x of shape [?, 3]: nothing in it depends on the batch size."""
     import tensorflow as tf
 
-    export = str(tmp_path / "fixed" / "1")
     with tf.Graph().as_default() as graph, tf.compat.v1.Session(graph=graph) as sess:
         x = tf.compat.v1.placeholder(tf.float32, [None, 3], name="x")
         y = tf.identity(x * 2.0, name="y")
@@ -116,8 +119,24 @@ def test_a_dimension_the_model_fixes_cannot_be_pinned_otherwise(tmp_path):
             "serving_default": tf.compat.v1.saved_model.predict_signature_def({"x": x},
                                                                               {"y": y})})
         builder.save()
+    return export
+
+
+def test_a_dimension_the_model_fixes_cannot_be_pinned_otherwise(tmp_path):
+    export = _build_doubler(str(tmp_path / "fixed" / "1"))
     with pytest.raises(UsageError, match="dimension 1 fixed at 3"):
         optimize(export, str(tmp_path / "out"), _options(input_shapes="x:1,4"))
+
+
+def test_a_pin_that_folds_nothing_is_not_kept_nor_timed(tmp_path):
+    export = _build_doubler(str(tmp_path / "fixed" / "1"))
+    report = optimize(export, str(tmp_path / "out"),
+                      _options(input_shapes="x:1,-1", benchmark_runs=15))
+    pinning = report.input_shapes
+    assert not pinning["kept"] and "folds nothing" in pinning["reason"]
+    assert "ratio" not in pinning  # not timed
+    assert "pin_compare" not in [s.name for s in report.stages]
+    assert _signature_shape(report.output_dir) == (-1, 3)
 
 
 def test_the_users_requests_of_another_shape_are_refused(model_dir, tmp_path):
