@@ -9,7 +9,8 @@ that shape alone. So the pinned graph has to earn it: it is built from the same 
 graph, proven by the same gates, then both are timed side by side, in one measuring
 process, at the pinned shape. It is kept when its latency is lower with 95% confidence;
 otherwise (slower, within noise, not buildable, not measured, or no node fewer, which
-is not timed) the unpinned candidate goes on, and the report says why (``OptimizeReport.input_shapes``).
+is not timed) the unpinned candidate goes on, and the report says why
+(``OptimizeReport.input_shapes``).
 """
 
 from __future__ import annotations
