@@ -139,7 +139,7 @@ class _Stage:
 
 # What one attempt at the candidate sets, undone when the attempt fails.
 _ATTEMPT_FIELDS = ("graph", "frozen", "freeze_note", "parity", "size_after", "cold_start",
-                   "benchmark", "kept_variables", "quantized")
+                   "benchmark", "kept_variables", "quantized", "transform_passes")
 
 
 class Run:

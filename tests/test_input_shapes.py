@@ -168,6 +168,10 @@ def test_pinned_inputs_pass_the_gate_and_fold_what_only_the_shape_decided(model_
     assert "Sort" in _ops(report.output_dir) or "TopKV2" in _ops(report.output_dir)
     assert report.parity.ok
     assert "shapes     serving_default.x=1,64: not kept" in format_optimize_report(report)
+    # What the transforms did is told of the build published, not of the pinned one.
+    assert report.transform_passes
+    assert not any("Range" in line for line in report.transform_passes), \
+        report.transform_passes
 
 
 def test_a_pinned_candidate_that_measures_faster_is_published_pinned(model_dir, tmp_path):
@@ -186,6 +190,7 @@ def test_a_pinned_candidate_that_measures_faster_is_published_pinned(model_dir, 
     assert pinning["ratio"]["high"] < 1.0 and pinning["ratio"]["batch_size"] == 1
     assert _signature_shape(report.output_dir) == (1, WIDTH)
     assert not _ops(report.output_dir) & SHAPE_ONLY_OPS
+    assert any("Range" in line for line in report.transform_passes), report.transform_passes
     assert [s.name for s in report.stages].count("parity") == 1  # the pinned build's only
     assert any("accept only serving_default.x=1,64" in w for w in report.warnings)
     assert [lat.batch_size for lat in report.benchmark.after] == [1]  # the pinned batch
