@@ -272,12 +272,7 @@ def pin_inputs(run: Run, meta_graph, keys: tuple[str, ...]) -> dict:
     pinned = shapes_lib.resolve(meta_graph, keys, run.plan.pins)
     shapes_lib.batch_size(pinned)  # one batch size, or a usage error
     shapes_lib.check_requests(pinned, meta_graph.signature_def, run.plan.user_inputs)
-    changed = {key: {alias: dims for alias, dims in by_alias.items()
-                     if dims != inputs_lib.tensor_info_shape(
-                         meta_graph.signature_def[key].inputs[alias])}
-               for key, by_alias in pinned.items()}
-    changed = {key: by_alias for key, by_alias in changed.items() if by_alias}
-    if not shapes_lib.pins_anything(changed):
+    if not shapes_lib.pins_unknown(meta_graph, pinned):
         run.warn("--input_shapes pins nothing the model leaves unknown: ignored")
         return {}
     return pinned

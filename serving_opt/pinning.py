@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from serving_opt import proving
 from serving_opt.errors import first_line
 from serving_opt.graph import ServingGraph
 from serving_opt.run import Run
@@ -42,7 +43,7 @@ def pin_if_faster(run: Run, frozen: ServingGraph, staging: str,
         ...                         snapshot)
     """
     pinned = run.source.pinned
-    described = describe(pinned)
+    described = shapes_lib.describe(pinned)
     record = {"pinned": {k: {a: list(d) for a, d in v.items()} for k, v in pinned.items()},
               "kept": False}
     unpinned_nodes = run.graph.node_count() if run.graph is not None else 0
@@ -89,18 +90,11 @@ def pin_if_faster(run: Run, frozen: ServingGraph, staging: str,
     return pinned_staging
 
 
-def describe(pinned: shapes_lib.Pinned) -> str:
-    """``serving_default.inputs=1,480,640,3``"""
-    return ", ".join(f"{key}.{alias}={shapes_lib.format_dims(dims)}"
-                     for key, shapes in sorted(pinned.items())
-                     for alias, dims in sorted(shapes.items()))
-
-
 def _unpinned(run: Run, record: dict, staging: str, reason: str) -> str:
     record["reason"] = reason
     run.input_shapes = record
     with run.stage("pin_shapes", None) as stage:
-        stage.done(run.graph, f"{describe(run.source.pinned)}: not kept, {reason}")
+        stage.done(run.graph, f"{shapes_lib.describe(run.source.pinned)}: not kept, {reason}")
     run.warn(f"--input_shapes: published without pinning: {reason}")
     return staging
 
@@ -115,8 +109,7 @@ def _compare(run: Run, unpinned: str, pinned: str):
                      "it measures faster"
     keys = run.source.keys
     key = next((k for k in keys if k in run.source.pinned), keys[0])
-    batch = shapes_lib.batch_size(run.source.pinned)
-    sizes = (batch,) if batch is not None else tuple(settings.benchmark_batch_sizes)[:1]
+    sizes = proving.measured_batch_sizes(run)[:1]
     share = settings.measure_seconds * BUDGET_FRACTION
     runs = settings.benchmark_runs or benchmark_lib.MAX_RUNS
     with run.stage("pin_compare", f"timing the pinned candidate against the unpinned one, "

@@ -162,9 +162,9 @@ def format_optimize_report(report) -> str:
                    "directory")
     pinning = getattr(report, "input_shapes", {}) or {}
     if pinning:
-        pinned = ", ".join(f"{key}.{alias}={','.join(str(d) for d in dims)}"
-                           for key, by_alias in sorted(pinning["pinned"].items())
-                           for alias, dims in sorted(by_alias.items()))
+        from serving_opt.savedmodel import shapes as shapes_lib
+
+        pinned = shapes_lib.describe(pinning["pinned"])
         nodes = (f"; {pinning['nodes_unpinned']} -> {pinning['nodes_pinned']} nodes"
                  if "nodes_pinned" in pinning else "")
         out.append(f"  shapes     {printable(pinned)}: "

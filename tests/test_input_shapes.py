@@ -194,3 +194,11 @@ def test_a_pinned_candidate_that_measures_faster_is_published_pinned(model_dir, 
     assert [s.name for s in report.stages].count("parity") == 1  # the pinned build's only
     assert any("accept only serving_default.x=1,64" in w for w in report.warnings)
     assert [lat.batch_size for lat in report.benchmark.after] == [1]  # the pinned batch
+
+
+def test_a_pin_of_only_what_the_model_already_fixes_is_ignored(tmp_path):
+    export = _build_doubler(str(tmp_path / "fixed" / "1"))
+    report = optimize(export, str(tmp_path / "out"), _options(input_shapes="x:-1,3"))
+    assert report.input_shapes == {}
+    assert "--input_shapes pins nothing the model leaves unknown: ignored" in report.warnings
+    assert "pin_shapes" not in [s.name for s in report.stages]

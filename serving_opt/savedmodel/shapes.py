@@ -22,8 +22,6 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from serving_opt.errors import UsageError
 
 # {signature key: {input alias: the full shape, -1 where left free}}
@@ -150,9 +148,34 @@ def _merge(what: str, known: tuple[int, ...] | None, dims: tuple[int, ...]) -> t
     return tuple(merged)
 
 
-def pins_anything(pinned: Pinned) -> bool:
-    """Whether any dimension was pinned at all (a pin of only -1s changes nothing)."""
-    return any(d >= 0 for shapes in pinned.values() for s in shapes.values() for d in s)
+def pins_unknown(meta_graph, pinned: Pinned) -> bool:
+    """Whether a pin fixes a dimension the model leaves unknown (else pinning changes
+    nothing: the pins only repeat the model's own shapes, or leave everything free).
+
+    Example:
+        >>> pins_unknown(meta_graph, {"serving_default": {"x": (-1, 3)}})   # x is [?, 3]
+        False
+    """
+    from serving_opt.savedmodel.inputs import tensor_info_shape
+
+    for key, by_alias in pinned.items():
+        for alias, dims in by_alias.items():
+            known = tensor_info_shape(meta_graph.signature_def[key].inputs[alias])
+            if any(d >= 0 and (known is None or known[i] < 0) for i, d in enumerate(dims)):
+                return True
+    return False
+
+
+def describe(pinned: Pinned) -> str:
+    """``serving_default.inputs=1,480,640,3``: every pinned input, as the report names it.
+
+    Example:
+        >>> describe({"serving_default": {"inputs": (1, 480, 640, 3)}})
+        'serving_default.inputs=1,480,640,3'
+    """
+    return ", ".join(f"{key}.{alias}={format_dims(dims)}"
+                     for key, by_alias in sorted(pinned.items())
+                     for alias, dims in sorted(by_alias.items()))
 
 
 def batch_size(pinned: Pinned) -> int | None:
@@ -182,6 +205,8 @@ def check_requests(pinned: Pinned, signature_defs: Mapping, user) -> None:
     """
     if user is None or not user.requests:
         return
+    import numpy as np
+
     for key, shapes in pinned.items():
         aliases = set(signature_defs[key].inputs)
         for number, request in enumerate(user.requests, 1):
