@@ -189,13 +189,26 @@ def _bwrap_prefix(bwrap: str, policy: Policy) -> list[str]:
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for path in _python_binds():
         args += ["--ro-bind", path, path]
-    for path in dict.fromkeys(os.path.realpath(p) for p in policy.read_only):
-        if os.path.exists(path):
-            args += ["--ro-bind", path, path]
-    for path in dict.fromkeys(os.path.realpath(p) for p in policy.writable):
-        args += ["--bind", path, path]
+    for option, paths in (("--ro-bind", policy.read_only), ("--bind", policy.writable)):
+        for source, target in _bind_pairs(paths):
+            if option == "--bind" or os.path.exists(source):
+                args += [option, source, target]
     args += ["--chdir", "/tmp"]
     return args
+
+
+def _bind_pairs(paths: Sequence[str]) -> list[tuple[str, str]]:
+    # Each path at its real path, and also where the caller names it when that goes
+    # through a symlink (a model base like /models/current -> /models/v3): the worker
+    # is handed the caller's path, and the sandbox has none of the host's symlinks.
+    pairs = {}
+    for path in paths:
+        real = os.path.realpath(path)
+        pairs[(real, real)] = None
+        given = os.path.abspath(path)
+        if given != real:
+            pairs[(real, given)] = None
+    return list(pairs)
 
 
 def command(argv: Sequence[str], policy: Policy) -> list[str]:

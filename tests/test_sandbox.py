@@ -307,6 +307,18 @@ def test_relative_paths_reach_the_sandboxed_worker(tmp_path, classifier_dir, mon
     assert os.path.isfile(tmp_path / "out" / "1" / "saved_model.pb")
 
 
+def test_a_model_reached_through_a_symlink_reaches_the_sandboxed_worker(tmp_path,
+                                                                         classifier_dir):
+    # /models/current -> /models/v3: the worker is handed the user's path, and the
+    # sandbox has none of the host's symlinks, so the real directory is bound there too.
+    shutil.copytree(classifier_dir, tmp_path / "real" / "model")
+    (tmp_path / "current").symlink_to(tmp_path / "real" / "model")
+    report = optimize(str(tmp_path / "current"), str(tmp_path / "out"),
+                      OptimizeOptions(benchmark_runs=0, cold_start=False))
+    assert report.sandbox and "bubblewrap" in report.sandbox
+    assert os.path.isfile(tmp_path / "out" / "1" / "saved_model.pb")
+
+
 def test_docker_needs_consent_to_run_unsandboxed(tmp_path, regressor_base, monkeypatch):
     # Mock: no Docker engine exists here; a `docker` stand-in fails at once, so the test
     # sees only which way validate decided before any container could start.

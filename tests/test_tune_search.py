@@ -150,3 +150,28 @@ def test_padding_is_costed_and_only_used_when_asked():
     sizes = padded.best.settings.batching.allowed_batch_sizes
     assert sizes and sizes[-1] == padded.best.settings.batching.max_batch_size
     assert padded.padding_cost.startswith("padding to")
+
+
+def test_each_thread_setting_is_predicted_with_its_own_server_cost():
+    # Two thread settings whose session runs measured alike. In the server one of them
+    # was fitted a large cost spent one request at a time (TensorFlow's default intra-op
+    # pool fighting the request threads), the other none: the search must judge each by
+    # its own fit, not cap both with the first one's.
+    alike = serialized({n: 2.0 + 0.5 * n for n in SIZES})
+    one_thread = ThreadSettings(intra_op=1)
+    profile = profile_of(alike, LatencyCurve(one_thread, alike.batch_sizes, alike.median_s,
+                                             concurrency=alike.concurrency))
+    objective = Objective(slo_p99_ms=2000, clients=16)
+    services = {ThreadSettings(): ServiceModel(serial_s=0.004),
+                one_thread: ServiceModel()}
+    result = search(profile, objective, services, cpus=2, **FAST)
+    assert result.best.settings.threads == one_thread
+    capped = evaluate(profile, ServingSettings(None, ThreadSettings()), objective, services)
+    free = evaluate(profile, ServingSettings(None, one_thread), objective, services)
+    assert capped.primary().rows_per_second < 1 / 0.004 * 1.05  # the serial part caps it
+    assert free.primary().rows_per_second > 1.5 * capped.primary().rows_per_second
+    # One model for every setting, as before, predicts the two alike.
+    same = [evaluate(profile, ServingSettings(None, t), objective, ServiceModel(serial_s=0.004))
+            for t in (ThreadSettings(), one_thread)]
+    assert same[0].primary().rows_per_second == pytest.approx(
+        same[1].primary().rows_per_second, rel=0.05)

@@ -30,14 +30,17 @@ from dataclasses import asdict, dataclass
 from serving_opt.tune.curve import LatencyCurve
 from serving_opt.tune.load import LoadResult
 from serving_opt.tune.scheduler import ServiceModel, Workload, simulate
-from serving_opt.tune.settings import BatchingSettings
+from serving_opt.tune.settings import BatchingSettings, ThreadSettings
 
 STEPS = 14
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """The fitted ServiceModel of one protocol and what it was fitted to.
+    """The fitted ServiceModel of one protocol and thread setting, and what it was
+    fitted to. Each thread setting is fitted on its own: how much slower a session runs
+    inside a busy server than alone depends on its thread pools (TensorFlow's default
+    intra-op pool, one thread per core, competes with the server's own threads).
 
     Example:
         >>> calibration.service.parallel_s * 1000
@@ -51,6 +54,7 @@ class Calibration:
     one_client: LoadResult | None = None
     many_clients: LoadResult | None = None
     note: str = ""
+    threads: ThreadSettings = ThreadSettings()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -160,4 +164,4 @@ def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
         note += (f"; session runs scaled by {service.run_scale:.2f} to fit (the machine ran "
                  "them at another speed than during the profile)")
     return Calibration(protocol, service, run_s, overhead, one_client, many_clients,
-                       note + extra)
+                       note + extra, curve.threads)

@@ -26,11 +26,17 @@ def _x(a: float, b: float) -> str:
 
 def findings(report) -> tuple[str, ...]:
     """Comparisons per workload and protocol, the ceiling, the server's cost, the model."""
-    from serving_opt.tune.report import DEFAULT_LABEL, TUNED_LABEL, UPSTREAM_LABEL
+    from serving_opt.tune.report import AGAIN_LABEL, DEFAULT_LABEL, TUNED_LABEL, UPSTREAM_LABEL
 
     out = []
     points = report.proven
+    # The comparison is of what tune hands the user: the recommended (measured best)
+    # setting, which is the model's first choice unless a runner-up measured better.
     chosen_label = TUNED_LABEL
+    if report.recommendation is not None:
+        chosen_label = next((p.label for p in points
+                             if p.settings == report.recommendation.settings
+                             and p.label != AGAIN_LABEL), TUNED_LABEL)
     for workload in ("closed", "open"):
         for protocol in ("grpc", "rest"):
             tuned = _point(points, chosen_label, workload, protocol)
@@ -58,27 +64,34 @@ def findings(report) -> tuple[str, ...]:
     if report.ceiling_rows_per_second > 0:
         best_measured = max((p.measured.rows_per_second for p in points
                              if p.workload == "closed"), default=0.0)
-        scale = report.calibrations[0].service.run_scale if report.calibrations else 1.0
+        how = report.ceiling_how or f"batch {report.ceiling_batch_size}"
+        scale = _ceiling_scale(report)
         ceiling = report.ceiling_rows_per_second / scale
         if best_measured:
-            text = (f"in-process ceiling: the session alone does {ceiling:,.0f} rows/s at batch "
-                    f"{report.ceiling_batch_size}")
+            text = f"in-process ceiling: the session alone does {ceiling:,.0f} rows/s ({how})"
             if scale != 1.0:
-                text += (f" at the machine speed of the calibration ("
+                text += (f" at the machine speed of its calibration ("
                          f"{report.ceiling_rows_per_second:,.0f} as profiled)")
             out.append(text + f"; the best proven closed-loop point reached "
                        f"{best_measured / ceiling:.0%} of it")
+    several = len({c.threads for c in report.calibrations}) > 1
     for calibration in report.calibrations:
         service = calibration.service
         run_ms = calibration.run_s * service.run_scale * 1000
         over_ms = (service.parallel_s + service.serial_s) * 1000
         serial_ms = service.serial_s * 1000
-        text = (f"server cost per request ({calibration.protocol}): {over_ms:.2f} ms beside a "
+        where = calibration.protocol
+        if several:
+            where += f", threads {calibration.threads.describe()}"
+        text = (f"server cost per request ({where}): {over_ms:.2f} ms beside a "
                 f"{run_ms:.2f} ms session run")
         if serial_ms > 0:
             text += (f"; {serial_ms:.2f} ms of it is spent one request at a time, which caps "
-                     f"any setting at {1000 / serial_ms * report.objective.rows_per_request:,.0f}"
-                     " rows/s")
+                     f"{'these threads' if several else 'any setting'} at "
+                     f"{1000 / serial_ms * report.objective.rows_per_request:,.0f} rows/s")
+        if service.run_scale != 1.0:
+            text += (f"; in the server a session run took {service.run_scale:.2f}x its "
+                     "profiled time")
         if over_ms > run_ms:
             text += "; the server's own cost dominates the model's"
         out.append(text)
@@ -121,6 +134,14 @@ def findings(report) -> tuple[str, ...]:
                        f"{closest.primary().p99_ms:.0f} ms ({closest.settings.describe()}): "
                        "raise --slo_p99_ms, or lower --clients/--rate")
     return tuple(out)
+
+
+def _ceiling_scale(report) -> float:
+    """The run scale fitted for the ceiling's thread setting (else the first fit's)."""
+    for calibration in report.calibrations:
+        if report.ceiling_how.endswith(f"threads {calibration.threads.describe()}"):
+            return calibration.service.run_scale
+    return report.calibrations[0].service.run_scale if report.calibrations else 1.0
 
 
 def _pct(value: float | None) -> str:

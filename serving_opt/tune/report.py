@@ -79,6 +79,7 @@ class TuneReport:
     recommendation: Recommendation | None
     ceiling_rows_per_second: float
     ceiling_batch_size: int
+    ceiling_how: str = ""  # e.g. "2 runs of batch 16 at once, threads intra 1, ..."
     findings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     sandbox: str = ""
@@ -148,7 +149,8 @@ def format_report(report: TuneReport) -> str:
     lines.append("")
     lines.append("server overhead (calibration against upstream's batching defaults):")
     for calibration in report.calibrations:
-        lines.append(f"  {calibration.protocol}: {calibration.note}")
+        lines.append(f"  {calibration.protocol}, threads {calibration.threads.describe()}: "
+                     f"{calibration.note}")
     lines.append("")
     lines.append("proven (measured on the server; predicted by the model before measuring):")
     rows = []

@@ -35,7 +35,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from serving_opt.tune.curve import LatencyCurve
@@ -55,6 +55,23 @@ FINAL_REQUESTS = 5000
 REFINE = 8  # candidates simulated again at full length
 NEAR = 0.03  # predictions closer than this are ties
 DEFAULT_THREADS = ThreadSettings()
+# The server's cost per request: one model for every thread setting, or one per
+# thread setting (calibrated each on its own; see calibrate.Calibration).
+Services = ServiceModel | Mapping[ThreadSettings, ServiceModel]
+
+
+def service_for(service: Services, threads: ThreadSettings) -> ServiceModel:
+    """The ServiceModel of ``threads`` (the default threads' when it was not fitted).
+
+    Example:
+        >>> service_for({ThreadSettings(): ServiceModel(0.002)}, ThreadSettings(1, 0))
+        ServiceModel(parallel_s=0.002, ...)
+    """
+    if isinstance(service, ServiceModel):
+        return service
+    if threads in service:
+        return service[threads]
+    return service.get(DEFAULT_THREADS) or next(iter(service.values()))
 
 
 @dataclass(frozen=True)
@@ -204,7 +221,7 @@ def _padding(objective: Objective, size: int) -> tuple[int, ...]:
 
 
 def predict(profile: ModelProfile, settings: ServingSettings, workload: Workload,
-            service: ServiceModel) -> Prediction:
+            service: Services) -> Prediction:
     """The model's prediction for ``settings`` under ``workload``.
 
     Example:
@@ -213,11 +230,12 @@ def predict(profile: ModelProfile, settings: ServingSettings, workload: Workload
         341.2
     """
     curve = profile.curve(settings.threads)
-    return simulate(curve, settings.batching, workload, service)
+    return simulate(curve, settings.batching, workload,
+                    service_for(service, settings.threads))
 
 
 def evaluate(profile: ModelProfile, settings: ServingSettings, objective: Objective,
-             service: ServiceModel, max_requests: int = FINAL_REQUESTS) -> Candidate:
+             service: Services, max_requests: int = FINAL_REQUESTS) -> Candidate:
     """One candidate predicted under every workload of ``objective``, with its verdict."""
     predictions = {name: predict(profile, settings, workload, service)
                    for name, workload in objective.workloads(max_requests).items()}
@@ -289,7 +307,7 @@ def front(candidates: Sequence[Candidate]) -> tuple[Candidate, ...]:
     return tuple(out)
 
 
-def search(profile: ModelProfile, objective: Objective, service: ServiceModel,
+def search(profile: ModelProfile, objective: Objective, service: Services,
            thread_settings: Sequence[ThreadSettings] | None = None,
            progress: Callable[[str], None] | None = None, cpus: int | None = None,
            default_threads: ThreadSettings = DEFAULT_THREADS,
@@ -342,7 +360,7 @@ def search(profile: ModelProfile, objective: Objective, service: ServiceModel,
 
 
 def padding_cost(profile: ModelProfile, best: Candidate, objective: Objective,
-                 service: ServiceModel, max_requests: int = FINAL_REQUESTS) -> str:
+                 service: Services, max_requests: int = FINAL_REQUESTS) -> str:
     """One sentence: what ``allowed_batch_sizes`` (powers of two) does to the best."""
     b = best.settings.batching
     if b is None or b.max_batch_size <= objective.rows_per_request:
@@ -364,7 +382,7 @@ def padding_cost(profile: ModelProfile, best: Candidate, objective: Objective,
 
 
 def open_capacity(profile: ModelProfile, settings: ServingSettings, objective: Objective,
-                  service: ServiceModel, steps: int = 10,
+                  service: Services, steps: int = 10,
                   max_requests: int = SCREEN_REQUESTS) -> float:
     """The highest Poisson rate (requests/s) ``settings`` serves with p99 under the SLO
     and no more rejections than allowed (bisection on the model)."""
@@ -379,7 +397,7 @@ def open_capacity(profile: ModelProfile, settings: ServingSettings, objective: O
     for _ in range(steps):
         mid = (lo + hi) / 2
         workload = objective.open_workload(mid, max_requests)
-        p = simulate(curve, b, workload, service)
+        p = simulate(curve, b, workload, service_for(service, settings.threads))
         if (not p.overloaded and p.p99_ms <= objective.slo_p99_ms
                 and p.reject_fraction <= objective.max_reject_fraction):
             lo = mid

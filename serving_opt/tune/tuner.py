@@ -298,7 +298,7 @@ def execute(model_base: str, version: int, options: TuneOptions, backend: str,
                    generator)
         say(f"2/4 calibrating: the server's own cost per request, against {UPSTREAM_LABEL}")
         calibrations, measured, server = _calibrate(run, model_profile, cpus)
-        service = calibrations[protocols[0]].service
+        service = services(calibrations, protocols[0])
         # TF Serving's default does not depend on the search: its server starts (imports,
         # loads, warms up) while the model searches, when nothing is being measured.
         default = prove.launch(backend, spec, tf_serving_default(DEFAULT_THREADS), None, say)
@@ -316,20 +316,23 @@ def execute(model_base: str, version: int, options: TuneOptions, backend: str,
             raise
         measured += _prove(run, result, objective, current, default)
     workloads = objective.workloads()
+    profiled = {curve.threads for curve in model_profile.curves}
     points = [ProvenPoint(label, settings, workload, protocol, m,
                           search.predict(model_profile, settings, workloads[workload],
-                                         calibrations[protocol].service), fitted)
+                                         services(calibrations, protocol))
+                          if settings.threads in profiled else None, fitted)
               for label, settings, workload, protocol, m, fitted in measured]
-    ceiling_batch, ceiling = _ceiling(model_profile)
+    ceiling_batch, ceiling, ceiling_how = _ceiling(model_profile, cpus)
     report = TuneReport(
         model_base=model_base, model_dir=model_dir, model_name=name, version=version,
         signature=options.signature_name, objective=objective, backend=backend,
         backend_note=backends.BACKEND_NOTES[backend], server=server[0],
         tensorflow_version=server[1], cores=cpus, profile=model_profile,
-        calibrations=tuple(calibrations[p] for p in protocols), search=result,
+        calibrations=tuple(calibrations.values()), search=result,
         proven=tuple(points),
         recommendation=recommend(points, objective, protocols[0], name, result),
-        ceiling_rows_per_second=ceiling, ceiling_batch_size=ceiling_batch)
+        ceiling_rows_per_second=ceiling, ceiling_batch_size=ceiling_batch,
+        ceiling_how=ceiling_how)
     from serving_opt.tune import findings
 
     return dataclasses.replace(report, findings=findings.findings(report),
@@ -340,42 +343,73 @@ DEFAULT_THREADS = ThreadSettings()
 
 
 def _calibrate(run: _Run, model_profile, cpus: int):
-    """Step 2: upstream's batching defaults under 1 and N clients per protocol (and the
-    open loop); the fitted ServiceModels, their measured points, and what answered.
+    """Step 2: upstream's batching defaults under 1 and N clients, per protocol and per
+    profiled thread setting (and the open loop at TF Serving's default threads); the
+    fitted ServiceModels by (protocol, threads), their measured points, and what
+    answered.
 
     Upstream's defaults (timeout 0, a batch thread per core) run at most a few sessions
     at once, as the profile ran them, so what N clients miss there is the server's own
     cost; TF Serving's default (a session per request, all at once) is then a prediction.
+    Each thread setting gets a fit of its own: inside a busy server TensorFlow's default
+    intra-op pool (a thread per core) competes with the request threads, and a run can
+    take twice what it took alone, where one intra-op thread per run loses nothing. One
+    fit for both would blame that on the server and cap every setting with it.
     """
     o = run.options
-    upstream = upstream_batching(DEFAULT_THREADS)
-    curve = _curve_or_first(model_profile, DEFAULT_THREADS)
-    calibrations: dict[str, calibrate.Calibration] = {}
+    calibrations: dict[tuple[str, ThreadSettings], calibrate.Calibration] = {}
     measured: list[_Measured] = []
-    with run.serve(upstream) as server:
-        targets = run.targets(server)
-        for protocol in run.protocols:
-            run.say(f"  {protocol}: 1 client for {o.calibration_seconds:g} s")
-            one = run.measure(targets[protocol],
-                              load.Load("closed", clients=1, duration=o.calibration_seconds,
-                                        warmup=min(1.0, o.warmup), timeout=o.request_timeout),
-                              UPSTREAM_LABEL)
-            many_n = o.clients or max(2, 2 * cpus)
-            run.say(f"  {protocol}: {many_n} clients for {o.duration:g} s")
-            many = run.measure(targets[protocol], run.load_for("closed", many_n),
-                               UPSTREAM_LABEL)
-            calibrations[protocol] = calibrate.fit(curve, o.rows_per_request, one, many,
-                                                   protocol, model_profile.merge_s_per_row,
-                                                   o.seed, upstream.batching)
-            run.say(f"  {protocol}: {calibrations[protocol].note}")
-            if o.clients:
-                measured.append((UPSTREAM_LABEL, upstream, "closed", protocol, many, True))
-            if o.rate:
-                run.say(f"  {protocol}: {o.rate:g} requests/s for {o.duration:g} s")
-                result = run.measure(targets[protocol], run.load_for("open"), UPSTREAM_LABEL)
-                measured.append((UPSTREAM_LABEL, upstream, "open", protocol, result, False))
-        answered = (server.description, server.tf_version)
+    answered = ("", "")
+    threads_list = sorted((c.threads for c in model_profile.curves),
+                          key=lambda t: t != DEFAULT_THREADS)
+    for threads in threads_list:
+        curve = model_profile.curve(threads)
+        upstream = upstream_batching(threads)
+        label = calibration_label(threads)
+        with run.serve(upstream) as server:
+            targets = run.targets(server)
+            for protocol in run.protocols:
+                run.say(f"  {protocol}, {threads.describe()}: 1 client for "
+                        f"{o.calibration_seconds:g} s")
+                one = run.measure(targets[protocol],
+                                  load.Load("closed", clients=1,
+                                            duration=o.calibration_seconds,
+                                            warmup=min(1.0, o.warmup),
+                                            timeout=o.request_timeout), label)
+                many_n = o.clients or max(2, 2 * cpus)
+                run.say(f"  {protocol}, {threads.describe()}: {many_n} clients for "
+                        f"{o.duration:g} s")
+                many = run.measure(targets[protocol], run.load_for("closed", many_n), label)
+                fitted = calibrate.fit(curve, o.rows_per_request, one, many, protocol,
+                                       model_profile.merge_s_per_row, o.seed,
+                                       upstream.batching)
+                calibrations[(protocol, threads)] = fitted
+                run.say(f"  {protocol}, {threads.describe()}: {fitted.note}")
+                if o.clients:
+                    measured.append((label, upstream, "closed", protocol, many, True))
+                if o.rate and threads == threads_list[0]:
+                    run.say(f"  {protocol}: {o.rate:g} requests/s for {o.duration:g} s")
+                    result = run.measure(targets[protocol], run.load_for("open"), label)
+                    measured.append((label, upstream, "open", protocol, result, False))
+            answered = (server.description, server.tf_version)
     return calibrations, measured, answered
+
+
+def calibration_label(threads: ThreadSettings) -> str:
+    """The label of upstream's batching defaults run with ``threads``.
+
+    Example:
+        >>> calibration_label(ThreadSettings(1, 0))
+        'upstream batching defaults, intra 1, inter default'
+    """
+    if threads == DEFAULT_THREADS:
+        return UPSTREAM_LABEL
+    return f"{UPSTREAM_LABEL}, {threads.describe()}"
+
+
+def services(calibrations: dict, protocol: str) -> dict[ThreadSettings, object]:
+    """The fitted ServiceModels of ``protocol``, by thread setting."""
+    return {threads: c.service for (p, threads), c in calibrations.items() if p == protocol}
 
 
 def _prove(run: _Run, result: search.SearchResult, objective: search.Objective,
@@ -439,12 +473,18 @@ def _measured(m: load.LoadResult) -> str:
     return text
 
 
-def _ceiling(model_profile) -> tuple[int, float]:
-    best = (1, 0.0)
+def _ceiling(model_profile, cpus: int) -> tuple[int, float, str]:
+    """The most rows/s the session alone did: (batch size, rows/s, how), over every
+    profiled thread setting, batch size and number of runs at once (up to a run per
+    core, from the measured slowdowns)."""
+    best = (1, 0.0, "")
     for curve in model_profile.curves:
         for n in curve.batch_sizes:
-            if curve.rows_per_second(n) > best[1]:
-                best = (n, curve.rows_per_second(n))
+            for k in range(1, max(1, cpus) + 1):
+                rows = k * curve.rows_per_second(n) / curve.slowdown(n, k)
+                if rows > best[1] * (1 + 1e-9):
+                    how = (f"{k} runs of batch {n} at once" if k > 1 else f"batch {n}")
+                    best = (n, rows, f"{how}, threads {curve.threads.describe()}")
     return best
 
 
