@@ -167,3 +167,60 @@ def test_open_loop_overload_is_flagged_or_rejected():
                                                     num_batch_threads=1), heavy)
     assert not bounded.overloaded
     assert bounded.reject_fraction > 0.5
+
+
+def test_processor_time_per_request_slows_runs_only_once_the_cores_are_full():
+    # Runs of 10 ms that keep one core busy each, on 2 cores. One batch thread leaves a
+    # core idle: 2 ms of processor time per request fits there and changes nothing.
+    # Sixteen requests at once without batching fill both cores: each request then
+    # costs 10 / 2 ms of run per core plus 2 / 2 ms of its own, so 2 / 12 ms = 167 rows/s
+    # instead of 200.
+    curve = LatencyCurve(ThreadSettings(), (1, 64), (0.010, 0.010), cpu_s=(0.010, 0.010),
+                         concurrency=(ConcurrencyPoint(1, 2, 0.010),
+                                      ConcurrencyPoint(1, 16, 0.080)))
+    one_thread = BatchingSettings(max_batch_size=1, max_enqueued_batches=16,
+                                  num_batch_threads=1)
+    taxed = ServiceModel(cpu_s=0.002, cores=2)
+    alone = simulate(curve, one_thread, closed(16, 2000))
+    shared = simulate(curve, one_thread, closed(16, 2000), taxed)
+    assert shared.rows_per_second == pytest.approx(alone.rows_per_second, rel=0.02)
+    full = simulate(curve, None, closed(16, 2000))
+    slowed = simulate(curve, None, closed(16, 2000), taxed)
+    assert full.rows_per_second == pytest.approx(200, rel=0.03)
+    assert slowed.rows_per_second == pytest.approx(2 / 0.012, rel=0.05)
+
+
+def _measured(prediction, clients: int):
+    from serving_opt.tune.load import LoadResult
+
+    return LoadResult("grpc", "closed", clients, 0.0, 1, prediction.seconds,
+                      prediction.requests, prediction.ok,
+                      requests_per_second=prediction.requests_per_second,
+                      rows_per_second=prediction.rows_per_second, mean_ms=prediction.mean_ms,
+                      p50_ms=prediction.p50_ms, p99_ms=prediction.p99_ms)
+
+
+def test_the_calibration_finds_the_processor_time_a_server_takes_per_request():
+    # A "server" made of the model itself with 3 ms of processor time per request: fitted
+    # to its one-client and sixteen-client figures, the calibration recovers that time,
+    # and then predicts a setting it was not fitted to (no batching) as the server does.
+    from serving_opt.tune.calibrate import fit
+
+    curve = LatencyCurve(ThreadSettings(), (1, 16, 64), (0.008, 0.060, 0.230),
+                         cpu_s=(0.008, 0.060, 0.230),
+                         concurrency=(ConcurrencyPoint(1, 2, 0.008),
+                                      ConcurrencyPoint(1, 16, 0.064),
+                                      ConcurrencyPoint(16, 2, 0.060)))
+    truth = ServiceModel(parallel_s=0.002, cpu_s=0.003, cores=2)
+    upstream = BatchingSettings(max_batch_size=1000, num_batch_threads=2)
+    workload = Workload("closed", clients=16, max_requests=2000, warmup=0.0,
+                        warmup_answers=52)
+    one = simulate(curve, upstream, Workload("closed", clients=1, max_requests=300), truth)
+    many = simulate(curve, upstream, workload, truth)
+    fitted = fit(curve, 1, _measured(one, 1), _measured(many, 16), batching=upstream,
+                 cores=2)
+    assert fitted.service.cpu_s == pytest.approx(0.003, rel=0.15)
+    assert fitted.service.parallel_s == pytest.approx(0.002, abs=0.0002)
+    expected = simulate(curve, None, workload, truth).rows_per_second
+    predicted = simulate(curve, None, workload, fitted.service).rows_per_second
+    assert predicted == pytest.approx(expected, rel=0.05)

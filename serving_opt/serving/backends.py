@@ -67,6 +67,28 @@ CONTAINER_GRPC_PORT = 8500
 CONTAINER_REST_PORT = 8501
 CONTAINER_CONFIG_DIR = "/serving-opt-config"
 
+# How the local stand-in runs TensorFlow (serve.configure_runtime): oneDNN's optimizations
+# off unless the user chose, so a wrongly ranked request is an error, not an abort.
+LOCAL_RUNTIME_ENV = {"TF_ENABLE_ONEDNN_OPTS": "0"}
+
+
+def runtime_env(backend: str) -> dict[str, str]:
+    """The environment the server of ``backend`` runs TensorFlow with beyond its
+    defaults: what a process must have to measure the session runs that server makes
+    (oneDNN's kernels and Eigen's batch differently: a profile taken with the other
+    predicts another server).
+
+    Example:
+        >>> runtime_env("local")
+        {'TF_ENABLE_ONEDNN_OPTS': '0'}
+        >>> runtime_env("binary")
+        {}
+    """
+    if backend != "local":
+        return {}
+    return {name: os.environ.get(name, value) for name, value in LOCAL_RUNTIME_ENV.items()}
+
+
 # What each concrete backend is, for reports: a "local" pass is not a TF Serving pass.
 BACKEND_NOTES = {
     "docker": "TF Serving (Docker image)",

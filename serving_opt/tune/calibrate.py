@@ -7,32 +7,35 @@ ran them) tell the model how much, and of what kind:
 
 * **one client**: each request's latency is the session run plus the server's and the
   client's own time; the difference is the overhead per request;
-* **N clients** (the user's, or 2 per core): if all of that overhead were spent in
-  parallel, N clients would get what batches of their requests give; a server that
-  gets less spends part of it one request at a time (a Python server's interpreter
-  lock, or the cores of a shared machine). The serial part is the one that makes the
-  model's throughput match the measured one (bisection; the model's throughput falls
-  as the serial part grows).
+* **N clients** (the user's, or 2 per core): if requests cost nothing but that delay,
+  N clients would get what the runs alone allow; on a machine whose cores the runs
+  share with the server's own work (decoding, answering, a Python server's threads)
+  and the load generator's, they get less. The processor time per request that makes
+  the model's throughput match the measured one is that work (bisection; the model's
+  throughput falls as it grows). Measured on this 2-core machine with a model whose
+  run costs nothing, the local server and the generator spend about 2 ms of processor
+  time on each 300 KB image request, all of it taken from the runs.
 
 The N-client measurement is therefore not a prediction but the model's calibration,
 and the report says so; every other point is predicted before it is measured.
 
 Example:
     >>> calibration = fit(curve, 1, one_client_result, sixteen_clients_result)
-    >>> calibration.service.serial_s < calibration.overhead_s
+    >>> calibration.service.cpu_s > 0
     True
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from serving_opt.tune.curve import LatencyCurve
 from serving_opt.tune.load import LoadResult
 from serving_opt.tune.scheduler import ServiceModel, Workload, simulate
 from serving_opt.tune.settings import BatchingSettings, ThreadSettings
+from serving_opt.tune.settings import cores as cores_here
 
-STEPS = 14
+STEPS = 10
 
 
 @dataclass(frozen=True)
@@ -74,19 +77,22 @@ def spread(result: LoadResult) -> tuple[tuple[float, float], ...]:
 def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
         many_clients: LoadResult | None, protocol: str = "grpc",
         merge_s_per_row: float = 0.0, seed: int = 0,
-        batching: BatchingSettings | None = None) -> Calibration:
-    """Fits the server's cost per request, and the part of it spent one request at a
-    time, to the two measurements.
+        batching: BatchingSettings | None = None, cores: int = 0) -> Calibration:
+    """Fits the server's cost per request to the two measurements: the delay each
+    request spends outside its run, and the processor time it takes from the runs.
 
     One client's median latency is the session run (the profile's median) plus the
-    cost; the serial part s is what makes N clients' throughput match. When the one
-    client answered faster than the profile's run (a shared machine that got faster),
-    or the serial part needs more than the cost leaves, the runs are scaled to fit:
-    one client's latency = run x scale + s.
+    delay. N clients on a busy machine get less than the runs alone allow when each
+    request also costs processor time on the cores the runs use (the server decoding
+    and answering it, the load generator sending it): that time ``cpu_s`` is what
+    makes the model's throughput match (bisection; the model's throughput falls as it
+    grows). When the one client answered faster than the profile's run, or N clients
+    got more than the runs allow (a shared machine that got faster), the runs are
+    scaled to fit instead.
 
     Example:
         >>> fit(curve, 1, one, many).note
-        'overhead 9.60 ms per request, 1.30 ms of it one request at a time'
+        'one client 10.26 ms against a 8.48 ms session run: 1.78 ms outside the run ...'
     """
     run_s = curve.seconds(rows)  # the median run
     if not one_client.ok:
@@ -94,72 +100,67 @@ def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
     # Medians on both sides: a shared machine's stalls move means, not medians.
     latency = one_client.p50_ms / 1000.0
     overhead = max(0.0, latency - run_s)
-
     jitter = spread(one_client)
-
-    def model(serial: float) -> ServiceModel:
-        rest = latency - serial
-        if rest >= run_s:
-            return ServiceModel(rest - run_s, serial, merge_s_per_row, 1.0, jitter)
-        return ServiceModel(0.0, serial, merge_s_per_row, max(rest, 1e-6) / run_s, jitter)
-
-    serial, extra, scaled = 0.0, "", None
+    if latency >= run_s:
+        base = ServiceModel(parallel_s=latency - run_s, merge_s_per_row=merge_s_per_row,
+                            serial_jitter=jitter, cores=cores)
+    else:
+        base = ServiceModel(merge_s_per_row=merge_s_per_row,
+                            run_scale=max(latency, 1e-6) / run_s, serial_jitter=jitter,
+                            cores=cores)
+    service, extra = base, ""
     if many_clients is not None and many_clients.ok:
         workload = Workload("closed", clients=many_clients.clients, rows_per_request=rows,
                             max_requests=2000, seed=seed, warmup=0.0,
                             warmup_answers=2 * many_clients.clients + 20)
         target = many_clients.rows_per_second
 
-        def throughput(s: float) -> float:
-            return simulate(curve, batching, workload, model(s)).rows_per_second
+        def throughput(model: ServiceModel) -> float:
+            return simulate(curve, batching, workload, model).rows_per_second
 
-        top = 0.98 * latency
-        if throughput(0.0) > target:
-            if throughput(top) > target:
-                serial = top
-                extra = ("; the server is slower under concurrency than even a fully serial "
-                         "cost explains")
+        if throughput(base) > target:
+            # Every core spent on the requests themselves at the measured rate: the most
+            # processor time per request that can explain it.
+            top = (cores or cores_here()) * rows / max(target, 1e-9)
+            if throughput(replace(base, cpu_s=top)) > target:
+                service = replace(base, cpu_s=top)
+                extra = ("; the server is slower under concurrency than even its requests "
+                         "taking every core explains")
             else:
                 lo, hi = 0.0, top
                 for _ in range(STEPS):
                     mid = (lo + hi) / 2
-                    if throughput(mid) > target:
+                    if throughput(replace(base, cpu_s=mid)) > target:
                         lo = mid
                     else:
                         hi = mid
-                serial = (lo + hi) / 2
+                service = replace(base, cpu_s=(lo + hi) / 2)
         else:
             # N clients got more than the profile's runs allow: the session ran faster
-            # now. Runs are scaled down (one client's latency kept: the rest is overhead)
+            # now. Runs are scaled down (one client's latency kept: the rest is delay)
             # until the model gets what N clients got.
-            base = model(0.0)
-
             def faster(k: float) -> ServiceModel:
-                return ServiceModel(max(0.0, latency - k * run_s), 0.0, merge_s_per_row, k,
-                                    jitter)
-
-            def rows(k: float) -> float:
-                return simulate(curve, batching, workload, faster(k)).rows_per_second
+                return replace(base, parallel_s=max(0.0, latency - k * run_s), run_scale=k)
 
             lo, hi = 0.05 * base.run_scale, base.run_scale
-            if rows(lo) < target:
-                scaled = faster(lo)
+            if throughput(faster(lo)) < target:
+                service = faster(lo)
                 extra = "; N clients got more than even 20x faster runs explain"
             else:
                 for _ in range(STEPS):
                     mid = (lo + hi) / 2
-                    if rows(mid) < target:
+                    if throughput(faster(mid)) < target:
                         hi = mid
                     else:
                         lo = mid
-                scaled = faster((lo + hi) / 2)
+                service = faster((lo + hi) / 2)
     else:
-        extra = " (no concurrent measurement: all of it taken as parallel)"
-    service = scaled if scaled is not None else model(serial)
+        extra = " (no concurrent measurement: no processor time taken from the runs)"
     note = (f"one client {latency * 1000:.2f} ms against a {run_s * 1000:.2f} ms session run: "
-            f"overhead {service.parallel_s * 1000 + serial * 1000:.2f} ms per request")
+            f"{service.parallel_s * 1000:.2f} ms outside the run")
     if many_clients is not None and many_clients.ok:
-        note += f", {serial * 1000:.2f} ms of the server's time one request at a time"
+        note += (f", and {service.cpu_s * 1000:.2f} ms of processor time per request taken "
+                 "from the runs")
     if service.run_scale != 1.0:
         note += (f"; session runs scaled by {service.run_scale:.2f} to fit (the machine ran "
                  "them at another speed than during the profile)")

@@ -78,25 +78,26 @@ def findings(report) -> tuple[str, ...]:
     for calibration in report.calibrations:
         service = calibration.service
         run_ms = calibration.run_s * service.run_scale * 1000
-        over_ms = (service.parallel_s + service.serial_s) * 1000
-        serial_ms = service.serial_s * 1000
         where = calibration.protocol
         if several:
             where += f", threads {calibration.threads.describe()}"
-        text = (f"server cost per request ({where}): {over_ms:.2f} ms beside a "
-                f"{run_ms:.2f} ms session run")
-        if serial_ms > 0:
-            text += (f"; {serial_ms:.2f} ms of it is spent one request at a time, which caps "
-                     f"{'these threads' if several else 'any setting'} at "
-                     f"{1000 / serial_ms * report.objective.rows_per_request:,.0f} rows/s")
+        text = (f"server cost per request ({where}): {service.parallel_s * 1000:.2f} ms "
+                f"outside a {run_ms:.2f} ms session run")
+        rows = report.objective.rows_per_request
+        if service.cpu_s > 0:
+            text += (f", and {service.cpu_s * 1000:.2f} ms of processor time taken from the "
+                     "runs (the server's own work and the load generator's, on the same "
+                     f"{report.cores} cores): at most {report.cores / service.cpu_s * rows:,.0f}"
+                     " rows/s even if the runs cost nothing")
+        if service.serial_s > 0:
+            text += (f"; {service.serial_s * 1000:.2f} ms of it spent one request at a time: "
+                     f"at most {rows / service.serial_s:,.0f} rows/s")
         if service.run_scale != 1.0:
             text += (f"; in the server a session run took {service.run_scale:.2f}x its "
                      "profiled time")
-        if over_ms > run_ms:
-            text += "; the server's own cost dominates the model's"
+        if service.parallel_s * 1000 > run_ms:
+            text += "; the server's own delay dominates the model's"
         out.append(text)
-    from serving_opt.tune.report import AGAIN_LABEL
-
     again = next((p for p in points if p.label == AGAIN_LABEL), None)
     first = next((p for p in points if again is not None and p.label == UPSTREAM_LABEL
                   and (p.workload, p.protocol) == (again.workload, again.protocol)), None)

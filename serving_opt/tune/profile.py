@@ -70,6 +70,9 @@ class ProfilePlan:
     tags: tuple[str, ...] = ("serve",)
     examples: str | None = None
     seed: int = 0
+    # The environment the server runs TensorFlow with (backends.runtime_env): the
+    # measuring process gets it too.
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ class ModelProfile:
     input_bytes_per_row: int = 0
     output_bytes_per_row: int = 0
     inputs_source: str = ""
+    env: tuple[tuple[str, str], ...] = ()  # the server's environment, as measured with
 
     def curve(self, threads: ThreadSettings) -> LatencyCurve:
         for curve in self.curves:
@@ -112,9 +116,9 @@ def profile(model_dir: str, signature: str, plan: ProfilePlan,
            "plan": asdict(plan)}
     from serving_opt import sandbox
 
-    if sandbox.inside():
-        # The sandboxed worker imported TensorFlow (with TF Serving's defaults) and has
-        # run nothing yet: fork it per setting rather than import TensorFlow again.
+    if sandbox.inside() and all(os.environ.get(k) == v for k, v in plan.env):
+        # The sandboxed worker imported TensorFlow (with the server's environment) and
+        # has run nothing yet: fork it per setting rather than import TensorFlow again.
         results = [_fork_and_measure({**job, "threads": asdict(t)}, say)
                    for t in plan.thread_settings]
     else:
@@ -132,7 +136,8 @@ def profile(model_dir: str, signature: str, plan: ProfilePlan,
                         merge_s_per_row=first.get("merge_s_per_row", 0.0),
                         input_bytes_per_row=first.get("input_bytes_per_row", 0),
                         output_bytes_per_row=first.get("output_bytes_per_row", 0),
-                        inputs_source=first.get("inputs_source", ""))
+                        inputs_source=first.get("inputs_source", ""),
+                        env=tuple(tuple(pair) for pair in first.get("env", ())))
 
 
 def _in_helper(job: dict, plan: ProfilePlan, say: Callable[[str], None],
@@ -145,6 +150,7 @@ def _in_helper(job: dict, plan: ProfilePlan, say: Callable[[str], None],
             env.pop(name, None)
         else:
             env[name] = value
+    env.update(dict(plan.env))
     payload = "".join(json.dumps({**job, "threads": asdict(t)}) + "\n"
                       for t in plan.thread_settings)
     process = subprocess.Popen([sys.executable, "-m", "serving_opt.tune.profile"],
@@ -385,7 +391,9 @@ def _measure(job: dict, _say: Callable[[str], None]) -> dict:
     session.close()
     return {"threads": asdict(threads), "load_seconds": load_seconds, "sizes": measured,
             "concurrency": concurrency, "spread": spread, "inputs_source": source,
-            "probe_s": probe_s, **merge}
+            "probe_s": probe_s, **merge,
+            # What the measuring process ran TensorFlow with, for the report to show.
+            "env": [[name, os.environ.get(name, "")] for name, _ in plan["env"]]}
 
 
 def _merge_cost(session, fetches, feed_tensors, aliases, feed: dict, rows: int) -> dict:

@@ -44,17 +44,21 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from serving_opt.tune.curve import LatencyCurve
-from serving_opt.tune.settings import BatchingSettings
+from serving_opt.tune.settings import BatchingSettings, cores
 
 # Requests in flight beyond which an open-loop run is called overloaded and stopped.
 MAX_IN_FLIGHT = 20_000
 _MIN_HOP_S = 20e-6  # no request crosses the server in zero time (an error reply neither)
 _EPS = 1e-12
+# Sharing the cores with the requests' own processor time (see _sharing_cores).
+_SHARE_STEPS = 8
+_SHARE_TOLERANCE = 0.01
+_MAX_SHARE_SLOWDOWN = 20.0
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,9 @@ class ServiceModel:
     ``parallel_s`` is spent concurrently by all requests (half before the batcher,
     half after); ``serial_s`` one request at a time (the same split), e.g. the
     interpreter lock of a Python server; ``merge_s_per_row`` is added to the run of a
-    batch of several requests (merging their inputs, splitting the outputs).
+    batch of several requests (merging their inputs, splitting the outputs);
+    ``cpu_s`` is the processor time each request costs beside its run, shared with the
+    runs (see :func:`simulate`).
 
     Example:
         >>> ServiceModel(parallel_s=0.002, serial_s=0.0004)
@@ -100,6 +106,11 @@ class ServiceModel:
     serial_s: float = 0.0
     merge_s_per_row: float = 0.0  # the batching session's concat and split, per row
     run_scale: float = 1.0  # every session run's time times this (see calibrate)
+    # Processor time per request spent outside the session on the cores the sessions
+    # run on (the server's request handling, a load generator on the same machine): it
+    # slows the runs once they and it need more than ``cores`` (0: this machine's).
+    cpu_s: float = 0.0
+    cores: int = 0
     # The one-at-a-time part's jitter: (quantile, time over median) points, from the
     # server's one-client latencies; empty: none.
     serial_jitter: tuple[tuple[float, float], ...] = ()
@@ -224,6 +235,8 @@ class _Simulation:
         self.last_update = 0.0
         self.run_generation = 0
         self.batch_log: list[tuple[float, int, int]] = []  # (start, rows, padded)
+        self.work_scale = service.run_scale  # the machine's speed, not the CPU share
+        self.session_cores = 0.0  # cores the runs kept busy in the window (summarize)
         self._slowdowns: dict[tuple[int, int], float] = {}
         self._seconds: dict[int, float] = {}
 
@@ -482,6 +495,8 @@ class _Simulation:
         latencies = np.array([(r.done - r.sent) * 1000.0 for r in ok]) if ok else None
         rejected = sum(1 for r in measured if r.outcome == "UNAVAILABLE")
         batches = [(rows, padded) for at, rows, padded in self.batch_log if start <= at < end]
+        work = sum(self.curve.cores_busy(padded) * self.seconds(padded) for _, padded in batches)
+        self.session_cores = work * self.work_scale / seconds
         queue = [r.started - r.enqueued for r in ok]
         runs = [r.done - r.started for r in ok]
 
@@ -533,4 +548,45 @@ def simulate(curve: LatencyCurve, batching: BatchingSettings | None, workload: W
     check_workload(workload)
     if batching is not None and batching.problems():
         raise ValueError("; ".join(batching.problems()))
-    return _Simulation(curve, batching, workload, service).run()
+    if service.cpu_s <= 0:
+        return _Simulation(curve, batching, workload, service).run()
+    return _sharing_cores(curve, batching, workload, service)
+
+
+def _sharing_cores(curve: LatencyCurve, batching: BatchingSettings | None,
+                   workload: Workload, service: ServiceModel) -> Prediction:
+    """The prediction when each request also costs ``service.cpu_s`` of processor time
+    on the cores the runs use.
+
+    The runs keep B cores busy (their measured CPU time, at most every core) and the
+    requests take T = cpu_s x requests/s. While B + T fits the cores nothing slows;
+    past that the runs get the cores T leaves, so each takes B / (cores - T) times as
+    long. Slower runs answer fewer requests, which lowers T: the slowdown is the fixed
+    point, found by bisection (the needed slowdown falls as the slowdown grows).
+    """
+    n = service.cores or cores()
+
+    def attempt(slowdown: float) -> tuple[Prediction, float]:
+        sim = _Simulation(curve, batching, workload,
+                          replace(service, run_scale=service.run_scale * slowdown))
+        prediction = sim.run()
+        busy = min(float(n), sim.session_cores)
+        taken = service.cpu_s * prediction.requests / max(prediction.seconds, 1e-9)
+        needed = busy / (n - taken) if taken < n else _MAX_SHARE_SLOWDOWN
+        return prediction, min(_MAX_SHARE_SLOWDOWN, max(1.0, needed))
+
+    prediction, needed = attempt(1.0)
+    if needed <= 1.0 + _SHARE_TOLERANCE:
+        return prediction
+    lo, hi = 1.0, needed
+    best = attempt(hi)[0]
+    for _ in range(_SHARE_STEPS):
+        mid = math.sqrt(lo * hi)
+        candidate, need = attempt(mid)
+        if need > mid:
+            lo = mid
+        else:
+            hi, best = mid, candidate
+        if hi / lo < 1 + _SHARE_TOLERANCE:
+            break
+    return best

@@ -125,7 +125,9 @@ def tune(model_base: str, options: TuneOptions | None = None,
         report = sandbox_lib.call(
             "serving_opt.tune.tuner:execute", model_base, version, options, backend, current,
             policy=sandbox_lib.Policy(read_only=tuple(read_only)), progress=say,
-            env=sandbox_lib.search_path(*binaries))
+            # The worker imports TensorFlow as it starts and forks a process per thread
+            # setting to profile: the server's environment must be its own from the start.
+            env={**sandbox_lib.search_path(*binaries), **backends.runtime_env(backend)})
     else:
         report = execute(model_base, version, options, backend, current, say)
     report = dataclasses.replace(report, sandbox=sandbox_lib.describe(sandboxed),
@@ -281,7 +283,8 @@ def execute(model_base: str, version: int, options: TuneOptions, backend: str,
     objective = search.Objective(options.slo_p99_ms, options.clients, options.rate,
                                  options.rows_per_request, options.max_reject_fraction,
                                  options.padding, options.seed)
-    the_plan = plan(options, cpus)
+    the_plan = dataclasses.replace(plan(options, cpus),
+                                   env=tuple(sorted(backends.runtime_env(backend).items())))
     say(f"1/4 measuring {model_dir} as TF Serving runs it: batch sizes "
         f"{', '.join(map(str, the_plan.batch_sizes))}, threads "
         f"{'; '.join(t.describe() for t in the_plan.thread_settings)} "

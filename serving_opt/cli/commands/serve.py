@@ -272,7 +272,10 @@ def configure_runtime() -> None:
     """
     import os
 
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    from serving_opt.serving.backends import LOCAL_RUNTIME_ENV
+
+    for name, value in LOCAL_RUNTIME_ENV.items():
+        os.environ.setdefault(name, value)
 
 
 def main(fv: flags.FlagValues) -> int:
