@@ -72,3 +72,14 @@ def test_open_loop_sends_the_seeded_poisson_arrivals(targets):
         expected += at >= warmup
     assert result.requests + result.shed == expected
     assert result.ok + sum(result.errors.values()) == result.requests
+
+
+def test_the_generator_reports_its_own_processor_time_per_request(targets):
+    # The calibration takes the generator's share of each request's processor time
+    # from this: its CPU time over every request it got an answer to, warmup included
+    # (more answers than the measured window's).
+    result = load.run(targets["grpc"], load.Load("closed", clients=2, duration=1.0,
+                                                 warmup=0.3))
+    answered = result.client_cpu_seconds / result.client_cpu_per_request
+    assert result.client_cpu_per_request > 0
+    assert answered >= result.ok + sum(result.errors.values())

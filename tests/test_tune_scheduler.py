@@ -211,7 +211,9 @@ def test_the_calibration_finds_the_processor_time_a_server_takes_per_request():
                          concurrency=(ConcurrencyPoint(1, 2, 0.008),
                                       ConcurrencyPoint(1, 16, 0.064),
                                       ConcurrencyPoint(16, 2, 0.060)))
-    truth = ServiceModel(parallel_s=0.002, cpu_s=0.003, cores=2)
+    # A Python server: the processor time it spends (none is the generator's here) is
+    # spent holding its interpreter lock, one request at a time.
+    truth = ServiceModel(parallel_s=0.002, serial_s=0.003, cpu_s=0.003, cores=2)
     upstream = BatchingSettings(max_batch_size=1000, num_batch_threads=2)
     workload = Workload("closed", clients=16, max_requests=2000, warmup=0.0,
                         warmup_answers=52)
@@ -220,7 +222,8 @@ def test_the_calibration_finds_the_processor_time_a_server_takes_per_request():
     fitted = fit(curve, 1, _measured(one, 1), _measured(many, 16), batching=upstream,
                  cores=2)
     assert fitted.service.cpu_s == pytest.approx(0.003, rel=0.15)
-    assert fitted.service.parallel_s == pytest.approx(0.002, abs=0.0002)
+    assert fitted.service.serial_s == fitted.service.cpu_s
+    assert fitted.service.parallel_s == pytest.approx(0.002, abs=0.0005)
     expected = simulate(curve, None, workload, truth).rows_per_second
     predicted = simulate(curve, None, workload, fitted.service).rows_per_second
     assert predicted == pytest.approx(expected, rel=0.05)

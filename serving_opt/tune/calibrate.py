@@ -14,7 +14,10 @@ ran them) tell the model how much, and of what kind:
   the model's throughput match the measured one is that work (bisection; the model's
   throughput falls as it grows). Measured on this 2-core machine with a model whose
   run costs nothing, the local server and the generator spend about 2 ms of processor
-  time on each 300 KB image request, all of it taken from the runs.
+  time on each 300 KB image request, all of it taken from the runs. The generator
+  measures its own share; the rest is the server's, which the local (Python) server
+  spends holding its interpreter lock, one request at a time: a batch waiting for its
+  requests waits for them in line (TF Serving's C++ server has no such line).
 
 The N-client measurement is therefore not a prediction but the model's calibration,
 and the report says so; every other point is predicted before it is measured.
@@ -77,7 +80,8 @@ def spread(result: LoadResult) -> tuple[tuple[float, float], ...]:
 def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
         many_clients: LoadResult | None, protocol: str = "grpc",
         merge_s_per_row: float = 0.0, seed: int = 0,
-        batching: BatchingSettings | None = None, cores: int = 0) -> Calibration:
+        batching: BatchingSettings | None = None, cores: int = 0,
+        python_server: bool = True) -> Calibration:
     """Fits the server's cost per request to the two measurements: the delay each
     request spends outside its run, and the processor time it takes from the runs.
 
@@ -101,13 +105,24 @@ def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
     latency = one_client.p50_ms / 1000.0
     overhead = max(0.0, latency - run_s)
     jitter = spread(one_client)
-    if latency >= run_s:
-        base = ServiceModel(parallel_s=latency - run_s, merge_s_per_row=merge_s_per_row,
-                            serial_jitter=jitter, cores=cores)
-    else:
-        base = ServiceModel(merge_s_per_row=merge_s_per_row,
-                            run_scale=max(latency, 1e-6) / run_s, serial_jitter=jitter,
-                            cores=cores)
+    # Of the processor time a request takes, the load generator's own is measured; the
+    # rest is the server's, and a Python server spends it holding its interpreter lock:
+    # one request at a time (what delays a batch that waits for its requests to arrive).
+    # TF Serving's C++ server (python_server False) has no such lock.
+    generator = many_clients.client_cpu_per_request if many_clients is not None else 0.0
+
+    def model(cpu: float) -> ServiceModel:
+        serial = max(0.0, cpu - generator) if python_server else 0.0
+        rest = latency - serial
+        if rest >= run_s:
+            return ServiceModel(parallel_s=rest - run_s, serial_s=serial,
+                                merge_s_per_row=merge_s_per_row, serial_jitter=jitter,
+                                cpu_s=cpu, cores=cores)
+        return ServiceModel(serial_s=serial, merge_s_per_row=merge_s_per_row,
+                            run_scale=max(rest, 1e-6) / run_s, serial_jitter=jitter,
+                            cpu_s=cpu, cores=cores)
+
+    base = model(0.0)
     service, extra = base, ""
     if many_clients is not None and many_clients.ok:
         workload = Workload("closed", clients=many_clients.clients, rows_per_request=rows,
@@ -122,19 +137,19 @@ def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
             # Every core spent on the requests themselves at the measured rate: the most
             # processor time per request that can explain it.
             top = (cores or cores_here()) * rows / max(target, 1e-9)
-            if throughput(replace(base, cpu_s=top)) > target:
-                service = replace(base, cpu_s=top)
+            if throughput(model(top)) > target:
+                service = model(top)
                 extra = ("; the server is slower under concurrency than even its requests "
                          "taking every core explains")
             else:
                 lo, hi = 0.0, top
                 for _ in range(STEPS):
                     mid = (lo + hi) / 2
-                    if throughput(replace(base, cpu_s=mid)) > target:
+                    if throughput(model(mid)) > target:
                         lo = mid
                     else:
                         hi = mid
-                service = replace(base, cpu_s=(lo + hi) / 2)
+                service = model((lo + hi) / 2)
         else:
             # N clients got more than the profile's runs allow: the session ran faster
             # now. Runs are scaled down (one client's latency kept: the rest is delay)
@@ -160,7 +175,8 @@ def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
             f"{service.parallel_s * 1000:.2f} ms outside the run")
     if many_clients is not None and many_clients.ok:
         note += (f", and {service.cpu_s * 1000:.2f} ms of processor time per request taken "
-                 "from the runs")
+                 f"from the runs ({generator * 1000:.2f} ms of it the load generator's; the "
+                 f"server's {service.serial_s * 1000:.2f} ms one request at a time)")
     if service.run_scale != 1.0:
         note += (f"; session runs scaled by {service.run_scale:.2f} to fit (the machine ran "
                  "them at another speed than during the profile)")

@@ -30,11 +30,14 @@ SPREAD_QUANTILES = tuple(range(0, 101, 5))  # percentiles of run time / mean, po
 
 @dataclass(frozen=True)
 class ConcurrencyPoint:
-    """k session runs of ``batch_size`` rows at once: each took ``median_s`` (median)."""
+    """k session runs of ``batch_size`` rows at once: each took ``median_s`` (median);
+    ``spread`` is their run-time-to-median ratio at SPREAD_QUANTILES (overlapping runs
+    are shared unevenly: the tail is wider than alone)."""
 
     batch_size: int
     concurrent: int
     median_s: float
+    spread: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,14 +130,28 @@ class LatencyCurve:
         i = min(range(len(self.batch_sizes)), key=lambda j: abs(self.batch_sizes[j] - rows))
         return max(0.05, self.cpu_s[i] / self.median_s[i])
 
-    def jitter(self, u: float) -> float:
-        """The run-time-to-mean ratio at quantile ``u`` in [0, 1] (1.0 without spread)."""
-        if not self.spread:
+    def jitter(self, u: float, concurrent: int = 1, rows: int = 1) -> float:
+        """The run-time-to-median ratio at quantile ``u`` in [0, 1] (1.0 without spread):
+        alone, or among ``concurrent`` runs at once (the measured point nearest in runs
+        at once, then in batch size, at most as many at once as measured).
+
+        Example:
+            >>> curve.jitter(0.5)
+            1.0
+        """
+        spread = self.spread
+        if concurrent > 1:
+            measured = [p for p in self.concurrency if p.spread and p.concurrent <= concurrent]
+            if measured:
+                nearest = min(measured, key=lambda p: (concurrent - p.concurrent,
+                                                      abs(math.log(p.batch_size / rows))))
+                spread = nearest.spread
+        if not spread:
             return 1.0
-        position = u * (len(self.spread) - 1)
-        i = min(int(position), len(self.spread) - 2)
+        position = u * (len(spread) - 1)
+        i = min(int(position), len(spread) - 2)
         w = position - i
-        return self.spread[i] * (1 - w) + self.spread[i + 1] * w
+        return spread[i] * (1 - w) + spread[i + 1] * w
 
     def to_dict(self) -> dict:
         return asdict(self)

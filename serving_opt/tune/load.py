@@ -124,6 +124,7 @@ class LoadResult:
     max_ms: float = 0.0
     first_error: str = ""
     client_cpu_seconds: float = 0.0  # the generator's own CPU time over the whole run
+    client_cpu_per_request: float = 0.0  # that over every request answered, in seconds
     quantiles_ms: tuple = ()  # latency at QUANTILES (answered requests)
 
     def to_dict(self) -> dict:
@@ -270,12 +271,14 @@ class _Recorder:
         self.first_error = ""
         self.sent = 0
         self.shed = 0
+        self.answered = 0  # every answer, warmup and drain included (for the CPU figure)
 
     def counts(self, sent_at: float) -> bool:
         return self.start <= sent_at < self.end
 
     def done(self, sent_at: float, finished: float, error: str | None,
              detail: str = "") -> None:
+        self.answered += 1
         if not self.counts(sent_at):
             return
         self.sent += 1
@@ -459,6 +462,7 @@ def _summarize(target: Target, load: Load, recorder: _Recorder, cpu: float) -> L
         mean_ms=float(latencies.mean()) if ok else 0.0, p50_ms=pct(50), p90_ms=pct(90),
         p99_ms=pct(99), max_ms=float(latencies.max()) if ok else 0.0,
         first_error=recorder.first_error, client_cpu_seconds=round(cpu, 3),
+        client_cpu_per_request=cpu / recorder.answered if recorder.answered else 0.0,
         quantiles_ms=tuple(pct(q) for q in QUANTILES) if ok else ())
 
 

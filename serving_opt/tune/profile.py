@@ -200,7 +200,8 @@ def _curve(result: dict, reference_probe_s: float = 0.0) -> LatencyCurve:
         runs=tuple(r["runs"] for r in rows),
         spread=tuple(result["spread"]),
         concurrency=tuple(ConcurrencyPoint(c["batch_size"], c["concurrent"],
-                                           f * c["median_s"]) for c in result["concurrency"]),
+                                           f * c["median_s"], tuple(c.get("spread", ())))
+                          for c in result["concurrency"]),
         load_seconds=result["load_seconds"], probe_s=probe_s, speed_scale=f)
 
 
@@ -319,15 +320,20 @@ def _concurrent(call: Callable[[], object], k: int, seconds: float,
 
 
 def _slowdown(call: Callable[[], object], k: int, seconds: float, min_runs: int,
-              rounds: int = 3) -> float:
+              rounds: int = 3) -> tuple[float, list[float]]:
     """How much longer a run takes with ``k`` at once than alone: the median ratio of
-    alternating slices (alone, k at once, alone, ...), so a stall hits both sides."""
-    ratios = []
+    alternating slices (alone, k at once, alone, ...), so a stall hits both sides; and
+    the spread of the runs at once (run time over their slice's median, at
+    SPREAD_QUANTILES)."""
+    ratios, spread = [], []
     for _ in range(rounds):
         alone = [_one(call) for _ in range(max(2, min_runs))]
         together = _concurrent(call, k, seconds / rounds, min_runs)
-        ratios.append(float(np.median(together)) / max(float(np.median(alone)), 1e-9))
-    return float(np.median(ratios))
+        middle = max(float(np.median(together)), 1e-9)
+        ratios.append(middle / max(float(np.median(alone)), 1e-9))
+        spread += [t / middle for t in together]
+    return float(np.median(ratios)), [float(np.percentile(spread, q))
+                                      for q in SPREAD_QUANTILES]
 
 
 def _one(call: Callable[[], object]) -> float:
@@ -382,9 +388,10 @@ def _measure(job: dict, _say: Callable[[str], None]) -> dict:
     for n, k in plan["concurrency"]:
         if n not in timed:
             continue
-        factor = _slowdown(runner(n), k, plan["seconds"], plan["min_runs"])
+        factor, together = _slowdown(runner(n), k, plan["seconds"], plan["min_runs"])
         concurrency.append({"batch_size": n, "concurrent": k,
-                            "median_s": factor * float(np.median(timed[n][0]))})
+                            "median_s": factor * float(np.median(timed[n][0])),
+                            "spread": together})
         _say(f"  [{label}] {k} runs of batch {n} at once: {factor:.2f}x as long each")
     merge = _merge_cost(session, fetches, feed_tensors, aliases, feed, measured[-1]["batch_size"])
     spread = [float(np.percentile(ratios, q)) for q in SPREAD_QUANTILES]

@@ -385,7 +385,8 @@ def _calibrate(run: _Run, model_profile, cpus: int):
                 many = run.measure(targets[protocol], run.load_for("closed", many_n), label)
                 fitted = calibrate.fit(curve, o.rows_per_request, one, many, protocol,
                                        model_profile.merge_s_per_row, o.seed,
-                                       upstream.batching)
+                                       upstream.batching,
+                                       python_server=run.backend == "local")
                 calibrations[(protocol, threads)] = fitted
                 run.say(f"  {protocol}, {threads.describe()}: {fitted.note}")
                 if o.clients:
