@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import Union
 
 from serving_opt.tune.curve import LatencyCurve
 from serving_opt.tune.profile import ModelProfile
@@ -57,7 +58,7 @@ NEAR = 0.03  # predictions closer than this are ties
 DEFAULT_THREADS = ThreadSettings()
 # The server's cost per request: one model for every thread setting, or one per
 # thread setting (calibrated each on its own; see calibrate.Calibration).
-Services = ServiceModel | Mapping[ThreadSettings, ServiceModel]
+Services = Union[ServiceModel, Mapping[ThreadSettings, ServiceModel]]  # noqa: UP007 (3.9)
 
 
 def service_for(service: Services, threads: ThreadSettings) -> ServiceModel:
