@@ -53,6 +53,7 @@ from serving_opt.tune.report import (  # noqa: F401 - the labels' old home
     Recommendation,
     TuneReport,
 )
+from serving_opt.tune.scheduler import ServiceModel
 from serving_opt.tune.settings import (
     PARAMETERS_FILENAME,
     BatchingSettings,
@@ -411,7 +412,7 @@ def calibration_label(threads: ThreadSettings) -> str:
     return f"{UPSTREAM_LABEL}, {threads.describe()}"
 
 
-def services(calibrations: dict, protocol: str) -> dict[ThreadSettings, object]:
+def services(calibrations: dict, protocol: str) -> dict[ThreadSettings, ServiceModel]:
     """The fitted ServiceModels of ``protocol``, by thread setting."""
     return {threads: c.service for (p, threads), c in calibrations.items() if p == protocol}
 
@@ -457,13 +458,6 @@ def _prove(run: _Run, result: search.SearchResult, objective: search.Objective,
         measured.append((AGAIN_LABEL, settings, workload, primary, m, True))
         run.say(f"  {AGAIN_LABEL} {workload}/{primary}: {_measured(m)}")
     return measured
-
-
-def _curve_or_first(model_profile, threads: ThreadSettings):
-    try:
-        return model_profile.curve(threads)
-    except KeyError:
-        return model_profile.curves[0]
 
 
 def _summary(p) -> str:
