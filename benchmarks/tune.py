@@ -81,7 +81,7 @@ def build(kind: str, models_dir: str, full: bool) -> tuple[str, str, str | None]
 
 def summarize(name: str, report) -> tuple[list[str], bool]:
     """Markdown lines for one model, and whether it met the issue's bar."""
-    from serving_opt.tune.tuner import AGAIN_LABEL, DEFAULT_LABEL, TUNED_LABEL, UPSTREAM_LABEL
+    from serving_opt.tune.tuner import DEFAULT_LABEL, UPSTREAM_LABEL
 
     def point(label: str):
         return next((p for p in report.proven if p.label == label and p.workload == "closed"
@@ -89,11 +89,7 @@ def summarize(name: str, report) -> tuple[list[str], bool]:
 
     # "tuned" is what tune hands the user: the recommended setting (the measured best of
     # those proven within the SLO), the model's first choice unless a runner-up beat it.
-    chosen = TUNED_LABEL
-    if report.recommendation is not None:
-        chosen = next((p.label for p in report.proven
-                       if p.settings == report.recommendation.settings
-                       and p.label != AGAIN_LABEL), TUNED_LABEL)
+    chosen = report.recommended_label
     default, upstream, tuned = point(DEFAULT_LABEL), point(UPSTREAM_LABEL), point(chosen)
     lines = [f"## {name}", "", f"server: {report.server}", "",
              "| settings | rows/s | p99 ms | predicted rows/s | predicted p99 ms | >25% |",

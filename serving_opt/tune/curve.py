@@ -130,28 +130,16 @@ class LatencyCurve:
         i = min(range(len(self.batch_sizes)), key=lambda j: abs(self.batch_sizes[j] - rows))
         return max(0.05, self.cpu_s[i] / self.median_s[i])
 
-    def jitter(self, u: float, concurrent: int = 1, rows: int = 1) -> float:
-        """The run-time-to-median ratio at quantile ``u`` in [0, 1] (1.0 without spread):
+    def spread_for(self, concurrent: int = 1, rows: int = 1) -> tuple[float, ...]:
+        """The run-time-to-median ratios at SPREAD_QUANTILES of a run of ``rows`` rows:
         alone, or among ``concurrent`` runs at once (the measured point nearest in runs
-        at once, then in batch size, at most as many at once as measured).
-
-        Example:
-            >>> curve.jitter(0.5)
-            1.0
-        """
-        spread = self.spread
+        at once, then in batch size, at most as many at once as measured)."""
         if concurrent > 1:
             measured = [p for p in self.concurrency if p.spread and p.concurrent <= concurrent]
             if measured:
-                nearest = min(measured, key=lambda p: (concurrent - p.concurrent,
-                                                      abs(math.log(p.batch_size / rows))))
-                spread = nearest.spread
-        if not spread:
-            return 1.0
-        position = u * (len(spread) - 1)
-        i = min(int(position), len(spread) - 2)
-        w = position - i
-        return spread[i] * (1 - w) + spread[i + 1] * w
+                return min(measured, key=lambda p: (concurrent - p.concurrent,
+                                                    abs(math.log(p.batch_size / rows)))).spread
+        return self.spread
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -166,3 +154,14 @@ def _in_k(points: list[tuple[int, float]], k: int) -> float:
     # Past the largest measured concurrency the cores are saturated: each further run
     # adds its share (never less than what was measured).
     return max(s_max, s_max * k / k_max)
+
+
+def spread_quantile(spread: tuple[float, ...], u: float) -> float:
+    """The ratio at quantile ``u`` in [0, 1] of ratios given at SPREAD_QUANTILES (1.0
+    when none were measured)."""
+    if not spread:
+        return 1.0
+    position = u * (len(spread) - 1)
+    i = min(int(position), len(spread) - 2)
+    w = position - i
+    return spread[i] * (1 - w) + spread[i + 1] * w

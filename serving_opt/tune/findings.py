@@ -32,11 +32,7 @@ def findings(report) -> tuple[str, ...]:
     points = report.proven
     # The comparison is of what tune hands the user: the recommended (measured best)
     # setting, which is the model's first choice unless a runner-up measured better.
-    chosen_label = TUNED_LABEL
-    if report.recommendation is not None:
-        chosen_label = next((p.label for p in points
-                             if p.settings == report.recommendation.settings
-                             and p.label != AGAIN_LABEL), TUNED_LABEL)
+    chosen_label = report.recommended_label
     for workload in ("closed", "open"):
         for protocol in ("grpc", "rest"):
             tuned = _point(points, chosen_label, workload, protocol)
@@ -55,12 +51,10 @@ def findings(report) -> tuple[str, ...]:
             if workload == "open":
                 text += "; at a fixed rate rows/s only show what was answered"
             out.append(text)
-    if report.recommendation is not None:
-        label = next((p.label for p in points
-                      if p.settings == report.recommendation.settings), "")
-        if label and label != TUNED_LABEL:
-            out.append(f"recommended: {label} ({report.recommendation.settings.describe()}), "
-                       f"the {report.recommendation.basis}")
+    if report.recommendation is not None and chosen_label != TUNED_LABEL:
+        settings = report.recommendation.settings
+        out.append(f"recommended: {chosen_label} ({settings.describe()}), "
+                   f"the {report.recommendation.basis}")
     if report.ceiling_rows_per_second > 0:
         best_measured = max((p.measured.rows_per_second for p in points
                              if p.workload == "closed"), default=0.0)
@@ -140,7 +134,7 @@ def findings(report) -> tuple[str, ...]:
 def _ceiling_scale(report) -> float:
     """The run scale fitted for the ceiling's thread setting (else the first fit's)."""
     for calibration in report.calibrations:
-        if report.ceiling_how.endswith(f"threads {calibration.threads.describe()}"):
+        if calibration.threads == report.ceiling_threads:
             return calibration.service.run_scale
     return report.calibrations[0].service.run_scale if report.calibrations else 1.0
 

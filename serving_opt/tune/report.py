@@ -16,7 +16,7 @@ from serving_opt.tune.calibrate import Calibration
 from serving_opt.tune.profile import ModelProfile
 from serving_opt.tune.prove import ProvenPoint
 from serving_opt.tune.search import Objective, SearchResult
-from serving_opt.tune.settings import ServingSettings
+from serving_opt.tune.settings import ServingSettings, ThreadSettings
 
 # The configurations every tune run measures, by the names the report and chart use.
 DEFAULT_LABEL = "TF Serving default (no batching)"
@@ -80,6 +80,7 @@ class TuneReport:
     ceiling_rows_per_second: float
     ceiling_batch_size: int
     ceiling_how: str = ""  # e.g. "2 runs of batch 16 at once, threads intra 1, ..."
+    ceiling_threads: ThreadSettings | None = None
     findings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     sandbox: str = ""
@@ -89,6 +90,21 @@ class TuneReport:
     @property
     def ok(self) -> bool:
         return self.recommendation is not None
+
+    @property
+    def recommended_label(self) -> str:
+        """The label of the proven point tune recommends: the model's first choice
+        (TUNED_LABEL) unless another setting measured better.
+
+        Example:
+            >>> report.recommended_label
+            'tuned #3'
+        """
+        if self.recommendation is None:
+            return TUNED_LABEL
+        return next((p.label for p in self.proven
+                     if p.settings == self.recommendation.settings
+                     and p.label != AGAIN_LABEL), TUNED_LABEL)
 
     def to_dict(self) -> dict:
         """JSON-ready: derived figures of each point included, infinities as null."""

@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from serving_opt.tune.curve import LatencyCurve
+from serving_opt.tune.curve import LatencyCurve, spread_quantile
 from serving_opt.tune.settings import BatchingSettings, cores
 
 # Requests in flight beyond which an open-loop run is called overloaded and stopped.
@@ -109,8 +109,8 @@ class ServiceModel:
     merge_s_per_row: float = 0.0  # the batching session's concat and split, per row
     run_scale: float = 1.0  # every session run's time times this (see calibrate)
     # Processor time per request spent outside the session on the cores the sessions
-    # run on (the server's request handling, a load generator on the same machine): it
-    # slows the runs once they and it need more than ``cores`` (0: this machine's).
+    # run on (the server's request handling, a load generator on the same machine): once
+    # it and the runs need more than ``cores`` (0: this machine's), both slow alike.
     cpu_s: float = 0.0
     cores: int = 0
     # The one-at-a-time part's jitter: (quantile, time over median) points, from the
@@ -240,6 +240,7 @@ class _Simulation:
         self.work_scale = service.run_scale  # the machine's speed, not the CPU share
         self.session_cores = 0.0  # cores the runs kept busy in the window (summarize)
         self._slowdowns: dict[tuple[int, int], float] = {}
+        self._spreads: dict[tuple[int, int], tuple[float, ...]] = {}
         self._seconds: dict[int, float] = {}
 
     def slowdown(self, padded: int, k: int) -> float:
@@ -247,6 +248,13 @@ class _Simulation:
         value = self._slowdowns.get(key)
         if value is None:
             value = self._slowdowns[key] = self.curve.slowdown(padded, k)
+        return value
+
+    def spread(self, padded: int, k: int) -> tuple[float, ...]:
+        key = (padded, k)
+        value = self._spreads.get(key)
+        if value is None:
+            value = self._spreads[key] = self.curve.spread_for(k, padded)
         return value
 
     def seconds(self, padded: int) -> float:
@@ -439,7 +447,8 @@ class _Simulation:
     def start_run(self, requests: list, rows: int, padded: int) -> None:
         self.advance()
         base = (self.seconds(padded) * self.run_scale
-                * self.curve.jitter(float(self.rng.random()), self.running + 1, padded))
+                * spread_quantile(self.spread(padded, self.running + 1),
+                                  float(self.rng.random())))
         if len(requests) > 1:
             base += self.merge * padded
         for request in requests:

@@ -326,7 +326,7 @@ def execute(model_base: str, version: int, options: TuneOptions, backend: str,
                                          services(calibrations, protocol))
                           if settings.threads in profiled else None, fitted)
               for label, settings, workload, protocol, m, fitted in measured]
-    ceiling_batch, ceiling, ceiling_how = _ceiling(model_profile, cpus)
+    ceiling_batch, ceiling, ceiling_how, ceiling_threads = _ceiling(model_profile, cpus)
     report = TuneReport(
         model_base=model_base, model_dir=model_dir, model_name=name, version=version,
         signature=options.signature_name, objective=objective, backend=backend,
@@ -336,7 +336,7 @@ def execute(model_base: str, version: int, options: TuneOptions, backend: str,
         proven=tuple(points),
         recommendation=recommend(points, objective, protocols[0], name, result),
         ceiling_rows_per_second=ceiling, ceiling_batch_size=ceiling_batch,
-        ceiling_how=ceiling_how)
+        ceiling_how=ceiling_how, ceiling_threads=ceiling_threads)
     from serving_opt.tune import findings
 
     return dataclasses.replace(report, findings=findings.findings(report),
@@ -471,18 +471,19 @@ def _measured(m: load.LoadResult) -> str:
     return text
 
 
-def _ceiling(model_profile, cpus: int) -> tuple[int, float, str]:
-    """The most rows/s the session alone did: (batch size, rows/s, how), over every
-    profiled thread setting, batch size and number of runs at once (up to a run per
-    core, from the measured slowdowns)."""
-    best = (1, 0.0, "")
+def _ceiling(model_profile, cpus: int) -> tuple[int, float, str, ThreadSettings | None]:
+    """The most rows/s the session alone did: (batch size, rows/s, how, thread setting),
+    over every profiled thread setting, batch size and number of runs at once (up to a
+    run per core, from the measured slowdowns)."""
+    best: tuple[int, float, str, ThreadSettings | None] = (1, 0.0, "", None)
     for curve in model_profile.curves:
         for n in curve.batch_sizes:
             for k in range(1, max(1, cpus) + 1):
                 rows = k * curve.rows_per_second(n) / curve.slowdown(n, k)
                 if rows > best[1] * (1 + 1e-9):
                     how = (f"{k} runs of batch {n} at once" if k > 1 else f"batch {n}")
-                    best = (n, rows, f"{how}, threads {curve.threads.describe()}")
+                    best = (n, rows, f"{how}, threads {curve.threads.describe()}",
+                            curve.threads)
     return best
 
 
