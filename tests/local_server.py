@@ -75,15 +75,16 @@ def serve_env() -> dict[str, str]:
     return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
-def start_serve(*flags: str, stderr=subprocess.PIPE) -> subprocess.Popen:
+def start_serve(*flags: str, stderr=subprocess.PIPE,
+                env: dict[str, str] | None = None) -> subprocess.Popen:
     """``serving-opt serve`` started with ``flags``: stdout a text pipe, ``stderr`` a pipe
-    unless given (a file, say).
+    unless given (a file, say); ``env`` adds to the environment.
 
     Example:
         >>> process = start_serve("--port=0", f"--model_base_path={base}")
     """
     return subprocess.Popen(serve_command(*flags), stdout=subprocess.PIPE, stderr=stderr,
-                            text=True, env=serve_env())
+                            text=True, env={**serve_env(), **(env or {})})
 
 
 def read_line(process: subprocess.Popen, timeout: float) -> str:

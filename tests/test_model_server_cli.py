@@ -125,3 +125,35 @@ def test_serve_stops_on_sigterm_while_still_waiting_for_a_first_version(processe
 
     assert returncode == 128 + signal.SIGTERM
     assert process.stdout.read() == ""  # never announced ready
+
+
+def test_serve_with_onednn_refuses_a_wrongly_ranked_input_and_keeps_serving(
+    processes, convnet_base
+):
+    # With oneDNN's kernels, a [16, 16, 3] image fails a CHECK in the convolution and
+    # aborts the whole server (on AVX-512 CPUs); the server must refuse it and go on.
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    process = start_serve("--port=0", "--model_name=m", f"--model_base_path={convnet_base}",
+                          env={"TF_ENABLE_ONEDNN_OPTS": "1"})
+    processes.append(process)
+    match = READY.match(read_line(process, timeout=120))
+    assert match, f"no ready line; stderr: {process.stderr.read()[-2000:]}"
+
+    def predict(stub, images):
+        request = predict_pb2.PredictRequest(model_spec={"name": "m"})
+        request.inputs["images"].CopyFrom(tf.make_tensor_proto(images))
+        return stub.Predict(request, timeout=30)
+
+    with grpc.insecure_channel(f"127.0.0.1:{match.group(1)}") as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            predict(stub, np.ones((16, 16, 3), np.float32))
+        answered = predict(stub, np.ones((1, 16, 16, 3), np.float32))
+
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "images:0 must be 4-dimensional, not [16,16,3]" in refused.value.details()
+    assert [d.size for d in answered.outputs["scores"].tensor_shape.dim] == [1, 4]
+    assert process.poll() is None

@@ -9,7 +9,10 @@ Running mirrors ``Session::Run`` in C++: feeds go straight to the C API, so a wr
 fails in whatever kernel trips and a wrong dtype fails with TF's own
 "Expects arg[0] to be float but string is provided" - Python's ``Session.run`` would
 instead check placeholder shapes and cast values client-side, hiding what the real server
-answers.
+answers. One exception: with oneDNN's kernels on (``TF_ENABLE_ONEDNN_OPTS=1``, the kernels
+of Intel's TF Serving build), a feed whose rank differs from its placeholder's is refused
+before the run, because oneDNN's convolution aborts the whole process on one (a failed
+CHECK in tensor_format.h) where TensorFlow's own kernels fail the request.
 
 Example:
     >>> servable = Servable.load(ServableId("m", 1), "/models/m/1", LoadOptions())
@@ -20,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -31,6 +35,7 @@ import numpy as np
 from serving_opt.serving.model_server.status import (
     ServingStatusError,
     from_tf_error,
+    invalid_argument,
     not_found,
     unimplemented,
 )
@@ -197,6 +202,22 @@ def find_meta_graph(saved_model, tags: Sequence[str]):
     )
 
 
+@functools.lru_cache(maxsize=1)
+def onednn_kernels_on() -> bool:
+    """Whether this process's TensorFlow runs oneDNN's kernels (TF's default on x86 CPUs
+    with AVX-512 VNNI and newer, unless ``TF_ENABLE_ONEDNN_OPTS=0``).
+
+    Example:
+        >>> os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"; onednn_kernels_on()
+        False
+    """
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:  # a TensorFlow without the query: go by the switch alone
+        return os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1").lower() not in ("0", "false")
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
 def _canonical_tensor_name(name: str) -> str:
     # C++ ParseTensorName reads "x" as "x:0"; Graph.get_tensor_by_name insists on the index.
     return name if ":" in name else f"{name}:0"
@@ -220,6 +241,8 @@ class Servable:
         self._outputs: dict[tuple[str, bool], tuple[Any, int]] = {}
         self._outputs_lock = threading.Lock()
         self.batching = None  # a batching.BatchingSession once enable_batching ran
+        # Feed name -> the rank its placeholder declares (None: unknown), when guarded.
+        self._feed_ranks: dict[str, int | None] | None = {} if onednn_kernels_on() else None
 
     def enable_batching(self, scheduler) -> None:
         """Wraps the session for batching (upstream ``WrapSessionForBatching``).
@@ -302,9 +325,28 @@ class Servable:
             >>> [f.dtype for f in servable.run({"x:0": np.ones([1, 5], np.float32)}, ["y:0"])]
             [1]
         """
+        if self._feed_ranks is not None:
+            self._check_ranks(feeds)
         if self.batching is not None:
             return self.batching.run(feeds, fetches, timeout_ms)
         return self.run_direct(feeds, fetches, timeout_ms)
+
+    def _check_ranks(self, feeds: Mapping[str, np.ndarray]) -> None:
+        for name, value in feeds.items():
+            if name not in self._feed_ranks:
+                try:
+                    shape = self._graph.get_tensor_by_name(_canonical_tensor_name(name)).shape
+                except (KeyError, ValueError):
+                    shape = None  # run_direct answers a missing feed with TF's text
+                self._feed_ranks[name] = shape.rank if shape is not None else None
+            rank = self._feed_ranks[name]
+            if rank is not None and np.ndim(value) != rank:
+                got = ",".join(str(d) for d in np.shape(value))
+                raise invalid_argument(
+                    f"input {name} must be {rank}-dimensional, not [{got}]: refused before "
+                    "the run because oneDNN's kernels (TF_ENABLE_ONEDNN_OPTS) abort the "
+                    "server on a wrongly ranked input"
+                )
 
     def run_direct(
         self,
