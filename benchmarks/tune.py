@@ -91,7 +91,8 @@ def summarize(name: str, report) -> tuple[list[str], bool]:
     # those proven within the SLO), the model's first choice unless a runner-up beat it.
     chosen = report.recommended_label
     default, upstream, tuned = point(DEFAULT_LABEL), point(UPSTREAM_LABEL), point(chosen)
-    lines = [f"## {name}", "", f"server: {report.server}", "",
+    kernels = f", {report.profile.kernels} kernels" if report.profile.kernels else ""
+    lines = [f"## {name}", "", f"server: {report.server}{kernels}", "",
              "| settings | rows/s | p99 ms | predicted rows/s | predicted p99 ms | >25% |",
              "|---|---|---|---|---|---|"]
     for p in report.proven:

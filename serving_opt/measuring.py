@@ -109,14 +109,9 @@ def run_jobs(jobs: list[dict], timeout: float, *, what: str, skip: str,
         ...          what="the cold-start measurement", skip="--nocold_start")[0]["load_seconds"]
         0.8
     """
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     # Measure with TensorFlow's defaults, as TF Serving runs, whatever the optimizer
     # process chose for itself (see loader.configure_for_optimizing).
-    for name, value in loader.RUNTIME_DEFAULTS.items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
+    env = loader.with_runtime_defaults({**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     payload = "".join(json.dumps(job) + "\n" for job in jobs)
     returncode, stdout, stderr = _stream(
         [sys.executable, "-m", "serving_opt.measuring"], payload, env, timeout,

@@ -247,8 +247,12 @@ def interpreter_dirs(python: str | None) -> list[str]:
 
 
 def environment(extra: dict | None = None) -> dict:
-    """The environment inside: no secrets, HOME and TMPDIR in the private /tmp."""
-    env = {k: v for k, v in os.environ.items()
+    """The environment inside: no secrets, HOME and TMPDIR in the private /tmp; TensorFlow
+    configured as this process started (not as it configured itself to optimize); in
+    ``extra`` a None value unsets."""
+    from serving_opt.savedmodel import loader
+
+    env = {k: v for k, v in loader.with_runtime_defaults(os.environ).items()
            if k in _KEEP_ENV or k.startswith(_KEEP_ENV_PREFIXES)}
     env.update({
         "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -259,8 +263,7 @@ def environment(extra: dict | None = None) -> dict:
         "PYTHONNOUSERSITE": "1",
         INSIDE_ENV: "1",
     })
-    env.update(extra or {})
-    return env
+    return loader.with_runtime_defaults(env, extra or {})
 
 
 def preexec(memory_bytes: int | None) -> Callable[[], None]:
@@ -357,7 +360,7 @@ class Worker:
         self.progress = progress or (lambda _: None)
         argv = [sys.executable, "-m", "serving_opt.sandbox", preload, self.result_path]
         policy = dataclasses.replace(policy, writable=(*policy.writable, scratch))
-        run_env = environment(env) if sandboxed else {**os.environ, **(env or {})}
+        run_env = environment(env) if sandboxed else _unsandboxed_environment(env)
         self._stderr = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
             command(argv, policy) if sandboxed else argv,
@@ -475,6 +478,12 @@ def _resolve(target: str) -> Callable:
     if not module.startswith("serving_opt."):
         raise ValueError(f"{target} is not serving_opt's")
     return getattr(importlib.import_module(module), name)
+
+
+def _unsandboxed_environment(extra: dict | None) -> dict:
+    from serving_opt.savedmodel import loader
+
+    return loader.with_runtime_defaults(loader.with_runtime_defaults(os.environ), extra or {})
 
 
 def say(message: str) -> None:

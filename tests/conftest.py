@@ -11,9 +11,9 @@ import os
 import shutil
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# On CPUs with AVX-512, oneDNN's convolution aborts the whole process on a wrongly
-# ranked input instead of raising InvalidArgument (seen on this machine kind); the
-# model-server tests send exactly such requests, in-process. Eigen's kernels raise.
+# The model-server tests check TensorFlow's own error texts for wrongly shaped requests,
+# which Eigen's kernels give; with oneDNN's (TF's default on AVX-512 VNNI CPUs) the server
+# refuses a wrongly ranked feed itself (servable.py), since oneDNN would abort.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import pytest  # noqa: E402

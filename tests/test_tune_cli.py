@@ -91,8 +91,10 @@ def test_tune_end_to_end_writes_every_output(capsys, convnet_base, tmp_path):
     assert report["server"].startswith("local:serving-opt serve")
     assert "bubblewrap" in report["sandbox"]
     assert [c["protocol"] for c in report["calibrations"]] == ["grpc", "rest"]
-    # The session was profiled as the local server runs it (oneDNN's kernels off there).
+    # The session was profiled as the local server runs it: as this process started
+    # (conftest turns oneDNN's kernels off for TF's own error texts).
     assert report["profile"]["env"] == [["TF_ENABLE_ONEDNN_OPTS", "0"]]
+    assert report["profile"]["kernels"] == "Eigen"
 
     recommendation = report["recommendation"]
     flags_line = (out_dir / "tensorflow_model_server.flags").read_text().strip()

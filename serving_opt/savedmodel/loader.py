@@ -31,9 +31,25 @@ METHOD_PREDICT = "tensorflow/serving/predict"
 
 
 # The environment the optimizer process changes for itself (see configure_for_optimizing),
-# with what a serving process has instead (None: unset). Measuring processes get these.
-RUNTIME_DEFAULTS: dict = {"TF_ENABLE_ONEDNN_OPTS": None}
-_ORIGINAL_ENV = {name: os.environ.get(name) for name in RUNTIME_DEFAULTS}
+# as the process started with it (None: unset): what serving and measuring processes get,
+# so that they run TensorFlow as TF Serving would on this machine, or as the user chose.
+RUNTIME_DEFAULTS: dict = {"TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONEDNN_OPTS")}
+
+
+def with_runtime_defaults(env: dict, changes: dict | None = None) -> dict:
+    """``env`` with :data:`RUNTIME_DEFAULTS` (or ``changes``) applied: a None value unsets.
+
+    Example:
+        >>> with_runtime_defaults({"TF_ENABLE_ONEDNN_OPTS": "0"}, {"TF_ENABLE_ONEDNN_OPTS": None})
+        {}
+    """
+    env = dict(env)
+    for name, value in (RUNTIME_DEFAULTS if changes is None else changes).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
 
 
 def configure_for_optimizing() -> bool:
@@ -53,11 +69,8 @@ def configure_for_optimizing() -> bool:
 
     if "tensorflow" in sys.modules:
         return False
-    if _ORIGINAL_ENV["TF_ENABLE_ONEDNN_OPTS"] is None:
-        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
-        RUNTIME_DEFAULTS["TF_ENABLE_ONEDNN_OPTS"] = None
-    else:  # the user chose; measuring processes get the same choice
-        RUNTIME_DEFAULTS["TF_ENABLE_ONEDNN_OPTS"] = _ORIGINAL_ENV["TF_ENABLE_ONEDNN_OPTS"]
+    # A user's choice stands (and measuring processes get it too, see RUNTIME_DEFAULTS).
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
     return True
 
 

@@ -59,6 +59,7 @@ from serving_opt.errors import ServingOptError, UsageError
 
 # What the user may ask for is an option (serving_opt.options): this package imports it.
 from serving_opt.options import BACKENDS, DEFAULT_IMAGE  # noqa: E402
+from serving_opt.savedmodel import loader
 from serving_opt.serving import runtime as runtime_lib
 from serving_opt.serving.process import ServerProcess, die_with_parent
 
@@ -67,26 +68,27 @@ CONTAINER_GRPC_PORT = 8500
 CONTAINER_REST_PORT = 8501
 CONTAINER_CONFIG_DIR = "/serving-opt-config"
 
-# How the local stand-in runs TensorFlow (serve.configure_runtime): oneDNN's optimizations
-# off unless the user chose, so a wrongly ranked request is an error, not an abort.
-LOCAL_RUNTIME_ENV = {"TF_ENABLE_ONEDNN_OPTS": "0"}
+def runtime_env(backend: str) -> dict[str, str | None]:
+    """The environment the server of ``backend`` runs TensorFlow with (None: unset, so
+    TensorFlow's default): what a process must have to measure the session runs that
+    server makes (oneDNN's kernels and Eigen's batch differently: a profile taken with
+    the other predicts another server).
 
-
-def runtime_env(backend: str) -> dict[str, str]:
-    """The environment the server of ``backend`` runs TensorFlow with beyond its
-    defaults: what a process must have to measure the session runs that server makes
-    (oneDNN's kernels and Eigen's batch differently: a profile taken with the other
-    predicts another server).
+    The local stand-in runs TensorFlow as TF Serving does on this machine: every x86
+    Linux build of TensorFlow, tensorflow_model_server's included, carries oneDNN, and
+    turns it on by default on CPUs with AVX512_VNNI and newer; or as the user chose with
+    ``TF_ENABLE_ONEDNN_OPTS`` when serving-opt started (not as the optimizer process set
+    it for itself). A docker or binary server runs as it was started.
 
     Example:
         >>> runtime_env("local")
-        {'TF_ENABLE_ONEDNN_OPTS': '0'}
+        {'TF_ENABLE_ONEDNN_OPTS': None}
         >>> runtime_env("binary")
         {}
     """
     if backend != "local":
         return {}
-    return {name: os.environ.get(name, value) for name, value in LOCAL_RUNTIME_ENV.items()}
+    return dict(loader.RUNTIME_DEFAULTS)
 
 
 # What each concrete backend is, for reports: a "local" pass is not a TF Serving pass.
@@ -373,7 +375,8 @@ class LocalRunner(ServerProcess):
         config_file = os.path.join(config_dir, CONFIG_FILENAME) if config_dir else None
         super().__init__(
             "local", local_command(spec, port, rest_port, runtime.python, config_file), port,
-            env=runtime.env(), temp_dirs=[config_dir] if config_dir else [],
+            env=loader.with_runtime_defaults(runtime.env()),
+            temp_dirs=[config_dir] if config_dir else [],
             parent_pipe_flag="--parent_pipe_fd", rest_port=rest_port,
             description=f"local:serving-opt serve (stand-in) on TensorFlow {runtime.tf_version}",
             tf_version=runtime.tf_version)

@@ -70,9 +70,9 @@ class ProfilePlan:
     tags: tuple[str, ...] = ("serve",)
     examples: str | None = None
     seed: int = 0
-    # The environment the server runs TensorFlow with (backends.runtime_env): the
+    # The environment the server runs TensorFlow with (backends.runtime_env; None: unset): the
     # measuring process gets it too.
-    env: tuple[tuple[str, str], ...] = ()
+    env: tuple[tuple[str, str | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,8 @@ class ModelProfile:
     input_bytes_per_row: int = 0
     output_bytes_per_row: int = 0
     inputs_source: str = ""
-    env: tuple[tuple[str, str], ...] = ()  # the server's environment, as measured with
+    env: tuple[tuple[str, str | None], ...] = ()  # the server's environment, as measured with
+    kernels: str = ""  # "oneDNN" or "Eigen": TensorFlow's CPU kernels, as measured with
 
     def curve(self, threads: ThreadSettings) -> LatencyCurve:
         for curve in self.curves:
@@ -137,20 +138,18 @@ def profile(model_dir: str, signature: str, plan: ProfilePlan,
                         input_bytes_per_row=first.get("input_bytes_per_row", 0),
                         output_bytes_per_row=first.get("output_bytes_per_row", 0),
                         inputs_source=first.get("inputs_source", ""),
-                        env=tuple(tuple(pair) for pair in first.get("env", ())))
+                        env=tuple(tuple(pair) for pair in first.get("env", ())),
+                        kernels=first.get("kernels", ""))
 
 
 def _in_helper(job: dict, plan: ProfilePlan, say: Callable[[str], None],
                timeout: float) -> list[dict]:
     """The jobs in a helper process that imports TensorFlow with TF Serving's defaults."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    # Measured with TensorFlow's defaults, as TF Serving runs (whatever this process chose).
-    for name, value in loader.RUNTIME_DEFAULTS.items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
-    env.update(dict(plan.env))
+    # Measured with TensorFlow's defaults, as TF Serving runs (whatever this process chose),
+    # or as the proving server runs it.
+    env = loader.with_runtime_defaults(
+        loader.with_runtime_defaults({**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}),
+        dict(plan.env))
     payload = "".join(json.dumps({**job, "threads": asdict(t)}) + "\n"
                       for t in plan.thread_settings)
     process = subprocess.Popen([sys.executable, "-m", "serving_opt.tune.profile"],
@@ -345,6 +344,8 @@ def _one(call: Callable[[], object]) -> float:
 def _measure(job: dict, _say: Callable[[str], None]) -> dict:
     import tensorflow as tf
 
+    from serving_opt.serving.model_server.servable import onednn_kernels_on
+
     plan = job["plan"]
     threads = ThreadSettings(**job["threads"])
     label = threads.describe()
@@ -400,7 +401,8 @@ def _measure(job: dict, _say: Callable[[str], None]) -> dict:
             "concurrency": concurrency, "spread": spread, "inputs_source": source,
             "probe_s": probe_s, **merge,
             # What the measuring process ran TensorFlow with, for the report to show.
-            "env": [[name, os.environ.get(name, "")] for name, _ in plan["env"]]}
+            "env": [[name, os.environ.get(name)] for name, _ in plan["env"]],
+            "kernels": "oneDNN" if onednn_kernels_on() else "Eigen"}
 
 
 def _merge_cost(session, fetches, feed_tensors, aliases, feed: dict, rows: int) -> dict:

@@ -152,7 +152,8 @@ def format_report(report: TuneReport) -> str:
         f"  server   {report.server} ({report.backend_note})",
         f"  sandbox  {report.sandbox or '-'}",
         "",
-        "session alone (profile; rows/s at each batch size):",
+        "session alone (profile; rows/s at each batch size"
+        + (f", {report.profile.kernels} kernels" if report.profile.kernels else "") + "):",
     ]
     curves = report.profile.curves
     sizes = curves[0].batch_sizes if curves else ()

@@ -262,22 +262,6 @@ class _StoppedBeforeReady(Exception):
     """SIGTERM/SIGINT while the models were still loading."""
 
 
-def configure_runtime() -> None:
-    """Called by the CLI before TensorFlow is imported.
-
-    On CPUs with AVX-512, oneDNN's convolution aborts the process on a wrongly ranked
-    input instead of raising InvalidArgument: one malformed request would kill the
-    server and every model in it. TF Serving answers such a request with an error, so
-    the stand-in runs TensorFlow's own kernels (unless the user set the variable).
-    """
-    import os
-
-    from serving_opt.serving.backends import LOCAL_RUNTIME_ENV
-
-    for name, value in LOCAL_RUNTIME_ENV.items():
-        os.environ.setdefault(name, value)
-
-
 def main(fv: flags.FlagValues) -> int:
     options = _options(fv)
     warn_ignored_flags(fv)
