@@ -169,12 +169,14 @@ def test_open_loop_overload_is_flagged_or_rejected():
     assert bounded.reject_fraction > 0.5
 
 
-def test_processor_time_per_request_slows_runs_only_once_the_cores_are_full():
-    # Runs of 10 ms that keep one core busy each, on 2 cores. One batch thread leaves a
-    # core idle: 2 ms of processor time per request fits there and changes nothing.
-    # Sixteen requests at once without batching fill both cores: each request then
-    # costs 10 / 2 ms of run per core plus 2 / 2 ms of its own, so 2 / 12 ms = 167 rows/s
-    # instead of 200.
+def test_processor_time_per_request_slows_runs_by_the_share_of_the_cores_it_takes():
+    # One batch thread running 10 ms runs back to back keeps one of two cores busy; the
+    # 2 ms of processor time of each of the other 15 clients' requests shares the cores
+    # in time slices with it. At s times the run time they take T = 15/16 x 0.002 x 100/s
+    # cores, and a run beside them takes s = 1 / (1 - T/2) = 1 / (1 - 0.09375/s):
+    # s = 1.094, 100 / 1.094 = 91.4 rows/s. Sixteen requests at once without batching
+    # fill both cores: each request costs 10 / 2 ms of run per core plus 2 / 2 ms of its
+    # own, so 2 / 12 ms = 167 rows/s instead of 200.
     curve = LatencyCurve(ThreadSettings(), (1, 64), (0.010, 0.010), cpu_s=(0.010, 0.010),
                          concurrency=(ConcurrencyPoint(1, 2, 0.010),
                                       ConcurrencyPoint(1, 16, 0.080)))
@@ -183,11 +185,23 @@ def test_processor_time_per_request_slows_runs_only_once_the_cores_are_full():
     taxed = ServiceModel(cpu_s=0.002, cores=2)
     alone = simulate(curve, one_thread, closed(16, 2000))
     shared = simulate(curve, one_thread, closed(16, 2000), taxed)
-    assert shared.rows_per_second == pytest.approx(alone.rows_per_second, rel=0.02)
+    assert alone.rows_per_second == pytest.approx(100, rel=0.03)
+    assert shared.rows_per_second == pytest.approx(alone.rows_per_second / 1.094, rel=0.02)
     full = simulate(curve, None, closed(16, 2000))
     slowed = simulate(curve, None, closed(16, 2000), taxed)
     assert full.rows_per_second == pytest.approx(200, rel=0.03)
     assert slowed.rows_per_second == pytest.approx(2 / 0.012, rel=0.05)
+
+
+def test_a_lone_clients_own_processor_time_slows_no_run():
+    # One client's request is decoded before its run and answered after it: its
+    # processor time adds to its latency but never shares a core with a run.
+    curve = LatencyCurve(ThreadSettings(), (1, 64), (0.010, 0.010), cpu_s=(0.010, 0.010))
+    one_thread = BatchingSettings(max_batch_size=1, num_batch_threads=1)
+    alone = simulate(curve, one_thread, closed(1, 300))
+    taxed = simulate(curve, one_thread, closed(1, 300), ServiceModel(cpu_s=0.005, cores=2))
+    assert taxed.rows_per_second == pytest.approx(alone.rows_per_second, rel=0.01)
+    assert alone.rows_per_second == pytest.approx(100, rel=0.03)
 
 
 def _measured(prediction, clients: int):

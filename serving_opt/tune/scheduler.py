@@ -61,6 +61,7 @@ _EPS = 1e-12
 _SHARE_STEPS = 8
 _SHARE_TOLERANCE = 0.01
 _MAX_SHARE_SLOWDOWN = 20.0
+_MAX_SHARED_FRACTION = 0.9  # past this the cores are full: the bisection decides
 
 
 @dataclass(frozen=True)
@@ -567,13 +568,20 @@ def _sharing_cores(curve: LatencyCurve, batching: BatchingSettings | None,
     """The prediction when each request also costs ``service.cpu_s`` of processor time
     on the cores the runs use.
 
-    Without it the runs keep B cores busy (their measured processor time, counted as at
-    most every core: the measured slowdowns of overlapping runs already share the cores
-    among them) and the requests would take T = cpu_s x requests/s. While B + T fits
-    the cores nothing slows. Past that everything shares the cores: the runs and the
-    requests' own time in the server (its delay, its one-at-a-time part) take s times
-    as long, s where the work done per second fits the cores (slower service answers
-    fewer requests, so the work per second falls as s grows: bisection).
+    The operating system shares the cores among runnable threads in time slices, so
+    work beside a run slows it even while a core is free on average: a run sharing n
+    cores with requests that take T cores' worth of processor time runs 1 / (1 - T/n)
+    times as long (processor sharing; measured: MobileNetV2's batch of 8 at one intra-op
+    thread took 1.4x its profiled time in a server whose requests took 0.55 of 2 cores,
+    and 1 / (1 - 0.55/2) = 1.38). Only other requests' work is beside a run (a request
+    is decoded before its run and answered after it): N closed-loop clients share
+    (N - 1) / N of T, a lone client none. T falls as runs slow (fewer answers per
+    second), so the slowdown s is the fixed point s = 1 / (1 - T(s)/n), damped. Past the
+    cores, everything shares them: the runs (their measured processor time, counted as
+    at most every core: overlapping runs already share them in their measured
+    slowdowns) and the requests' own time in the server (its delay, its one-at-a-time
+    part) take s times as long, s where the work done per second fits the cores
+    (bisection; at saturation both rules give about the same s).
     """
     n = float(service.cores or cores())
 
@@ -587,6 +595,14 @@ def _sharing_cores(curve: LatencyCurve, batching: BatchingSettings | None,
         return prediction, sim.session_cores, taken
 
     prediction, busy, taken = attempt(1.0)
+    beside = 1.0 - 1.0 / workload.clients if workload.mode == "closed" else 1.0
+    shared = 1.0
+    for _ in range(_SHARE_STEPS):
+        target = 1.0 / (1.0 - min(_MAX_SHARED_FRACTION, beside * taken / n))
+        if abs(target / shared - 1.0) < _SHARE_TOLERANCE:
+            break
+        shared = math.sqrt(shared * target)  # damped: T(s) falls as s grows
+        prediction, busy, taken = attempt(shared)
     if min(busy, n) + taken <= n * (1 + _SHARE_TOLERANCE):
         return prediction
     share = min(1.0, n / busy) if busy > 0 else 1.0
@@ -595,7 +611,7 @@ def _sharing_cores(curve: LatencyCurve, batching: BatchingSettings | None,
         p, b, t = attempt(slowdown)
         return p, share * b + t
 
-    lo, hi = 1.0, min(_MAX_SHARE_SLOWDOWN, 1.0 + taken / n)
+    lo, hi = shared, min(_MAX_SHARE_SLOWDOWN, shared * (1.0 + taken / n))
     best, used_hi = used(hi)
     while used_hi > n and hi < _MAX_SHARE_SLOWDOWN:
         lo, hi = hi, min(_MAX_SHARE_SLOWDOWN, 2 * hi)
