@@ -243,3 +243,23 @@ def test_no_batching_recommended_writes_no_parameters_file(report, tmp_path):
     assert not os.path.exists(tmp_path / PARAMETERS_FILENAME)
     assert "--tensorflow_intra_op_parallelism=1" in open(out["flags"]).read()
     assert "--enable_batching" not in open(out["dockerfile"]).read()
+
+
+def test_upstream_is_compared_by_the_mean_of_its_first_and_last_measurement(report):
+    import dataclasses
+
+    from serving_opt.tune import findings
+    from serving_opt.tune.report import AGAIN_LABEL
+
+    first = next(p for p in report.proven if p.label == tuner.UPSTREAM_LABEL)
+    once = findings.upstream_rows_per_second(report, "closed", "grpc")
+    assert once == (first.measured.rows_per_second, "measured once")
+    # The machine sped up by half between the first and the last measurement.
+    faster = dataclasses.replace(first.measured,
+                                 rows_per_second=1.5 * first.measured.rows_per_second)
+    again = dataclasses.replace(first, label=AGAIN_LABEL, measured=faster)
+    drifted = dataclasses.replace(report, proven=(*report.proven, again))
+    rows, how = findings.upstream_rows_per_second(drifted, "closed", "grpc")
+    assert rows == 1.25 * first.measured.rows_per_second and how == "mean of first and last"
+    comparison = findings.findings(drifted)[0]
+    assert f"({rows:,.0f} rows/s, mean of first and last; p99" in comparison

@@ -20,6 +20,26 @@ def _point(points, label: str, workload: str, protocol: str) -> ProvenPoint | No
     return None
 
 
+def upstream_rows_per_second(report, workload: str, protocol: str) -> tuple[float, str] | None:
+    """Upstream's batching defaults as measured: the mean of the first and the last
+    measurement where both were made (the machine drifts between them), and how.
+
+    Example:
+        >>> upstream_rows_per_second(report, "closed", "grpc")
+        (189.0, 'mean of first and last')
+    """
+    from serving_opt.tune.report import AGAIN_LABEL, UPSTREAM_LABEL
+
+    first = _point(report.proven, UPSTREAM_LABEL, workload, protocol)
+    if first is None:
+        return None
+    again = _point(report.proven, AGAIN_LABEL, workload, protocol)
+    if again is None:
+        return first.measured.rows_per_second, "measured once"
+    return ((first.measured.rows_per_second + again.measured.rows_per_second) / 2,
+            "mean of first and last")
+
+
 def _x(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b > 0 else "-"
 
@@ -46,8 +66,9 @@ def findings(report) -> tuple[str, ...]:
                     f"{DEFAULT_LABEL} ({d.rows_per_second:,.0f} rows/s, p99 {d.p99_ms:.1f} ms)")
             if upstream is not None:
                 u = upstream.measured
-                text += (f", {_x(t.rows_per_second, u.rows_per_second)} {UPSTREAM_LABEL} "
-                         f"({u.rows_per_second:,.0f} rows/s, p99 {u.p99_ms:.1f} ms)")
+                rows, how = upstream_rows_per_second(report, workload, protocol)
+                text += (f", {_x(t.rows_per_second, rows)} {UPSTREAM_LABEL} "
+                         f"({rows:,.0f} rows/s, {how}; p99 {u.p99_ms:.1f} ms first)")
             if workload == "open":
                 text += "; at a fixed rate rows/s only show what was answered"
             out.append(text)
