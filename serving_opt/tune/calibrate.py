@@ -19,6 +19,11 @@ ran them) tell the model how much, and of what kind:
   spends holding its interpreter lock, one request at a time: a batch waiting for its
   requests waits for them in line (TF Serving's C++ server has no such line).
 
+* **the N clients' p99**: a Python server hands requests out of one completion queue in
+  order, but its interpreter lock goes to whichever thread the system wakes; the share
+  of the one-at-a-time picks taken out of arrival order is fitted so that the model's
+  p99 at that point is the measured one (order moves the tail, not the throughput).
+
 The N-client measurement is therefore not a prediction but the model's calibration,
 and the report says so; every other point is predicted before it is measured.
 

@@ -254,11 +254,18 @@ def _docker(report: TuneReport, output_dir: str) -> dict[str, str]:
 
 _COLORS = {"TF Serving default (no batching)": "#d62728",
            "upstream batching defaults": "#ff7f0e", "tuned": "#2ca02c",
+           "tuned #2": "#17becf", "tuned #3": "#1f77b4",
+           "upstream batching defaults, again": "#ffbb78",
            "your parameters file": "#9467bd"}
 
 
 def _color(label: str) -> str:
-    return _COLORS.get(label, "#17becf" if label.startswith("tuned") else "#7f7f7f")
+    if label in _COLORS:
+        return _COLORS[label]
+    if label.startswith("tuned"):
+        return "#17becf"
+    # upstream's defaults at another thread setting (a calibration point)
+    return "#8c564b" if label.startswith("upstream batching defaults") else "#7f7f7f"
 
 
 def _chart_data(report: TuneReport) -> dict:
@@ -316,7 +323,8 @@ def chart(report: TuneReport, output_dir: str) -> str:
     left.set_title(data["title"] + "\nfilled: measured, hollow: predicted")
     left.set_xscale("log")
     left.grid(alpha=0.3)
-    left.legend(fontsize=7, loc="best")
+    # Below the plot: inside it hid measured points.
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     for curve in data["curves"]:
         right.plot(curve["sizes"], curve["ms"], marker="o", label=f"latency, {curve['label']}")
     right.set_xscale("log", base=2)
@@ -336,7 +344,7 @@ def chart(report: TuneReport, output_dir: str) -> str:
     path = os.path.join(output_dir, "tune.png")
     fd, tmp = tempfile.mkstemp(prefix=".tune-", suffix=".png", dir=output_dir)
     os.close(fd)
-    fig.savefig(tmp, dpi=110)
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
     plt.close(fig)
     os.replace(tmp, path)
     return path
