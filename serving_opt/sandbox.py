@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from serving_opt.errors import ServingOptError
+from serving_opt.savedmodel import loader
 
 # Set inside a sandbox: code that would start one runs in-process instead.
 INSIDE_ENV = "SERVING_OPT_SANDBOXED"
@@ -250,9 +251,7 @@ def environment(extra: dict | None = None) -> dict:
     """The environment inside: no secrets, HOME and TMPDIR in the private /tmp; TensorFlow
     configured as this process started (not as it configured itself to optimize); in
     ``extra`` a None value unsets."""
-    from serving_opt.savedmodel import loader
-
-    env = {k: v for k, v in loader.with_runtime_defaults(os.environ).items()
+    env = {k: v for k, v in os.environ.items()
            if k in _KEEP_ENV or k.startswith(_KEEP_ENV_PREFIXES)}
     env.update({
         "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -263,7 +262,7 @@ def environment(extra: dict | None = None) -> dict:
         "PYTHONNOUSERSITE": "1",
         INSIDE_ENV: "1",
     })
-    return loader.with_runtime_defaults(env, extra or {})
+    return loader.with_runtime_defaults(env, extra)
 
 
 def preexec(memory_bytes: int | None) -> Callable[[], None]:
@@ -360,7 +359,7 @@ class Worker:
         self.progress = progress or (lambda _: None)
         argv = [sys.executable, "-m", "serving_opt.sandbox", preload, self.result_path]
         policy = dataclasses.replace(policy, writable=(*policy.writable, scratch))
-        run_env = environment(env) if sandboxed else _unsandboxed_environment(env)
+        run_env = environment(env) if sandboxed else loader.with_runtime_defaults(os.environ, env)
         self._stderr = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
             command(argv, policy) if sandboxed else argv,
@@ -480,12 +479,6 @@ def _resolve(target: str) -> Callable:
     return getattr(importlib.import_module(module), name)
 
 
-def _unsandboxed_environment(extra: dict | None) -> dict:
-    from serving_opt.savedmodel import loader
-
-    return loader.with_runtime_defaults(loader.with_runtime_defaults(os.environ), extra or {})
-
-
 def say(message: str) -> None:
     """Progress from inside a worker, forwarded by the caller's :class:`Worker`."""
     print(PROGRESS_PREFIX + message.replace("\n", " "), flush=True)
@@ -494,13 +487,9 @@ def say(message: str) -> None:
 def _serve(preload: str, result_path: str) -> int:
     """The worker: import what is slow now, then run the one call sent on stdin."""
     if preload == "optimize":
-        from serving_opt.savedmodel import loader
-
         loader.configure_for_optimizing()  # before TensorFlow is imported
         loader.quiet_tensorflow_import()
     elif preload == "tensorflow":
-        from serving_opt.savedmodel import loader
-
         loader.quiet_tensorflow_import()
     request = sys.stdin.buffer.read()
     if not request:

@@ -11,7 +11,7 @@ import errno
 import os
 import stat
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from serving_opt.errors import ServingOptError, first_line
@@ -36,15 +36,17 @@ METHOD_PREDICT = "tensorflow/serving/predict"
 RUNTIME_DEFAULTS: dict = {"TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONEDNN_OPTS")}
 
 
-def with_runtime_defaults(env: dict, changes: dict | None = None) -> dict:
-    """``env`` with :data:`RUNTIME_DEFAULTS` (or ``changes``) applied: a None value unsets.
+def with_runtime_defaults(env: Mapping[str, str], extra: Mapping | None = None) -> dict:
+    """``env`` with :data:`RUNTIME_DEFAULTS` applied, then ``extra``: a None value unsets.
 
     Example:
-        >>> with_runtime_defaults({"TF_ENABLE_ONEDNN_OPTS": "0"}, {"TF_ENABLE_ONEDNN_OPTS": None})
-        {}
+        >>> RUNTIME_DEFAULTS
+        {'TF_ENABLE_ONEDNN_OPTS': None}
+        >>> with_runtime_defaults({"TF_ENABLE_ONEDNN_OPTS": "0", "A": "1"})
+        {'A': '1'}
     """
     env = dict(env)
-    for name, value in (RUNTIME_DEFAULTS if changes is None else changes).items():
+    for name, value in {**RUNTIME_DEFAULTS, **(extra or {})}.items():
         if value is None:
             env.pop(name, None)
         else:

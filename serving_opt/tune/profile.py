@@ -147,9 +147,8 @@ def _in_helper(job: dict, plan: ProfilePlan, say: Callable[[str], None],
     """The jobs in a helper process that imports TensorFlow with TF Serving's defaults."""
     # Measured with TensorFlow's defaults, as TF Serving runs (whatever this process chose),
     # or as the proving server runs it.
-    env = loader.with_runtime_defaults(
-        loader.with_runtime_defaults({**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}),
-        dict(plan.env))
+    env = loader.with_runtime_defaults({**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+                                       dict(plan.env))
     payload = "".join(json.dumps({**job, "threads": asdict(t)}) + "\n"
                       for t in plan.thread_settings)
     process = subprocess.Popen([sys.executable, "-m", "serving_opt.tune.profile"],

@@ -21,12 +21,13 @@ processor sharing, rates recomputed whenever a run starts or ends), and each run
 time is drawn from the measured jitter. Around the batcher, a server spends time per
 request outside the session (``ServiceModel``): a delay that requests spend in
 parallel (network, gRPC, tensor decoding in C++ threads), a part that requests
-spend one at a time, in arrival order (a Python server's interpreter lock: its gRPC
-layer takes events from one completion queue, oldest first; 0 for the C++ server),
-and the processor time each request takes from the cores the runs use (the server's
-own work and a load generator's on the same machine: past the cores' capacity
-everything is slowed alike), all calibrated against the real server by
-``calibrate``, with the jitter of the server's own one-client latencies.
+spend one at a time, mostly in arrival order (a Python server's interpreter lock: its
+gRPC layer takes events from one completion queue, oldest first, but the lock goes to
+whichever thread the system wakes; 0 for the C++ server), and the processor time each
+request takes from the cores the runs use (the server's own work and a load
+generator's on the same machine, shared with the runs in time slices: see
+``_sharing_cores``), all calibrated against the real server by ``calibrate``, with the
+jitter of the server's own one-client latencies.
 
 The load is the load generator's: N **closed-loop** clients each sending its next
 request when the last answer arrives, or **open-loop** Poisson arrivals at a rate.
@@ -110,8 +111,8 @@ class ServiceModel:
     merge_s_per_row: float = 0.0  # the batching session's concat and split, per row
     run_scale: float = 1.0  # every session run's time times this (see calibrate)
     # Processor time per request spent outside the session on the cores the sessions
-    # run on (the server's request handling, a load generator on the same machine): once
-    # it and the runs need more than ``cores`` (0: this machine's), both slow alike.
+    # run on (the server's request handling, a load generator on the same machine),
+    # shared with the runs on ``cores`` cores (0: this machine's; see _sharing_cores).
     cpu_s: float = 0.0
     cores: int = 0
     # The one-at-a-time part's jitter: (quantile, time over median) points, from the

@@ -238,11 +238,11 @@ class Servable:
         self.meta_graph_def = meta_graph_def
         self._session = session
         self._graph = session.graph
-        self._outputs: dict[tuple[str, bool], tuple[Any, int]] = {}
+        # (name, is feed) -> (TF_Output, dtype enum, declared rank or None)
+        self._outputs: dict[tuple[str, bool], tuple[Any, int, int | None]] = {}
         self._outputs_lock = threading.Lock()
         self.batching = None  # a batching.BatchingSession once enable_batching ran
-        # Feed name -> the rank its placeholder declares (None: unknown), when guarded.
-        self._feed_ranks: dict[str, int | None] | None = {} if onednn_kernels_on() else None
+        self._check_feed_ranks = onednn_kernels_on()
 
     def enable_batching(self, scheduler) -> None:
         """Wraps the session for batching (upstream ``WrapSessionForBatching``).
@@ -296,7 +296,7 @@ class Servable:
             raise from_tf_error(e) from e
         return cls(servable_id, path, session, meta_graph_def)
 
-    def _tf_output(self, name: str, feed: bool) -> tuple[Any, int]:
+    def _tf_output(self, name: str, feed: bool) -> tuple[Any, int, int | None]:
         key = (name, feed)
         cached = self._outputs.get(key)
         if cached is not None:
@@ -308,7 +308,7 @@ class Servable:
             if feed:
                 raise not_found(f"FeedInputs: unable to find feed output {name}") from None
             raise not_found(f"FetchOutputs node {name}: not found") from None
-        entry = (tensor._as_tf_output(), tensor.dtype.as_datatype_enum)
+        entry = (tensor._as_tf_output(), tensor.dtype.as_datatype_enum, tensor.shape.rank)
         with self._outputs_lock:
             self._outputs[key] = entry
         return entry
@@ -325,7 +325,7 @@ class Servable:
             >>> [f.dtype for f in servable.run({"x:0": np.ones([1, 5], np.float32)}, ["y:0"])]
             [1]
         """
-        if self._feed_ranks is not None:
+        if self._check_feed_ranks:
             self._check_ranks(feeds)
         if self.batching is not None:
             return self.batching.run(feeds, fetches, timeout_ms)
@@ -333,13 +333,10 @@ class Servable:
 
     def _check_ranks(self, feeds: Mapping[str, np.ndarray]) -> None:
         for name, value in feeds.items():
-            if name not in self._feed_ranks:
-                try:
-                    shape = self._graph.get_tensor_by_name(_canonical_tensor_name(name)).shape
-                except (KeyError, ValueError):
-                    shape = None  # run_direct answers a missing feed with TF's text
-                self._feed_ranks[name] = shape.rank if shape is not None else None
-            rank = self._feed_ranks[name]
+            try:
+                rank = self._tf_output(name, True)[2]
+            except ServingStatusError:
+                continue  # a missing feed: run_direct answers it with TF's text, as before
             if rank is not None and np.ndim(value) != rank:
                 got = ",".join(str(d) for d in np.shape(value))
                 raise invalid_argument(
@@ -375,14 +372,14 @@ class Servable:
             options = pywrap_tf_session.TF_NewBufferFromString(run_options.SerializeToString())
         try:
             values = self._session._call_tf_sessionrun(  # private on purpose: see module doc
-                options, feed_dict, [out for out, _ in outputs], [], None
+                options, feed_dict, [out for out, _, _ in outputs], [], None
             )
         except tf.errors.OpError as e:
             raise from_tf_error(e) from None
         finally:
             if options is not None:
                 pywrap_tf_session.TF_DeleteBuffer(options)
-        return [Fetched(np.asarray(v), dtype) for v, (_, dtype) in zip(values, outputs)]
+        return [Fetched(np.asarray(v), dtype) for v, (_, dtype, _) in zip(values, outputs)]
 
     def close(self) -> None:
         """Releases the session (the unload step). Safe to call twice.
