@@ -44,6 +44,17 @@ DEFAULT_RTOL = 1e-4
 # fp16 by 0.002.
 DEFAULT_MIN_TOP1_AGREEMENT = 0.995
 DEFAULT_MAX_PROBABILITY_ERROR = 0.05
+# The lossy gate decides on a 95% Wilson interval of the agreement, not on one count:
+# 3 flips in 512 rows is 0.9941, and its interval [0.983, 0.998] cannot tell 99.4% from
+# 99.8%. While the interval straddles the threshold the caller draws more rows.
+CONFIDENCE_Z = 1.96
+# A flip counts against the model only where the original's top-1 margin exceeds what
+# the quantization moves a margin: this quantile of |dp(top-1)| + |dp(top-2)| over all
+# rows. A flip inside it is a near-tie decided the other way, not a changed answer.
+NEAR_TIE_QUANTILE = 0.99
+# More near-ties than this share of the rows: the inputs say little (random tokens make
+# near-ties everywhere), and the verdict says to pass --examples.
+NEAR_TIE_WARNING_SHARE = 0.5
 # Outputs a classifier's answer is read from: gated on top-1 agreement and max error.
 PROBABILITY_OUTPUTS = frozenset({"probabilities", "scores", "probs", "predictions"})
 # Integer outputs that are one class per row: their rows make a class-confusion table.
@@ -214,6 +225,89 @@ def _agreeing(expected: np.ndarray, actual: np.ndarray) -> tuple[int, int]:
     return expected.size, int((expected == actual).sum())
 
 
+@dataclass(frozen=True)
+class RowAgreement:
+    """Row by row, for one output's class rows over every batch: whether the top-1
+    class flipped, and whether the original's row was a near-tie."""
+
+    flipped: tuple[np.ndarray, ...]  # bool [rows] per batch
+    near_tie: tuple[np.ndarray, ...]  # bool [rows] per batch
+    tie_margin: float
+
+    def count(self) -> AgreementCount:
+        flips = sum(int(f.sum()) for f in self.flipped)
+        ties = sum(int(t.sum()) for t in self.near_tie)
+        tie_flips = sum(int((f & t).sum()) for f, t in zip(self.flipped, self.near_tie))
+        rows = sum(len(f) for f in self.flipped) - ties
+        return AgreementCount(rows, rows - (flips - tie_flips), ties, tie_flips,
+                              self.tie_margin)
+
+    def decisive(self, changed: Iterable[np.ndarray]) -> AgreementCount:
+        """Another output's changed rows (one bool [rows] per batch), counted on this
+        output's decisive rows: a class id of a near-tie row may flip with it."""
+        rows = agreeing = ties = tie_flips = 0
+        for c, t in zip(changed, self.near_tie):
+            rows += int((~t).sum())
+            agreeing += int((~c & ~t).sum())
+            ties += int(t.sum())
+            tie_flips += int((c & t).sum())
+        return AgreementCount(rows, agreeing, ties, tie_flips, self.tie_margin)
+
+
+def row_agreement(pairs: Iterable[tuple], cap: float = np.inf) -> RowAgreement | None:
+    """Top-1 flips and near-ties of float class rows, or None when they are not class
+    rows.
+
+    The tie margin is what the answers moved the original's top-two classes
+    (``|dp1| + |dp2|``) in the rows that kept their class, at :data:`NEAR_TIE_QUANTILE`,
+    and at most ``cap`` (the lossy gate: twice its probability bound). Flipped rows are
+    left out of it: one broken row must not excuse the others.
+
+    Example:
+        >>> ra = row_agreement([(np.array([[0.9, 0.1], [0.5, 0.5], [0.6, 0.4]]),
+        ...                      np.array([[0.8, 0.2], [0.49, 0.51], [0.3, 0.7]]))])
+        >>> ra.count()
+        AgreementCount(rows=2, agreeing=1, near_ties=1, near_tie_flips=1, tie_margin=0.2)
+    """
+    top2, kept_moves = [], []
+    for expected, actual in pairs:
+        expected = np.asarray(expected, dtype=np.float64)
+        actual = np.asarray(actual, dtype=np.float64)
+        if not has_class_rows(expected.shape) or expected.shape != actual.shape:
+            return None
+        e = expected.reshape(-1, expected.shape[-1])
+        a = actual.reshape(-1, actual.shape[-1])
+        order = np.argsort(-e, axis=1, kind="stable")[:, :2]
+        rows = np.arange(len(e))
+        first, second = order[:, 0], order[:, 1]
+        margin = e[rows, first] - e[rows, second]
+        move = np.abs(a[rows, first] - e[rows, first]) + np.abs(a[rows, second] - e[rows, second])
+        flipped = a.argmax(axis=1) != first
+        top2.append((margin, flipped))
+        kept_moves.append(move[~flipped & np.isfinite(move)])
+    if not top2:
+        return None
+    kept = np.concatenate(kept_moves)
+    tie_margin = float(np.quantile(kept, NEAR_TIE_QUANTILE)) if kept.size else 0.0
+    tie_margin = min(tie_margin, cap)
+    return RowAgreement(tuple(f for _, f in top2), tuple(m <= tie_margin for m, _ in top2),
+                        tie_margin)
+
+
+def changed_rows(expected, actual) -> np.ndarray:
+    """bool [rows] (first axis): rows of an exact-compared output where a value differs.
+
+    Example:
+        >>> changed_rows(np.array([[1], [2]]), np.array([[1], [3]])).tolist()
+        [False, True]
+    """
+    expected, actual = np.asarray(expected), np.asarray(actual)
+    differs = np.asarray(expected != actual)
+    if differs.ndim == 0:
+        return differs.reshape(1)
+    return differs.reshape(len(differs), -1).any(axis=1)
+
+
 # --- one output, judged -------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -224,6 +318,69 @@ class Verdict:
 
     ok: bool
     reason: str = ""
+    # The lossy gate only: the agreement's interval straddles the threshold, so ``ok``
+    # is the point estimate's word; more rows would decide it.
+    undecided: bool = False
+
+
+def wilson_interval(agreeing: int, rows: int, z: float = CONFIDENCE_Z) -> tuple[float, float]:
+    """The Wilson score interval of a proportion (95% by default).
+
+    Example:
+        >>> [round(x, 4) for x in wilson_interval(509, 512)]
+        [0.9829, 0.998]
+    """
+    if rows <= 0:
+        return 0.0, 1.0
+    p = agreeing / rows
+    z2 = z * z
+    centre = (p + z2 / (2 * rows)) / (1 + z2 / rows)
+    half = z * np.sqrt(p * (1 - p) / rows + z2 / (4 * rows * rows)) / (1 + z2 / rows)
+    return max(0.0, float(centre - half)), min(1.0, float(centre + half))
+
+
+@dataclass(frozen=True)
+class AgreementCount:
+    """How many rows (values, for integers and strings) kept their answer.
+
+    ``near_ties`` rows are left out of ``rows``: the original's top-1 margin there was
+    within ``tie_margin``, what the quantization moves a margin, so a flip is a tie
+    decided the other way (``near_tie_flips`` of them flipped).
+
+    Example:
+        >>> AgreementCount(rows=2048, agreeing=2047).interval
+        (0.9972..., 0.9999...)
+    """
+
+    rows: int
+    agreeing: int
+    near_ties: int = 0
+    near_tie_flips: int = 0
+    tie_margin: float = 0.0
+
+    @property
+    def agreement(self) -> float | None:
+        return self.agreeing / self.rows if self.rows else None
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson_interval(self.agreeing, self.rows)
+
+    def describe(self) -> str:
+        """Example: ``'2047 of 2048 rows agree (0.9995, 95% [0.9972, 0.9999])'``."""
+        lo, hi = self.interval
+        text = (f"{self.agreeing} of {self.rows} rows agree "
+                f"({self.agreement or 0:.4f}, 95% [{lo:.4f}, {hi:.4f}])")
+        if self.near_ties:
+            text += (f"; {self.near_ties} near-tie rows not counted (top-1 margin within "
+                     f"{self.tie_margin:.3g}, {self.near_tie_flips} of them flipped)")
+        return text
+
+    def __add__(self, other: AgreementCount) -> AgreementCount:
+        return AgreementCount(self.rows + other.rows, self.agreeing + other.agreeing,
+                              self.near_ties + other.near_ties,
+                              self.near_tie_flips + other.near_tie_flips,
+                              max(self.tie_margin, other.tie_margin))
 
 
 @dataclass(frozen=True)
@@ -245,6 +402,9 @@ class OutputCheck:
     agreement: float | None = None
     broken: str = ""  # shape/dtype differ, or the output is missing: fails every gate
     verdict: Verdict | None = None  # None until a gate judged it
+    # The counts behind ``agreement`` (the lossy gate decides on their interval); None
+    # where only the share is known (the gate then decides on the share).
+    count: AgreementCount | None = None
 
 
 class Gate(Protocol):
@@ -302,20 +462,40 @@ class LossyGate:
     def judge(self, check: OutputCheck) -> Verdict:
         if check.broken:
             return Verdict(False, check.broken)
-        agreement = check.agreement
         if check.kind is Kind.PROBABILITIES:
-            if agreement is not None and agreement < self.min_top1_agreement:
-                return Verdict(False, f"top-1 agreement {agreement:.4f} < "
-                                      f"{self.min_top1_agreement}")
-            if check.max_abs_diff > self.max_probability_error:
+            verdict = self._agreement(check, "top-1 agreement")
+            if verdict.ok and check.max_abs_diff > self.max_probability_error:
                 return Verdict(False, f"max abs diff {check.max_abs_diff:.3g} > "
                                       f"{self.max_probability_error}")
-            return Verdict(True)
-        if check.kind is Kind.DISCRETE and agreement is not None:
-            if agreement < self.min_top1_agreement:
-                return Verdict(False, f"agreement {agreement:.4f} < {self.min_top1_agreement}")
-            return Verdict(True)
+            return verdict
+        if check.kind is Kind.DISCRETE and check.agreement is not None:
+            return self._agreement(check, "agreement")
         return Verdict(True, NOT_GATED)
+
+    def _agreement(self, check: OutputCheck, what: str) -> Verdict:
+        """The agreement's verdict: on its interval where the counts are known."""
+        need, count = self.min_top1_agreement, check.count
+        if count is None:
+            if check.agreement is not None and check.agreement < need:
+                return Verdict(False, f"{what} {check.agreement:.4f} < {need}")
+            return Verdict(True)
+        text = count.describe()
+        total = count.rows + count.near_ties
+        if total and count.near_ties / total > NEAR_TIE_WARNING_SHARE:
+            text += ("; most rows are near-ties, so these inputs say little about the "
+                     "model's answers (synthesized text of random tokens does that): pass "
+                     "--examples drawn from real traffic")
+        if not count.rows:
+            return Verdict(True, f"{what}: no row decides ({text})", undecided=True)
+        lo, hi = count.interval
+        agreement = count.agreement or 0.0
+        if lo >= need:
+            return Verdict(True, f"{what}: {text}")
+        if hi < need:
+            return Verdict(False, f"{what} {agreement:.4f} < {need}: {text}")
+        return Verdict(agreement >= need, f"{what}: {text}: the interval straddles {need}, "
+                       "undecided (more rows, --examples or a longer --measure_seconds "
+                       "would decide it)", undecided=True)
 
 
 def judged(check: OutputCheck, gate: Gate) -> OutputCheck:
@@ -359,6 +539,7 @@ def check_output(signature: str, output: str, pairs: Iterable[tuple], gate: Gate
             breaks.append(diff.broken)
     broken = "; ".join(dict.fromkeys(breaks))
     agreement = None
+    count = None
     class_rows = has_class_rows(shape)
     if gate.scores_agreement and not broken:
         rows = agree = 0
@@ -368,8 +549,66 @@ def check_output(signature: str, output: str, pairs: Iterable[tuple], gate: Gate
         agreement = agree / rows if rows else None
         # Rows scored are class rows (floats); a float output with none is not a classifier's.
         class_rows = rows > 0
+        if rows:
+            count = AgreementCount(rows, agree)
+            if is_float_dtype(dtype) and is_probability_output(output):
+                by_row = row_agreement(pairs, _tie_cap(gate))
+                if by_row is not None:
+                    count = by_row.count()
+                    agreement = count.agreement
     check = OutputCheck(
         signature=signature, output=output, kind=output_kind(output, dtype, class_rows),
         dtype=dtype, shape=shape, elements=elements, differing=differing,
-        max_abs_diff=max_abs, max_rel_diff=max_rel, agreement=agreement, broken=broken)
+        max_abs_diff=max_abs, max_rel_diff=max_rel, agreement=agreement, broken=broken,
+        count=count)
     return judged(check, gate)
+
+
+def _tie_cap(gate: Gate) -> float:
+    """The largest tie margin a gate allows: a probability may move by its bound, so a
+    margin by twice that."""
+    return 2 * getattr(gate, "max_probability_error", DEFAULT_MAX_PROBABILITY_ERROR)
+
+
+def check_signature(signature: str, per_output: dict[str, list], gate: Gate,
+                    ) -> dict[str, OutputCheck]:
+    """Every output of one signature measured and judged (:func:`check_output`); under
+    the lossy gate, an integer or string output with one value per row of a
+    probabilities output (class ids, class names) is counted on that output's decisive
+    rows: where the original's top-1 was a near-tie, its class id may flip with it.
+
+    Example:
+        >>> checks = check_signature("predict", {"probabilities": pairs,
+        ...                                      "class_ids": id_pairs}, LossyGate())
+        >>> checks["class_ids"].count.near_ties == checks["probabilities"].count.near_ties
+        True
+    """
+    checks = {alias: check_output(signature, alias, pairs, gate)
+              for alias, pairs in per_output.items() if pairs}
+    if not gate.scores_agreement:
+        return checks
+    by_row = None
+    for alias in sorted(checks):
+        check = checks[alias]
+        if check.kind is Kind.PROBABILITIES and check.count is not None:
+            by_row = row_agreement(per_output[alias], _tie_cap(gate))
+            if by_row is not None:
+                break
+    if by_row is None or not by_row.tie_margin:
+        return checks
+    for alias, check in checks.items():
+        if check.kind is not Kind.DISCRETE or check.count is None:
+            continue
+        pairs = per_output[alias]
+        changed = []
+        for (expected, actual), flipped in zip(pairs, by_row.flipped):
+            expected, actual = np.asarray(expected), np.asarray(actual)
+            if expected.ndim == 0 or len(expected) != len(flipped) or \
+                    expected.shape != actual.shape:
+                break
+            changed.append(changed_rows(expected, actual))
+        else:
+            count = by_row.decisive(changed)
+            checks[alias] = judged(dataclasses.replace(
+                check, count=count, agreement=count.agreement), gate)
+    return checks

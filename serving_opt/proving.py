@@ -73,11 +73,18 @@ def prove(run: Run, graph: ServingGraph, staging: str) -> None:
         batches = max(batches, -(-batch_size * batches // pinned_batch))
         batch_size = pinned_batch
     with run.stage("parity", f"parity gate on {len(keys)} signature(s)") as stage:
-        report = parity.check_parity(
-            run.model_dir, staging, plan.tags, keys, user_inputs=plan.user_inputs,
-            atol=plan.tolerance.atol, rtol=plan.tolerance.rtol, batch_size=batch_size,
-            num_batches=batches, seed=plan.inputs.seed, lossy=lossy,
-            shapes=run.source.pinned)
+        def gate_on(num_batches: int):
+            return parity.check_parity(
+                run.model_dir, staging, plan.tags, keys, user_inputs=plan.user_inputs,
+                atol=plan.tolerance.atol, rtol=plan.tolerance.rtol, batch_size=batch_size,
+                num_batches=num_batches, seed=plan.inputs.seed, lossy=lossy,
+                shapes=run.source.pinned)
+
+        started = time.monotonic()
+        report = gate_on(batches)
+        if lossy is not None:
+            report = _until_decided(run, report, gate_on, batches,
+                                    first_round=time.monotonic() - started)
         run.parity = report
         stage.done(graph, report.summary())
         if not report.ok:
@@ -98,6 +105,49 @@ def prove(run: Run, graph: ServingGraph, staging: str) -> None:
         # The session loader ran in the gate; TF2's loader must take the result too.
         stage.done(graph, check_loads_in_tf2(staging, run.model_dir, plan.tags,
                                              graph.signature_defs))
+
+
+# The share of --measure_seconds the lossy gate may spend drawing more rows while an
+# agreement interval straddles its threshold.
+UNDECIDED_BUDGET_FRACTION = 0.25
+# Each round draws this many times the rows of the last.
+UNDECIDED_GROWTH = 4
+
+
+def _until_decided(run: Run, report, gate_on, batches: int, first_round: float = 0.0):
+    """The lossy gate's sequential draw: while an agreement interval straddles the
+    threshold, run the gate again on ``UNDECIDED_GROWTH`` times the synthesized rows,
+    as long as that round fits in a quarter of ``--measure_seconds`` (the user's
+    ``--examples`` are all used already: there is nothing more to draw). Returns the
+    last report; an output still undecided keeps its point estimate's verdict, and a
+    warning gives its interval."""
+    budget = run.plan.measure.measure_seconds * UNDECIDED_BUDGET_FRACTION
+    drawn = run.plan.user_inputs is None
+    started = time.monotonic()
+    last_round = first_round  # seconds the last round took
+    while report.undecided() and drawn:
+        spent = time.monotonic() - started
+        # A round of 4x the rows takes at most about 4x the last (the loads are shared).
+        if budget <= 0 or spent + last_round * UNDECIDED_GROWTH > budget:
+            break
+        first = report.undecided()[0]
+        batches *= UNDECIDED_GROWTH
+        run.progress("-", f"{first.signature}/{first.output}: agreement interval straddles "
+                     f"{run.plan.gate.min_top1_agreement} on {first.rows} rows; drawing "
+                     f"{UNDECIDED_GROWTH}x the rows (within {budget:.0f} s, a quarter of "
+                     "--measure_seconds)")
+        round_started = time.monotonic()
+        report = gate_on(batches)
+        last_round = time.monotonic() - round_started
+    for o in report.undecided():
+        lo, hi = o.interval or (0.0, 1.0)
+        run.warn(f"lossy gate: {o.signature}/{o.output} agreement {o.agreement or 0:.4f} "
+                 f"on {o.rows} rows, 95% interval [{lo:.4f}, {hi:.4f}], straddles "
+                 f"{run.plan.gate.min_top1_agreement}: decided on the point estimate "
+                 + ("(every --examples row used)" if not drawn else
+                    "(its share of --measure_seconds ran out)")
+                 + "; more --examples would decide it")
+    return report
 
 
 def compare_gate(run: Run, graph: ServingGraph, staging: str) -> None:

@@ -20,6 +20,16 @@ _UNPRINTABLE_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")
 _SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
+def _agreement_cell(output) -> str:
+    """``0.9995 [0.9972, 0.9999]``: the agreement and its 95% interval, when counted."""
+    if output.agreement is None:
+        return "-"
+    interval = getattr(output, "interval", None)
+    if not interval:
+        return f"{output.agreement:.4f}"
+    return f"{output.agreement:.4f} [{interval[0]:.4f}, {interval[1]:.4f}]"
+
+
 def printable(text: object) -> str:
     """``str(text)`` with control and format characters escaped as in ``repr``.
 
@@ -218,7 +228,7 @@ def format_optimize_report(report) -> str:
              "max rel diff"] + (["top-1 agreement"] if lossy else []) + ["ok"],
             [[o.signature, o.output, o.dtype, o.elements, o.mismatches, f"{o.max_abs_diff:.3g}",
               f"{o.max_rel_diff:.3g}"]
-             + ([f"{o.agreement:.4f}" if o.agreement is not None else "-"] if lossy else [])
+             + ([_agreement_cell(o)] if lossy else [])
              + [("yes " + o.detail).strip() if o.ok else f"NO {o.detail}".strip()]
              for o in p.outputs],
         ))

@@ -59,8 +59,14 @@ class OutputParity:
     ok: bool
     detail: str = ""
     # Lossy gate only: fraction of rows whose top-1 class (or elements, for ints and
-    # strings) agree with the original.
+    # strings) agree with the original, on the rows that decide (near-ties left out),
+    # its 95% interval, the rows counted and the near-tie rows left out.
     agreement: float | None = None
+    interval: tuple[float, float] | None = None
+    rows: int | None = None
+    near_ties: int | None = None
+    # The interval straddles the threshold: ``ok`` is the point estimate's word.
+    undecided: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,10 @@ class ParityReport:
 
     def failures(self) -> list[OutputParity]:
         return [o for o in self.outputs if not o.ok]
+
+    def undecided(self) -> list[OutputParity]:
+        """Outputs whose agreement interval straddles the lossy gate's threshold."""
+        return [o for o in self.outputs if o.undecided]
 
     def summary(self) -> str:
         """One line naming the worst failure, or the number of outputs checked.
@@ -229,9 +239,8 @@ def check_parity(
             if rejected:
                 results.append(OutputParity(key, "(errors)", "", (), rejected, 0, 0.0, 0.0,
                                             True, f"{rejected} input batches rejected by both"))
-            checks = {alias: gates.check_output(key, alias, pairs, gate)
-                      for alias, pairs in per_output.items()
-                      if pairs}  # none: every batch was rejected, by both models
+            # An output with no pairs: every batch was rejected, by both models.
+            checks = gates.check_signature(key, per_output, gate)
             if found is not None:
                 checks = discrete_gate.rejudge(checks, batches, found, gate)
             results.extend(_output_parity(check) for check in checks.values())
@@ -271,4 +280,8 @@ def _output_parity(check: gates.OutputCheck) -> OutputParity:
         shape=check.shape, elements=check.elements, mismatches=check.differing,
         max_abs_diff=check.max_abs_diff, max_rel_diff=check.max_rel_diff,
         ok=check.verdict.ok, detail=check.verdict.reason, agreement=check.agreement,
+        interval=check.count.interval if check.count is not None else None,
+        rows=check.count.rows if check.count is not None else None,
+        near_ties=check.count.near_ties if check.count is not None else None,
+        undecided=check.verdict.undecided,
     )
