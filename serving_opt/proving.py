@@ -289,11 +289,13 @@ def _confirm(run: Run, staging: str, key: str, worse: list[str],
 def _cold_start(run: Run, staging: str, key: str):
     """Both models loaded in fresh processes, answering one synthesized request."""
     # The user's examples when given: a model that checks its inputs (an Assert that
-    # x >= 0) must meet the requests it will really get, not synthesized ones.
+    # x >= 0) must meet the requests it will really get, not synthesized ones. Synthesized,
+    # they are made the way the parity gate found the original runs (scalars, say).
+    mode = inputs_lib.mode_of(run.parity.input_sources.get(key)) if run.parity else None
     feeds = inputs_lib.signature_feeds(run.source.meta_graph, run.model_dir,
                                        user=run.plan.user_inputs, seed=run.plan.inputs.seed,
                                        shapes=run.source.pinned)(
-        key, shapes_lib.batch_size(run.source.pinned) or 1).batches[0]
+        key, shapes_lib.batch_size(run.source.pinned) or 1, mode=mode).batches[0]
     return coldstart.measure(run.model_dir, staging, run.plan.tags, key, feeds,
                              rounds=run.plan.measure.cold_start_rounds)
 

@@ -328,15 +328,15 @@ class InputSynthesizer:
                 out.append(f"oov-{self.rng.integers(1000)}".encode())
         return out
 
-    def _feature(self, spec: FeatureSpec):
+    def _feature(self, spec: FeatureSpec, one_value: bool = False):
         import tensorflow as tf
 
         if spec.kind == "dense":
             count = int(np.prod([d for d in spec.shape if d > 0])) if spec.shape else 1
-            if any(d < 0 for d in spec.shape):
+            if any(d < 0 for d in spec.shape) and not one_value:
                 count *= int(self.rng.integers(1, 4))
         else:
-            count = int(self.rng.integers(0, 4))
+            count = 1 if one_value else int(self.rng.integers(0, 4))
         if spec.dtype == "string":
             return tf.train.Feature(bytes_list=tf.train.BytesList(value=self._words(count)))
         if spec.dtype == "int64":
@@ -345,16 +345,19 @@ class InputSynthesizer:
         values = self.rng.normal(size=count).astype(np.float32).tolist()
         return tf.train.Feature(float_list=tf.train.FloatList(value=values))
 
-    def examples(self, spec: ExampleSpec, count: int) -> list[bytes]:
+    def examples(self, spec: ExampleSpec, count: int, one_value: bool = False) -> list[bytes]:
+        """``count`` serialized tf.Examples; ``one_value``: every feature present, with one
+        value (a variable-length feature tf.Transform densifies to ``[batch, 1]`` takes no
+        other), or the fixed number its dense shape has."""
         import tensorflow as tf
 
         out = []
         for _ in range(count):
             feature = {}
             for f in spec.features:
-                if not f.required and self.rng.random() < 0.15:
+                if not one_value and not f.required and self.rng.random() < 0.15:
                     continue  # exercise defaults and empty sparse features
-                feature[f.key] = self._feature(f)
+                feature[f.key] = self._feature(f, one_value)
             example = tf.train.Example(features=tf.train.Features(feature=feature))
             out.append(example.SerializeToString())
         return out
@@ -387,6 +390,128 @@ def tensor_info_shape(info) -> tuple[int, ...] | None:
     if info.tensor_shape.unknown_rank:
         return None
     return tuple(d.size for d in info.tensor_shape.dim)
+
+
+def graph_tensor_shape(graph_def, tensor_name: str) -> tuple[int, ...] | None:
+    """The shape the graph gives a signature's input tensor: its Placeholder's ``shape``
+    attr, else the ``_output_shapes`` recorded at export; None when neither has a rank.
+
+    A TF 1.0 signature may declare no shape (unknown rank) for a placeholder built as
+    ``[None, 1]``; TF refuses a feed of another rank. A rank-0 ``shape`` attr is taken as
+    unknown (graphs before TF 1.0 wrote unknown shapes that way): the scalar fallback
+    tries it.
+
+    Example:
+        >>> graph_tensor_shape(graph_def, "x:0")
+        (-1, 1)
+    """
+    name = node_name(tensor_name)
+    index = int(tensor_name.split(":")[1]) if ":" in tensor_name else 0
+    node = next((n for n in graph_def.node if n.name == name), None)
+    if node is None:
+        return None
+    candidates = []
+    if node.op in ("Placeholder", "PlaceholderV2", "PlaceholderWithDefault") \
+            and "shape" in node.attr:
+        candidates.append(node.attr["shape"].shape)
+    shapes = node.attr["_output_shapes"].list.shape if "_output_shapes" in node.attr else ()
+    if index < len(shapes):
+        candidates.append(shapes[index])
+    for shape in candidates:
+        if not shape.unknown_rank and len(shape.dim) > 0:
+            return tuple(d.size for d in shape.dim)
+    return None
+
+
+def declared_shape(graph_def, info) -> tuple[tuple[int, ...] | None, bool]:
+    """(shape, whether the graph's shape added to it): the signature's shape of an input,
+    completed from the graph's (:func:`graph_tensor_shape`) where the signature leaves
+    the rank or a dimension unknown.
+
+    Example:
+        >>> declared_shape(graph_def, sig.inputs["x"])    # signature: unknown rank
+        ((-1, 1), True)
+    """
+    declared = tensor_info_shape(info)
+    graph = graph_tensor_shape(graph_def, info.name) if info.name else None
+    if graph is None:
+        return declared, False
+    if declared is None:
+        return graph, True
+    if len(declared) != len(graph):
+        return declared, False
+    merged = tuple(g if d < 0 and g >= 0 else d for d, g in zip(declared, graph))
+    return merged, merged != declared
+
+
+# What synthesis tries when the original model fails on the inputs synthesized as the
+# signature declares them (issue 29): in this order, the first the original runs is used.
+# The graph's shapes are not among them: they complete the declared shape at once (TF
+# refuses a feed that contradicts its placeholder), and the source then says so.
+GRAPH_SHAPES = "graph shapes"
+SCALARS = "scalars"
+BATCH_1 = "batch 1"
+ONE_VALUE = "one value per feature"
+FALLBACKS = (SCALARS, BATCH_1, ONE_VALUE)
+SYNTHESIZED = "synthesized"
+# Single rows (batch 1, scalars) are run this many at most, instead of the batches' rows.
+MAX_SINGLE_ROWS = 32
+
+
+def synthesized_source(mode: str | None) -> str:
+    """``synthesized`` or ``synthesized (batch 1)``: how the report names the inputs."""
+    return f"{SYNTHESIZED} ({mode})" if mode else SYNTHESIZED
+
+
+def mode_of(source: str | None) -> str | None:
+    """The fallback a source names (``synthesized (batch 1)`` -> ``batch 1``), else None.
+
+    Example:
+        >>> mode_of("synthesized (scalars)"), mode_of("synthesized"), mode_of("json:x")
+        ('scalars', None, None)
+    """
+    prefix = SYNTHESIZED + " ("
+    if source and source.startswith(prefix) and source.endswith(")"):
+        mode = source[len(prefix):-1]
+        return mode if mode in FALLBACKS else None
+    return None
+
+
+def is_synthesized(source: str) -> bool:
+    return source == SYNTHESIZED or source.startswith(SYNTHESIZED + " (")
+
+
+def fallback_modes(graph_def, signature_def, batch_size: int,
+                   shapes: Mapping[str, tuple[int, ...]] | None = None) -> tuple[str, ...]:
+    """The fallbacks (of :data:`FALLBACKS`, in order) that could make a difference for a
+    signature whose synthesized inputs the original refuses: scalars when an input's rank
+    is unknown (or the one serialized-example input is declared a scalar), batch 1 when
+    the batch is larger, one value per feature when the parse spec has a feature that
+    may have more or fewer.
+
+    Example:
+        >>> fallback_modes(graph_def, sig, 16)
+        ('scalars', 'batch 1')
+    """
+    modes = []
+    example_input = example_input_alias(graph_def, signature_def)
+    if example_input is not None:
+        alias, spec = example_input
+        shape = (shapes or {}).get(alias) or declared_shape(
+            graph_def, signature_def.inputs[alias])[0]
+        if shape is None or shape == ():
+            modes.append(SCALARS)
+    elif any(info.WhichOneof("encoding") == "name"
+             and not (shapes or {}).get(alias) and declared_shape(graph_def, info)[0] is None
+             for alias, info in signature_def.inputs.items()):
+        modes.append(SCALARS)
+    if batch_size > 1:
+        modes.append(BATCH_1)
+    if example_input is not None and any(
+            f.kind != "dense" or not f.required or any(d < 0 for d in f.shape)
+            for f in example_input[1].features):
+        modes.append(ONE_VALUE)
+    return tuple(modes)
 
 
 def example_input_alias(graph_def, signature_def) -> tuple[str, ExampleSpec] | None:
@@ -425,15 +550,28 @@ def inputs_for_signature(
     batch_size: int = 16,
     num_batches: int = 2,
     shapes: Mapping[str, tuple[int, ...]] | None = None,
+    mode: str | None = None,
 ) -> SignatureInputs:
     """Feeds for a signature: the user's where they fit, synthesized otherwise.
+
+    ``mode`` (one of :data:`FALLBACKS`) synthesizes them another way, for a model that
+    refuses the inputs its signature declares: scalars for the inputs of unknown rank,
+    batches of 1, or one value per tf.Example feature. Single rows (scalars of every
+    input, batch 1) come as up to ``batch_size * num_batches`` batches, at most
+    :data:`MAX_SINGLE_ROWS`. The source names the mode, and the graph's shapes when they
+    completed what the signature declares.
 
     Example:
         >>> inputs_for_signature(graph_def, "predict", sig, InputSynthesizer()).source
         'synthesized'
+        >>> inputs_for_signature(graph_def, "predict", sig, synth, mode="batch 1").source
+        'synthesized (batch 1)'
     """
     from tensorflow.python.framework import dtypes
 
+    if mode is not None and mode not in FALLBACKS:
+        raise ValueError(f"unknown synthesis mode {mode!r}")
+    single_rows = min(batch_size * num_batches, MAX_SINGLE_ROWS)
     example_input = example_input_alias(graph_def, signature_def)
     if example_input is not None:
         alias, spec = example_input
@@ -444,11 +582,16 @@ def inputs_for_signature(
                 for i in range(0, len(records), batch_size)
             )
             return SignatureInputs(key, batches, f"examples:{user.path}")
-        batches = tuple(
-            {alias: np.array(synthesizer.examples(spec, batch_size), dtype=object)}
-            for _ in range(num_batches)
-        )
-        return SignatureInputs(key, batches, "synthesized")
+        if mode == SCALARS:  # one serialized tf.Example (ParseSingleExample)
+            batches = tuple({alias: np.array(synthesizer.examples(spec, 1)[0], dtype=object)}
+                            for _ in range(single_rows))
+        else:
+            rows, count = (1, single_rows) if mode == BATCH_1 else (batch_size, num_batches)
+            batches = tuple(
+                {alias: np.array(synthesizer.examples(spec, rows, mode == ONE_VALUE),
+                                 dtype=object)}
+                for _ in range(count))
+        return SignatureInputs(key, batches, synthesized_source(mode))
 
     aliases = set(signature_def.inputs)
     if user is not None and user.requests:
@@ -463,21 +606,32 @@ def inputs_for_signature(
                     feed[alias] = np.array(value, dtype=object if np_dtype is object else np_dtype)
                 batches.append(feed)
             return SignatureInputs(key, tuple(batches), f"json:{user.path}")
-    batches = []
-    for _ in range(num_batches):
-        feed = {}
-        for alias, info in sorted(signature_def.inputs.items()):
-            if info.WhichOneof("encoding") != "name":
-                raise ServingOptError(
-                    f"signature {key} input {alias} is sparse/composite; cannot synthesize it",
-                    "pass real inputs with --examples (JSON lines)",
-                )
-            # A pinned input (--input_shapes) is synthesized at its pinned shape: the shape
-            # the user serves, and the only one a pinned candidate accepts.
-            shape = (shapes or {}).get(alias) or tensor_info_shape(info)
-            feed[alias] = synthesizer.tensor(info.dtype, shape, batch_size)
-        batches.append(feed)
-    return SignatureInputs(key, tuple(batches), "synthesized")
+    input_shapes: dict[str, tuple[int, ...] | None] = {}
+    from_graph = False
+    for alias, info in sorted(signature_def.inputs.items()):
+        if info.WhichOneof("encoding") != "name":
+            raise ServingOptError(
+                f"signature {key} input {alias} is sparse/composite; cannot synthesize it",
+                "pass real inputs with --examples (JSON lines)",
+            )
+        # A pinned input (--input_shapes) is synthesized at its pinned shape: the shape
+        # the user serves, and the only one a pinned candidate accepts. Otherwise the
+        # signature's, completed by the graph's (a TF 1.0 signature declares none).
+        shape = (shapes or {}).get(alias)
+        if not shape:
+            shape, added = declared_shape(graph_def, info)
+            from_graph = from_graph or added
+            if shape is None and mode == SCALARS:
+                shape = ()
+        input_shapes[alias] = shape
+    rows, count = batch_size, num_batches
+    if mode == BATCH_1 or (mode == SCALARS and all(s == () for s in input_shapes.values())):
+        rows, count = 1, single_rows
+    batches = [{alias: synthesizer.tensor(signature_def.inputs[alias].dtype, shape, rows)
+                for alias, shape in input_shapes.items()}
+               for _ in range(count)]
+    return SignatureInputs(key, tuple(batches),
+                           synthesized_source(mode or (GRAPH_SHAPES if from_graph else None)))
 
 
 def check_user_inputs_fit(meta_graph, keys: Sequence[str], user: UserInputs | None) -> None:
@@ -539,9 +693,10 @@ def resize_batch(batches: Sequence[dict], batch_size: int) -> dict:
 
 
 class SignatureFeeds(Protocol):
-    """What ``signature_feeds`` returns: ``feeds(key, batch_size, num_batches=1)``."""
+    """What ``signature_feeds`` returns: ``feeds(key, batch_size, num_batches=1, mode=None)``."""
 
-    def __call__(self, key: str, batch_size: int, num_batches: int = 1) -> SignatureInputs: ...
+    def __call__(self, key: str, batch_size: int, num_batches: int = 1,
+                 mode: str | None = None) -> SignatureInputs: ...
 
 
 def signature_feeds(meta_graph, saved_model_dir: str, *, user: UserInputs | None = None,
@@ -554,7 +709,8 @@ def signature_feeds(meta_graph, saved_model_dir: str, *, user: UserInputs | None
     vocabulary is read once, and successive calls continue one seeded random stream,
     so a run's inputs are reproducible and differ between signatures and batch sizes.
     ``shapes`` ({key: {alias: shape}}, from ``--input_shapes``) sets the shape an input
-    is synthesized at.
+    is synthesized at; ``mode`` (a fallback of :data:`FALLBACKS`, from the parity gate's
+    source: :func:`mode_of`) synthesizes the way the original model was found to run.
 
     Example:
         >>> feeds = signature_feeds(meta_graph, "build/sample/1", seed=0)
@@ -563,9 +719,10 @@ def signature_feeds(meta_graph, saved_model_dir: str, *, user: UserInputs | None
     """
     synthesizer = InputSynthesizer(model_vocabulary(meta_graph, saved_model_dir), seed)
 
-    def feeds(key: str, batch_size: int, num_batches: int = 1) -> SignatureInputs:
+    def feeds(key: str, batch_size: int, num_batches: int = 1,
+              mode: str | None = None) -> SignatureInputs:
         return inputs_for_signature(meta_graph.graph_def, key, meta_graph.signature_def[key],
                                     synthesizer, user, batch_size, num_batches,
-                                    (shapes or {}).get(key))
+                                    (shapes or {}).get(key), mode)
 
     return feeds

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -674,11 +675,84 @@ def load_session(saved_model_dir: str, tags: Iterable[str] = (SERVE_TAG,), confi
             meta_graph = tf.compat.v1.saved_model.loader.load(sess, list(tags), saved_model_dir)
     except Exception as e:
         sess.close()
+        missing = missing_op_error(e, f"TensorFlow could not load {saved_model_dir}")
+        if missing is not None:
+            raise missing from e
         raise ServingOptError(
-            f"TensorFlow could not load {saved_model_dir}: {first_line(e)}",
+            f"TensorFlow could not load {saved_model_dir}: {root_cause(e)}",
             "check that the model loads with saved_model_cli show/run",
         ) from e
     return sess, meta_graph
+
+
+# TF's wrappers put the reason after this ("Restoring from checkpoint failed. This is most
+# likely due to a mismatch ... Original error:\n\n<the reason>"); wrappers can nest.
+_ORIGINAL_ERROR = re.compile(r"Original error:\s*", re.IGNORECASE)
+_NOT_REGISTERED = re.compile(r"Op type not registered '([^']+)' in binary running on")
+_NO_KERNEL = re.compile(r"No OpKernel was registered to support Op '([^']+)'"
+                        r"(?: used by \{\{node ([^}]+)\}\})?")
+_DEVICES = re.compile(r"Registered devices: \[([^\]]*)\]")
+
+
+def root_cause(e: BaseException) -> str:
+    """The innermost reason of a TensorFlow error, on one line: the text after the last
+    "Original error:" of the wrappers (the restore's "Restoring from checkpoint failed
+    ... Original error:" says nothing by itself), read like :func:`first_line`.
+
+    Example:
+        >>> root_cause(ValueError("Restoring from checkpoint failed. ... Original error:\n\n"
+        ...                       "Graph execution error:\n\nNode: 'r'\nKey w not found"))
+        'Graph execution error: Key w not found (node r)'
+    """
+    text = str(e)
+    parts = _ORIGINAL_ERROR.split(text)
+    inner = parts[-1].strip() if len(parts) > 1 else ""
+    return first_line(RuntimeError(inner)) if inner else first_line(e)
+
+
+def missing_op_error(e: BaseException, what: str) -> ServingOptError | None:
+    """The one-line error for a model that uses an op this TensorFlow lacks, naming the op
+    and the runtime, or None when ``e`` is about something else.
+
+    Two ways TF says it: "Op type not registered 'X' in binary running on ..." (a custom
+    op, or one removed from TensorFlow: the graph does not even import), and "No OpKernel
+    was registered to support Op 'X'" (the op is known, but no kernel for this machine's
+    devices: BoostedTrees ops in TF 2.16+; raised by the first run, often the restore).
+
+    Example:
+        >>> missing_op_error(err, "TensorFlow could not load m/1").problem
+        "TensorFlow could not load m/1: the model uses op BoostedTreesBucketize (node b), ..."
+    """
+    text = str(e)
+    cause = e.__cause__ or e.__context__
+    while cause is not None and not (_NOT_REGISTERED.search(text) or _NO_KERNEL.search(text)):
+        text, cause = str(cause), cause.__cause__ or cause.__context__
+    runtime = f"TensorFlow {_tf_version()} (this runtime)"
+    fix = ("optimize and serve it with a TensorFlow and TF Serving that have the op (the "
+           "version the model was exported with, or a build with its custom-op library "
+           "loaded), or re-export the model without it")
+    found = _NOT_REGISTERED.search(text)
+    if found is not None:
+        return ServingOptError(
+            f"{what}: the model uses op {found.group(1)}, which {runtime} does not register "
+            "(a custom op, or one removed from TensorFlow)", fix)
+    found = _NO_KERNEL.search(text)
+    if found is not None:
+        node = f" (node {found.group(2)})" if found.group(2) else ""
+        devices = _DEVICES.search(text)
+        on = f" for {devices.group(1)}" if devices and devices.group(1) else ""
+        return ServingOptError(
+            f"{what}: the model uses op {found.group(1)}{node}, which {runtime} registers "
+            f"without a kernel{on}, so it cannot run", fix)
+    return None
+
+
+def _tf_version() -> str:
+    try:
+        import tensorflow as tf
+    except ImportError:  # pragma: no cover - every caller has TensorFlow
+        return "?"
+    return tf.__version__
 
 
 

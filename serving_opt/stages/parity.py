@@ -5,8 +5,13 @@ uses), every kept signature runs on the same inputs, and every output is compare
 integers, booleans and strings exactly; floats element-wise within
 ``atol + rtol * |reference|`` (numpy.isclose semantics, NaN equal to NaN).
 
-Errors are behaviour too. On synthesized inputs an error of the original is a usage
-error (the inputs are wrong, not the model: pass ``--examples``). On the user's own
+Errors are behaviour too. When the original refuses the inputs synthesized as its
+signature declares them, other ways are tried in order (scalars for inputs of unknown
+rank, batch 1, one value per tf.Example feature; the graph's own shapes complete the
+signature's from the start) and the first it answers is used, the report's input
+source naming it (``synthesized (batch 1)``). When none runs, that is a usage error
+naming the last failure (the inputs are wrong, not the model: pass ``--examples``);
+an op the runtime lacks is named instead, since no input would do. On the user's own
 inputs (``--examples``) a batch the original rejects (an assertion, a bad shape) is
 expected to be rejected by the candidate as well: answering it fails the gate, as
 does raising where the original answers. Only "raises" is compared, not the message.
@@ -103,7 +108,7 @@ class ParityReport:
             worst = max((o.max_abs_diff for o in self.outputs), default=0.0)
             sigs = len({o.signature for o in self.outputs})
             return (f"parity ok: {len(self.outputs)} outputs of {sigs} signatures match "
-                    f"(max abs diff {worst:.2g})")
+                    f"(max abs diff {worst:.2g})" + self.inputs_note())
         parts = []
         for o in self.failures()[:3]:
             parts.append(
@@ -114,15 +119,80 @@ class ParityReport:
             )
         return "parity failed: " + "; ".join(parts)
 
+    def inputs_note(self) -> str:
+        """``; inputs: predict synthesized (batch 1)``: the signatures whose inputs were not
+        synthesized as declared (the original refused those), or nothing.
+
+        Example:
+            >>> report.inputs_note()
+            '; inputs: serving_default synthesized (scalars)'
+        """
+        other = [f"{key} {source}" for key, source in sorted(self.input_sources.items())
+                 if source != inputs_lib.SYNTHESIZED and inputs_lib.is_synthesized(source)]
+        return "; inputs: " + ", ".join(other) if other else ""
+
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def _rejects_inputs(source: str, key: str, error: str) -> ServingOptError:
+_FIX = "pass real inputs with --examples (TFRecord of tf.Example or JSON lines)"
+
+
+def _rejects_inputs(source: str, key: str, error: BaseException | str) -> ServingOptError:
+    if isinstance(error, BaseException):
+        missing = loader.missing_op_error(error, f"the original model cannot run signature {key}")
+        if missing is not None:  # no inputs would do: the runtime lacks an op
+            return missing
+        error = first_line(error)
     return ServingOptError(
-        f"the original model fails on {source} inputs for signature {key}: {error}",
-        "pass real inputs with --examples (TFRecord of tf.Example or JSON lines)",
-    )
+        f"the original model fails on {source} inputs for signature {key}: {error}", _FIX)
+
+
+def _run_original(session, signature_def, feeds, key: str, batch_size: int,
+                  num_batches: int, extra: tuple, modes: Sequence[str]):
+    """(inputs, [(feed, outputs or Rejected, fed tensors)]): the original's answers.
+
+    On synthesized inputs it must answer every batch: when it refuses the inputs as the
+    signature declares them, each fallback of ``modes`` (:func:`inputs.fallback_modes`:
+    scalars, batch 1, one value per feature) is tried in order and the first it answers
+    is used, its source saying which. When none runs, the error names the last failure.
+    The user's inputs are run as they are; a batch the original rejects is kept as
+    :class:`Rejected` (behaviour the candidate must keep), unless it rejects them all.
+    """
+    sig_inputs = feeds(key, batch_size, num_batches)
+    if not inputs_lib.is_synthesized(sig_inputs.source):
+        runs: list = []
+        for feed in sig_inputs.batches:
+            try:
+                runs.append((feed, *_run(session, signature_def, feed, extra)))
+            except Exception as e:  # noqa: BLE001 - the user's batch: a rejection is kept
+                missing = loader.missing_op_error(
+                    e, f"the original model cannot run signature {key}")
+                if missing is not None:
+                    raise missing from e
+                runs.append((feed, Rejected(first_line(e)), {}))
+        if runs and all(isinstance(r, Rejected) for _, r, _ in runs):
+            # Every batch rejected: the inputs are wrong, there is nothing to compare.
+            raise _rejects_inputs(sig_inputs.source, key, runs[0][1].error)
+        return sig_inputs, runs
+    tried: list[str] = []
+    for mode in (None, *modes):
+        if mode is not None:
+            sig_inputs = feeds(key, batch_size, num_batches, mode=mode)
+        try:
+            return sig_inputs, [(feed, *_run(session, signature_def, feed, extra))
+                                for feed in sig_inputs.batches]
+        except Exception as e:  # noqa: BLE001 - the original refuses these: try the next
+            missing = loader.missing_op_error(
+                e, f"the original model cannot run signature {key}")
+            if missing is not None:
+                raise missing from e
+            tried.append(sig_inputs.source)
+            last = e
+    also = f" (tried {', '.join(tried)})" if len(tried) > 1 else ""
+    raise ServingOptError(
+        f"the original model fails on synthesized inputs for signature {key}{also}: "
+        f"{first_line(last)}", _FIX) from last
 
 
 @dataclass(frozen=True)
@@ -171,21 +241,11 @@ def check_parity(
             if found is not None:
                 discrete[key] = found
             extra = found.feeds if found is not None else ()
-            sig_inputs = feeds(key, batch_size, num_batches)
+            modes = inputs_lib.fallback_modes(ref_mg.graph_def, ref_sig, batch_size,
+                                              (shapes or {}).get(key))
+            sig_inputs, runs[key] = _run_original(ref_sess, ref_sig, feeds, key, batch_size,
+                                                  num_batches, extra, modes)
             sources[key] = sig_inputs.source
-            runs[key] = []
-            for feed in sig_inputs.batches:
-                try:
-                    runs[key].append((feed, *_run(ref_sess, ref_sig, feed, extra)))
-                except Exception as e:  # the original itself rejects these inputs
-                    if user_inputs is not None:
-                        # The user's batch: a rejection is behaviour the candidate keeps.
-                        runs[key].append((feed, Rejected(first_line(e)), {}))
-                        continue
-                    raise _rejects_inputs(sig_inputs.source, key, first_line(e)) from e
-            if runs[key] and all(isinstance(r, Rejected) for _, r, _ in runs[key]):
-                # Every batch rejected: the inputs are wrong, there is nothing to compare.
-                raise _rejects_inputs(sig_inputs.source, key, runs[key][0][1].error)
         outputs = {key: sorted(ref_mg.signature_def[key].outputs) for key in signature_keys}
     finally:
         ref_sess.close()
