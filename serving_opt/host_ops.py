@@ -214,7 +214,8 @@ HOST_OPS: dict[str, str] = {
 
 # Ops that touch the host only with some attribute values: op -> (attr, what it does).
 # PrintV2 writes to stderr/stdout/the log, or to a file for ``file://`` streams; the
-# proto codecs read a descriptor file unless the source is the built-in pool; the
+# proto codecs read a descriptor file unless the source is the built-in pool or the
+# descriptors themselves (``bytes://``); the
 # sampler reads its vocabulary file when one is named; Copy/CopyHost with a
 # debug_ops_spec feed tfdbg's debug ops (file:// or grpc:// URLs).
 CONDITIONAL_HOST_OPS: dict[str, tuple[str, str]] = {
@@ -225,6 +226,9 @@ CONDITIONAL_HOST_OPS: dict[str, tuple[str, str]] = {
     "Copy": ("debug_ops_spec", TOUCHES_HOST),
     "CopyHost": ("debug_ops_spec", TOUCHES_HOST),
 }
+
+# The descriptor_source prefix of EncodeProto/DecodeProtoV2 carrying the descriptors.
+_DESCRIPTOR_BYTES = "bytes://"
 
 # The checkpoint ops the loader's own saver runs (SaverDef restore/save).
 CHECKPOINT_OPS = frozenset({
@@ -264,7 +268,14 @@ def host_op_kind(node) -> str | None:
     if node.op == "PrintV2":
         return kind if text.startswith("file://") else None
     if node.op in ("DecodeProtoV2", "EncodeProto"):
-        return kind if text not in ("", "local://") else None
+        # descriptors.cc GetDescriptorPool: a registered pool ("local://", the only one
+        # TF registers), else the source as a file name, else "bytes://<serialized
+        # FileDescriptorSet>" parsed from the attr itself. Tried as a file name first,
+        # "bytes://..." names the file system of scheme "bytes", which no TF build
+        # registers: that lookup fails before any file is opened.
+        if text in ("", "local://") or text.startswith(_DESCRIPTOR_BYTES):
+            return None
+        return kind
     return kind if text else None
 
 

@@ -2,9 +2,10 @@
 
 Errors: an op that touches the host (the same whole-graph check by which optimize,
 validate and compare refuse a model: serving_opt.savedmodel.untrusted), a signature tensor or init
-op missing from the graph, a missing or escaping asset, a symlink out of the model, an
-unreadable or missing variables checkpoint. Warnings: a variable, or variables plus
-graph, over the 2 GiB protobuf limit (such a model cannot be frozen).
+op missing from the graph, an escaping asset, a missing asset that an op reads, a
+symlink out of the model, an unreadable or missing variables checkpoint. Warnings: a
+missing asset that no op reads (the loaders only build its path), a variable, or
+variables plus graph, over the 2 GiB protobuf limit (such a model cannot be frozen).
 
 Example:
     >>> [r.code for r in meta_graph_risks(meta_graph, report, variables, path, 2**31 - 1)]
@@ -92,7 +93,7 @@ def meta_graph_risks(
     tags = report.tags
     graph_def = meta_graph.graph_def
     risks = _signature_risks(meta_graph, report.signatures, tags)
-    risks += _asset_risks(report.assets, tags)
+    risks += _asset_risks(report.assets, tags, meta_graph)
     risks += _init_op_risks(report.init_op, graph_def, tags)
     risks += _frozen_size_risks(variables, graph_def.ByteSize(), tags, limit_bytes)
     if variables.status == "absent" and _has_variables(meta_graph):
@@ -201,7 +202,14 @@ def _init_op_risks(
     )]
 
 
-def _asset_risks(assets: Iterable[AssetReport], tags: tuple[str, ...]) -> list[Risk]:
+def _asset_risks(assets: Iterable[AssetReport], tags: tuple[str, ...], meta_graph) -> list[Risk]:
+    assets = list(assets)
+    reads: dict[str, list[str]] = {}
+    if any(not a.escapes and not a.exists for a in assets):
+        by_node = untrusted.asset_reads(meta_graph)
+        for asset in assets:  # TF2 may declare one file twice: an error if either is read
+            reads.setdefault(asset.filename, []).extend(
+                by_node.get(node_name(asset.tensor_name), []))
     risks = []
     for asset in assets:
         if asset.escapes:
@@ -211,11 +219,23 @@ def _asset_risks(assets: Iterable[AssetReport], tags: tuple[str, ...]) -> list[R
                 "a loader following it reads a file that is not part of the model",
                 asset.filename, tags,
             ))
-        elif not asset.exists:
+        elif not asset.exists and reads[asset.filename]:
             risks.append(Risk(
                 "asset_missing", SEVERITY_ERROR,
                 f"asset {asset.filename!r} is declared but assets/{asset.filename} does not "
-                "exist; TF Serving fails to load the model (copy the file back or re-export)",
+                f"exist, and {reads[asset.filename][0]} reads it when the model loads; TF "
+                "Serving fails to load the model (copy the file back or re-export)",
+                asset.filename, tags,
+            ))
+        elif not asset.exists:
+            # The loaders only build the path string (loader.cc, Python's
+            # _get_asset_tensors): nothing opens a file no op reads.
+            risks.append(Risk(
+                "asset_missing", SEVERITY_WARNING,
+                f"asset {asset.filename!r} is declared but assets/{asset.filename} does not "
+                "exist; no op of the init op or a signature reads it, so the model loads "
+                "and serves, but code that expects the file will not find it (copy the file "
+                "back or re-export)",
                 asset.filename, tags,
             ))
     return risks

@@ -363,8 +363,23 @@ _SAVE_OPS = frozenset({
     "DisableCopyOnRead", "LookupTableExportV2", "LookupTableExport",
     "BoostedTreesSerializeEnsemble", "BoostedTreesQuantileStreamResourceGetBucketBoundaries",
 }) | _NAME_OPS | _SAVED_OBJECTS
-# What TF2's save function is passed besides the saved objects themselves.
-_SAVED_OBJECT_READS = frozenset({"LookupTableExportV2", "LookupTableExport"})
+# What TF2's save function is passed besides the saved objects themselves: a read of
+# one saved object (its only input) -> the saved objects it may read. A mutable table's
+# export; and TF 2.3-2.4's variable read: tf.saved_model.save copied each variable into
+# the exported graph as an UninitializedVariable, whose graph-mode constructor adds
+# ``<var>/Read/ReadVariableOp`` (resource_variable_ops.py, ``with
+# ops.name_scope("Read"): value = read_variable_op(handle, dtype)``, its
+# ``_graph_element``), and saveable_objects_for_op saved ``op._graph_element`` of a
+# graph-mode variable (saveable_object_util.py), so the traced save function captured
+# that read; the restore function captured ``var.op.inputs[0]``, the VarHandleOp
+# itself. TF 2.5 saves the variable object (its handle).
+_SAVED_OBJECT_READS = {
+    "LookupTableExportV2": _SAVED_OBJECTS,
+    "LookupTableExport": _SAVED_OBJECTS,
+    "ReadVariableOp": frozenset({"VarHandleOp"}),
+}
+# Reads passed only to the save function (the restore function assigns to the handle).
+_SAVE_ONLY_READS = frozenset({"ReadVariableOp"})
 # The inputs of a checkpoint op that name files.
 _FILE_INPUTS = {"SaveV2": (0,), "Save": (0,), "SaveSlices": (0,), "RestoreV2": (0,),
                 "Restore": (0,), "RestoreSlice": (0,), "MergeV2Checkpoints": (0, 1)}
@@ -372,6 +387,8 @@ _FILE_INPUTS = {"SaveV2": (0,), "Save": (0,), "SaveSlices": (0,), "RestoreV2": (
 # "_temp_<uuid hex>/part" (TF 1.x).
 _SHARD_SUFFIX = re.compile(r"\.part|_temp(_[0-9a-f]{32})?/part")
 _MAX_NAME_DEPTH = 16
+# How many calls deep an asset path is followed from the graph-level call passing it.
+_MAX_CALL_DEPTH = 4
 
 
 def _const_string(node) -> str | None:
@@ -474,6 +491,7 @@ class _Saver:
     def __init__(self, meta_graph, graph: _Graph) -> None:
         self.graph = graph
         self.sides: list[_Side] = []
+        self.concrete_functions = set(meta_graph.object_graph_def.concrete_functions)
         if not meta_graph.HasField("saver_def"):
             return
         saver = meta_graph.saver_def
@@ -589,9 +607,14 @@ class _Saver:
             source = self.graph.nodes.get(node_name(tensor))
             saved = source
             if source is not None and source.op in _SAVED_OBJECT_READS and \
-                    len(source.input) == 1:
-                # A mutable table's save: its contents exported at the top level.
+                    len(source.input) == 1 and (allowed is _SAVE_OPS or
+                                                source.op not in _SAVE_ONLY_READS):
+                # A mutable table's save (its contents exported at the top level), or a
+                # TF 2.3-2.4 variable's <var>/Read/ReadVariableOp: one read, no control
+                # input, of a saved object of the kinds it reads.
                 saved = self.graph.nodes.get(node_name(source.input[0]))
+                if saved is not None and saved.op not in _SAVED_OBJECT_READS[source.op]:
+                    saved = None
             if not self._saved_object(saved):
                 what = f"{source.op} {source.name!r}" if source is not None else repr(tensor)
                 problems.append(f"{call.name} is passed {what}, not a saved object")
@@ -601,7 +624,15 @@ class _Saver:
         if others:
             where = f" in function {others[0].function}" if others[0].function else ""
             problems.append(f"function {fname} is also reached via {others[0].how}{where}")
+        problems += self._body_problems(fname, allowed)
+        return _Side(call.name, desc, nodes, {fname}, problems)
+
+    def _body_problems(self, fname: str, allowed: frozenset) -> list[str]:
+        """A traced save or restore function: no call, only the ops ``allowed``, every
+        file name derived from its first argument."""
+        function = self.graph.library[fname]
         body = {n.name: n for n in function.node_def}
+        problems = []
         calls = self.graph.function_calls.get(fname)
         if calls:
             problems.append(f"function {fname} calls {calls[0][0]}")
@@ -610,7 +641,26 @@ class _Saver:
         problems += [f"function {fname} also runs {op}"
                      for op in _bad_ops(body, body, allowed, prefix_arg)]
         problems += _file_name_problems(body, body, prefix_arg, f"its argument {prefix_arg!r}")
-        return _Side(call.name, desc, nodes, {fname}, problems)
+        return problems
+
+    def _spare_function(self, fname: str, node, reaching: list[_Root]) -> str | None:
+        """A TF2 traced save or restore function that nothing references: a TF2 SavedModel
+        loaded into a TF1 graph (tf.saved_model.load in graph mode) brings its whole
+        function library, its ``_traced_save``/``_traced_restore`` included, and a
+        Builder saving that graph adds its own saver. Accepted when it has exactly their
+        shape, no node, function attr or gradient entry names it, no object graph
+        exposes it and nothing a loader or request runs reaches it: nothing can call it."""
+        not_ours = "not part of the saver that saver_def names"
+        if reaching:
+            return f"{reaching[0].desc} reaches it, and it is {not_ours}"
+        if self.graph.refs.get(fname) or fname in self.graph.gradient_of or \
+                fname in self.concrete_functions:
+            return not_ours
+        allowed = _RESTORE_OPS if node.op.startswith("Restore") else _SAVE_OPS
+        problems = self._body_problems(fname, allowed)
+        if problems:
+            return f"{not_ours}, nor a spare saver function of TF's shape: {problems[0]}"
+        return None
 
     def _saved_object(self, node) -> bool:
         """A variable or table handle (a dense table's keys are Consts), or a Const."""
@@ -635,7 +685,7 @@ class _Saver:
             return "; ".join(reasons) or None
         if function is None:
             return self._spare_saver(node, reaching)
-        return "not part of the saver that saver_def names"
+        return self._spare_function(function, node, reaching)
 
 
 # ---------------------------------------------------------------------------- assets
@@ -670,7 +720,9 @@ class _Assets:
 
     def problem(self, function: str | None, node, reaching: list[_Root]) -> str | None:
         """None when ``node`` (an op of host_ops.ASSET_READ_OPS) reads an asset path the
-        loader feeds, and only the loader runs it."""
+        loader feeds, and only the loader runs it; :attr:`read` then holds the asset
+        nodes whose path it may read."""
+        self.read: set[str] = set()
         runners = [r for r in reaching if r.kind in ("signature", "save")]
         if runners:
             return (f"{runners[0].desc} runs it, and the loaders feed asset paths only to "
@@ -698,6 +750,7 @@ class _Assets:
             return f"asset node {name!r} is a {node.op}, not a node the loader can feed"
         if name in self.signature_inputs:
             return f"asset node {name!r} is also a signature input: a client names the file"
+        self.read.add(name)
         return None
 
     def _top_level(self, tensor: str) -> str | None:
@@ -735,7 +788,11 @@ class _Assets:
             return f"its file name is read from variable {handle!r}, which no asset sets"
         return None
 
-    def _argument(self, fname: str, tensor: str) -> str | None:
+    def _argument(self, fname: str, tensor: str, depth: int = 0) -> str | None:
+        """``tensor`` of function ``fname`` is an argument, and every caller passes it an
+        asset path (a graph-level call, or a call in a function whose own argument is
+        one, :data:`_MAX_CALL_DEPTH` calls deep at most), and the object graph, when it
+        binds the argument, binds it to an asset."""
         function = self.graph.library[fname]
         body = {n.name: n for n in function.node_def}
         args = [a.name for a in function.signature.input_arg]
@@ -744,12 +801,9 @@ class _Assets:
             op = body[name].op if name in body else "nothing"
             return f"its file name comes from {op} {name!r} inside the function, not an asset"
         index = args.index(name)
-        if self.object_nodes:
+        bound = self.bound.get(fname) if self.object_nodes else None
+        if bound is not None:
             # TF2: the Python loader binds captured inputs from the object graph.
-            bound = self.bound.get(fname)
-            if bound is None:
-                return (f"function {fname} is no saved function of the object graph: no "
-                        f"loader binds argument {name!r} to an asset")
             offset = len(args) - len(bound)
             if index < offset or not 0 <= bound[index - offset] < len(self.object_nodes):
                 return f"argument {name!r} is no captured asset"
@@ -757,21 +811,40 @@ class _Assets:
             if kind != "asset":
                 return f"argument {name!r} is bound to a {kind} of the object graph, not an asset"
         refs = self.graph.refs.get(fname, [])
-        if not refs and not self.object_nodes:
+        if not refs:
+            if bound is not None:
+                return None
+            if self.object_nodes:
+                return (f"function {fname} is no saved function of the object graph and no "
+                        f"node calls it: nothing binds argument {name!r} to an asset")
             return f"no node calls function {fname}, so nothing passes it an asset"
-        # The session loaders (TF Serving, this tool) run the graph's calls.
+        # The session loaders (TF Serving, this tool) run the graph's calls, and a
+        # function's calls with what its caller passed. A function of no object graph
+        # binding is run by nothing else: TF 2.3-2.5's tf.saved_model.save traced each
+        # table's initializer as ``lambda: _wrap_initializer(obj)`` (save.py,
+        # _trace_resource_initializers) and called it from the init op only, passing
+        # the asset variable's read; a TF2 model loaded into a TF1 graph and saved
+        # again calls its restored ``_initializer`` from a ``restored_function_body``.
         for ref in refs:
-            if ref.function is not None or not ref.call_arg:
-                where = f" in function {ref.function}" if ref.function else ""
-                return (f"function {fname} is reached via {ref.how}{where}; only a "
-                        "graph-level call can pass it an asset path")
-            call = self.graph.nodes[ref.node]
+            where = f" in function {ref.function}" if ref.function else ""
+            if not ref.call_arg:
+                return (f"function {fname} is reached via {ref.how}{where}; only a call "
+                        "can pass it an asset path")
+            if ref.function is None:
+                call = self.graph.nodes[ref.node]
+            elif depth + 1 >= _MAX_CALL_DEPTH:
+                return (f"function {fname} is called{where}, more than {_MAX_CALL_DEPTH} "
+                        "calls below the graph")
+            else:
+                call = next(n for n in self.graph.library[ref.function].node_def
+                            if n.name == ref.node)
             data = _data_inputs(call)
             if index >= len(data):
-                return f"{call.name} passes no argument {name!r}"
-            problem = self._top_level(data[index])
+                return f"{call.name}{where} passes no argument {name!r}"
+            problem = self._top_level(data[index]) if ref.function is None else \
+                self._argument(ref.function, data[index], depth + 1)
             if problem:
-                return f"{call.name} passes argument {name!r}, and {problem}"
+                return f"{call.name}{where} passes argument {name!r}, and {problem}"
         return None
 
 
@@ -816,6 +889,35 @@ def host_op_uses(meta_graph, signature_keys: Sequence[str] | None = None) -> lis
     return [use for _, use in sorted(found, key=lambda item: item[0])]
 
 
+def asset_reads(meta_graph) -> dict[str, list[str]]:
+    """asset node -> the ops that read the file the loader feeds it: the asset reads
+    (host_ops.ASSET_READ_OPS) the static check accepts, each reached from the init op
+    (an asset read a signature reaches is a host op of :func:`host_op_uses`).
+
+    Example:
+        >>> asset_reads(meta_graph)
+        {'asset_path_initializer': ["InitializeTableFromTextFileV2 node
+        'text_file_init/InitializeTableFromTextFileV2' in function
+        __inference__initializer_30"]}
+    """
+    graph = _Graph(meta_graph.graph_def)
+    walks = [(root, graph.walk(root.starts)) for root in _roots(meta_graph, graph, ())]
+    assets = _Assets(meta_graph, graph)
+    found: dict[str, list[str]] = collections.defaultdict(list)
+    for function, node in graph.all_nodes():
+        if node.op not in ASSET_READ_OPS:
+            continue
+        place = ("function", function) if function else ("node", node.name)
+        reaching = [root for root, parents in walks if place in parents]
+        if not any(r.kind in ("signature", "init") for r in reaching):
+            continue
+        if assets.problem(function, node, reaching) is None:
+            use = HostOpUse(node.op, node.name, function, READS_FILES, ())
+            for asset in sorted(assets.read):
+                found[asset].append(f"{use.op} {use.where}")
+    return dict(found)
+
+
 def refuse_host_ops(meta_graph, signature_keys: Sequence[str], what: str) -> None:
     """Raises the one-line refusal for the model's first host op (the whole graph is
     checked; ``signature_keys`` only picks the route named).
@@ -840,4 +942,4 @@ def refuse_host_ops(meta_graph, signature_keys: Sequence[str], what: str) -> Non
     )
 
 
-__all__ = ["INIT_OP", "HostOpUse", "host_op_uses", "refuse_host_ops"]
+__all__ = ["INIT_OP", "HostOpUse", "asset_reads", "host_op_uses", "refuse_host_ops"]
