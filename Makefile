@@ -129,3 +129,30 @@ $(STAMP215): pyproject.toml constraints-tf215.txt
 # --confcutdir: the suite has its own fixtures, not the main suite's.
 test-estimator: $(STAMP) $(STAMP215) $(SANDBOX_STAMP)
 	$(PY215) -m pytest -q --confcutdir=tests/estimator tests/estimator
+
+# Corpus of SavedModels written by real TensorFlow writers (tests/corpus, issue 29).
+# One throwaway venv per TensorFlow release that installs here (build/corpus-venvs/tf-2.NN,
+# cached by its .stamp); each writes its own models with tools/corpus_writers/write_models.py.
+# A release that does not install is recorded (its .failed holds pip's last lines) and
+# skipped. old_shapes.py (main venv) then writes the hand-built older-writer shapes, and
+# make_manifest.py rebuilds tests/corpus/corpus.json from what is on disk.
+CORPUS_TF := 2.12 2.13 2.14 2.15 2.16 2.17 2.18 2.19 2.20 2.21
+CORPUS_VENVS := build/corpus-venvs
+CORPUS_STAMPS := $(foreach v,$(CORPUS_TF),$(CORPUS_VENVS)/tf-$(v)/.stamp)
+
+.PHONY: corpus-venvs corpus-models
+
+corpus-venvs: $(CORPUS_STAMPS)
+
+$(CORPUS_VENVS)/tf-%/.stamp: tools/corpus_writers/make_venv.sh
+	tools/corpus_writers/make_venv.sh $* $(CORPUS_VENVS)/tf-$* $(PYTHON)
+
+corpus-models: $(STAMP) $(CORPUS_STAMPS)
+	@for v in $(CORPUS_TF); do \
+	  if test -e $(CORPUS_VENVS)/tf-$$v/.installed; then \
+	    $(CORPUS_VENVS)/tf-$$v/bin/python tools/corpus_writers/write_models.py \
+	      --out tests/corpus/models/tf-$$v || exit 1; \
+	  else echo "corpus: TF $$v did not install, skipped: $$(tail -1 $(CORPUS_VENVS)/tf-$$v/.failed)"; fi; \
+	done
+	$(PY) tools/corpus_writers/old_shapes.py --out tests/corpus/models/handbuilt
+	$(PY) tools/corpus_writers/make_manifest.py
