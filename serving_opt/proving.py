@@ -318,9 +318,15 @@ def _steady_state(run: Run, staging: str, key: str, *, share: float | None = Non
             cold.before.load_seconds + cold.after.load_seconds) > \
             benchmark_lib.LOAD_SHARE * share:
         loads = 1  # loading is what a slow model is slowest at; the cold start timed it
+    mode = inputs_lib.mode_of(run.parity.input_sources.get(key)) if run.parity else None
+    sizes = batch_sizes or measured_batch_sizes(run)
+    if mode in inputs_lib.SINGLE_ROW_MODES and sizes != (1,):
+        run.warn(f"benchmark at batch 1 only: signature {key} runs on {mode} inputs "
+                 f"(the parity gate's synthesized {mode}), one row per request")
+        sizes = (1,)
     report = benchmark_lib.benchmark_in_fresh_process(
-        run.model_dir, staging, plan.tags, key,
-        batch_sizes=batch_sizes or measured_batch_sizes(run), runs=runs,
+        run.model_dir, staging, plan.tags, key, input_mode=mode,
+        batch_sizes=sizes, runs=runs,
         seed=plan.inputs.seed, examples=plan.inputs.examples, loads=loads, deadline=deadline,
         runs_per_batch=runs_per_batch, shapes=run.source.pinned,
         progress=lambda line: run.progress("-", line))

@@ -210,3 +210,17 @@ def test_optimize_end_to_end_one_value_per_feature(tmp_path):
                       OptimizeOptions(benchmark_runs=0, cold_start=False))
     assert report.parity.ok
     assert report.parity.input_sources == {KEY: "synthesized (one value per feature)"}
+
+
+def test_the_benchmark_runs_on_the_inputs_parity_found(tmp_path):
+    """The batch-1-only model is benchmarked at batch 1 on single rows (batch 32 would
+    fail on it), and the report says why only batch 1 was measured."""
+    src = batch_one_model(str(tmp_path / "src" / "1"))
+    report = optimize(src, str(tmp_path / "out"),
+                      # Timing decides nothing here: a noisy machine must not fail it.
+                      OptimizeOptions(benchmark_runs=5, cold_start=False,
+                                      allow_regression=True))
+    assert report.parity.input_sources == {KEY: "synthesized (batch 1)"}
+    assert report.benchmark is not None
+    assert [lat.batch_size for lat in report.benchmark.after] == [1]
+    assert any("benchmark at batch 1 only" in w for w in report.warnings)

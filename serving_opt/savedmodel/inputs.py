@@ -453,6 +453,8 @@ SCALARS = "scalars"
 BATCH_1 = "batch 1"
 ONE_VALUE = "one value per feature"
 FALLBACKS = (SCALARS, BATCH_1, ONE_VALUE)
+# Fallbacks that make one row per request whatever the batch size: measured at batch 1.
+SINGLE_ROW_MODES = frozenset({SCALARS, BATCH_1})
 SYNTHESIZED = "synthesized"
 # Single rows (batch 1, scalars) are run this many at most, instead of the batches' rows.
 MAX_SINGLE_ROWS = 32

@@ -319,6 +319,7 @@ def benchmark(
     progress: Callable[[str], None] | None = None,
     runs_per_batch: Mapping[int, int] | None = None,
     shapes: Mapping | None = None,
+    input_mode: str | None = None,
 ) -> BenchmarkReport:
     """Measures load time and p50/p99 latency of one signature, before vs. after.
 
@@ -326,7 +327,9 @@ def benchmark(
     as many as fit before it, at most ``runs``, batch sizes that cannot fit
     :data:`MIN_RUNS` skipped. ``runs_per_batch`` fixes the runs of some batch sizes (a
     confirmation repeats the first measurement's). ``progress`` hears the plan once it
-    is calibrated.
+    is calibrated. ``input_mode``: the synthesis fallback the parity gate found the
+    original runs on (``inputs.FALLBACKS``); ``scalars`` and ``batch 1`` run one row
+    whatever the batch size says, so the caller asks for batch 1 only.
 
     Example:
         >>> r = benchmark("build/sample/1", "build/optimized/1", frozenset({"serve"}),
@@ -350,7 +353,10 @@ def benchmark(
                                            shapes=shapes)
 
         def prepare(batch: int) -> _Batch:
-            feed = inputs_lib.resize_batch(feeds(signature_key, batch).batches, batch)
+            made = feeds(signature_key, batch, mode=input_mode).batches
+            # A single row (or a scalar) is the request itself: nothing to resize.
+            feed = made[0] if input_mode in inputs_lib.SINGLE_ROW_MODES else \
+                inputs_lib.resize_batch(made, batch)
             return _Batch(batch, _callable(sess_a, sig_a, feed), _callable(sess_b, sig_b, feed))
 
         sizes = list(dict.fromkeys(batch_sizes))
@@ -551,6 +557,7 @@ def benchmark_in_fresh_process(before_dir: str, after_dir: str, tags: frozenset[
                                progress: Callable[[str], None] | None = None,
                                runs_per_batch: Mapping[int, int] | None = None,
                                shapes: Mapping | None = None,
+                               input_mode: str | None = None,
                                ) -> BenchmarkReport:
     """:func:`benchmark` run in a measuring process (``serving_opt.measuring``).
 
@@ -574,6 +581,7 @@ def benchmark_in_fresh_process(before_dir: str, after_dir: str, tags: frozenset[
         "runs_per_batch": sorted((runs_per_batch or {}).items()),
         "examples": os.path.abspath(examples) if examples else None,
         "shapes": {k: {a: list(d) for a, d in v.items()} for k, v in (shapes or {}).items()},
+        "input_mode": input_mode,
     }], timeout,
         what="the benchmark", skip="--benchmark_runs=0", progress=progress)
     if "error" in result:
@@ -591,5 +599,5 @@ def benchmark_job(job: dict) -> dict:
                        runs_per_batch=dict(job.get("runs_per_batch", ())),
                        shapes={k: {a: tuple(d) for a, d in v.items()}
                                for k, v in job.get("shapes", {}).items()},
-                       progress=measuring.say)
+                       input_mode=job.get("input_mode"), progress=measuring.say)
     return {"report": asdict(report)}
