@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import re
 import subprocess
 import sys
 import types
@@ -36,21 +38,78 @@ def use_protobufs_only() -> None:
     sys.modules["tensorflow"] = package
 
 
-def check(model_dir: str, tags: str, allow_file_ops: bool) -> None:
-    """Raises ServingOptError naming what is wrong with ``model_dir``."""
+_TOP_FILES = ("saved_model.pb", "saved_model.pbtxt", "fingerprint.pb")
+_SHARD = re.compile(r"variables\.data-(\d{5})-of-(\d{5})")
+
+
+def extra_files(model_dir: str, saved_model) -> list[str]:
+    """What ``model_dir`` holds beyond a SavedModel's files, relative, sorted: the ones
+    TF Serving reads are ``saved_model.pb`` (or ``.pbtxt``), ``fingerprint.pb``,
+    ``variables/variables.index`` and its data shards, the assets the MetaGraphs declare,
+    ``assets.extra/tf_serving_warmup_requests`` and, with ``--output_format=graphdef``,
+    the frozen GraphDef. Anything else was written by someone else (a model run in the
+    sandbox can write into its candidate) and is never published.
+
+    Example:
+        >>> extra_files("models/clf/.serving-opt-staging-3-x", saved_model)
+        ['1/planted.txt']
+    """
+    from serving_opt.options import GRAPH_DEF_NAME
+    from serving_opt.serving.warmup import WARMUP_FILENAME
+
+    allowed = {*_TOP_FILES, GRAPH_DEF_NAME, "variables/variables.index",
+               f"assets.extra/{WARMUP_FILENAME}"}
+    for meta_graph in saved_model.meta_graphs:
+        for asset in meta_graph.asset_file_def:
+            allowed.add("assets/" + os.path.normpath(asset.filename))
+    extra = []
+    for root, dirs, files in os.walk(model_dir):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            relative = os.path.relpath(os.path.join(root, name), model_dir)
+            shard = _SHARD.fullmatch(name) if root == os.path.join(model_dir, "variables") \
+                else None
+            if relative in allowed or (shard and int(shard[1]) < int(shard[2])):
+                continue
+            extra.append(relative)
+    return sorted(extra)
+
+
+def check(model_dir: str, tags: str, allow_file_ops: bool) -> list[str]:
+    """Raises ServingOptError naming what is wrong with ``model_dir``; returns the files
+    it holds beyond a SavedModel's (:func:`extra_files`), for the caller to remove."""
     from serving_opt.savedmodel import loader, untrusted
 
     loader.check_model_files(model_dir)
+    saved_model = loader.read_saved_model(model_dir)
     if not allow_file_ops:
-        meta_graph = loader.find_meta_graph(loader.read_saved_model(model_dir),
-                                            loader.parse_tags(tags), model_dir)
+        meta_graph = loader.find_meta_graph(saved_model, loader.parse_tags(tags), model_dir)
         untrusted.refuse_host_ops(meta_graph, tuple(sorted(meta_graph.signature_def)),
                                   "publish")
+    return extra_files(model_dir, saved_model)
+
+
+def remove_extra_files(model_dir: str, extra: list[str]) -> None:
+    """Removes what :func:`extra_files` named (files, links, then emptied directories),
+    never following a link; the model must be a closed directory nothing writes into."""
+    for relative in extra:
+        path = os.path.join(model_dir, relative)
+        if os.path.commonpath([os.path.realpath(os.path.dirname(path)),
+                               os.path.realpath(model_dir)]) != os.path.realpath(model_dir):
+            raise ServingOptError(f"{path} is outside the candidate {model_dir}", "report this")
+        if os.path.lexists(path):
+            os.unlink(path)
+    for root, dirs, _files in os.walk(model_dir, topdown=False):
+        for name in dirs:
+            directory = os.path.join(root, name)
+            if not os.path.islink(directory) and not os.listdir(directory) \
+                    and os.path.relpath(directory, model_dir) not in ("variables",):
+                os.rmdir(directory)
 
 
 def check_in_fresh_process(model_dir: str, tags: str, allow_file_ops: bool,
-                           sandboxed: bool = True) -> None:
-    """:func:`check` in a new process (in bubblewrap when ``sandboxed``).
+                           sandboxed: bool = True) -> list[str]:
+    """:func:`check` in a new process (in bubblewrap when ``sandboxed``); returns the
+    files beyond a SavedModel's (:func:`extra_files`).
 
     Example:
         >>> check_in_fresh_process("models/clf/.serving-opt-staging-3-x", "serve", False)
@@ -73,16 +132,17 @@ def check_in_fresh_process(model_dir: str, tags: str, allow_file_ops: bool,
     outcome = json.loads(lines[-1])
     if outcome.get("problem"):
         raise ServingOptError(str(outcome["problem"]), outcome.get("fix"))
+    return [str(path) for path in outcome.get("extra", [])]
 
 
 def _main(model_dir: str, tags: str, allow_file_ops: str) -> int:
     use_protobufs_only()
     try:
-        check(model_dir, tags, allow_file_ops == "1")
+        extra = check(model_dir, tags, allow_file_ops == "1")
     except ServingOptError as e:
         print(json.dumps({"problem": e.problem, "fix": e.fix}))
         return 0
-    print(json.dumps({"problem": None}))
+    print(json.dumps({"problem": None, "extra": extra}))
     return 0
 
 

@@ -127,11 +127,13 @@ def optimize(
             worker = sandbox_lib.Worker(worker_lib.policy(run), run.work_dir, run.say,
                                         preload="optimize", env=worker_lib.env(run))
             staging, worker_report = worker.call(_WORKER_TARGET, worker_lib.job(run))
+            staging = _own_staging(run, staging)
             run.adopt(worker_report)
             from serving_opt import candidate_check
 
-            candidate_check.check_in_fresh_process(staging, run.plan.inputs.saved_model_tags,
-                                                   trust.allow_file_ops)
+            extra = candidate_check.check_in_fresh_process(
+                staging, run.plan.inputs.saved_model_tags, trust.allow_file_ops)
+            _remove_extra_files(run, staging, extra)
         else:
             staging = build_and_validate(run)
             check_candidate(run, staging)
@@ -389,15 +391,39 @@ def serve_before_publishing(run: Run, staging: str):
 
 def check_candidate(run: Run, staging: str) -> None:
     """What came out of the sandbox is checked like any model before it is published:
-    no link or special file, no host op the source did not have and the user allowed."""
-    from serving_opt.savedmodel import untrusted
+    no link or special file, no host op the source did not have and the user allowed;
+    nothing but a SavedModel's files."""
+    from serving_opt import candidate_check
 
-    loader.check_model_files(staging)
-    if not run.plan.trust.allow_file_ops:
-        meta_graph = loader.find_meta_graph(loader.read_saved_model(staging), run.plan.tags,
-                                            staging)
-        untrusted.refuse_host_ops(meta_graph, tuple(sorted(meta_graph.signature_def)),
-                                  "publish")
+    extra = candidate_check.check(staging, run.plan.inputs.saved_model_tags,
+                                  run.plan.trust.allow_file_ops)
+    _remove_extra_files(run, staging, extra)
+
+
+def _own_staging(run: Run, staging) -> str:
+    """The staging directory the worker names is one this run's work directory holds
+    (a direct child, a real directory with the staging prefix), never another path."""
+    work_dir = os.path.realpath(run.work_dir)
+    if isinstance(staging, str) and os.path.basename(staging).startswith(
+            writer.STAGING_PREFIX) and os.path.realpath(os.path.dirname(staging)) == work_dir \
+            and os.path.isdir(staging) and not os.path.islink(staging):
+        return os.path.join(work_dir, os.path.basename(staging))
+    raise ServingOptError(f"the sandboxed worker named {staging!r} as its candidate, which is "
+                          f"not a staging directory of {run.work_dir}; nothing was published",
+                          "report this (a model must not steer what is published)")
+
+
+def _remove_extra_files(run: Run, staging: str, extra: list[str]) -> None:
+    """Files beyond a SavedModel's in the candidate (written by the model while it ran)
+    are removed before publishing, and named in the report."""
+    if not extra:
+        return
+    from serving_opt import candidate_check
+
+    candidate_check.remove_extra_files(staging, extra)
+    shown = ", ".join(extra[:5]) + (f" (and {len(extra) - 5} more)" if len(extra) > 5 else "")
+    run.warn(f"removed {len(extra)} file(s) that are no part of a SavedModel from the "
+             f"candidate before publishing: {shown}")
 
 
 def publish(run: Run, staging: str) -> str:

@@ -344,6 +344,10 @@ class TrustOptions:
     sandbox_memory_bytes: int | None = _opt(
         None, "Memory limit of each sandboxed process (default: 3/4 of the RAM).",
         lower_bound=1 << 28)
+    sandbox_timeout_seconds: float | None = _opt(
+        None, "Wall-clock limit of optimize's sandboxed worker: a model that blocks for ever "
+        "is stopped (default: an hour plus four times --measure_seconds and --validate's "
+        "load deadline).", lower_bound=1.0)
 
 
 OUTPUT_FORMATS = ("saved_model", "graphdef")

@@ -53,12 +53,46 @@ from serving_opt.savedmodel import loader
 INSIDE_ENV = "SERVING_OPT_SANDBOXED"
 PROGRESS_PREFIX = "@@serving-opt-progress@@ "
 MAX_RESULT_BYTES = 512 << 20  # a report with its probes and arrays; never a model
-# Environment variables a sandboxed process keeps; everything else (tokens, cloud
-# credentials, proxies) stays outside.
-_KEEP_ENV_PREFIXES = ("TF_", "OMP_", "MKL_", "KMP_", "ONEDNN_", "DNNL_", "SERVING_OPT_",
-                      "LC_", "CUDA_")
-_KEEP_ENV = ("LANG", "LANGUAGE", "TZ", "PYTHONHASHSEED", "PYTHONWARNINGS")
-
+MAX_LINE_BYTES = 64 << 10  # a progress line; the rest of a longer line is dropped
+STDERR_KEEP_BYTES = 256 << 10  # the tail of a worker's stderr kept for its error message
+STDERR_MAX_BYTES = 4 << 20  # the file holding it is cut back to the tail beyond this
+TMP_BYTES = 1 << 30  # the sandbox's /tmp (a tmpfs: host memory RLIMIT_DATA does not count)
+SHM_BYTES = 256 << 20  # its /dev/shm
+MAX_THREADS = 4096  # RLIMIT_NPROC inside: threads and processes of one sandbox
+SANDBOX_UID = 65534  # "nobody": the sandbox's uid and gid, with no capabilities
+HOSTNAME = "sandbox"
+# Environment variables a sandboxed process keeps, by exact name: what TensorFlow,
+# oneDNN/MKL, OpenMP and the CUDA runtime read to configure themselves. Everything
+# else stays outside: tokens and cloud credentials, and any TF_*/CUDA_* that is not a
+# setting (Terraform's TF_TOKEN_*, TF_VAR_*): whatever the model can read it can bake
+# into the published graph.
+_KEEP_ENV = frozenset({
+    "LANG", "LANGUAGE", "TZ", "PYTHONHASHSEED", "PYTHONWARNINGS",
+    # TensorFlow
+    "TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_CPP_MIN_VLOG_LEVEL",
+    "TF_CPP_VMODULE", "TF_CPP_LOG_THREAD_ID", "TF_ENABLE_ONEDNN_OPTS",
+    "TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_XLA_FLAGS",
+    "TF_GRAPPLER_GRAPH_DEF_PATH", "TF_DETERMINISTIC_OPS", "TF_CUDNN_DETERMINISTIC",
+    "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR", "TF_GPU_THREAD_MODE",
+    "TF_GPU_THREAD_COUNT", "TF_ENABLE_GPU_GARBAGE_COLLECTION", "TF_USE_LEGACY_KERAS",
+    "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR",
+    "TF_DISABLE_MKL", "TF_MKL_OPTIMIZE_PRIMITIVE_MEMUSE", "TF_RUN_EAGER_OP_AS_FUNCTION",
+    "TF_ENABLE_AUTO_MIXED_PRECISION", "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL",
+    # OpenMP / Intel OpenMP / MKL / oneDNN
+    "OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "OMP_WAIT_POLICY", "OMP_DYNAMIC",
+    "OMP_SCHEDULE", "OMP_STACKSIZE", "OMP_MAX_ACTIVE_LEVELS", "KMP_AFFINITY",
+    "KMP_BLOCKTIME", "KMP_SETTINGS", "KMP_HW_SUBSET", "KMP_DUPLICATE_LIB_OK",
+    "MKL_NUM_THREADS", "MKL_DYNAMIC", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR",
+    "ONEDNN_VERBOSE", "ONEDNN_MAX_CPU_ISA", "ONEDNN_CPU_ISA_HINTS", "ONEDNN_DEFAULT_FPMATH_MODE",
+    "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_VERBOSE", "DNNL_MAX_CPU_ISA",
+    "DNNL_CPU_ISA_HINTS", "DNNL_DEFAULT_FPMATH_MODE", "DNNL_PRIMITIVE_CACHE_CAPACITY",
+    # CUDA runtime
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_CACHE_DISABLE",
+    "CUDA_MODULE_LOADING",
+})
+# Prefixes only where the namespace is serving_opt's own (SERVING_OPT_RUNTIME_2_15, ...)
+# or the locale's.
+_KEEP_ENV_PREFIXES = ("SERVING_OPT_", "LC_")
 
 @dataclass(frozen=True)
 class Policy:
@@ -72,6 +106,8 @@ class Policy:
     writable: tuple[str, ...] = ()
     network: bool = False  # never for a model; kept for what has no model in it
     memory_bytes: int | None = None  # None: default_memory_bytes()
+    tmp_bytes: int = TMP_BYTES  # the private /tmp's size
+    timeout_seconds: float | None = None  # a Worker's call; None: no limit
 
 
 def default_memory_bytes() -> int:
@@ -177,9 +213,15 @@ def _system_binds() -> list[tuple[str, str]]:
     return binds
 
 
-def _bwrap_prefix(bwrap: str, policy: Policy) -> list[str]:
-    args = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",
-            "--unshare-uts", "--unshare-cgroup-try"]
+def _bwrap_prefix(bwrap: str, policy: Policy, seccomp_fd: int | None = None) -> list[str]:
+    # An unprivileged uid of its own user namespace, no capabilities, no nested user
+    # namespace, a fixed hostname: nothing of the host's identity for a model to read
+    # (and bake into the published graph). Files it writes in the bound work directory
+    # belong to the host user that ran serving_opt (the one uid the namespace maps).
+    args = [bwrap, "--die-with-parent", "--new-session", "--unshare-user",
+            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--disable-userns",
+            "--cap-drop", "ALL", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--hostname", HOSTNAME, "--unshare-cgroup-try"]
     if not policy.network:
         args.append("--unshare-net")
     for option, path in _system_binds():
@@ -187,14 +229,20 @@ def _bwrap_prefix(bwrap: str, policy: Policy) -> list[str]:
             args += ["--symlink", os.readlink(path), path]
         else:
             args += [option, path, path]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # tmpfs mounts are host memory RLIMIT_DATA does not count: each has a size, and the
+    # /dev tmpfs (which bwrap leaves unsized) is read-only once /dev/shm is mounted.
+    args += ["--proc", "/proc", "--dev", "/dev",
+             "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",
+             "--size", str(policy.tmp_bytes), "--tmpfs", "/tmp"]
     for path in _python_binds():
         args += ["--ro-bind", path, path]
     for option, paths in (("--ro-bind", policy.read_only), ("--bind", policy.writable)):
         for source, target in _bind_pairs(paths):
             if option == "--bind" or os.path.exists(source):
                 args += [option, source, target]
-    args += ["--chdir", "/tmp"]
+    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp"]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     return args
 
 
@@ -212,8 +260,10 @@ def _bind_pairs(paths: Sequence[str]) -> list[tuple[str, str]]:
     return list(pairs)
 
 
-def command(argv: Sequence[str], policy: Policy) -> list[str]:
+def command(argv: Sequence[str], policy: Policy, seccomp_fd: int | None = None) -> list[str]:
     """``argv`` wrapped in bubblewrap with ``policy``; paths are bound at their real path.
+    ``seccomp_fd``: a file descriptor the child inherits holding :func:`seccomp_program`
+    (see :func:`seccomp_pipe`).
 
     Example:
         >>> command(["python", "-c", "pass"], Policy())[:2]
@@ -223,7 +273,59 @@ def command(argv: Sequence[str], policy: Policy) -> list[str]:
     if bwrap is None:
         raise ServingOptError("bubblewrap (bwrap) is not installed",
                               "apt-get install bubblewrap")
-    return [*_bwrap_prefix(bwrap, policy), "--", *argv]
+    return [*_bwrap_prefix(bwrap, policy, seccomp_fd), "--", *argv]
+
+
+# --- seccomp: system calls no model needs ---------------------------------------------
+
+# x86_64 numbers: ptrace, mount and the new mount API, pivot_root, chroot, swap, reboot,
+# host names, kernel modules, kexec, keyrings, unshare/setns, cross-process memory,
+# handles to inodes, bpf, perf events, userfaultfd, io_uring (whose operations bypass
+# seccomp), acct, quotactl, iopl/ioperm, lookup_dcookie.
+_DENIED_SYSCALLS_X86_64 = (
+    101, 165, 166, 155, 161, 167, 168, 169, 170, 171, 172, 173, 163, 179, 175, 176, 313,
+    246, 320, 248, 249, 250, 272, 308, 310, 311, 303, 304, 321, 298, 323, 425, 426, 427,
+    428, 429, 430, 431, 432, 433, 442, 212)
+_AUDIT_ARCH_X86_64 = 0xC000003E
+
+
+def seccomp_program() -> bytes | None:
+    """A classic BPF seccomp filter (``struct sock_filter[]``, as bubblewrap's
+    ``--seccomp`` reads it): EPERM for the system calls in
+    :data:`_DENIED_SYSCALLS_X86_64`, for x32 and for any other architecture's calls;
+    None where the machine is not x86_64 (no filter: the namespaces still hold)."""
+    import platform
+    import struct
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    ld_w_abs, jmp_jeq, jmp_jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO|EPERM
+    denied = _DENIED_SYSCALLS_X86_64
+    # 0 load arch; 1 arch?; 2 deny; 3 load nr; 4 x32?; 5.. one test each; allow; deny.
+    # A jump's offset counts from the next instruction.
+    to_deny = 6 + len(denied)
+    program = [(ld_w_abs, 0, 0, 4), (jmp_jeq, 1, 0, _AUDIT_ARCH_X86_64), (ret, 0, 0, deny),
+               (ld_w_abs, 0, 0, 0), (jmp_jge, to_deny - 5, 0, 0x40000000)]
+    for index, number in enumerate(denied):
+        program.append((jmp_jeq, to_deny - (5 + index) - 1, 0, number))
+    program += [(ret, 0, 0, allow), (ret, 0, 0, deny)]
+    return b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
+
+
+def seccomp_pipe() -> int | None:
+    """A pipe's read end holding :func:`seccomp_program` (for :func:`command`'s
+    ``seccomp_fd`` and ``Popen(pass_fds=...)``); the caller closes it after starting the
+    child. None when there is no filter for this machine."""
+    program = seccomp_program()
+    if program is None:
+        return None
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, program)  # a few hundred bytes: within the pipe's buffer
+    finally:
+        os.close(write_end)
+    return read_end
 
 
 def search_path(*directories: str) -> dict:
@@ -232,11 +334,21 @@ def search_path(*directories: str) -> dict:
     return {"PATH": os.pathsep.join([*directories, "/usr/local/bin", "/usr/bin", "/bin"])}
 
 
-def glob_root(pattern: str) -> str:
-    """The directory a local glob reads from (its part before the first wildcard),
-    absolute: what a sandbox must bind for it."""
-    head = pattern.split("*")[0].split("?")[0].split("[")[0]
-    return os.path.dirname(os.path.abspath(head)) if head else os.getcwd()
+def glob_files(pattern: str) -> list[str]:
+    """The regular files a local glob matches, absolute: what a sandbox binds for it, one
+    by one and read-only (never their directory: a secret or a socket beside the
+    examples stays outside). A remote pattern (``gs://...``) binds nothing.
+
+    Example:
+        >>> glob_files("data/eval-*.tfrecord")
+        ['/home/me/data/eval-0.tfrecord', '/home/me/data/eval-1.tfrecord']
+    """
+    import glob
+
+    if "://" in pattern:
+        return []
+    matched = glob.glob(os.path.abspath(pattern), recursive=True)
+    return sorted(path for path in matched if os.path.isfile(path))
 
 
 def interpreter_dirs(python: str | None) -> list[str]:
@@ -275,6 +387,19 @@ def preexec(memory_bytes: int | None) -> Callable[[], None]:
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
     return apply
+
+
+def limit_threads(limit: int = MAX_THREADS) -> None:
+    """RLIMIT_NPROC for this process and its children, set inside the sandbox: the kernel
+    counts it per user namespace, so it bounds this sandbox's threads and processes, not
+    the host user's. (A host running serving_opt as root is exempt: the kernel does not
+    apply RLIMIT_NPROC to uid 0, which the sandbox's uid maps to there.)"""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    if hard == resource.RLIM_INFINITY or hard > limit:
+        soft = limit if soft == resource.RLIM_INFINITY else min(soft, limit)
+        resource.setrlimit(resource.RLIMIT_NPROC, (soft, limit))
 
 
 # --- results: data only -------------------------------------------------------------
@@ -357,25 +482,58 @@ class Worker:
         self.scratch = scratch
         self.result_path = os.path.join(scratch, ".sandbox-result.pickle")
         self.progress = progress or (lambda _: None)
+        self.timeout = policy.timeout_seconds
         argv = [sys.executable, "-m", "serving_opt.sandbox", preload, self.result_path]
         policy = dataclasses.replace(policy, writable=(*policy.writable, scratch))
         run_env = environment(env) if sandboxed else loader.with_runtime_defaults(os.environ, env)
+        # stderr through a pipe into a file cut back to its tail: a model that writes
+        # without end fills neither the host's /tmp nor this process's memory.
         self._stderr = tempfile.TemporaryFile()
-        self.process = subprocess.Popen(
-            command(argv, policy) if sandboxed else argv,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-            env=run_env, preexec_fn=preexec(policy.memory_bytes) if sandboxed else None,
-            cwd="/tmp" if sandboxed else None)
+        self._stderr_lock = threading.Lock()
+        seccomp = seccomp_pipe() if sandboxed else None
+        try:
+            self.process = subprocess.Popen(
+                command(argv, policy, seccomp) if sandboxed else argv,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=run_env, preexec_fn=preexec(policy.memory_bytes) if sandboxed else None,
+                cwd="/tmp" if sandboxed else None,
+                pass_fds=(seccomp,) if seccomp is not None else ())
+        finally:
+            if seccomp is not None:
+                os.close(seccomp)
         self._reader = threading.Thread(target=self._forward_progress, daemon=True)
         self._reader.start()
+        self._stderr_reader = threading.Thread(target=self._keep_stderr, daemon=True)
+        self._stderr_reader.start()
 
     def _forward_progress(self) -> None:
-        for raw in self.process.stdout:
-            line = raw.decode(errors="replace").rstrip("\n")
+        for line in _bounded_lines(self.process.stdout, MAX_LINE_BYTES):
             if line.startswith(PROGRESS_PREFIX):
                 # Printable text only: a model's names must not drive the terminal.
                 text = line[len(PROGRESS_PREFIX):]
                 self.progress("".join(c if c.isprintable() else "?" for c in text))
+
+    def _keep_stderr(self) -> None:
+        try:
+            self._append_stderr()
+        except (OSError, ValueError):
+            pass  # closed under it: the worker is gone
+
+    def _append_stderr(self) -> None:
+        while True:
+            chunk = self.process.stderr.read1(1 << 16)
+            if not chunk:
+                return
+            with self._stderr_lock:
+                self._stderr.seek(0, os.SEEK_END)
+                self._stderr.write(chunk)
+                if self._stderr.tell() > STDERR_MAX_BYTES:
+                    self._stderr.seek(-STDERR_KEEP_BYTES, os.SEEK_END)
+                    tail = self._stderr.read()
+                    self._stderr.seek(0)
+                    self._stderr.truncate()
+                    self._stderr.write(tail)
+                self._stderr.flush()
 
     def call(self, target: str, *args, **kwargs):
         """Runs ``module:function(*args, **kwargs)`` in the worker; returns its result
@@ -386,14 +544,22 @@ class Worker:
         except BrokenPipeError:
             pass  # it died starting; the exit status below says why
         try:
-            code = self.process.wait()
+            code = self.process.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise ServingOptError(
+                f"the sandboxed run was stopped after {self.timeout:.0f} s "
+                f"(--sandbox_timeout_seconds={self.timeout:.0f}); nothing was published",
+                "raise --sandbox_timeout_seconds for a model this slow; a model that "
+                "blocks for ever (a queue nobody fills) never finishes") from None
         except BaseException:
             self.kill()
             raise
         self._reader.join(timeout=5)
+        self._stderr_reader.join(timeout=5)
         if code != 0 or not os.path.exists(self.result_path):
             raise ServingOptError(f"the sandboxed process failed (exit {code}): "
-                                  f"{self.stderr_tail()}",
+                                  f"{self.stderr_tail()}{_limit_hint(self.stderr_tail(5))}",
                                   "rerun with --verbosity=1; --allow_unsandboxed runs it "
                                   "without the sandbox, for a model you trust")
         outcome = loads(_read_result(self.result_path))
@@ -406,8 +572,13 @@ class Worker:
         return outcome.get("result")
 
     def stderr_tail(self, lines: int = 1) -> str:
-        self._stderr.seek(0)
-        text = self._stderr.read().decode(errors="replace").strip().splitlines()
+        """The last ``lines`` lines of the worker's stderr (of its last
+        :data:`STDERR_KEEP_BYTES` at most)."""
+        with self._stderr_lock:
+            self._stderr.seek(0, os.SEEK_END)
+            self._stderr.seek(max(0, self._stderr.tell() - STDERR_KEEP_BYTES))
+            data = self._stderr.read()
+        text = data.decode(errors="replace").strip().splitlines()
         return " | ".join(text[-lines:]) or "no output"
 
     def kill(self) -> None:
@@ -425,7 +596,9 @@ class Worker:
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.kill()
-        self._stderr.close()
+        self._stderr_reader.join(timeout=5)
+        with self._stderr_lock:
+            self._stderr.close()
 
     def __enter__(self) -> Worker:
         return self
@@ -434,6 +607,32 @@ class Worker:
         if exc[0] is not None:
             self.kill()
         self.close()
+
+
+def _bounded_lines(stream, limit: int):
+    """The lines of a binary stream as text, each cut at ``limit`` bytes (the rest of a
+    longer line is read and dropped, never held)."""
+    while True:
+        line = stream.readline(limit)
+        if not line:
+            return
+        if not line.endswith(b"\n"):
+            while True:  # drop the rest of an over-long line
+                rest = stream.readline(limit)
+                if not rest or rest.endswith(b"\n"):
+                    break
+        yield line.decode(errors="replace").rstrip("\n")
+
+
+def _limit_hint(stderr: str) -> str:
+    """Names the sandbox's limit a failure looks like it ran into."""
+    if "No space left on device" in stderr:
+        return f" (the sandbox's /tmp holds {TMP_BYTES >> 20} MiB, sandbox.TMP_BYTES)"
+    if "Resource temporarily unavailable" in stderr or "pthread_create" in stderr:
+        return f" (a sandbox runs at most {MAX_THREADS} threads, sandbox.MAX_THREADS)"
+    if "MemoryError" in stderr or "bad_alloc" in stderr or "Cannot allocate memory" in stderr:
+        return " (the memory limit of each sandboxed process, --sandbox_memory_bytes)"
+    return ""
 
 
 def call(target: str, *args, policy: Policy, sandboxed: bool = True,
@@ -486,6 +685,8 @@ def say(message: str) -> None:
 
 def _serve(preload: str, result_path: str) -> int:
     """The worker: import what is slow now, then run the one call sent on stdin."""
+    if inside():
+        limit_threads()  # inside the sandbox's user namespace: counted per sandbox
     if preload == "optimize":
         loader.configure_for_optimizing()  # before TensorFlow is imported
         loader.quiet_tensorflow_import()

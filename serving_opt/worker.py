@@ -67,7 +67,7 @@ def policy(run: Run) -> sandbox_lib.Policy:
     if plan.inputs.examples:
         read_only.append(plan.inputs.examples)
     if plan.gate.compare_examples:
-        read_only.append(sandbox_lib.glob_root(plan.gate.compare_examples))
+        read_only.extend(sandbox_lib.glob_files(plan.gate.compare_examples))
     if plan.validate is not None:
         from serving_opt.serving import validate as validate_lib
 
@@ -75,7 +75,24 @@ def policy(run: Run) -> sandbox_lib.Policy:
             plan.validate.target.serving_runtime_python))
         read_only.extend(validate_lib.binary_dirs(plan.validate))
     return sandbox_lib.Policy(read_only=tuple(read_only), writable=(run.work_dir,),
-                              memory_bytes=plan.trust.sandbox_memory_bytes)
+                              memory_bytes=plan.trust.sandbox_memory_bytes,
+                              timeout_seconds=timeout_seconds(plan))
+
+
+def timeout_seconds(plan: Plan) -> float:
+    """The worker's wall-clock limit: ``--sandbox_timeout_seconds``, else an hour for the
+    build and proofs plus four times the measuring budget (each candidate measures within
+    ``--measure_seconds``, a confirmation too) and the serving validation's load deadline.
+
+    Example:
+        >>> timeout_seconds(plan)   # --measure_seconds=60, no --validate
+        3840.0
+    """
+    if plan.trust.sandbox_timeout_seconds is not None:
+        return float(plan.trust.sandbox_timeout_seconds)
+    measure = plan.measure.measure_seconds or 0.0
+    validate = plan.validate.serving.load_deadline if plan.validate is not None else 0.0
+    return 3600.0 + 4 * float(measure) + float(validate or 0.0)
 
 
 def env(run: Run) -> dict:

@@ -234,7 +234,10 @@ def compare(baseline: str, candidate: str, examples: str,
     given = {"baseline": baseline, "candidate": candidate, "examples_pattern": examples}
     baseline, candidate = os.path.abspath(baseline), os.path.abspath(candidate)
     examples = os.path.abspath(examples)
-    policy = sandbox_lib.Policy(read_only=(baseline, candidate, sandbox_lib.glob_root(examples)))
+    # The matched shards one by one, never their directory (a secret or a socket beside
+    # them stays outside).
+    policy = sandbox_lib.Policy(read_only=(baseline, candidate,
+                                           *sandbox_lib.glob_files(examples)))
     report = sandbox_lib.call("serving_opt.compare.driver:execute", baseline, candidate, examples,
                               options, policy=policy, progress=say)
     import dataclasses

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import tempfile
 
 from serving_opt.errors import ServingOptError, UsageError, storage_error
@@ -384,6 +385,7 @@ def _write_saved_model(graph: ServingGraph, export_dir: str) -> str:
     for sub in ("assets", "assets.extra"):
         src = os.path.join(graph.source_dir, sub)
         if os.path.isdir(src):
+            refuse_hard_links(src)
             shutil.copytree(src, os.path.join(export_dir, sub), dirs_exist_ok=True)
     for asset in graph.asset_file_defs:
         copied = loader.safe_asset_path(export_dir, asset.filename)
@@ -392,7 +394,11 @@ def _write_saved_model(graph: ServingGraph, export_dir: str) -> str:
                 f"asset filename {asset.filename!r} escapes the assets directory",
                 "re-export the model; asset filenames must be relative names inside assets/",
             )
-        if not os.path.isfile(copied):
+        source = loader.safe_asset_path(graph.source_dir, asset.filename) \
+            if graph.source_dir else None
+        if not os.path.isfile(copied) and not (source and not os.path.lexists(source)):
+            # Declared but absent in the source too: published declared the same way
+            # (the loaders only build its path; inspect rates whether an op reads it).
             raise ServingOptError(
                 f"asset {asset.filename} is declared by the model but missing from "
                 f"{os.path.join(graph.source_dir, 'assets')}",
@@ -414,6 +420,22 @@ def _write_saved_model(graph: ServingGraph, export_dir: str) -> str:
         f.write(saved_model.SerializeToString())
     os.replace(tmp, os.path.join(export_dir, "saved_model.pb"))
     return export_dir
+
+
+def refuse_hard_links(directory: str) -> None:
+    """Refuses a file under ``directory`` (a model's assets) with more than one link: it
+    is another file too, maybe one of the build host's, whose bytes copying would
+    publish (symlinks out of a model are refused for the same reason)."""
+    for root, _dirs, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(root, name)
+            info = os.lstat(path)
+            if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+                raise ServingOptError(
+                    f"asset {path} has {info.st_nlink} hard links: it is another file too, "
+                    "whose contents would be published with the model",
+                    "replace it with a copy of its own (cp --no-preserve=links) if it "
+                    "belongs to the model")
 
 
 def _link_or_copy(src: str, dst: str) -> str:

@@ -36,7 +36,8 @@ _MODELS = {"baseline": "SavedModel whose answers are expected.",
 # signatures are compare's own (shards to read; signatures the examples fit).
 _GROUPS = {"inputs": (options_lib.InputOptions, ("examples",)),
            "tolerance": (options_lib.Tolerance, ()),
-           "trust": (options_lib.TrustOptions, ("sandbox_memory_bytes",))}
+           "trust": (options_lib.TrustOptions,
+                     ("sandbox_memory_bytes", "sandbox_timeout_seconds"))}
 _HELP = {"allow_unsandboxed": "Run the models even where the bubblewrap sandbox cannot start, "
                               "or on remote examples with a local runner. Only for models "
                               "you trust."}
