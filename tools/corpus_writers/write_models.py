@@ -143,11 +143,14 @@ def estimator_tf1(path, tmp):
 
 
 def keras2_module():
+    """(module, name, version) of Keras 2: tf.keras up to TF 2.15, tf_keras from 2.16."""
+    from importlib import metadata
     major, minor = tf_minor()
     if (major, minor) <= (2, 15):
-        return tf.keras, "tf.keras"
+        # tf.keras is a lazy loader over the `keras` 2.x package (no __version__ on 2.13).
+        return tf.keras, "tf.keras", getattr(tf.keras, "__version__", None) or metadata.version("keras")
     import tf_keras  # noqa: F401  (Keras 2 beside Keras 3 from TF 2.16 on)
-    return tf_keras, "tf_keras"
+    return tf_keras, "tf_keras", tf_keras.__version__
 
 
 def set_weights(model, offset):
@@ -176,25 +179,25 @@ def dense_bn_model(k):
 
 
 def keras2(path, tmp):
-    k, name = keras2_module()
-    if not k.__version__.startswith("2."):
-        raise RuntimeError(f"{name} is Keras {k.__version__}, not Keras 2")
+    k, name, version = keras2_module()
+    if not version.startswith("2."):
+        raise RuntimeError(f"{name} is Keras {version}, not Keras 2")
     k.utils.set_random_seed(SEED)
     model = dense_bn_model(k)
     set_weights(model, 2)
     tf.saved_model.save(model, path)
-    return f"{name} {k.__version__} functional model, tf.saved_model.save"
+    return f"{name} {version} functional model, tf.saved_model.save"
 
 
 def keras2_model_save(path, tmp):
-    k, name = keras2_module()
-    if not k.__version__.startswith("2."):
-        raise RuntimeError(f"{name} is Keras {k.__version__}, not Keras 2")
+    k, name, version = keras2_module()
+    if not version.startswith("2."):
+        raise RuntimeError(f"{name} is Keras {version}, not Keras 2")
     k.utils.set_random_seed(SEED)
     model = dense_bn_model(k)
     set_weights(model, 2)
     model.save(path, save_format="tf")
-    return f"{name} {k.__version__} functional model, model.save(path, save_format='tf')"
+    return f"{name} {version} functional model, model.save(path, save_format='tf')"
 
 
 def keras3(path, tmp):
@@ -295,10 +298,11 @@ KINDS = {
 
 def versions():
     out = {"tensorflow": tf.__version__, "python": sys.version.split()[0], "numpy": np.__version__}
-    for name in ("keras", "tf_keras"):
+    from importlib import metadata
+    for name, dist in (("keras", "keras"), ("tf_keras", "tf-keras")):
         try:
-            out[name] = __import__(name).__version__
-        except Exception:  # noqa: BLE001  (absent in this venv)
+            out[name] = metadata.version(dist)
+        except metadata.PackageNotFoundError:  # absent in this venv
             pass
     return out
 
@@ -309,8 +313,15 @@ def main():
     parser.add_argument("--kinds", default=",".join(KINDS))
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    record = {"versions": versions(), "models": {}, "skipped": {}}
+    record_path = os.path.join(args.out, "WRITER.json")
+    record = {"models": {}, "skipped": {}}
+    if os.path.exists(record_path):  # --kinds rewrites some kinds: keep the others' records
+        with open(record_path) as f:
+            record = json.load(f)
+    record["versions"] = versions()
     for kind in args.kinds.split(","):
+        record["models"].pop(kind, None)
+        record["skipped"].pop(kind, None)
         path = os.path.join(args.out, kind)
         shutil.rmtree(path, ignore_errors=True)
         np.random.seed(SEED)
@@ -327,7 +338,7 @@ def main():
                 continue
         record["models"][kind] = {"writer": writer}
         print(f"[{tf.__version__}] wrote {kind} -> {path}", flush=True)
-    with open(os.path.join(args.out, "WRITER.json"), "w") as f:
+    with open(record_path, "w") as f:
         json.dump(record, f, indent=1, sort_keys=True)
         f.write("\n")
 
