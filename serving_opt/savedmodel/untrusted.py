@@ -14,22 +14,26 @@ exact shape TensorFlow's exporters write and the loaders run:
   ``SaveV2`` / ``MergeV2Checkpoints`` / ``StringJoin`` / ``ShardedFilename`` / ``Const``
   / ``Identity`` / ``Assign*`` / ``NoOp`` over variables and mutable tables) or
   ``tf.saved_model.save`` (TF2: one call of a ``_traced_restore``/``_traced_save``
-  function with the same ops, called by nothing else), every file name derived from
-  the ``filename_tensor_name`` placeholder the loader feeds (plus the
+  function with the same ops, called by nothing else, passed the saved objects, or
+  TF 2.3-2.5's ``<var>/Read/ReadVariableOp`` of one for the save), every file name
+  derived from the ``filename_tensor_name`` placeholder the loader feeds (plus the
   ``_temp/part``-style suffixes and shard numbers TF adds), with no other input, and
   never reached from a signature or the init op. A second TF1 saver of that shape which
   saver_def does not name (a training script's own ``Saver``, next to the one the
   SavedModel builder adds) is tolerated while nothing a loader or a request runs
-  reaches it.
+  reaches it; likewise a ``_traced_save``/``_traced_restore`` function of that shape
+  that nothing references (a TF2 model loaded into a TF1 graph brings its own).
 * **Reading an asset** (``InitializeTableFromTextFile*``, ``ReadFile``): the file name
   comes, through ``Identity`` only, from a node of the MetaGraph's asset_file_def (or
   the ``saved_model_assets`` collection of TF1 exports, as the loaders read it) that is
   a ``Placeholder`` or ``Const`` the loader feeds, or, in TF2, from the variable
   ``tf.saved_model.save`` assigns that placeholder to; inside a function, from an
-  argument the object graph binds to an ``asset`` and every call of the function
-  passes such a path. The loaders feed asset paths only when they run the init op (and
-  the restore op), so a signature must not reach the op: a request would read whatever
-  the node holds (a TF1 asset Const holds the *build host's* absolute path).
+  argument that every call of the function passes such a path (a graph-level call, or
+  a call in a function whose own argument is one, a few calls deep) and that the object
+  graph, if it binds it, binds to an ``asset``. The loaders feed asset paths only when
+  they run the init op (and the restore op), so a signature must not reach the op: a
+  request would read whatever the node holds (a TF1 asset Const holds the *build
+  host's* absolute path).
 
 Everything else is a finding: :func:`host_op_uses` lists them, ``inspect`` rates them,
 and :func:`refuse_host_ops` turns the first into the one-line error ``optimize``,
