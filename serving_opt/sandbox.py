@@ -15,7 +15,13 @@ local server under ``validate``, ``compare``'s workers) run under bubblewrap
 * no network (``--unshare-net``: a loopback of its own, so the local server and its
   client talk inside it), no view of other processes (``--unshare-pid``), a new
   session (no terminal injection), ``--die-with-parent``;
-* a memory limit (``RLIMIT_DATA``, every process of the sandbox).
+* nothing of the host's identity: uid/gid 65534 in a user namespace of its own with no
+  capabilities and no nested user namespace, hostname ``sandbox``, the environment
+  reduced to the settings TensorFlow and its libraries read (by name); a seccomp
+  filter denies the system calls no model needs (:func:`seccomp_program`);
+* limits: memory (``RLIMIT_DATA``, every process of the sandbox), sized tmpfs mounts,
+  threads (``RLIMIT_NPROC`` inside), a wall-clock limit on a :class:`Worker`'s call, and
+  bounded output (progress lines, the stderr tail).
 
 What comes back out is data, not code: a result is unpickled by :func:`loads`, which
 builds only serving_opt's own report dataclasses, numpy arrays and protobuf
@@ -173,7 +179,7 @@ def describe(sandboxed: bool) -> str:
     """The report's line on isolation."""
     if sandboxed:
         return "bubblewrap: read-only model and Python, writable work directory only, " \
-               "no network"
+               "no network, uid 65534 without capabilities"
     if inside():
         return "inside the caller's bubblewrap sandbox"
     reason = unavailable_reason()

@@ -23,6 +23,7 @@ from hostile_models_round3 import (
     build_init_op_blocks,
     build_init_op_lists,
     build_init_op_reads,
+    build_init_op_reads_lines,
     build_request_plants,
 )
 
@@ -81,8 +82,11 @@ def test_the_hosts_name_is_not_published(tmp_path):
         assert f"{host}\n".encode() not in published
 
 
-def test_the_model_runs_as_nobody_without_capabilities_and_a_thread_limit(tmp_path):
-    published = _optimize_reading(tmp_path, "/proc/self/status")
+def test_the_model_runs_as_nobody_without_capabilities(tmp_path):
+    model = build_init_op_reads_lines(str(tmp_path / "models"), "/proc/self/status",
+                                      "(Uid|Gid|Cap|Seccomp|NoNewPrivs).*")
+    optimize(model, str(tmp_path / "out"), OptimizeOptions(**QUICK))
+    published = _published(tmp_path / "out")
     assert b"Uid:\t65534\t65534\t65534\t65534" in published
     assert b"CapEff:\t0000000000000000" in published
     assert b"CapBnd:\t0000000000000000" in published
@@ -255,7 +259,6 @@ def test_files_the_model_wrote_into_its_candidate_are_not_published(tmp_path):
     report = optimize(model, str(out), OptimizeOptions(**QUICK))
     published = tree_snapshot(str(out / "1"))
     assert not any("planted" in path for path in published), sorted(published)
-    assert SECRET.encode() not in b"".join(published.values())
     assert any("planted.txt" in warning for warning in report.warnings), report.warnings
 
 
