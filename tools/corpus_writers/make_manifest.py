@@ -58,7 +58,8 @@ def check_load(path, mg):
         try:
             tf.saved_model.load(path, tags=list(mg.meta_info_def.tags))
         except Exception as e:  # noqa: BLE001
-            errors.append(f"tf.saved_model.load: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}")
+            first = str(e).strip().splitlines()[0][:300]
+            errors.append(f"tf.saved_model.load: {type(e).__name__}: {first}")
     return "; ".join(errors) or None
 
 
@@ -106,11 +107,13 @@ def entries(corpus, check):
             notes = model_info.get("notes", "")
             if info_name == "WRITER.json" and group.startswith("tf-"):
                 versions = info.get("versions", {})
-                extra = ", ".join(f"{k} {versions[k]}" for k in ("keras", "tf_keras") if k in versions)
+                extra = ", ".join(
+                    f"{k} {versions[k]}" for k in ("keras", "tf_keras") if k in versions)
                 notes = "; ".join(x for x in (notes, f"venv had {extra}" if extra else "") if x)
             error = check_load(root, mg) if check else None
             if error:
-                notes = "; ".join(x for x in (notes, f"does not load in TF {tf.__version__}: {error}") if x)
+                failed = f"does not load in TF {tf.__version__}: {error}"
+                notes = "; ".join(x for x in (notes, failed) if x)
             out.append({
                 "id": f"{group}/{name}",
                 "path": rel,

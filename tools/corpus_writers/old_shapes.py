@@ -32,8 +32,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from tensorflow.core.framework import types_pb2  # noqa: E402
-from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2, saver_pb2  # noqa: E402
+from tensorflow.core.protobuf import saved_model_pb2, saver_pb2  # noqa: E402
 
 v1 = tf.compat.v1
 SEED = 29
@@ -142,7 +141,8 @@ def tf24_keras(path):
     removed = set()
     for n in fdef.node_def:
         data_inputs = [x for x in n.input if not x.startswith("^")]
-        if n.op in ("ReadVariableOp", "DisableCopyOnRead") and data_inputs and data_inputs[0] in renamed:
+        reads_arg = bool(data_inputs) and data_inputs[0] in renamed
+        if n.op in ("ReadVariableOp", "DisableCopyOnRead") and reads_arg:
             removed.add(n.name)
             if n.op == "ReadVariableOp":
                 alias[n.name + ":value:0"] = renamed[data_inputs[0]]
@@ -175,10 +175,12 @@ def tf24_keras(path):
     write_sm(path, sm)
     return {
         "writer": "tf.saved_model.save (TF 2.21), save function rewritten to the TF 2.0-2.4 shape",
-        "notes": ("saver_def save call StatefulPartitionedCall_1 takes <var>/Read/ReadVariableOp float "
+        "notes": ("saver_def save call StatefulPartitionedCall_1 takes <var>/Read/ReadVariableOp "
+                  "float "
                   "values, FunctionDef args savev2_*_read_readvariableop feed SaveV2 directly, as "
                   "saveable_object_util.saveable_objects_for_op (_graph_element) + "
-                  "functional_saver._traced_save wrote them in TF 2.0-2.4; restore still takes handles. "
+                  "functional_saver._traced_save wrote them in TF 2.0-2.4; restore still takes "
+                  "handles. "
                   "Rewritten args: " + ", ".join(f"{o}->{n}" for _, o, n in changed)),
     }
 
@@ -196,6 +198,10 @@ def _tf1_graph(r, device_split=False):
     y = tf.add(x * a, b, name="y")
     z = tf.matmul(x, c, name="z")
     return x, y, z
+
+
+def regression_sig(examples, output):
+    return v1.saved_model.signature_def_utils.regression_signature_def(examples, output)
 
 
 def _predict_sig(inputs, outputs):
@@ -220,8 +226,10 @@ def tf1_saver_v1(path):
                     "serving_default": _predict_sig({"x": x}, {"y": y, "z": z})},
                 saver=saver, strip_default_attrs=True)
             builder.save()
-    return {"writer": "tf.compat.v1.saved_model.Builder with tf.compat.v1.train.Saver(write_version=V1)",
-            "notes": "saver_def.version V1: save/SaveSlices writes, save/RestoreV2 restores (tf.compat.v1 "
+    return {"writer": "tf.compat.v1.saved_model.Builder with "
+                      "tf.compat.v1.train.Saver(write_version=V1)",
+            "notes": "saver_def.version V1: save/SaveSlices writes, save/RestoreV2 restores "
+                     "(tf.compat.v1 "
                      "builds no RestoreSlice); variables/variables is one V1 checkpoint file "
                      "(no .index/.data)"}
 
@@ -240,9 +248,11 @@ def tf1_sharded_saver(path):
                     "z": _predict_sig({"x": x}, {"z": z})},
                 saver=saver, strip_default_attrs=True)
             builder.save()
-    return {"writer": "tf.compat.v1.saved_model.Builder with tf.compat.v1.train.Saver(sharded=True)",
+    return {"writer": "tf.compat.v1.saved_model.Builder with "
+                      "tf.compat.v1.train.Saver(sharded=True)",
             "notes": "variables on two device groups (/device:CPU:0 and unplaced): two shards, "
-                     "save/ShardedFilename_1, save/SaveV2_1, save/restore_shard_1, save/restore_all"}
+                     "save/ShardedFilename_1, save/SaveV2_1, save/restore_shard_1, "
+                     "save/restore_all"}
 
 
 def tf10_noshape(path):
@@ -270,7 +280,7 @@ def tf10_noshape(path):
             builder.add_meta_graph_and_variables(
                 sess, ["serve"], signature_def_map={
                     "serving_default": _predict_sig({"x": x}, {"y": y}),
-                    "tensorflow/serving/regress": v1.saved_model.signature_def_utils.regression_signature_def(
+                    "tensorflow/serving/regress": regression_sig(
                         v1.placeholder(tf.string, name="tf_example"), y)},
                 assets_collection=v1.get_collection(v1.GraphKeys.ASSET_FILEPATHS),
                 main_op=init, strip_default_attrs=True)

@@ -97,11 +97,13 @@ def estimator_tf1(path, tmp):
             with v1.variable_scope("input_from_feature_columns"):
                 net = fc.input_layer(features, columns)
             with v1.variable_scope("hiddenlayer_0"):
-                k0 = v1.get_variable("kernel", initializer=r.normal(0, 0.5, (5, 8)).astype(np.float32))
+                k0 = v1.get_variable(
+                    "kernel", initializer=r.normal(0, 0.5, (5, 8)).astype(np.float32))
                 b0 = v1.get_variable("bias", initializer=r.normal(0, 0.1, (8,)).astype(np.float32))
                 hidden = tf.nn.relu(tf.matmul(net, k0) + b0)
             with v1.variable_scope("logits"):
-                k1 = v1.get_variable("kernel", initializer=r.normal(0, 0.5, (8, 1)).astype(np.float32))
+                k1 = v1.get_variable(
+                    "kernel", initializer=r.normal(0, 0.5, (8, 1)).astype(np.float32))
                 b1 = v1.get_variable("bias", initializer=np.array([0.1], np.float32))
                 logits = tf.matmul(hidden, k1) + b1
         with v1.name_scope("head"):
@@ -110,7 +112,8 @@ def estimator_tf1(path, tmp):
             class_ids = tf.expand_dims(tf.argmax(probabilities, axis=1), -1, name="class_ids")
             classes = tf.strings.as_string(class_ids, name="str_classes")
             batch = tf.shape(probabilities)[0]
-            all_class_ids = tf.tile(tf.constant([[0, 1]], tf.int32), [batch, 1], name="all_class_ids")
+            all_class_ids = tf.tile(
+                tf.constant([[0, 1]], tf.int32), [batch, 1], name="all_class_ids")
             all_classes = tf.tile(tf.constant([["0", "1"]]), [batch, 1], name="all_classes")
         sig = v1.saved_model.signature_def_utils
         classify = sig.classification_signature_def(serialized, all_classes, probabilities)
@@ -148,7 +151,8 @@ def keras2_module():
     major, minor = tf_minor()
     if (major, minor) <= (2, 15):
         # tf.keras is a lazy loader over the `keras` 2.x package (no __version__ on 2.13).
-        return tf.keras, "tf.keras", getattr(tf.keras, "__version__", None) or metadata.version("keras")
+        version = getattr(tf.keras, "__version__", None) or metadata.version("keras")
+        return tf.keras, "tf.keras", version
     import tf_keras  # noqa: F401  (Keras 2 beside Keras 3 from TF 2.16 on)
     return tf_keras, "tf_keras", tf_keras.__version__
 
@@ -203,7 +207,8 @@ def keras2_model_save(path, tmp):
 def keras3(path, tmp):
     import keras
     if not keras.__version__.startswith("3."):
-        raise RuntimeError(f"keras is {keras.__version__}, not Keras 3 (Keras 3 ships with TF >= 2.16)")
+        raise RuntimeError(
+            f"keras is {keras.__version__}, not Keras 3 (Keras 3 ships with TF >= 2.16)")
     keras.utils.set_random_seed(SEED)
     model = dense_bn_model(keras)
     set_weights(model, 3)
@@ -282,7 +287,8 @@ def transform_layer(path, tmp):
     color = write_vocab(tmp, "vocab_color", COLORS)
     module = TransformModule(city, color)
     tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
-    return ("tf.Module (tf.Transform-style): parse_example + VarLenFeature densified to [batch,1] + "
+    return ("tf.Module (tf.Transform-style): parse_example + VarLenFeature densified to "
+            "[batch,1] + "
             "StaticVocabularyTable(num_oov_buckets=2) + StaticHashTable, tf.saved_model.save")
 
 
