@@ -2,12 +2,13 @@
 the shape its writer gives it, and a hostile twin of each that differs only in what a
 hostile model would change, still refused.
 
-1. TF 2.3-2.5's ``tf.saved_model.save`` passed ``<var>/Read/ReadVariableOp`` (a read of the
+1. TF 2.3-2.8's ``tf.saved_model.save`` passed ``<var>/Read/ReadVariableOp`` (a read of the
    VarHandleOp, no other input) to the traced save function, not the handle; the restore
-   function got the handle (checked on exports of TF 2.3.4, 2.4.4 and 2.5.3).
+   function got the handle (checked on exports of TF 2.3.4, 2.4.4, 2.5.3, 2.6.5 and
+   2.8.4; TF 2.12 passes the handle).
 2. ``EncodeProto``/``DecodeProtoV2`` with ``descriptor_source="bytes://<FileDescriptorSet>"``
    carry their descriptors in the attr and open no file.
-3. Table initializers the session loaders run with an asset path: (a) TF 2.3-2.5 traced
+3. Table initializers the session loaders run with an asset path: (a) TF 2.3-2.8 traced
    each resource's initializer a second time as ``__inference_<lambda>_N`` (save.py,
    ``_trace_resource_initializers``), called only by the init op with the asset
    variable's read and bound by no object graph; (b) a TF2 model loaded into a TF1 graph
@@ -18,7 +19,7 @@ hostile model would change, still refused.
    is a warning unless an op reads it (then an error naming the op), and optimize
    publishes the model declaring it the same way.
 
-The TF 2.3-2.5 shapes are written by hand from a TF 2.21 export, exactly as those
+The TF 2.3-2.8 shapes are written by hand from a TF 2.21 export, exactly as those
 versions wrote them (the other shapes are TF 2.21's own).
 """
 
@@ -79,7 +80,7 @@ def _function(meta_graph, name: str):
     return next(f for f in meta_graph.graph_def.library.function if f.signature.name == name)
 
 
-# ------------------------------------------------ item 1: TF 2.3-2.5's save function
+# ------------------------------------------------ item 1: TF 2.3-2.8's save function
 
 
 def _tf2_variable_model(export_dir: str) -> str:
@@ -98,7 +99,7 @@ def _tf2_variable_model(export_dir: str) -> str:
 
 
 def _save_passed_the_read(meta_graph, read_of: str | None = None) -> str:
-    """TF 2.3-2.5's shape: the save call is passed ``w/Read/ReadVariableOp`` (the
+    """TF 2.3-2.8's shape: the save call is passed ``w/Read/ReadVariableOp`` (the
     UninitializedVariable's graph element, its one input the VarHandleOp) and its
     function saves that argument as it is; ``read_of`` makes the read read another
     node instead. Returns the read's name."""
@@ -284,7 +285,7 @@ def _init_call(meta_graph):
 
 
 def _initializer_as_lambda(meta_graph) -> None:
-    """TF 2.3-2.5's shape: the init op calls ``__inference_<lambda>_N``, the same body
+    """TF 2.3-2.8's shape: the init op calls ``__inference_<lambda>_N``, the same body
     traced again by _trace_resource_initializers, which no object graph binds."""
     call = _init_call(meta_graph)
     initializer = _function(meta_graph, call.attr["f"].func.name)

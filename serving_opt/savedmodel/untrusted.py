@@ -15,7 +15,7 @@ exact shape TensorFlow's exporters write and the loaders run:
   / ``Identity`` / ``Assign*`` / ``NoOp`` over variables and mutable tables) or
   ``tf.saved_model.save`` (TF2: one call of a ``_traced_restore``/``_traced_save``
   function with the same ops, called by nothing else, passed the saved objects, or
-  TF 2.3-2.5's ``<var>/Read/ReadVariableOp`` of one for the save), every file name
+  TF 2.3-2.8's ``<var>/Read/ReadVariableOp`` of one for the save), every file name
   derived from the ``filename_tensor_name`` placeholder the loader feeds (plus the
   ``_temp/part``-style suffixes and shard numbers TF adds), with no other input, and
   never reached from a signature or the init op. A second TF1 saver of that shape which
@@ -369,14 +369,14 @@ _SAVE_OPS = frozenset({
 }) | _NAME_OPS | _SAVED_OBJECTS
 # What TF2's save function is passed besides the saved objects themselves: a read of
 # one saved object (its only input) -> the saved objects it may read. A mutable table's
-# export; and TF 2.3-2.4's variable read: tf.saved_model.save copied each variable into
+# export; and TF 2.3-2.8's variable read: tf.saved_model.save copied each variable into
 # the exported graph as an UninitializedVariable, whose graph-mode constructor adds
 # ``<var>/Read/ReadVariableOp`` (resource_variable_ops.py, ``with
 # ops.name_scope("Read"): value = read_variable_op(handle, dtype)``, its
 # ``_graph_element``), and saveable_objects_for_op saved ``op._graph_element`` of a
 # graph-mode variable (saveable_object_util.py), so the traced save function captured
 # that read; the restore function captured ``var.op.inputs[0]``, the VarHandleOp
-# itself. TF 2.5 saves the variable object (its handle).
+# itself (exports of TF 2.3.4, 2.4.4, 2.5.3, 2.6.5, 2.8.4; 2.12 passes the handle).
 _SAVED_OBJECT_READS = {
     "LookupTableExportV2": _SAVED_OBJECTS,
     "LookupTableExport": _SAVED_OBJECTS,
@@ -824,7 +824,7 @@ class _Assets:
             return f"no node calls function {fname}, so nothing passes it an asset"
         # The session loaders (TF Serving, this tool) run the graph's calls, and a
         # function's calls with what its caller passed. A function of no object graph
-        # binding is run by nothing else: TF 2.3-2.5's tf.saved_model.save traced each
+        # binding is run by nothing else: TF 2.3-2.8's tf.saved_model.save traced each
         # table's initializer as ``lambda: _wrap_initializer(obj)`` (save.py,
         # _trace_resource_initializers) and called it from the init op only, passing
         # the asset variable's read; a TF2 model loaded into a TF1 graph and saved
