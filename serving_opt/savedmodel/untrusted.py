@@ -614,7 +614,7 @@ class _Saver:
                     len(source.input) == 1 and (allowed is _SAVE_OPS or
                                                 source.op not in _SAVE_ONLY_READS):
                 # A mutable table's save (its contents exported at the top level), or a
-                # TF 2.3-2.4 variable's <var>/Read/ReadVariableOp: one read, no control
+                # TF 2.3-2.8 variable's <var>/Read/ReadVariableOp: one read, no control
                 # input, of a saved object of the kinds it reads.
                 saved = self.graph.nodes.get(node_name(source.input[0]))
                 if saved is not None and saved.op not in _SAVED_OBJECT_READS[source.op]:
