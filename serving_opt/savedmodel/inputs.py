@@ -387,7 +387,9 @@ class InputSynthesizer:
 
 
 def tensor_info_shape(info) -> tuple[int, ...] | None:
-    if info.tensor_shape.unknown_rank:
+    """The shape a signature declares, None when unknown: TF 1.0's signatures wrote no
+    ``tensor_shape`` at all, which reads as a scalar unless its absence is checked."""
+    if not info.HasField("tensor_shape") or info.tensor_shape.unknown_rank:
         return None
     return tuple(d.size for d in info.tensor_shape.dim)
 

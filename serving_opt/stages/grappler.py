@@ -59,6 +59,38 @@ def parse_passes(spec: str | None) -> tuple[str, ...]:
     return passes
 
 
+def with_default_attrs(graph_def):
+    """A copy of ``graph_def`` with every registered op's missing attrs at their
+    defaults, as TF's importers fill them in.
+
+    Exporters that strip default attrs (``strip_default_attrs=True``, the Estimator's
+    since TF 1.9) leave a ``Placeholder`` of unknown shape without its ``shape`` attr,
+    and Grappler's item builder then fails with "Failed to import metagraph" (seen on a
+    TF 1.x export kept with its variables).
+
+    Example:
+        >>> [n.attr["shape"].shape.unknown_rank for n in with_default_attrs(gd).node
+        ...  if n.op == "Placeholder"]
+        [True]
+    """
+    from tensorflow.core.framework import graph_pb2
+    from tensorflow.python.framework import op_def_registry
+
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    functions = {f.signature.name for f in out.library.function}
+    for node in all_node_defs(out):
+        if node.op in functions:
+            continue
+        op_def = op_def_registry.get(node.op)
+        if op_def is None:
+            continue
+        for attr in op_def.attr:
+            if attr.name not in node.attr and attr.HasField("default_value"):
+                node.attr[attr.name].CopyFrom(attr.default_value)
+    return out
+
+
 def run_grappler(
     graph: ServingGraph, passes: tuple[str, ...], rounds: int = DEFAULT_ROUNDS
 ) -> ServingGraph:
@@ -80,7 +112,7 @@ def run_grappler(
     rewriter.meta_optimizer_iterations = 1  # ONE; rounds are explicit below
     rewriter.min_graph_nodes = -1  # optimize small graphs too
 
-    graph_def = graph.graph_def
+    graph_def = with_default_attrs(graph.graph_def)
     keep = graph.must_keep()
     for _ in range(rounds):
         meta_graph = meta_graph_pb2.MetaGraphDef()
@@ -174,7 +206,7 @@ def inline_functions(graph: ServingGraph) -> tuple[ServingGraph, int]:
     rewriter.meta_optimizer_iterations = 1
     rewriter.min_graph_nodes = -1
     meta_graph = meta_graph_pb2.MetaGraphDef()
-    meta_graph.graph_def.CopyFrom(graph.graph_def)
+    meta_graph.graph_def.CopyFrom(with_default_attrs(graph.graph_def))
     _switch_lowering_off(meta_graph.graph_def)
     for key, sig in graph.signature_defs.items():
         meta_graph.signature_def[key].CopyFrom(sig)
