@@ -224,3 +224,17 @@ def test_the_benchmark_runs_on_the_inputs_parity_found(tmp_path):
     assert report.benchmark is not None
     assert [lat.batch_size for lat in report.benchmark.after] == [1]
     assert any("benchmark at batch 1 only" in w for w in report.warnings)
+
+
+def test_a_tensor_info_without_any_shape_is_unknown_not_a_scalar():
+    """TF 1.0's signatures wrote no tensor_shape field at all; read as a message, that
+    is a known scalar unless its absence is checked."""
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    from serving_opt.savedmodel import inputs
+
+    absent = meta_graph_pb2.TensorInfo(name="x:0", dtype=1)
+    scalar = meta_graph_pb2.TensorInfo(name="x:0", dtype=1)
+    scalar.tensor_shape.SetInParent()
+    assert inputs.tensor_info_shape(absent) is None
+    assert inputs.tensor_info_shape(scalar) == ()
