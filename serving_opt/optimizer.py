@@ -323,15 +323,19 @@ def check_untrusted(run: Run, meta_graph, keys: tuple[str, ...]) -> None:
     """A SavedModel is code: host ops refuse the run (unless ``--allow_file_ops``), so do
     the risks ``inspect`` rates ERROR; its warnings go into the report."""
     from serving_opt import inspection
+    from serving_opt.inspection import risks as risks_lib
     from serving_opt.savedmodel import untrusted
 
     if not run.plan.trust.allow_file_ops:
         untrusted.refuse_host_ops(meta_graph, keys, "optimize")
     risks = inspection.inspect_saved_model(run.model_dir, run.plan.tags).risks
     host_codes = ("code_execution_op", "file_write_op", "file_read_op", "host_op")
+    # Errors of the original that what optimize writes does not have: reported only.
+    repaired = (risks_lib.VARIABLES_V1,)
     for risk in risks:
         # Host ops of the kept signatures were refused above; the others are reported.
-        if risk.severity == inspection.SEVERITY_ERROR and risk.code not in host_codes:
+        if risk.severity == inspection.SEVERITY_ERROR and risk.code not in \
+                host_codes + repaired:
             raise ServingOptError(f"inspect rates this model an error ({risk.code}): "
                                   f"{risk.message}; nothing was run",
                                   "fix the model (serving-opt inspect lists its risks)")

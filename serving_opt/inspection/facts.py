@@ -170,6 +170,10 @@ def _asset_report(asset: loader.AssetFile, model_dir: str) -> AssetReport:
 # ---------------------------------------------------------------------------- variables
 
 
+# VariablesReport.status of a V1-format checkpoint (read, but TF Serving skips it).
+V1_CHECKPOINT = "v1 checkpoint"
+
+
 def variables_prefix(path: str) -> str:
     """The checkpoint prefix of the SavedModel in ``path`` (``variables/variables``).
 
@@ -199,7 +203,10 @@ def read_variables(path: str, limit_bytes: int) -> CheckpointRead:
         'graph'
     """
     prefix = variables_prefix(path)
-    if not os.path.exists(prefix + ".index"):
+    # A V1 checkpoint is one file at the prefix itself, with no index: TF's Python
+    # loader restores it, TF Serving's C++ loader looks for the index and skips it.
+    v1 = not os.path.exists(prefix + ".index") and os.path.isfile(prefix)
+    if not os.path.exists(prefix + ".index") and not v1:
         return CheckpointRead(unread_variables(limit_bytes, "absent"))
     import tensorflow as tf
 
@@ -225,7 +232,7 @@ def read_variables(path: str, limit_bytes: int) -> CheckpointRead:
                               error=f"{type(e).__name__}: {first_line(e)}")
     largest = sorted(variables, key=lambda v: (-v.size_bytes, v.name))[:LARGEST_VARIABLES]
     report = VariablesReport(
-        status="ok",
+        status=V1_CHECKPOINT if v1 else "ok",
         naming="object" if object_based else "graph",
         count=len(variables),
         total_bytes=sum(v.size_bytes for v in variables),

@@ -20,7 +20,7 @@ from typing import Optional
 
 from serving_opt import host_ops
 from serving_opt.graph import node_name
-from serving_opt.inspection.facts import CheckpointRead, variables_prefix
+from serving_opt.inspection.facts import V1_CHECKPOINT, CheckpointRead, variables_prefix
 from serving_opt.inspection.report import (
     AssetReport,
     MetaGraphReport,
@@ -98,6 +98,8 @@ def meta_graph_risks(
     risks += _frozen_size_risks(variables, graph_def.ByteSize(), tags, limit_bytes)
     if variables.status == "absent" and _has_variables(meta_graph):
         risks.append(_variables_missing_risk(tags, variables_prefix(path)))
+    if variables.status == V1_CHECKPOINT and _has_variables(meta_graph):
+        risks.append(_variables_v1_risk(tags, variables_prefix(path)))
     return risks
 
 
@@ -250,12 +252,29 @@ def _has_variables(meta_graph) -> bool:
         node.op in VARIABLE_OPS for f in graph_def.library.function for node in f.node_def)
 
 
+# The one error optimize itself repairs (see optimizer.check_untrusted).
+VARIABLES_V1 = "variables_v1_checkpoint"
+
+
 def _variables_missing_risk(tags: tuple[str, ...], prefix: str) -> Risk:
     return Risk(
         "variables_missing", SEVERITY_ERROR,
         f"the graph has variables but {prefix}.index does not exist; "
         "TF Serving cannot restore them and fails to load or serve the model "
         "(copy the variables/ directory back or re-export)",
+        "variables", tags,
+    )
+
+
+def _variables_v1_risk(tags: tuple[str, ...], prefix: str) -> Risk:
+    # loader.cc RunRestore: "The specified SavedModel has no variables; no checkpoints
+    # were restored" when variables.index is absent; TF's Python loader restores V1.
+    return Risk(
+        VARIABLES_V1, SEVERITY_ERROR,
+        f"{prefix} is a V1-format checkpoint (no variables.index): TF Serving's loader "
+        "restores only V2 checkpoints, skips it, and serves the variables uninitialized "
+        "(every request fails); serving-opt optimize rewrites it as constants or a V2 "
+        "checkpoint",
         "variables", tags,
     )
 

@@ -561,6 +561,15 @@ def load_unfrozen(
 
     saved_model = loader.read_saved_model(saved_model_dir)
     meta_graph = loader.find_meta_graph(saved_model, tags, saved_model_dir)
+    prefix = os.path.join(saved_model_dir, "variables", "variables")
+    if os.path.isfile(prefix) and not os.path.exists(prefix + ".index"):
+        # TF Serving restores only V2 checkpoints; carried over, this one would be
+        # skipped at load. Freezing (or a V2 checkpoint of the large ones) rewrites it.
+        raise ServingOptError(
+            f"{prefix} is a V1-format checkpoint, which TF Serving does not restore, and "
+            "keeping the variables would carry it over as it is",
+            "let optimize freeze the variables (--freeze=auto or always): it rewrites "
+            "them as constants and a V2 checkpoint")
     # Load once, so a model that cannot load fails here with the loader's message.
     sess, _ = loader.load_session(saved_model_dir, tags)
     sess.close()
