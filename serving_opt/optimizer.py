@@ -419,10 +419,18 @@ def _own_staging(run: Run, staging) -> str:
 
 def _remove_extra_files(run: Run, staging: str, extra: list[str]) -> None:
     """Files beyond a SavedModel's in the candidate (written by the model while it ran)
-    are removed before publishing, and named in the report."""
+    are removed before publishing, and named in the report; so is a warmup file when
+    neither the source had one nor ``--validate --write_warmup`` wrote one."""
+    from serving_opt import candidate_check
+
+    warmup = os.path.join("assets.extra", "tf_serving_warmup_requests")
+    validate = run.plan.validate
+    expected = os.path.isfile(os.path.join(run.input_dir, warmup)) or (
+        validate is not None and validate.serving.write_warmup)
+    if not expected and os.path.lexists(os.path.join(staging, warmup)):
+        extra = [*extra, warmup]
     if not extra:
         return
-    from serving_opt import candidate_check
 
     candidate_check.remove_extra_files(staging, extra)
     shown = ", ".join(extra[:5]) + (f" (and {len(extra) - 5} more)" if len(extra) > 5 else "")

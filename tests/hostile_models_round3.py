@@ -75,13 +75,15 @@ def build_init_op_blocks(target_dir: str) -> str:
 
 def build_request_plants(target_dir: str, pattern: str, contents: str) -> str:
     """Every request writes ``planted.txt`` into each directory ``pattern`` matches (the
-    run's candidates, found by listing the work directory) and into its variables/."""
+    run's candidates, found by listing the work directory) and into its variables/, and
+    a warmup file nobody asked for into its assets.extra/."""
     export_dir = os.path.join(target_dir, "request_plants", "1")
     with tf.Graph().as_default() as graph:
         x = v1.placeholder(tf.float32, [None, 3], name="x")
         w = v1.get_variable("w", initializer=tf.constant([1.0, 2.0, 3.0]), use_resource=True)
         found = tf.io.matching_files(pattern)
-        names = tf.concat([found + "/planted.txt", found + "/variables/planted.txt"], 0)
+        names = tf.concat([found + "/planted.txt", found + "/variables/planted.txt",
+                           found + "/assets.extra/tf_serving_warmup_requests"], 0)
 
         def write(name):
             with tf.control_dependencies([tf.io.write_file(name, contents)]):
