@@ -156,3 +156,11 @@ corpus-models: $(STAMP) $(CORPUS_STAMPS)
 	done
 	$(PY) tools/corpus_writers/old_shapes.py --out tests/corpus/models/handbuilt
 	$(PY) tools/corpus_writers/make_manifest.py
+
+# Every corpus model through inspect and optimize (defaults, measuring off) and the
+# independent parity check: one line per model and the tally (build/corpus/report.json).
+# CORPUS_EXTRA=DIR adds every SavedModel under DIR (exports that cannot be committed here,
+# such as TF Serving's own testdata).
+.PHONY: corpus
+corpus: $(STAMP) $(SANDBOX_STAMP)
+	$(PY) tools/corpus_report.py $(if $(CORPUS_EXTRA),--extra_dir=$(CORPUS_EXTRA))

@@ -271,6 +271,12 @@ def tf10_noshape(path):
     graph = tf.Graph()
     with graph.as_default():
         x, y, z = _tf1_graph(rng(13))
+        # As half_plus_three's regress signature: tf.Examples parsed into x, the same math.
+        tf_example = v1.placeholder(tf.string, name="tf_example")
+        parsed = v1.parse_example(tf_example, {"x": v1.FixedLenFeature([1], tf.float32)})
+        with v1.variable_scope("", reuse=True):
+            y_regress = tf.add(parsed["x"] * v1.get_variable("a"), v1.get_variable("b"),
+                               name="y_regress")
         asset = tf.constant(vocab, name="asset_filepath")
         v1.add_to_collection(v1.GraphKeys.ASSET_FILEPATHS, asset)
         init = tf.group(v1.tables_initializer(), name="init_all_tables")
@@ -280,8 +286,7 @@ def tf10_noshape(path):
             builder.add_meta_graph_and_variables(
                 sess, ["serve"], signature_def_map={
                     "serving_default": _predict_sig({"x": x}, {"y": y}),
-                    "tensorflow/serving/regress": regression_sig(
-                        v1.placeholder(tf.string, name="tf_example"), y)},
+                    "tensorflow/serving/regress": regression_sig(tf_example, y_regress)},
                 assets_collection=v1.get_collection(v1.GraphKeys.ASSET_FILEPATHS),
                 main_op=init, strip_default_attrs=True)
             builder.save()
