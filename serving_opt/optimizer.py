@@ -111,6 +111,7 @@ def optimize(
             and run.plan.validate.serving.server == "docker":
         sandboxed = False  # the Docker client cannot run in a sandbox; the user trusts it
     run.sandbox = sandbox_lib.describe(sandboxed)
+    writer.refuse_foreign_hard_links(input_dir, output_base)  # on the host: it sees them all
     worker_lib.resolve_target(run, sandboxed)
     for stale in staging_lib.remove_stale(output_base):  # never a live run's
         run.progress("-", f"removed {stale}, left behind by a run that was killed")
