@@ -225,7 +225,8 @@ def _bwrap_prefix(bwrap: str, policy: Policy, seccomp_fd: int | None = None) -> 
     # (and bake into the published graph). Files it writes in the bound work directory
     # belong to the host user that ran serving_opt (the one uid the namespace maps).
     args = [bwrap, "--die-with-parent", "--new-session", "--unshare-user",
-            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--disable-userns",
+            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+            *(["--disable-userns"] if _supports(bwrap, "--disable-userns") else []),
             "--cap-drop", "ALL", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--hostname", HOSTNAME, "--unshare-cgroup-try"]
     if not policy.network:
@@ -237,9 +238,10 @@ def _bwrap_prefix(bwrap: str, policy: Policy, seccomp_fd: int | None = None) -> 
             args += [option, path, path]
     # tmpfs mounts are host memory RLIMIT_DATA does not count: each has a size, and the
     # /dev tmpfs (which bwrap leaves unsized) is read-only once /dev/shm is mounted.
+    sized = _supports(bwrap, "--size")  # bubblewrap >= 0.5
     args += ["--proc", "/proc", "--dev", "/dev",
-             "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",
-             "--size", str(policy.tmp_bytes), "--tmpfs", "/tmp"]
+             *(["--size", str(SHM_BYTES)] if sized else []), "--tmpfs", "/dev/shm",
+             *(["--size", str(policy.tmp_bytes)] if sized else []), "--tmpfs", "/tmp"]
     for path in _python_binds():
         args += ["--ro-bind", path, path]
     for option, paths in (("--ro-bind", policy.read_only), ("--bind", policy.writable)):
@@ -250,6 +252,17 @@ def _bwrap_prefix(bwrap: str, policy: Policy, seccomp_fd: int | None = None) -> 
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
     return args
+
+
+@functools.lru_cache(maxsize=8)
+def _supports(bwrap: str, option: str) -> bool:
+    """Whether this bubblewrap knows ``option`` (``--disable-userns`` is 0.8's,
+    ``--size`` 0.5's): an older one still sandboxes, without that layer."""
+    try:
+        done = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return option in done.stdout + done.stderr
 
 
 def _bind_pairs(paths: Sequence[str]) -> list[tuple[str, str]]:
