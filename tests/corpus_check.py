@@ -59,6 +59,45 @@ def corpus_entry(model_id: str) -> dict:
     return next(e for e in corpus_entries() if e["id"] == model_id)
 
 
+def structural_key(model_dir: str) -> str:
+    """A hash of a model's structure: every node's op, input count and attr names (top
+    level and functions), the saver's version and the collections. Two exports with the
+    same key exercise the same code paths of every stage; their values differ.
+
+    Example:
+        >>> structural_key(a) == structural_key(b)   # keras2 of TF 2.15 and of TF 2.21
+        True
+    """
+    import hashlib
+
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved_model = saved_model_pb2.SavedModel()
+    with open(os.path.join(model_dir, "saved_model.pb"), "rb") as f:
+        saved_model.ParseFromString(f.read())
+    items = []
+    for meta_graph in saved_model.meta_graphs:
+        def shape(node):
+            attrs = ",".join(sorted(k for k in node.attr if not k.startswith("_")))
+            return f"{node.op}/{len(node.input)}/{attrs}"
+
+        items += sorted(shape(n) for n in meta_graph.graph_def.node)
+        items += sorted(shape(n) for f in meta_graph.graph_def.library.function
+                        for n in f.node_def)
+        items += [f"saver {meta_graph.saver_def.version}", *sorted(meta_graph.collection_def),
+                  *sorted(f"{k} {v.method_name}" for k, v in meta_graph.signature_def.items())]
+    return hashlib.sha256("|".join(items).encode()).hexdigest()[:12]
+
+
+def representatives(entries: list[dict]) -> list[dict]:
+    """One entry per :func:`structural_key` (the first in the manifest's order, so the
+    oldest TensorFlow that wrote that shape)."""
+    seen: dict[str, dict] = {}
+    for entry in entries:
+        seen.setdefault(structural_key(entry["abs_path"]), entry)
+    return list(seen.values())
+
+
 # --- inputs, from the graph itself -------------------------------------------------------
 
 def _nodes_with_bodies(graph_def) -> Iterable[tuple[dict, object]]:
@@ -195,7 +234,14 @@ def candidate_feeds(meta_graph, graph, signature, model_dir: str, seed: int = 0)
     inputs = dict(signature.inputs)
     if any(info.WhichOneof("encoding") != "name" for info in inputs.values()):
         return []
-    strings = [a for a, info in inputs.items() if info.dtype == 7]
+    def dtype(info) -> int:
+        # The graph's tensor, not the declaration: TF 1.0 could declare the wrong one.
+        try:
+            return graph.get_tensor_by_name(info.name).dtype.as_datatype_enum
+        except (KeyError, ValueError):
+            return info.dtype
+
+    strings = [a for a, info in inputs.items() if dtype(info) == 7]
     if len(inputs) == 1 and strings and specs:
         alias = strings[0]
         for batch in (BATCH, 1):
@@ -217,7 +263,7 @@ def candidate_feeds(meta_graph, graph, signature, model_dir: str, seed: int = 0)
                     shape = [batch]
                 shape = [batch if i == 0 and (d is None or d < 0) else
                          (2 if d is None or d < 0 else d) for i, d in enumerate(shape)]
-            feed[info.name] = _dense(info.dtype, shape, words, rng)
+            feed[info.name] = _dense(dtype(info), shape, words, rng)
         yield label, feed
 
 

@@ -530,7 +530,16 @@ def example_input_alias(graph_def, signature_def) -> tuple[str, ExampleSpec] | N
     if len(signature_def.inputs) != 1:
         return None
     alias, info = next(iter(signature_def.inputs.items()))
-    if info.dtype != dtypes.string.as_datatype_enum or not info.name:
+    if not info.name:
+        return None
+    string = dtypes.string.as_datatype_enum
+    # TF 1.0's exporter could declare the wrong dtype (TF Serving's half_plus_three: a
+    # regress input declared DT_FLOAT on a string placeholder). TF Serving's
+    # Classify/Regress feed serialized tf.Examples whatever it says: the graph decides.
+    placeholder = next((n for n in graph_def.node if n.name == node_name(info.name)), None)
+    actual = placeholder.attr["dtype"].type if placeholder is not None and \
+        placeholder.op == "Placeholder" and "dtype" in placeholder.attr else info.dtype
+    if actual != string:
         return None
     spec = find_example_spec(graph_def, info.name)
     return (alias, spec) if spec is not None else None
