@@ -13,7 +13,10 @@ checked too). Every OpDef of the C++ registry (``TF_GetAllOpList``, a superset o
 in exactly one class, and ``tests/test_static_check.py`` fails when one does not, so a
 TensorFlow upgrade that adds an op stops the build until someone has looked at it:
 
-1. :data:`HOST_OPS` and :data:`CONDITIONAL_HOST_OPS`: reviewed, they touch the host.
+1. :data:`HOST_OPS` and :data:`CONDITIONAL_HOST_OPS`: reviewed, they touch the host
+   (a conditional op's attr may be a placeholder: it counts until the static check
+   resolves it through the call sites); :data:`EMBEDDED_GRAPH_OPS` run a graph
+   serialized in an input, which the static check parses and checks like the model.
 2. *Looks like a host op* (:func:`looks_like_host_op`): a CamelCase word of the name
    is in :data:`SUSPICIOUS_WORDS` (File, Read, Write, Save, Record, Rpc, Send, Recv,
    Collective, Register, Service, Load, Print, ...), or an input or attr name matches
@@ -51,6 +54,7 @@ RUNS_CODE = "runs Python code"
 WRITES_FILES = "writes files"
 READS_FILES = "reads files"
 TOUCHES_HOST = "touches the host (network, process, native code, system configuration)"
+RUNS_GRAPH = "runs a graph the static check cannot read"
 
 HOST_OPS: dict[str, str] = {
     # Python: arbitrary code.
@@ -227,6 +231,21 @@ CONDITIONAL_HOST_OPS: dict[str, tuple[str, str]] = {
     "CopyHost": ("debug_ops_spec", TOUCHES_HOST),
 }
 
+# Ops that run a graph handed to them serialized in a string tensor: op -> the input
+# holding the GraphDef. The static check parses that graph when the input is a constant
+# and checks it like the model's own (nodes and library, nested embeddings too), and
+# refuses the op otherwise; :func:`host_op_kind` always counts them, so a transform
+# never folds what they compute. Found by searching the registry's input and attr
+# names (graph, function_def, serialized, module, program, computation): the other
+# serialized inputs are examples, tensors, sparse tensors, summaries, tree ensembles
+# and dataset options (data, not graphs); ``XlaCallModule``/``MlirPassthroughOp``/
+# ``_TPUCompileMlir``/``_XlaHostComputeMlir`` hold StableHLO/MLIR modules compiled
+# by XLA or a TPU compiler (no file or network op can be expressed there, their
+# function attrs are entered like any other).
+EMBEDDED_GRAPH_OPS: dict[str, int] = {
+    "DatasetFromGraph": 0,  # graph_def: a tf.data graph (DatasetToGraph's output)
+}
+
 # The descriptor_source prefix of EncodeProto/DecodeProtoV2 carrying the descriptors.
 _DESCRIPTOR_BYTES = "bytes://"
 
@@ -255,19 +274,37 @@ def host_op_kind(node) -> str | None:
     kind = HOST_OPS.get(node.op)
     if kind is not None:
         return kind
+    if node.op in EMBEDDED_GRAPH_OPS:
+        return RUNS_GRAPH
     conditional = CONDITIONAL_HOST_OPS.get(node.op)
     if conditional is None:
         return None
-    attr, kind = conditional
+    attr, _ = conditional
     if attr not in node.attr:
         return None
-    value = node.attr[attr]
+    return conditional_kind(node.op, node.attr[attr])
+
+
+def conditional_kind(op: str, value) -> str | None:
+    """What an op of :data:`CONDITIONAL_HOST_OPS` does to the host with ``value`` (an
+    AttrValue) as its attr, or None when that value is harmless. An attr placeholder
+    (``AttrValue.placeholder``, bound by whoever instantiates the function) counts as
+    the host op: only the static check, which resolves it through the call sites,
+    may clear it.
+
+    Example:
+        >>> conditional_kind("PrintV2", attr_value_pb2.AttrValue(s=b"file:///tmp/x"))
+        'writes files'
+    """
+    _, kind = CONDITIONAL_HOST_OPS[op]
+    if value.placeholder:
+        return kind
     if value.list.s:  # Copy's debug_ops_spec: any attached debug op
         return kind
     text = value.s.decode("utf-8", "replace")
-    if node.op == "PrintV2":
+    if op == "PrintV2":
         return kind if text.startswith("file://") else None
-    if node.op in ("DecodeProtoV2", "EncodeProto"):
+    if op in ("DecodeProtoV2", "EncodeProto"):
         # descriptors.cc GetDescriptorPool: a registered pool ("local://", the only one
         # TF registers), else the source as a file name, else "bytes://<serialized
         # FileDescriptorSet>" parsed from the attr itself. Tried as a file name first,
@@ -281,7 +318,7 @@ def host_op_kind(node) -> str | None:
 
 def all_listed_ops() -> frozenset[str]:
     """Every op type named by this module (the registry test checks each exists)."""
-    return frozenset(HOST_OPS) | frozenset(CONDITIONAL_HOST_OPS)
+    return frozenset(HOST_OPS) | frozenset(CONDITIONAL_HOST_OPS) | frozenset(EMBEDDED_GRAPH_OPS)
 
 
 # ------------------------------------------------------------------- the registry review
@@ -355,7 +392,7 @@ REVIEWED_NOT_HOST: tuple[tuple[str, str], ...] = (
     (r"Serialize(Tensor|Sparse|ManySparse|Iterator)|Deserialize(Sparse|ManySparse|"
      r"Iterator)|(Experimental)?IteratorGetModelProto|BoostedTrees(Serialize|"
      r"Deserialize)Ensemble|BoostedTreesQuantileStreamResourceDeserialize|"
-     r"DatasetToGraph(V2)?|DatasetFromGraph",
+     r"DatasetToGraph(V2)?",
      "convert between tensors or resources and strings in memory"),
     (r"LookupTable(Export|Import)(V2)?", "copy a lookup table to or from tensors"),
     (r"(Experimental)?(SetStatsAggregator|StatsAggregatorHandle)\w*",
@@ -452,7 +489,8 @@ STATEFUL_FAMILIES: tuple[tuple[str, str], ...] = (
 
 def review(op_def) -> tuple[str, str]:
     """The class of ``op_def`` in the review: ``("host", kind)``, ``("conditional",
-    attr)``, ``("reviewed", why)``, ``("pure", why)``, or ``("unreviewed", why)`` for an
+    attr)``, ``("embedded", why)``, ``("reviewed", why)``, ``("pure", why)``, or
+    ``("unreviewed", why)`` for an
     op nobody has looked at (the registry test fails on those).
 
     Example:
@@ -464,6 +502,8 @@ def review(op_def) -> tuple[str, str]:
         return "host", HOST_OPS[name]
     if name in CONDITIONAL_HOST_OPS:
         return "conditional", CONDITIONAL_HOST_OPS[name][0]
+    if name in EMBEDDED_GRAPH_OPS:
+        return "embedded", "runs the serialized graph of an input (the check reads it)"
     for pattern, why in REVIEWED_NOT_HOST:
         if re.fullmatch(pattern, name):
             return "reviewed", why

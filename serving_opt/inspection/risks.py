@@ -61,6 +61,9 @@ _OP_RISKS = {
     host_ops.TOUCHES_HOST: ("host_op", SEVERITY_ERROR,
                             "touches the host (network, the process, native code, system "
                             "configuration): the model acts on the server itself"),
+    host_ops.RUNS_GRAPH: ("embedded_graph_op", SEVERITY_ERROR,
+                          "runs a graph serialized in a tensor that the static check cannot "
+                          "read, which may do anything a graph can"),
 }
 
 
@@ -176,6 +179,9 @@ def _signature_risks(
     # reads excepted only in the shape TF writes them (serving_opt.savedmodel.untrusted).
     present = [sig.key for sig in signatures if sig.key in meta_graph.signature_def]
     for use in untrusted.host_op_uses(meta_graph, present):
+        if use.op == untrusted.ESCAPING_ASSET and (
+                "asset_file_def" in use.route or not meta_graph.asset_file_def):
+            continue  # an asset facts reads: _asset_risks reports it (asset_path_escapes)
         code, severity, what = _OP_RISKS[use.kind]
         risks.append(Risk(
             code, severity, f"{use.describe()}: it {what}{_also_reached_by(use)}",

@@ -52,24 +52,36 @@ from __future__ import annotations
 import collections
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from serving_opt.errors import ServingOptError
 from serving_opt.graph import CALL_OPS, node_name, tensor_info_nodes
 from serving_opt.host_ops import (
     ASSET_READ_OPS,
     CHECKPOINT_OPS,
+    CONDITIONAL_HOST_OPS,
+    EMBEDDED_GRAPH_OPS,
     READS_FILES,
     RUNS_CODE,
+    RUNS_GRAPH,
     TOUCHES_HOST,
     WRITES_FILES,
+    conditional_kind,
     host_op_kind,
 )
 
 INIT_OP = "init op"  # the pseudo-signature name of the loader's init op
 
 # Findings are reported most dangerous first.
-_KIND_ORDER = {RUNS_CODE: 0, WRITES_FILES: 1, TOUCHES_HOST: 2, READS_FILES: 3}
+_KIND_ORDER = {RUNS_CODE: 0, WRITES_FILES: 1, TOUCHES_HOST: 2, RUNS_GRAPH: 3,
+               READS_FILES: 4}
+# The op of the finding for an asset whose filename leads out of assets/ (no node).
+ESCAPING_ASSET = "asset"
+# How many graphs deep an embedded graph (a GraphDef in a DatasetFromGraph constant,
+# holding another) is read; deeper ones are refused.
+_MAX_EMBEDDING_DEPTH = 4
+# How many calls up an attr placeholder is followed to the value that binds it.
+_MAX_BINDING_DEPTH = 8
 
 
 @dataclass(frozen=True)
@@ -89,15 +101,24 @@ class HostOpUse:
     signatures: tuple[str, ...]
     route: str = ""
     reason: str = ""
+    # Where the op is inside the graph that the node ``name`` runs from a serialized
+    # GraphDef (host_ops.EMBEDDED_GRAPH_OPS), e.g. "node 'x' inside the graph_def of
+    # DatasetFromGraph"; empty for an op of the model's own graph.
+    inside: str = ""
+    inside_label: str = ""
 
     @property
     def label(self) -> str:
-        return f"{self.function}/{self.name}" if self.function else self.name
+        label = f"{self.function}/{self.name}" if self.function else self.name
+        return f"{label}/graph_def:{self.inside_label}" if self.inside else label
 
     @property
     def where(self) -> str:
         where = f"node {self.name!r}"
-        return f"{where} in function {self.function}" if self.function else where
+        where = f"{where} in function {self.function}" if self.function else where
+        if self.op == ESCAPING_ASSET:
+            where = f"{self.name!r} of the MetaGraph's assets"
+        return f"{self.inside} {where}" if self.inside else where
 
     def describe(self) -> str:
         """The op, where it is, how it runs and why it is not the loader's: one clause.
@@ -125,6 +146,10 @@ class _Ref:
     node: str
     how: str
     call_arg: bool
+    # The attrs the reference binds the function's attr placeholders with (the
+    # NameAttrList's attr map, or a call-as-op node's attrs); None when it binds none
+    # (a library.gradient entry).
+    binds: object = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -165,14 +190,14 @@ class _Graph:
         self.function_calls: dict[str, list[tuple[str, str]]] = {}
         for node in graph_def.node:
             calls = self._function_refs(node)
-            self.top_calls[node.name] = [(f, how) for f, how, _ in calls]
+            self.top_calls[node.name] = [(f, how) for f, how, *_ in calls]
             self.refs_from(None, node, calls)
         for function in graph_def.library.function:
             found = []
             for node in function.node_def:
                 calls = self._function_refs(node)
                 found += [(f, f"{how} in function {function.signature.name}")
-                          for f, how, _ in calls]
+                          for f, how, *_ in calls]
                 self.refs_from(function.signature.name, node, calls)
             self.function_calls[function.signature.name] = found
         self.consumers: dict[str, list[str]] = collections.defaultdict(list)
@@ -181,26 +206,30 @@ class _Graph:
                 self.consumers[node_name(i)].append(node.name)
 
     def refs_from(self, function: str | None, node, calls) -> None:
-        for fname, how, call_arg in calls:
-            self.refs[fname].append(_Ref(function, node.name, how, call_arg))
+        for fname, how, call_arg, binds in calls:
+            self.refs[fname].append(_Ref(function, node.name, how, call_arg, binds))
 
-    def _function_refs(self, node) -> list[tuple[str, str, bool]]:
-        """(function, how, is the f of a call op) for every function ``node`` may run:
-        func attrs and func lists at any depth (a func's own attrs can hold funcs), its
-        op type when that is a library function, and for a SymbolicGradient the
-        gradient function ``library.gradient`` registers for its ``f``."""
-        out: list[tuple[str, str, bool]] = []
+    def _function_refs(self, node) -> list[tuple[str, str, bool, object]]:
+        """(function, how, is the f of a call op, the attrs it binds) for every
+        function ``node`` may run: func attrs and func lists at any depth (a func's own
+        attrs can hold funcs), its op type when that is a library function, and for a
+        SymbolicGradient the gradient function ``library.gradient`` registers for its
+        ``f``."""
+        out: list[tuple[str, str, bool, object]] = []
 
         def visit(attr: str, name_attr_list) -> None:
             name = name_attr_list.name
             if name in self.library:
                 if attr == "f" and node.op in CALL_OPS:
-                    out.append((name, f"a call by {node.op} {node.name}", True))
+                    out.append((name, f"a call by {node.op} {node.name}", True,
+                                name_attr_list.attr))
                 else:
-                    out.append((name, f"{attr} of {node.op} {node.name}", False))
+                    out.append((name, f"{attr} of {node.op} {node.name}", False,
+                                name_attr_list.attr))
             if node.op == "SymbolicGradient" and attr == "f" and name in self.gradients:
                 out.append((self.gradients[name],
-                            f"library.gradient of SymbolicGradient {node.name}", False))
+                            f"library.gradient of SymbolicGradient {node.name}", False,
+                            None))
             for key, value in name_attr_list.attr.items():
                 from_value(f"{attr}.{key}", value)
 
@@ -213,7 +242,7 @@ class _Graph:
         for key, value in node.attr.items():
             from_value(key, value)
         if node.op in self.library:
-            out.append((node.op, f"a call as an op by {node.name}", False))
+            out.append((node.op, f"a call as an op by {node.name}", False, node.attr))
         return out
 
     def walk(self, starts: Iterable[str]) -> dict[tuple[str, str], tuple]:
@@ -852,6 +881,215 @@ class _Assets:
         return None
 
 
+# ------------------------------------------------------------- what one node does
+
+
+@dataclass(frozen=True)
+class _Finding:
+    """What one node does to the host: ``op`` and ``kind``, ``reason`` when it needs
+    saying, ``inside``/``inside_label`` when the op is in a graph the node embeds."""
+
+    op: str
+    kind: str
+    reason: str = ""
+    inside: str = ""
+    inside_label: str = ""
+
+
+def _follow_identity(body: dict, tensor: str) -> str:
+    """The node ``tensor`` comes from, through ``Identity`` only."""
+    name = node_name(tensor)
+    for _ in range(_MAX_NAME_DEPTH):
+        node = body.get(name)
+        if node is None or node.op != "Identity" or len(_data_inputs(node)) != 1:
+            break
+        name = node_name(_data_inputs(node)[0])
+    return name
+
+
+def _show(value) -> str:
+    """An AttrValue, briefly, for a finding."""
+    if value.list.s:
+        return repr([v.decode("utf-8", "replace") for v in value.list.s][:3])
+    text = value.s.decode("utf-8", "replace")
+    return repr(text if len(text) <= 80 else text[:77] + "...")
+
+
+def _bindings(graph: _Graph, fname: str, placeholder: str,
+              depth: int = 0) -> list[tuple[object, str]]:
+    """(the AttrValue, the call site binding it) for attr placeholder ``placeholder`` of
+    function ``fname``, one per reference to the function; the value is None where
+    nothing binds it: a reference that binds no such attr (a ``library.gradient``
+    entry binds none), a function nothing references (a loader instantiating it by
+    name binds nothing), a binding to a placeholder of the caller that no caller of
+    the caller binds (followed :data:`_MAX_BINDING_DEPTH` calls up)."""
+    refs = graph.refs.get(fname, [])
+    if not refs:
+        return [(None, f"no node references function {fname}, so nothing binds it")]
+    out: list[tuple[object, str]] = []
+    for ref in refs:
+        site = f"{ref.how} in function {ref.function}" if ref.function else ref.how
+        if ref.binds is None or placeholder not in ref.binds:
+            out.append((None, f"{site} does not bind it"))
+            continue
+        value = ref.binds[placeholder]
+        if not value.placeholder:
+            out.append((value, site))
+        elif ref.function is None:
+            out.append((None, f"{site} binds it to placeholder {value.placeholder!r}, "
+                              "which nothing binds at the top level"))
+        elif depth + 1 >= _MAX_BINDING_DEPTH:
+            out.append((None, f"{site} binds it to placeholder {value.placeholder!r}, "
+                              f"more than {_MAX_BINDING_DEPTH} calls up"))
+        else:
+            out += [(v, f"{site} via placeholder {value.placeholder!r}, bound by {w}"
+                     if v is not None else
+                     f"{site} binds it to placeholder {value.placeholder!r}, and {w}")
+                    for v, w in _bindings(graph, ref.function, value.placeholder, depth + 1)]
+    return out
+
+
+def _conditional(graph: _Graph, function: str | None, node) -> tuple[str | None, str]:
+    """(kind, reason) of an op of host_ops.CONDITIONAL_HOST_OPS: its attr judged as
+    written, or, when it is an attr placeholder, as every call site binds it."""
+    attr, kind = CONDITIONAL_HOST_OPS[node.op]
+    if attr not in node.attr:
+        return None, ""
+    value = node.attr[attr]
+    if not value.placeholder:
+        return conditional_kind(node.op, value), ""
+    what = f"its {attr} is attr placeholder {value.placeholder!r}"
+    if function is None:
+        return kind, f"{what}, which nothing binds at the top level"
+    for bound, site in _bindings(graph, function, value.placeholder):
+        if bound is None:
+            return kind, (f"{what}, and {site}: an unresolved {attr} may name any file "
+                          "or stream")
+        bound_kind = conditional_kind(node.op, bound)
+        if bound_kind is not None:
+            return bound_kind, f"{what}, bound to {_show(bound)} by {site}"
+    return None, ""
+
+
+def _const_bytes(node) -> bytes | None:
+    """The one string of a scalar (or one-element) string Const, else None."""
+    from tensorflow.core.framework import types_pb2
+
+    if node is None or node.op != "Const" or _data_inputs(node) or "value" not in node.attr:
+        return None
+    tensor = node.attr["value"].tensor
+    if tensor.dtype != types_pb2.DT_STRING or len(tensor.string_val) != 1:
+        return None
+    return tensor.string_val[0]
+
+
+def _embedded(graph: _Graph, function: str | None, node, depth: int) -> list[_Finding]:
+    """The findings of the graph an op of host_ops.EMBEDDED_GRAPH_OPS runs: parsed from
+    the Const (through Identity) feeding its GraphDef input and checked like the
+    model's graph (every node and library function, embedded graphs in turn, no
+    loader exception: nothing feeds it asset or checkpoint paths); the op itself when
+    the graph cannot be read."""
+    from google.protobuf.message import DecodeError
+    from tensorflow.core.framework import graph_pb2
+
+    body = graph.nodes if function is None else {
+        n.name: n for n in graph.library[function].node_def}
+    data = _data_inputs(node)
+    index = EMBEDDED_GRAPH_OPS[node.op]
+    if index >= len(data):
+        return [_Finding(node.op, RUNS_GRAPH, "it is given no graph")]
+    name = _follow_identity(body, data[index])
+    source = body.get(name)
+    serialized = _const_bytes(source)
+    if serialized is None:
+        what = f"{source.op} {name!r}" if source is not None else f"{name!r}, no node"
+        if source is None and function is not None:
+            what = f"{name!r}, an argument of function {function}"
+        return [_Finding(node.op, RUNS_GRAPH,
+                         f"its serialized graph comes from {what}, not a constant string "
+                         "the check can read: it runs a graph nothing checked")]
+    if depth + 1 > _MAX_EMBEDDING_DEPTH:
+        return [_Finding(node.op, RUNS_GRAPH,
+                         f"its graph is embedded more than {_MAX_EMBEDDING_DEPTH} deep")]
+    inner_def = graph_pb2.GraphDef()
+    try:
+        inner_def.ParseFromString(serialized)
+    except DecodeError:
+        return [_Finding(node.op, RUNS_GRAPH,
+                         f"its graph constant {name!r} is no GraphDef the check can parse")]
+    inner = _Graph(inner_def)
+    found = []
+    for inner_function, inner_node in inner.all_nodes():
+        for finding in _node_findings(inner, inner_function, inner_node, depth + 1):
+            where = f"node {inner_node.name!r}"
+            label = inner_node.name
+            if inner_function:
+                where += f" in function {inner_function}"
+                label = f"{inner_function}/{label}"
+            where += f" inside the graph_def of {node.op}"
+            if finding.inside:
+                where = f"{finding.inside} {where}"
+                label = f"{label}/graph_def:{finding.inside_label}"
+            found.append(_Finding(finding.op, finding.kind, finding.reason, where, label))
+    return found
+
+
+def _node_findings(graph: _Graph, function: str | None, node, depth: int = 0) -> list[_Finding]:
+    """What ``node`` (of ``function``, None at the top level) does to the host."""
+    if node.op in EMBEDDED_GRAPH_OPS:
+        return _embedded(graph, function, node, depth)
+    if node.op in CONDITIONAL_HOST_OPS:
+        kind, reason = _conditional(graph, function, node)
+        return [_Finding(node.op, kind, reason)] if kind else []
+    kind = host_op_kind(node)
+    return [_Finding(node.op, kind)] if kind else []
+
+
+# ---------------------------------------------------------------------------- assets
+
+
+def _declared_assets(meta_graph) -> list[tuple[object, str]]:
+    """(AssetFileDef, where declared) for every asset the MetaGraph declares, in
+    asset_file_def and in the TF1 ``saved_model_assets`` collection alike (a loader
+    reads one or the other)."""
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    from serving_opt.savedmodel import loader
+
+    out = [(a, "asset_file_def") for a in meta_graph.asset_file_def]
+    collection = meta_graph.collection_def.get(loader.SAVED_MODEL_ASSETS_COLLECTION)
+    if collection is not None:
+        for value in collection.any_list.value:
+            asset = meta_graph_pb2.AssetFileDef()
+            if value.Unpack(asset):
+                out.append((asset, f"the {loader.SAVED_MODEL_ASSETS_COLLECTION} collection"))
+    return out
+
+
+def _escaping_assets(meta_graph, graph: _Graph, walks) -> list[tuple[tuple, HostOpUse]]:
+    """An asset whose filename is not a plain relative path inside ``assets/``
+    (absolute, or ``..`` leading out): the loaders feed ``<model>/assets/<filename>``
+    to whatever reads the asset node, a file outside the model. The same rule as
+    ``inspect``'s ``asset_path_escapes`` (loader.safe_asset_path)."""
+    from serving_opt.savedmodel import loader
+
+    found = []
+    for asset, source in _declared_assets(meta_graph):
+        if loader.safe_asset_path("/model", asset.filename):
+            continue
+        name = node_name(asset.tensor_info.name)
+        place = ("node", name)
+        reaching = [root for root, parents in walks if place in parents]
+        keys = tuple(r.key for r in reaching if r.kind in ("signature", "init"))
+        use = HostOpUse(
+            ESCAPING_ASSET, name, None, READS_FILES, keys,
+            f"declared in {source}, whose path the loaders feed to node {name!r}",
+            f"filename {asset.filename!r} is not a plain relative path inside assets/: "
+            "whatever reads the asset reads a file outside the model")
+        found.append(((not reaching, _KIND_ORDER[READS_FILES], use.label), use))
+    return found
+
+
 # ------------------------------------------------------------------------------- check
 
 
@@ -872,24 +1110,28 @@ def host_op_uses(meta_graph, signature_keys: Sequence[str] | None = None) -> lis
     walks = [(root, graph.walk(root.starts)) for root in roots]
     saver = _Saver(meta_graph, graph)
     assets = _Assets(meta_graph, graph)
-    found = []
+    found = _escaping_assets(meta_graph, graph, walks)
     for function, node in graph.all_nodes():
-        kind = host_op_kind(node)
-        if kind is None:
+        findings = _node_findings(graph, function, node)
+        if not findings:
             continue
         place = ("function", function) if function else ("node", node.name)
         reaching = [root for root, parents in walks if place in parents]
-        reason = ""
-        if node.op in CHECKPOINT_OPS:
-            reason = saver.problem(function, node, reaching)
-        elif node.op in ASSET_READ_OPS:
-            reason = assets.problem(function, node, reaching)
-        if reason is None:  # the loader's own use of a file
-            continue
         keys = tuple(r.key for r in reaching if r.kind in ("signature", "init"))
-        use = HostOpUse(node.op, node.name, function, kind, keys,
-                        _route(graph, place, walks), reason)
-        found.append(((not reaching, _KIND_ORDER.get(kind, 9), use.label), use))
+        for finding in findings:
+            reason: str | None = finding.reason
+            if finding.inside:
+                pass  # nothing feeds an embedded graph checkpoint or asset paths
+            elif node.op in CHECKPOINT_OPS:
+                reason = saver.problem(function, node, reaching)
+            elif node.op in ASSET_READ_OPS:
+                reason = assets.problem(function, node, reaching)
+            if reason is None:  # the loader's own use of a file
+                continue
+            use = HostOpUse(finding.op, node.name, function, finding.kind, keys,
+                            _route(graph, place, walks), reason, finding.inside,
+                            finding.inside_label)
+            found.append(((not reaching, _KIND_ORDER.get(finding.kind, 9), use.label), use))
     return [use for _, use in sorted(found, key=lambda item: item[0])]
 
 
@@ -946,4 +1188,5 @@ def refuse_host_ops(meta_graph, signature_keys: Sequence[str], what: str) -> Non
     )
 
 
-__all__ = ["INIT_OP", "HostOpUse", "asset_reads", "host_op_uses", "refuse_host_ops"]
+__all__ = ["ESCAPING_ASSET", "INIT_OP", "HostOpUse", "asset_reads", "host_op_uses",
+           "refuse_host_ops"]

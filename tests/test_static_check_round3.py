@@ -1,0 +1,170 @@
+"""Issue 30 (items 1, 2 and 5's escaping asset): routes the static check could not see.
+
+1. A ``DatasetFromGraph`` over a serialized tf.data graph held in a string Const: the
+   graph is parsed and checked like the model's own; a graph the check cannot read (a
+   computed string) refuses the op.
+2. Attribute placeholders: a library function's ``PrintV2.output_stream`` or
+   ``FixedUnigramCandidateSampler.vocab_file`` bound by the call (``f``'s attr map, a
+   placeholder of the caller bound by its own call): judged as bound; unbound is refused.
+3. An asset filename leading out of ``assets/`` is refused by the check every command
+   runs (``refuse_host_ops``), not only by ``inspect``.
+
+Each model is a real TF export (edited like a crafted model where the route is an edit);
+each hostile one is found by ``host_op_uses``, refused by ``refuse_host_ops`` and named
+by ``serving-opt inspect``; each benign twin is accepted.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hostile_models_static3 import (
+    build_dataset_from_computed_graph,
+    build_dataset_from_graph,
+    build_escaping_asset,
+    build_print_placeholder,
+    build_sampler_placeholder,
+    in_memory_dataset,
+    reading_dataset,
+)
+
+from serving_opt import host_ops
+from serving_opt.cli import main as cli
+from serving_opt.errors import ServingOptError
+from serving_opt.savedmodel import loader, untrusted
+
+
+def _meta_graph(export_dir: str):
+    return loader.find_meta_graph(loader.read_saved_model(export_dir), {"serve"})
+
+
+def _uses(export_dir: str):
+    return untrusted.host_op_uses(_meta_graph(export_dir), ["serving_default"])
+
+
+def _inspect(export_dir: str, capsys) -> tuple[int, str]:
+    code = cli.main(["serving-opt", "inspect", f"--saved_model_dir={export_dir}"])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def _refused(export_dir: str) -> str:
+    with pytest.raises(ServingOptError) as e:
+        untrusted.refuse_host_ops(_meta_graph(export_dir), ["serving_default"], "optimize")
+    return str(e.value)
+
+
+# -------------------------------------------------------------------- embedded graphs
+
+
+def test_dataset_from_graph_reading_a_host_file_is_found_and_named(tmp_path, capsys):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret\n")
+    model = build_dataset_from_graph(str(tmp_path / "m" / "1"), reading_dataset(str(secret)))
+    uses = _uses(model)
+    assert [u.op for u in uses] == ["TextLineDataset"], [u.describe() for u in uses]
+    use = uses[0]
+    assert use.kind == host_ops.READS_FILES
+    assert "inside the graph_def of DatasetFromGraph node 'DatasetFromGraph'" in use.describe()
+    assert "signature serving_default" in use.describe()
+    assert "TextLineDataset" in _refused(model)
+    code, text = _inspect(model, capsys)
+    assert code == 1
+    assert "file_read_op" in text and "TextLineDataset" in text and "DatasetFromGraph" in text
+
+
+def test_dataset_from_graph_over_tensors_is_accepted(tmp_path, capsys):
+    model = build_dataset_from_graph(str(tmp_path / "m" / "1"), in_memory_dataset)
+    assert _uses(model) == []
+    untrusted.refuse_host_ops(_meta_graph(model), ["serving_default"], "optimize")
+    code, text = _inspect(model, capsys)
+    assert code == 0, text
+
+
+def test_dataset_from_a_graph_the_check_cannot_read_is_refused(tmp_path, capsys):
+    model = build_dataset_from_computed_graph(str(tmp_path / "m" / "1"))
+    uses = _uses(model)
+    assert [(u.op, u.kind) for u in uses] == [("DatasetFromGraph", host_ops.RUNS_GRAPH)]
+    assert "StringJoin" in uses[0].reason
+    assert "DatasetFromGraph" in _refused(model)
+    code, text = _inspect(model, capsys)
+    assert code == 1 and "embedded_graph_op" in text
+
+
+def test_dataset_from_graph_is_never_folded():
+    from tensorflow.core.framework import node_def_pb2
+
+    node = node_def_pb2.NodeDef(name="d", op="DatasetFromGraph", input=["g"])
+    assert host_ops.host_op_kind(node) == host_ops.RUNS_GRAPH
+
+
+# -------------------------------------------------------------- attribute placeholders
+
+
+@pytest.mark.parametrize("bound", ["file:///tmp/serving_opt_planted.txt", None])
+def test_print_to_a_placeholder_stream_is_found_and_named(tmp_path, capsys, bound):
+    model = build_print_placeholder(str(tmp_path / "m" / "1"), bound)
+    uses = _uses(model)
+    assert [u.op for u in uses] == ["PrintV2"], [u.describe() for u in uses]
+    use = uses[0]
+    assert use.kind == host_ops.WRITES_FILES
+    assert "attr placeholder 'stream'" in use.reason
+    assert (bound in use.reason) if bound else ("does not bind it" in use.reason)
+    assert "PrintV2" in _refused(model)
+    code, text = _inspect(model, capsys)
+    assert code == 1 and "file_write_op" in text and "PrintV2" in text
+
+
+def test_print_to_a_placeholder_bound_to_stderr_is_accepted(tmp_path, capsys):
+    model = build_print_placeholder(str(tmp_path / "m" / "1"), "stderr")
+    assert _uses(model) == []
+    code, text = _inspect(model, capsys)
+    assert code == 0, text
+
+
+def test_sampler_vocab_file_bound_two_calls_up_is_found(tmp_path, capsys):
+    model = build_sampler_placeholder(str(tmp_path / "m" / "1"), "/root/.ssh/id_rsa")
+    uses = _uses(model)
+    assert [u.op for u in uses] == ["FixedUnigramCandidateSampler"], \
+        [u.describe() for u in uses]
+    assert "'/root/.ssh/id_rsa'" in uses[0].reason
+    assert "placeholder 'outer'" in uses[0].reason
+    code, text = _inspect(model, capsys)
+    assert code == 1 and "FixedUnigramCandidateSampler" in text
+
+
+@pytest.mark.parametrize("op, attr", [
+    ("DecodeProtoV2", "descriptor_source"), ("EncodeProto", "descriptor_source"),
+    ("Copy", "debug_ops_spec"), ("CopyHost", "debug_ops_spec"),
+    ("PrintV2", "output_stream"), ("FixedUnigramCandidateSampler", "vocab_file"),
+])
+def test_a_placeholder_on_a_path_attr_counts_until_resolved(op, attr):
+    from tensorflow.core.framework import attr_value_pb2, node_def_pb2
+
+    node = node_def_pb2.NodeDef(name="n", op=op)
+    node.attr[attr].CopyFrom(attr_value_pb2.AttrValue(placeholder="p"))
+    assert host_ops.host_op_kind(node) is not None
+
+
+# ------------------------------------------------------------------ escaping assets
+
+
+@pytest.mark.parametrize("filename", ["../../etc/passwd", "/etc/passwd"])
+@pytest.mark.parametrize("tf1_collection", [False, True], ids=["asset_file_def", "collection"])
+def test_an_escaping_asset_is_refused_by_every_command(tmp_path, capsys, filename,
+                                                       tf1_collection):
+    model = build_escaping_asset(str(tmp_path / "m" / "1"), filename, tf1_collection)
+    uses = _uses(model)
+    assert [u.op for u in uses] == ["asset"], [u.describe() for u in uses]
+    assert repr(filename) in uses[0].reason
+    message = _refused(model)
+    assert filename in message and "outside the model" in message
+    code, text = _inspect(model, capsys)
+    assert code == 1 and "asset_path_escapes" in text
+
+
+def test_the_escaping_assets_benign_twin_is_accepted(tmp_path):
+    model = build_escaping_asset(str(tmp_path / "m" / "1"), "vocab.txt")
+    os.makedirs(os.path.join(model, "assets"), exist_ok=True)
+    assert _uses(model) == []
