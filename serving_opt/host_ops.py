@@ -244,6 +244,11 @@ CONDITIONAL_HOST_OPS: dict[str, tuple[str, str]] = {
 # function attrs are entered like any other).
 EMBEDDED_GRAPH_OPS: dict[str, int] = {
     "DatasetFromGraph": 0,  # graph_def: a tf.data graph (DatasetToGraph's output)
+    # serialized: an iterator's state (a variant), from which TF 1.x-2.2's
+    # IteratorResource::Restore rebuilt the dataset by running the GraphDef it holds
+    # (GraphRunner). Never a string constant the check can read: always refused, and
+    # no serving model restores an iterator.
+    "DeserializeIterator": 1,
 }
 
 # The descriptor_source prefix of EncodeProto/DecodeProtoV2 carrying the descriptors.
@@ -389,8 +394,8 @@ REVIEWED_NOT_HOST: tuple[tuple[str, str], ...] = (
      r"SerializeState)(V2)?",
      "counters and state of a reader resource, from or to a string; the readers and "
      "ReaderRead* are listed"),
-    (r"Serialize(Tensor|Sparse|ManySparse|Iterator)|Deserialize(Sparse|ManySparse|"
-     r"Iterator)|(Experimental)?IteratorGetModelProto|BoostedTrees(Serialize|"
+    (r"Serialize(Tensor|Sparse|ManySparse|Iterator)|Deserialize(Sparse|ManySparse)|"
+     r"(Experimental)?IteratorGetModelProto|BoostedTrees(Serialize|"
      r"Deserialize)Ensemble|BoostedTreesQuantileStreamResourceDeserialize|"
      r"DatasetToGraph(V2)?",
      "convert between tensors or resources and strings in memory"),

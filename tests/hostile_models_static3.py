@@ -213,3 +213,55 @@ def build_escaping_asset(export_dir: str, filename: str, tf1_collection: bool = 
         del meta_graph.asset_file_def[:]
     _write(export_dir, saved_model)
     return export_dir
+
+
+def writing_dataset(path: str):
+    """A dataset whose map function writes ``path`` (the write is in the embedded
+    graph's library, not its nodes)."""
+    def write(text):
+        with tf.control_dependencies([tf.io.write_file(path, text)]):
+            return tf.identity(text)
+    return lambda: tf.data.Dataset.from_tensors(tf.constant("planted")).map(write)
+
+
+def build_tf1_init_op_dataset_from_graph(export_dir: str, dataset_fn) -> str:
+    """Issue 30's shape: a TF1 export whose main op assigns a variable the element of
+    ``DatasetFromGraph`` over the serialized graph of ``dataset_fn()``
+    (``DatasetToSingleElement``): it runs at every load."""
+    v1 = tf.compat.v1
+    serialized = dataset_fn()._as_serialized_graph().numpy()
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.float32, [None], name="x")
+        y = tf.identity(x * 2.0, name="y")
+        leaked = v1.get_variable("leaked", initializer="", use_resource=True)
+        handle = tf.raw_ops.DatasetFromGraph(
+            graph_def=tf.constant(serialized, name="embedded_graph"), name="from_graph")
+        (element,) = tf.raw_ops.DatasetToSingleElement(
+            dataset=handle, output_types=[tf.string], output_shapes=[[]])
+        main_op = tf.group(leaked.assign(element), name="main_op")
+        with v1.Session(graph=graph) as sess:
+            sess.run(leaked.initializer)
+            builder = v1.saved_model.Builder(export_dir)
+            signature = v1.saved_model.predict_signature_def({"x": x}, {"y": y})
+            builder.add_meta_graph_and_variables(
+                sess, ["serve"], signature_def_map={"serving_default": signature},
+                main_op=main_op)
+            builder.save()
+    return export_dir
+
+
+def nest_in_dataset_from_graph(meta_graph, node_name: str) -> None:
+    """Wraps the GraphDef a DatasetFromGraph Const holds in another graph, whose own
+    DatasetFromGraph runs the first: an embedding two graphs deep."""
+    from tensorflow.core.framework import graph_pb2
+
+    const = next(n for n in meta_graph.graph_def.node if n.name == node_name)
+    inner = const.attr["value"].tensor.string_val[0]
+    outer = graph_pb2.GraphDef()
+    held = outer.node.add(name="held_graph", op="Const")
+    held.attr["dtype"].type = tf.string.as_datatype_enum
+    held.attr["value"].tensor.dtype = tf.string.as_datatype_enum
+    held.attr["value"].tensor.string_val.append(inner)
+    outer.node.add(name="nested", op="DatasetFromGraph", input=["held_graph"])
+    const.attr["value"].tensor.string_val[0] = outer.SerializeToString()

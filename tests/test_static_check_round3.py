@@ -25,8 +25,11 @@ from hostile_models_static3 import (
     build_escaping_asset,
     build_print_placeholder,
     build_sampler_placeholder,
+    build_tf1_init_op_dataset_from_graph,
     in_memory_dataset,
+    nest_in_dataset_from_graph,
     reading_dataset,
+    writing_dataset,
 )
 
 from serving_opt import host_ops
@@ -168,3 +171,51 @@ def test_the_escaping_assets_benign_twin_is_accepted(tmp_path):
     model = build_escaping_asset(str(tmp_path / "m" / "1"), "vocab.txt")
     os.makedirs(os.path.join(model, "assets"), exist_ok=True)
     assert _uses(model) == []
+
+
+def test_a_writing_map_function_in_the_init_ops_embedded_graph_is_found(tmp_path, capsys):
+    target = tmp_path / "planted.txt"
+    model = build_tf1_init_op_dataset_from_graph(str(tmp_path / "m" / "1"),
+                                                 writing_dataset(str(target)))
+    uses = _uses(model)
+    assert [u.op for u in uses] == ["WriteFile"], [u.describe() for u in uses]
+    text = uses[0].describe()
+    assert "in function" in text and "inside the graph_def of DatasetFromGraph" in text
+    assert "from_graph" in text and "init op" in text
+    assert uses[0].signatures == (untrusted.INIT_OP,)
+    code, out = _inspect(model, capsys)
+    assert code == 1 and "file_write_op" in out and "WriteFile" in out
+    assert not target.exists()
+
+
+def test_the_init_ops_embedded_in_memory_graph_is_accepted(tmp_path):
+    model = build_tf1_init_op_dataset_from_graph(str(tmp_path / "m" / "1"),
+                                                 in_memory_dataset)
+    assert _uses(model) == []
+
+
+def test_an_embedded_graph_inside_an_embedded_graph_is_read(tmp_path):
+    secret = tmp_path / "secret.txt"
+    model = build_tf1_init_op_dataset_from_graph(str(tmp_path / "m" / "1"),
+                                                 reading_dataset(str(secret)))
+    meta_graph = _meta_graph(model)
+    nest_in_dataset_from_graph(meta_graph, "embedded_graph")
+    uses = untrusted.host_op_uses(meta_graph)
+    assert [u.op for u in uses] == ["TextLineDataset"], [u.describe() for u in uses]
+    assert uses[0].describe().count("inside the graph_def of DatasetFromGraph") == 2
+    assert "node 'nested'" in uses[0].describe()
+
+
+def test_an_iterator_restored_from_serialized_state_is_refused():
+    from tensorflow.core.framework import node_def_pb2
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    meta_graph = meta_graph_pb2.MetaGraphDef()
+    meta_graph.graph_def.node.extend([
+        node_def_pb2.NodeDef(name="it", op="IteratorV2"),
+        node_def_pb2.NodeDef(name="state", op="Const"),
+        node_def_pb2.NodeDef(name="restore", op="DeserializeIterator",
+                             input=["it", "state"]),
+    ])
+    uses = untrusted.host_op_uses(meta_graph)
+    assert [(u.op, u.kind) for u in uses] == [("DeserializeIterator", host_ops.RUNS_GRAPH)]
