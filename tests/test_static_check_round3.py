@@ -219,3 +219,30 @@ def test_an_iterator_restored_from_serialized_state_is_refused():
     ])
     uses = untrusted.host_op_uses(meta_graph)
     assert [(u.op, u.kind) for u in uses] == [("DeserializeIterator", host_ops.RUNS_GRAPH)]
+
+
+def test_every_call_site_of_a_placeholder_is_judged(tmp_path):
+    """One call binds stderr, a second one (a graph-level call nothing runs) a file."""
+    model = build_print_placeholder(str(tmp_path / "m" / "1"), "stderr")
+    meta_graph = _meta_graph(model)
+    printing = next(f.signature.name for f in meta_graph.graph_def.library.function
+                    if any(n.op == "PrintV2" for n in f.node_def))
+    second = meta_graph.graph_def.node.add(name="second_call", op="StatefulPartitionedCall")
+    second.attr["f"].func.name = printing
+    second.attr["f"].func.attr["stream"].s = b"file:///tmp/serving_opt_planted.txt"
+    uses = untrusted.host_op_uses(meta_graph)
+    assert [u.op for u in uses] == ["PrintV2"]
+    assert "second_call" in uses[0].reason and "file:///tmp" in uses[0].reason
+
+
+def test_a_placeholder_in_a_function_nothing_calls_is_refused(tmp_path):
+    model = build_print_placeholder(str(tmp_path / "m" / "1"), "stderr")
+    meta_graph = _meta_graph(model)
+    function = next(f for f in meta_graph.graph_def.library.function
+                    if any(n.op == "PrintV2" for n in f.node_def))
+    copy = meta_graph.graph_def.library.function.add()
+    copy.CopyFrom(function)
+    copy.signature.name = "uncalled_printer"
+    uses = untrusted.host_op_uses(meta_graph)
+    assert [(u.op, u.function) for u in uses] == [("PrintV2", "uncalled_printer")]
+    assert "no node references function uncalled_printer" in uses[0].reason

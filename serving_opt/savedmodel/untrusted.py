@@ -35,6 +35,35 @@ exact shape TensorFlow's exporters write and the loaders run:
   request would read whatever the node holds (a TF1 asset Const holds the *build
   host's* absolute path).
 
+Three things a node's op type does not say are read too:
+
+* **Embedded graphs** (:data:`serving_opt.host_ops.EMBEDDED_GRAPH_OPS`): a
+  ``DatasetFromGraph`` runs the GraphDef serialized in its ``graph_def`` input. When
+  that input is a string ``Const`` (through ``Identity``), the GraphDef is parsed and
+  checked like the model's (its nodes, its library, graphs it embeds in turn, a few
+  deep), with no loader exception (nothing feeds it checkpoint or asset paths); a
+  finding there names the embedding op (``TextLineDataset node 'x' in function f
+  inside the graph_def of DatasetFromGraph node 'd' ...``). Any other source (a
+  computed string, an argument, a signature input) refuses the op itself: it runs a
+  graph nothing checked. ``DeserializeIterator`` (TF 1.x-2.2 rebuilt the dataset from
+  a GraphDef in the iterator state, a variant) is always refused that way.
+* **Attribute placeholders**: a library function's node may hold
+  ``AttrValue.placeholder`` instead of a value, bound when the function is
+  instantiated by the attr map of the ``NameAttrList`` that references it (a call's
+  ``f``, a branch or body attr) or by the attrs of a node calling it as an op. On the
+  attr of an op of ``CONDITIONAL_HOST_OPS`` (``PrintV2.output_stream``,
+  ``FixedUnigramCandidateSampler.vocab_file``, ``DecodeProtoV2``/``EncodeProto``
+  ``descriptor_source``, ``Copy``/``CopyHost`` ``debug_ops_spec``) every value a
+  reference binds is judged (a binding to the caller's own placeholder is followed up
+  through the caller's references); a placeholder some reference leaves unbound (or a
+  function nothing references, a ``library.gradient``, the top level) is a finding.
+* **Escaping assets**: an asset of asset_file_def or of the TF1 ``saved_model_assets``
+  collection whose filename is absolute or leads out of ``assets/`` with ``..``
+  (``loader.safe_asset_path``, the rule of ``inspect``'s ``asset_path_escapes``) is a
+  finding: the loaders feed ``<model>/assets/<filename>``, a file outside the model,
+  to whatever reads it. (Symlinks out of the model are refused by
+  ``loader.check_model_files``, which reads the directory; this check reads protos.)
+
 Everything else is a finding: :func:`host_op_uses` lists them, ``inspect`` rates them,
 and :func:`refuse_host_ops` turns the first into the one-line error ``optimize``,
 ``validate`` and ``compare`` raise before running the model; ``--allow_file_ops`` opts
