@@ -122,6 +122,9 @@ class ServerSpec:
     # Serve this version only (a model config with a ``specific`` version policy): the
     # server must never load, and run the init op of, a version nobody checked.
     version: int | None = None
+    # The local server only (serving-opt serve --allow_file_ops): load a model with host
+    # ops, which it refuses otherwise. TF Serving has no such check.
+    allow_file_ops: bool = False
 
 
 CONFIG_FILENAME = "models.config"
@@ -234,7 +237,8 @@ def local_command(spec: ServerSpec, port: int, rest_port: int = 0,
     """
     return [python or sys.executable, "-m", "serving_opt.cli", "serve",
             *_server_flags(spec, port, os.path.abspath(spec.model_base), rest_port,
-                          config_file)]
+                          config_file),
+            *(["--allow_file_ops"] if spec.allow_file_ops else [])]
 
 
 

@@ -345,7 +345,8 @@ def _server_spec(target: Target, options: ValidateOptions) -> backends.ServerSpe
     and no other, whatever else the base holds."""
     return backends.ServerSpec(model_name=target.model_name, model_base=target.model_base,
                                image=options.image, saved_model_tags=options.saved_model_tags,
-                               rest_api="rest" in target.protocols, version=target.version)
+                               rest_api="rest" in target.protocols, version=target.version,
+                               allow_file_ops=options.allow_file_ops)
 
 
 def _admit(model_dir: str, options: ValidateOptions) -> None:

@@ -296,7 +296,8 @@ def execute(model_base: str, version: int, options: TuneOptions, backend: str,
                            options.seed)
     spec = backends.ServerSpec(model_name=name, model_base=model_base, image=options.image,
                                saved_model_tags=options.saved_model_tags,
-                               rest_api="rest" in protocols, version=version)
+                               rest_api="rest" in protocols, version=version,
+                               allow_file_ops=options.allow_file_ops)
     with load.Generator() as generator:  # one process for every load point
         run = _Run(model_base, version, options, backend, say, name, spec, protocols, built,
                    generator)

@@ -151,6 +151,11 @@ def define_flags(fv: flags.FlagValues) -> None:
                "local server (a warning says so).", flag_values=fv)
     flags.DEFINE_integer("grpc_max_threads", 128, "Threads handling gRPC requests.",
                          flag_values=fv)
+    flags.DEFINE_boolean("allow_file_ops", False,
+                         "Load versions whose graph has host ops (file writes and reads, "
+                         "code execution, network): a SavedModel is code, and without this "
+                         "such a version fails to load, named by the static check. Not a "
+                         "TF Serving flag.", flag_values=fv)
     flags.DEFINE_integer("max_request_bytes", 2**31 - 1,
                          "Most bytes one request may carry or make the server allocate: the "
                          "gRPC message limit, the REST body limit (413 over it), and the "
@@ -227,6 +232,7 @@ def _options(fv: flags.FlagValues):
         enable_batching=fv.enable_batching,
         batching_parameters_file=fv.batching_parameters_file,
         max_request_bytes=fv.max_request_bytes,
+        allow_file_ops=fv.allow_file_ops,
     )
 
 

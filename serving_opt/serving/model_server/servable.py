@@ -34,6 +34,7 @@ import numpy as np
 
 from serving_opt.serving.model_server.status import (
     ServingStatusError,
+    failed_precondition,
     from_tf_error,
     invalid_argument,
     not_found,
@@ -73,6 +74,8 @@ class LoadOptions:
 
     tags: tuple[str, ...] = ("serve",)
     session_config: Any = field(default=None, compare=False)
+    # A version with host ops (serving_opt.savedmodel.untrusted) fails to load unless set.
+    allow_file_ops: bool = False
 
 
 class Fetched(NamedTuple):
@@ -144,6 +147,27 @@ def _unsafe_file_status(error) -> ServingStatusError:
     import grpc
 
     return ServingStatusError(grpc.StatusCode.DATA_LOSS, error.reason)
+
+
+def refuse_host_ops(meta_graph_def, export_dir: str) -> None:
+    """A SavedModel is code: the version fails to load (FAILED_PRECONDITION, the whole
+    story in one line) when the static check finds a host op, before anything runs.
+
+    Example:
+        >>> refuse_host_ops(meta_graph_with_write_file, "/models/m/1")
+        Traceback (most recent call last):
+        ServingStatusError: FAILED_PRECONDITION: /models/m/1: WriteFile node 'w', ...
+    """
+    from serving_opt.errors import ServingOptError
+    from serving_opt.savedmodel import loader, untrusted
+
+    try:
+        untrusted.refuse_host_ops(meta_graph_def,
+                                  sorted(loader.serving_signatures(meta_graph_def)), "serve")
+    except ServingOptError as e:
+        raise failed_precondition(
+            f"{export_dir}: {e.problem}; pass --allow_file_ops only for a model you trust "
+            "(serving-opt inspect lists every host op)") from e
 
 
 def check_special_files(export_dir: str) -> None:
@@ -274,6 +298,8 @@ class Servable:
         check_bundle_directory(path)
         meta_graph_def = find_meta_graph(read_saved_model(path), options.tags)
         check_special_files(path)
+        if not options.allow_file_ops:
+            refuse_host_ops(meta_graph_def, path)
         graph = tf.Graph()
         session = tf.compat.v1.Session(graph=graph, config=options.session_config)
         if not all(hasattr(session, a) for a in ("_call_tf_sessionrun", "_extend_graph")):

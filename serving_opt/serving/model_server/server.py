@@ -89,6 +89,9 @@ class ServerOptions:
     enable_batching: bool = False
     batching_parameters_file: str | None = None
     max_request_bytes: int = MAX_MESSAGE_BYTES
+    # Not a TF Serving flag: the local server refuses to load a version with host ops
+    # (file, code or network ops: serving_opt.savedmodel.untrusted) unless this is set.
+    allow_file_ops: bool = False
 
 
 def build_model_server_config(options: ServerOptions):
@@ -127,7 +130,8 @@ def core_options(options: ServerOptions) -> CoreOptions:
             inter_op_parallelism_threads=options.tensorflow_inter_op_parallelism,
         )
     return CoreOptions(
-        load_options=LoadOptions(tags=tags, session_config=session_config),
+        load_options=LoadOptions(tags=tags, session_config=session_config,
+                                 allow_file_ops=options.allow_file_ops),
         file_system_poll_wait_seconds=options.file_system_poll_wait_seconds,
         enable_model_warmup=options.enable_model_warmup,
         num_request_iterations_for_warmup=max(1, options.num_request_iterations_for_warmup),
