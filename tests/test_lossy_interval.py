@@ -8,6 +8,7 @@ decided the other way, not a changed answer, and is reported, not counted.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import numpy as np
@@ -203,3 +204,14 @@ def test_drawing_stops_at_its_share_of_the_measure_budget():
     proving._until_decided(run, gate_on(8), gate_on, 8)
     assert calls == [8]
     assert "ran out" in run.warnings[0]
+
+
+def test_synthesized_inputs_are_named_with_their_near_tie_share():
+    report = _report(2048, flips_per_512=0)
+    run = _run(measure_seconds=180)
+    proving._warn_synthesized(run, report)
+    assert "synthesized inputs" in run.warnings[0] and "--examples" in run.warnings[0]
+    user = dataclasses.replace(report, input_sources={"predict": "examples:x.tfrecord"})
+    run = _run(measure_seconds=180)
+    proving._warn_synthesized(run, user)
+    assert run.warnings == []
