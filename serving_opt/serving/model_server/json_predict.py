@@ -38,6 +38,7 @@ from serving_opt.serving.model_server.json_read import (
     parse_json,
     signature_name,
 )
+from serving_opt.serving.model_server.json_tensors import fast_predict_tensors, fill_tensor
 from serving_opt.serving.model_server.json_write import (
     SingleLine,
     debug_string,
@@ -49,6 +50,12 @@ from serving_opt.serving.model_server.tensors import MAX_DIMENSIONS
 
 ROW = "row"
 COLUMNAR = "columnar"
+
+# The Python-object path (json.loads and lists of Python numbers) takes ~50 bytes of
+# memory per value: a body it must decode is refused past this many values (commas),
+# about 200 MiB of objects. Nested lists of numbers do not count: json_tensors decodes
+# them straight to numpy at a few bytes per body byte.
+MAX_OBJECT_TREE_VALUES = 1 << 22
 
 
 def parse_predict_request(
@@ -73,6 +80,15 @@ def parse_predict_request(
 
     request = predict_pb2.PredictRequest()
     fill_model_spec(request.model_spec, name, version, label)
+    fast = fast_predict_tensors(body, input_infos)
+    if fast is not None:
+        signature, tensors, fmt = fast
+        if signature is not None:
+            request.model_spec.signature_name = signature
+        for alias, (values, dims, dtype) in tensors.items():
+            fill_tensor(request.inputs[alias], values, dims, dtype)
+        return request, fmt
+    _check_object_tree_size(body)
     doc = parse_json(body)
     signature = signature_name(doc)
     if signature is not None:
@@ -106,6 +122,19 @@ def parse_predict_request(
     for alias, tensor in tensors.items():
         request.inputs[alias].CopyFrom(tensor)
     return request, fmt
+
+
+def _check_object_tree_size(body: bytes) -> None:
+    if len(body) <= MAX_OBJECT_TREE_VALUES:
+        return
+    values = body.count(b",") + 1
+    if values > MAX_OBJECT_TREE_VALUES:
+        raise invalid_argument(
+            f"JSON body has about {values} values, over the {MAX_OBJECT_TREE_VALUES} "
+            "(json_predict.MAX_OBJECT_TREE_VALUES) this server decodes as Python objects; "
+            "only tensors sent as plain nested lists of numbers are decoded without it, "
+            "up to --max_request_bytes"
+        )
 
 
 def predict_response_json(outputs, fmt: str) -> bytes:
