@@ -29,6 +29,7 @@ import re
 from collections.abc import Callable
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 from tensorflow.core.framework import types_pb2
 
 from serving_opt.serving.model_server.json_read import parse_json
@@ -43,16 +44,13 @@ _BLOCK = re.compile(rb"\[[-0-9eE.+,\[\] \t\r\n]*\]")
 _PLACEHOLDER = "\x00"
 _NUMBER_CHARS = b"0123456789.eE+-"
 _WHITESPACE = b" \t\r\n"
-# number chars -> 'd', whitespace -> ' ', the rest as they are
-_CLASSES = bytes(
-    ord("d") if c in _NUMBER_CHARS else ord(" ") if c in _WHITESPACE else c for c in range(256)
-)
+_IS_NUMBER = np.array([c in _NUMBER_CHARS for c in range(256)])
+_IS_SPACE = np.array([c in _WHITESPACE for c in range(256)])
 _TOKEN = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
 _INTEGER_TOKEN = re.compile(rb"-?(?:0|[1-9][0-9]*)")
 _P10_INT = np.array([10**i for i in range(20)], dtype=np.uint64)
 _P10_FLOAT = np.array([10.0**i for i in range(23)])  # exact doubles
 _TWO_53 = np.uint64(2**53)
-_CHUNK_CHARS = 1 << 17  # bounds the per-character temporaries (~20 bytes a character)
 
 _FLOATS = {types_pb2.DT_FLOAT: np.float32, types_pb2.DT_DOUBLE: np.float64}
 # integer dtypes: numpy type, and the range the old path accepts *and* stores unchanged
@@ -127,7 +125,7 @@ def _tensors(doc: dict, blocks: list[bytes], input_infos):
             if len(names) != 1:
                 raise _NotFast
             name = names[0]
-            tensors[name] = _tensor(blocks[block(instances)], infos[name].dtype, 0)
+            tensors[name] = _tensor(blocks, block(instances), infos[name].dtype, 0)
         elif isinstance(instances, list) and instances:
             columns: dict[str, list[int]] = {n: [] for n in names}
             for element in instances:
@@ -138,9 +136,7 @@ def _tensors(doc: dict, blocks: list[bytes], input_infos):
                 for name in names:
                     columns[name].append(block(element[name]))
             for name in names:
-                tensors[name] = _stacked(
-                    [blocks[i] for i in columns[name]], infos[name].dtype
-                )
+                tensors[name] = _stacked(blocks, columns[name], infos[name].dtype)
         else:
             raise _NotFast
     elif "inputs" in doc and "instances" not in doc:
@@ -149,12 +145,12 @@ def _tensors(doc: dict, blocks: list[bytes], input_infos):
         if isinstance(value, str):
             if len(names) != 1:
                 raise _NotFast
-            tensors[names[0]] = _tensor(blocks[block(value)], infos[names[0]].dtype, None)
+            tensors[names[0]] = _tensor(blocks, block(value), infos[names[0]].dtype, None)
         elif isinstance(value, dict) and not (len(value) == 1 and "b64" in value):
             for name in names:
                 if name not in value:
                     raise _NotFast
-                tensors[name] = _tensor(blocks[block(value[name])], infos[name].dtype, None)
+                tensors[name] = _tensor(blocks, block(value[name]), infos[name].dtype, None)
         else:
             raise _NotFast
     else:
@@ -183,20 +179,24 @@ def _placeholders(value, found: list[int]) -> None:
             _placeholders(item, found)
 
 
-def _tensor(text: bytes, dtype: int, outer: int | None):
-    """One block as a TensorProto. ``outer`` 0: row format (``instances``, at least one
-    row); None: columnar."""
-    values, dims = decode_block(text, dtype)
+def _tensor(blocks: list, index: int, dtype: int, outer: int | None):
+    """One block as (values, shape, dtype). ``outer`` 0: row format (``instances``, at
+    least one row); None: columnar."""
+    if blocks[index] is None:
+        raise _NotFast  # the same placeholder twice
+    values, dims = decode_block(blocks, index, dtype)
     if outer is not None and dims[0] == 0:
         raise _NotFast
     return _proto(values, dims, dtype)
 
 
-def _stacked(texts: list[bytes], dtype: int):
+def _stacked(blocks: list, indices: list[int], dtype: int):
     parts = []
     shape = None
-    for text in texts:
-        values, dims = decode_block(text, dtype)
+    for index in indices:
+        if blocks[index] is None:
+            raise _NotFast  # the same placeholder twice
+        values, dims = decode_block(blocks, index, dtype)
         if shape is None:
             shape = dims
         elif dims != shape:
@@ -204,7 +204,7 @@ def _stacked(texts: list[bytes], dtype: int):
         parts.append(values)
     if len(shape) + 1 > MAX_DIMENSIONS:
         raise _NotFast
-    return _proto(np.concatenate(parts), [len(texts), *shape], dtype)
+    return _proto(np.concatenate(parts), [len(indices), *shape], dtype)
 
 
 def _proto(values: np.ndarray, dims: list[int], dtype: int):
@@ -223,37 +223,37 @@ def fill_tensor(tensor, values: np.ndarray, dims: list[int], dtype: int) -> None
 # ----------------------------------------------------------------------------- blocks
 
 
-def decode_block(text: bytes, dtype: int) -> tuple[np.ndarray, list[int]]:
-    """A ``[...]`` run of number characters as (flat values, shape); raises _NotFast
-    where it is not a rectangular JSON array of numbers the old path reads the same."""
+def decode_block(blocks: list, index: int, dtype: int) -> tuple[np.ndarray, list[int]]:
+    """Block ``index`` (a ``[...]`` run of number characters) as (flat values, shape);
+    raises _NotFast where it is not a rectangular JSON array of numbers the old path
+    reads the same. The block is dropped from ``blocks`` to free its bytes early."""
+    text = blocks[index]
+    blocks[index] = None
     if dtype not in _FLOATS and dtype not in _INTS:
         raise _NotFast
-    classes = text.translate(_CLASSES)
-    if b" " in classes:
-        view = np.frombuffer(classes, dtype=np.uint8)
-        spaces = np.flatnonzero(view[1:] == 32)  # a space right after a number char?
-        if np.any(view[spaces] == 100) and re.search(rb"d +d", classes):
+    if any(c in text for c in (b" ", b"\n", b"\r", b"\t")):
+        view = np.frombuffer(text, dtype=np.uint8)
+        if np.any(_IS_NUMBER[view[:-1]] & _IS_SPACE[view[1:]]) and re.search(
+            rb"[-0-9.eE+][ \t\r\n]+[-0-9.eE+]", text
+        ):
             raise _NotFast  # whitespace inside a number: not JSON
-        del view, spaces
+        del view
         text = text.translate(None, _WHITESPACE)
-        classes = classes.translate(None, b" ")
     # a '[' only after '[' or ',', a ']' only before ']' or ',' (empty elements are
     # found by parse_numbers, empty lists by _dims)
-    view = np.frombuffer(classes, dtype=np.uint8)
-    opens = np.flatnonzero(view[1:] == 91)
-    before = view[opens]
-    if not np.all((before == 91) | (before == 44)):
+    view = np.frombuffer(text, dtype=np.uint8)
+    before = view[np.flatnonzero(view[1:] == 91)]
+    after = view[np.flatnonzero(view[:-1] == 93) + 1]
+    if not (np.all((before == 91) | (before == 44)) and np.all((after == 93) | (after == 44))):
         raise _NotFast
-    closes = np.flatnonzero(view[:-1] == 93)
-    after = view[closes + 1]
-    if not np.all((after == 93) | (after == 44)):
-        raise _NotFast
-    del view, opens, before, closes, after
-    dims = _dims(classes.translate(None, b"d"))
+    del view, before, after
+    dims = _dims(text.translate(None, _NUMBER_CHARS))
     count = 1
     for d in dims:
         count *= d
-    values = parse_numbers(text.translate(None, b"[]"), dtype)
+    numbers = text.translate(None, b"[]")
+    del text
+    values = parse_numbers(numbers, dtype)
     if values.size != count:
         raise _NotFast
     return values, dims
@@ -284,114 +284,69 @@ def _dims(structure: bytes) -> list[int]:
 
 def parse_numbers(text: bytes, dtype: int) -> np.ndarray:
     """Comma-separated JSON numbers (no whitespace, no brackets) as a numpy array of
-    ``dtype``'s type, exactly as the old path would store them; raises _NotFast."""
+    ``dtype``'s type, exactly as the old path would store them; raises _NotFast.
+
+    Numbers are grouped by their layout (length, digits after the dot, sign): within a
+    group every character sits in the same column, so a group is one 2-D gather and a
+    few column operations. A number with an exponent, or one whose double the
+    vectorised arithmetic cannot promise exact, is read by Python's ``float``.
+    """
     data = np.frombuffer(text, dtype=np.uint8)
+    size = data.size
+    if size == 0:
+        raise _NotFast
     commas = np.flatnonzero(data == 44)
-    starts = np.empty(commas.size + 1, dtype=np.int64)
+    count = commas.size + 1
+    starts = np.empty(count, dtype=np.int64)
     starts[0] = 0
     starts[1:] = commas + 1
+    ends = np.empty(count, dtype=np.int64)
+    ends[:-1] = commas
+    ends[-1] = size
     del commas
+    lengths = ends - starts
+    if lengths.min() <= 0:
+        raise _NotFast  # an empty element
     integer = dtype in _INTS
-    out = np.empty(starts.size, dtype=_INTS[dtype][0] if integer else _FLOATS[dtype])
-    first = 0
-    while first < starts.size:
-        last = int(np.searchsorted(starts, starts[first] + _CHUNK_CHARS, "right"))
-        last = max(last, first + 1)
-        begin = int(starts[first])
-        stop = int(starts[last]) - 1 if last < starts.size else data.size
-        _parse_chunk(text, data[begin:stop], starts[first:last] - begin, begin, dtype,
-                     out[first:last])
-        first = last
+    fraction = np.zeros(count, dtype=np.int64)  # digits after the dot (0: no dot)
+    dots = np.flatnonzero(data == 46)
+    if dots.size:
+        if integer:
+            raise _NotFast  # a non-integer for an integer input: the old path's error
+        owner = np.searchsorted(starts, dots, "right") - 1
+        if np.any(owner[1:] == owner[:-1]):
+            raise _NotFast  # two dots in one number
+        fraction[owner] = ends[owner] - dots - 1
+        if np.any(fraction[owner] == 0):
+            raise _NotFast  # "1."
+        del owner
+    del dots
+    negative = data[starts] == 45
+    slow = lengths > _MAX_GROUPED_LENGTH
+    key = lengths * 128 + fraction * 2 + negative
+    key[slow] = 0
+    key = key.astype(np.uint16)
+    del fraction
+    order = np.argsort(key, kind="stable")  # a radix sort for uint16
+    sorted_keys = key[order]
+    del key
+    bounds = [0, *(np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1).tolist(), count]
+    out = np.empty(count, dtype=_INTS[dtype][0] if integer else _FLOATS[dtype])
+    for first, last in zip(bounds[:-1], bounds[1:]):
+        group_key = int(sorted_keys[first])
+        if group_key == 0:
+            continue  # too long: read one by one below
+        _parse_group(data, starts, order[first:last], group_key, dtype, out, slow)
+    with np.errstate(over="ignore"):  # beyond float32: inf, as the proto field stores it
+        _parse_slow(text, starts, ends, np.flatnonzero(slow).tolist(), integer, out)
     return out
 
 
-def _parse_chunk(text: bytes, chars: np.ndarray, starts: np.ndarray, offset: int,
-                 dtype: int, out: np.ndarray) -> None:
-    n = chars.size
-    ends = np.empty_like(starts)
-    ends[:-1] = starts[1:] - 1
-    ends[-1] = n
-    if np.any(ends <= starts):
-        raise _NotFast  # empty element
-    digit = (chars - np.uint8(48)) < 10
-    dot = chars == 46
-    negative = chars[starts] == 45
-    # the first digit of each number, the only '-' that is not an exponent's
-    first = starts + negative
-    if np.any(first >= ends):
-        raise _NotFast
-    if not np.all(digit[first]):
-        raise _NotFast
-    after_first = np.minimum(first + 1, n - 1)
-    if np.any((chars[first] == 48) & (first + 1 < ends) & digit[after_first]):
-        raise _NotFast  # a leading zero
-    other = ~(digit | dot | (chars == 44))
-    other[starts[negative]] = False
-    # e, E, + and inner '-': an exponent; those numbers are checked and read one by one
-    exponent = np.logical_or.reduceat(other, starts)
-    del other
-    dots = np.flatnonzero(dot)
-    del dot
-    if dots.size:
-        if dots[0] == 0 or dots[-1] == n - 1:
+def _parse_slow(text, starts, ends, indices, integer: bool, out) -> None:
+    for index in indices:
+        if integer:
             raise _NotFast
-        if not (np.all(digit[dots - 1]) and np.all(digit[dots + 1])):
-            raise _NotFast
-    token_of_dot = np.searchsorted(starts, dots, "right") - 1
-    if token_of_dot.size > 1 and np.any(token_of_dot[1:] == token_of_dot[:-1]):
-        raise _NotFast  # two dots in one number
-    fraction = np.zeros(starts.size, dtype=np.int64)
-    fraction[token_of_dot] = ends[token_of_dot] - dots - 1
-    has_dot = np.zeros(starts.size, dtype=bool)
-    has_dot[token_of_dot] = True
-    del dots, token_of_dot
-
-    # the digits' values, weighted by their place in their number (exponent excluded:
-    # those numbers are read below)
-    cumulative = np.cumsum(digit, dtype=np.int32)
-    digits = cumulative[ends - 1] - cumulative[starts] + digit[starts]
-    first_digit = cumulative[starts] - digit[starts]  # index among all digits
-    positions = np.flatnonzero(digit)
-    del digit
-    last_of_token = np.repeat(cumulative[ends - 1], digits)
-    place = last_of_token - cumulative[positions]
-    del cumulative, last_of_token
-    slow = exponent | (digits > 19)
-    np.minimum(place, 19, out=place)
-    terms = (chars[positions] - np.uint8(48)).astype(np.uint64)
-    terms *= _P10_INT[place]
-    del place, positions
-    mantissa = np.add.reduceat(terms, first_digit)
-    del terms
-
-    if dtype in _INTS:
-        _, low, high = _INTS[dtype]
-        if np.any(has_dot) or np.any(exponent) or np.any(digits > 18):
-            raise _NotFast  # a non-integer (an error) or near int64's edges
-        values = mantissa.astype(np.int64)
-        np.negative(values, out=values, where=negative)
-        if values.size and (values.min() < low or values.max() > high):
-            raise _NotFast
-        out[...] = values
-        return
-    small = fraction <= 22
-    slow |= ~small
-    exact = mantissa <= _TWO_53
-    values = mantissa.astype(np.float64)
-    values /= _P10_FLOAT[np.where(small, fraction, 0)]
-    np.negative(values, out=values, where=negative & (has_dot | (mantissa != 0)))
-    if dtype == types_pb2.DT_DOUBLE:
-        slow |= ~exact
-        out[...] = values
-    else:
-        # Beyond 2**53 the double is within ~2 ulp of the correctly rounded one; the
-        # float32 cast agrees unless a float32 rounding midpoint is that close.
-        low_bits = values.view(np.uint64) & np.uint64((1 << 29) - 1)
-        near = np.abs(low_bits.astype(np.int64) - (1 << 28)) <= 64
-        slow |= ~exact & near
-        out[...] = values.astype(np.float32)
-    for index in np.flatnonzero(slow):
-        token = text[offset + int(starts[index]): offset + int(ends[index])]
+        token = text[int(starts[index]): int(ends[index])]
         if not _TOKEN.fullmatch(token):
             raise _NotFast
         if _INTEGER_TOKEN.fullmatch(token) and len(token) <= 21:
@@ -400,5 +355,71 @@ def _parse_chunk(text: bytes, chars: np.ndarray, starts: np.ndarray, offset: int
             value = float(token)
         if np.isinf(value):
             raise _NotFast  # beyond the double range: the old path's error
-        with np.errstate(over="ignore"):
-            out[index] = value  # beyond float32: inf, as the proto field stores it
+        out[index] = value
+
+
+_MAX_GROUPED_LENGTH = 40
+_GROUP_CHARS = 1 << 17  # bounds a group's gathered block (~10 bytes a character)
+
+
+def _parse_group(data, starts, rows, key: int, dtype: int, out, slow) -> None:
+    length, fraction, negative = key >> 7, (key >> 1) & 63, key & 1
+    dot = length - 1 - fraction if fraction else -1
+    integer_digits = (dot if fraction else length) - negative
+    if integer_digits < 1:
+        raise _NotFast  # "-", ".5", "-.5"
+    is_digit = np.ones(length, dtype=bool)
+    is_digit[:negative] = False
+    if fraction:
+        is_digit[dot] = False
+    digits = int(is_digit.sum())
+    integer = dtype in _INTS
+    if digits > (18 if integer else 19) or fraction > 22:
+        if integer:
+            raise _NotFast
+        slow[rows] = True
+        return
+    weights = np.zeros(length, dtype=np.uint64)  # 10**k on the digits, 0 on '-' and '.'
+    weights[is_digit] = _P10_INT[:digits][::-1]
+    windows = sliding_window_view(data, length)  # row i: the characters from i on
+    step = max(1, _GROUP_CHARS // length)
+    for first in range(0, rows.size, step):
+        part = rows[first: first + step]
+        block = windows[starts[part]] - np.uint8(48)  # (n, length): digit values
+        bad = (block >= 10) & is_digit
+        plain = ~np.any(bad, axis=1) if bad.any() else None  # None: all of them
+        del bad
+        if integer_digits > 1:
+            zero = block[:, negative] == 0
+            if np.any(zero if plain is None else zero & plain):
+                raise _NotFast  # a leading zero
+        mantissa = block @ weights
+        del block
+        if integer:
+            _, low, high = _INTS[dtype]
+            if plain is not None:
+                raise _NotFast  # an exponent or not JSON: the old path's business
+            values = mantissa.astype(np.int64)
+            if negative:
+                np.negative(values, out=values)
+            if values.min() < low or values.max() > high:
+                raise _NotFast
+            out[part] = values
+            continue
+        values = mantissa.astype(np.float64)
+        if fraction:
+            values /= _P10_FLOAT[fraction]  # exact operands: correctly rounded
+            if negative:
+                np.negative(values, out=values)
+        elif negative:
+            np.negative(values, out=values, where=mantissa != 0)  # JSON -0 is int 0
+        inexact = mantissa > _TWO_53
+        if dtype == types_pb2.DT_FLOAT:
+            # Beyond 2**53 the double is within ~2 ulp of the correctly rounded one; the
+            # float32 cast agrees unless a float32 rounding midpoint is that close.
+            low_bits = (values.view(np.uint64) & np.uint64((1 << 29) - 1)).astype(np.int64)
+            inexact &= np.abs(low_bits - (1 << 28)) <= 64
+        out[part] = values
+        if plain is not None:
+            inexact |= ~plain
+        slow[part[inexact]] = True
