@@ -27,8 +27,13 @@ def _bodies():
     rng = np.random.RandomState(0)
     image = rng.rand(1, 160, 160, 3).astype(np.float32)
     yield "160x160x3 float image (json.dumps)", json.dumps({"instances": image.tolist()})
-    yield "160x160x3 float image (%.6g)", (
-        '{"instances": [' + json.dumps(np.round(image, 6).tolist()) [1:-1] + "]}")
+    pixels = (image * 255).astype(np.uint8)
+    yield "160x160x3 uint8 image (json.dumps)", json.dumps({"instances": pixels.tolist()})
+    rows = ", ".join(
+        "[" + ", ".join("[" + ", ".join("%.6g" % v for v in pixel) + "]" for pixel in row) + "]"
+        for row in image[0]
+    )
+    yield "160x160x3 float image (%.6g)", '{"instances": [[' + rows + "]]}"
     rows = []
     size = 0
     while size < 2 * 1024 * 1024:  # a 2 MiB body: 256-float embeddings, row format
@@ -38,8 +43,8 @@ def _bodies():
     yield f"2 MiB body ({len(rows)}x256 floats)", '{"instances": [' + ", ".join(rows) + "]}"
 
 
-def _run(body: bytes, fast: bool):
-    infos = {"x": SimpleNamespace(dtype=types_pb2.DT_FLOAT)}
+def _run(body: bytes, fast: bool, dtype: int):
+    infos = {"x": SimpleNamespace(dtype=dtype)}
     json_predict.fast_predict_tensors = fast_predict_tensors if fast else (lambda b, i: None)
     return json_predict.parse_predict_request(body, "m", None, None, lambda sig: infos)
 
@@ -52,16 +57,17 @@ def main() -> None:
           f"{'peak B/byte':>11}")
     for label, text in _bodies():
         body = text.encode()
+        dtype = types_pb2.DT_UINT8 if "uint8" in label else types_pb2.DT_FLOAT
         for name, fast in (("old", False), ("new", True)):
             times = []
             for _ in range(args.repeat):
                 start = time.perf_counter()
-                _run(body, fast)
+                _run(body, fast, dtype)
                 times.append(time.perf_counter() - start)
             peaks = []
             for _ in range(3):
                 tracemalloc.start()
-                _run(body, fast)
+                _run(body, fast, dtype)
                 peaks.append(tracemalloc.get_traced_memory()[1])
                 tracemalloc.stop()
             print(f"{label:40} {len(body):9} | {name:4} {min(times) * 1e3:8.1f} "

@@ -166,3 +166,12 @@ def test_typical_bodies_take_the_fast_path(dtype, layout):
     infos = _infos(names, dtype)
     assert json_tensors.fast_predict_tensors(body, infos, min_bytes=0) is not None
     assert _decode(body, infos, True) == _decode(body, infos, False)
+
+
+@pytest.mark.parametrize("seed", range(60, 75))
+def test_fast_decode_matches_in_small_chunks(seed, monkeypatch):
+    # chunk boundaries everywhere: the chunked loops must not change a value
+    monkeypatch.setattr(json_tensors, "_GROUP_ROWS", 7)
+    monkeypatch.setattr(json_tensors, "_GROUP_CHARS", 50)
+    test_fast_decode_matches_object_path(seed)
+    test_exact_float32_rounding_of_long_decimals()

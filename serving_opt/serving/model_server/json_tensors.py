@@ -45,7 +45,6 @@ _PLACEHOLDER = "\x00"
 _NUMBER_CHARS = b"0123456789.eE+-"
 _WHITESPACE = b" \t\r\n"
 _IS_NUMBER = np.array([c in _NUMBER_CHARS for c in range(256)])
-_IS_SPACE = np.array([c in _WHITESPACE for c in range(256)])
 _TOKEN = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
 _INTEGER_TOKEN = re.compile(rb"-?(?:0|[1-9][0-9]*)")
 _P10_INT = np.array([10**i for i in range(20)], dtype=np.uint64)
@@ -231,12 +230,14 @@ def decode_block(blocks: list, index: int, dtype: int) -> tuple[np.ndarray, list
     blocks[index] = None
     if dtype not in _FLOATS and dtype not in _INTS:
         raise _NotFast
-    if any(c in text for c in (b" ", b"\n", b"\r", b"\t")):
+    spaces = [c for c in _WHITESPACE if bytes((c,)) in text]
+    if spaces:
         view = np.frombuffer(text, dtype=np.uint8)
-        if np.any(_IS_NUMBER[view[:-1]] & _IS_SPACE[view[1:]]) and re.search(
-            rb"[-0-9.eE+][ \t\r\n]+[-0-9.eE+]", text
-        ):
-            raise _NotFast  # whitespace inside a number: not JSON
+        for c in spaces:  # what stands before each whitespace character
+            if np.any(_IS_NUMBER[view[np.flatnonzero(view[1:] == c)]]) and re.search(
+                rb"[-0-9.eE+][ \t\r\n]+[-0-9.eE+]", text
+            ):
+                raise _NotFast  # whitespace inside a number: not JSON
         del view
         text = text.translate(None, _WHITESPACE)
     # a '[' only after '[' or ',', a ']' only before ']' or ',' (empty elements are
@@ -297,56 +298,66 @@ def parse_numbers(text: bytes, dtype: int) -> np.ndarray:
         raise _NotFast
     commas = np.flatnonzero(data == 44)
     count = commas.size + 1
-    starts = np.empty(count, dtype=np.int64)
+    index_type = np.int32 if size < 2**31 - 1 else np.int64  # 4 bytes a number, not 8
+    starts = np.empty(count, dtype=index_type)
     starts[0] = 0
     starts[1:] = commas + 1
-    ends = np.empty(count, dtype=np.int64)
-    ends[:-1] = commas
-    ends[-1] = size
     del commas
-    lengths = ends - starts
+    lengths = np.empty(count, dtype=index_type)  # then: the grouping key
+    lengths[:-1] = starts[1:]
+    lengths[-1] = size + 1
+    lengths -= starts
+    lengths -= 1
     if lengths.min() <= 0:
         raise _NotFast  # an empty element
     integer = dtype in _INTS
-    fraction = np.zeros(count, dtype=np.int64)  # digits after the dot (0: no dot)
+    fraction = None  # digits after the dot (0: no dot)
     dots = np.flatnonzero(data == 46)
     if dots.size:
         if integer:
             raise _NotFast  # a non-integer for an integer input: the old path's error
-        owner = np.searchsorted(starts, dots, "right") - 1
+        fraction = np.zeros(count, dtype=index_type)
+        owner = np.searchsorted(starts, dots, "right") - 1  # the number each is in
         if np.any(owner[1:] == owner[:-1]):
             raise _NotFast  # two dots in one number
-        fraction[owner] = ends[owner] - dots - 1
+        fraction[owner] = starts[owner] + lengths[owner] - dots - 1
         if np.any(fraction[owner] == 0):
             raise _NotFast  # "1."
         del owner
     del dots
-    negative = data[starts] == 45
     slow = lengths > _MAX_GROUPED_LENGTH
-    key = lengths * 128 + fraction * 2 + negative
+    np.minimum(lengths, _MAX_GROUPED_LENGTH, out=lengths)
+    key = lengths
+    key *= 128
+    if fraction is not None:
+        np.minimum(fraction, 63, out=fraction)
+        fraction *= 2
+        key += fraction
+        del fraction
+    key += data[starts] == 45  # negative
     key[slow] = 0
     key = key.astype(np.uint16)
-    del fraction
-    order = np.argsort(key, kind="stable")  # a radix sort for uint16
-    sorted_keys = key[order]
-    del key
-    bounds = [0, *(np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1).tolist(), count]
     out = np.empty(count, dtype=_INTS[dtype][0] if integer else _FLOATS[dtype])
-    for first, last in zip(bounds[:-1], bounds[1:]):
-        group_key = int(sorted_keys[first])
-        if group_key == 0:
-            continue  # too long: read one by one below
-        _parse_group(data, starts, order[first:last], group_key, dtype, out, slow)
+    for base in range(0, count, _GROUP_ROWS):  # bounds the row indices (8 bytes each)
+        keys = key[base: base + _GROUP_ROWS]
+        for group_key in np.flatnonzero(np.bincount(keys)).tolist():
+            if group_key == 0:
+                continue  # too long: read one by one below
+            rows = np.flatnonzero(keys == group_key)
+            rows += base
+            _parse_group(data, starts, rows, group_key, dtype, out, slow)
+    del key
     with np.errstate(over="ignore"):  # beyond float32: inf, as the proto field stores it
-        _parse_slow(text, starts, ends, np.flatnonzero(slow).tolist(), integer, out)
+        _parse_slow(text, starts, np.flatnonzero(slow).tolist(), integer, out)
     return out
 
 
-def _parse_slow(text, starts, ends, indices, integer: bool, out) -> None:
+def _parse_slow(text, starts, indices, integer: bool, out) -> None:
     for index in indices:
+        end = int(starts[index + 1]) - 1 if index + 1 < starts.size else len(text)
         if integer:
             raise _NotFast
-        token = text[int(starts[index]): int(ends[index])]
+        token = text[int(starts[index]): end]
         if not _TOKEN.fullmatch(token):
             raise _NotFast
         if _INTEGER_TOKEN.fullmatch(token) and len(token) <= 21:
@@ -359,6 +370,7 @@ def _parse_slow(text, starts, ends, indices, integer: bool, out) -> None:
 
 
 _MAX_GROUPED_LENGTH = 40
+_GROUP_ROWS = 1 << 15
 _GROUP_CHARS = 1 << 17  # bounds a group's gathered block (~10 bytes a character)
 
 
