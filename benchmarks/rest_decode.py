@@ -29,10 +29,10 @@ def _bodies():
     yield "160x160x3 float image (json.dumps)", json.dumps({"instances": image.tolist()})
     pixels = (image * 255).astype(np.uint8)
     yield "160x160x3 uint8 image (json.dumps)", json.dumps({"instances": pixels.tolist()})
-    rows = ", ".join(
-        "[" + ", ".join("[" + ", ".join("%.6g" % v for v in pixel) + "]" for pixel in row) + "]"
-        for row in image[0]
-    )
+    def pixel(values) -> str:
+        return "[" + ", ".join(f"{v:.6g}" for v in values) + "]"
+
+    rows = ", ".join("[" + ", ".join(pixel(p) for p in row) + "]" for row in image[0])
     yield "160x160x3 float image (%.6g)", '{"instances": [[' + rows + "]]}"
     rows = []
     size = 0

@@ -16,8 +16,8 @@ the proto's float field does; a JSON integer ``-0`` is ``+0.0``), dtypes and sha
 
 Example:
     >>> infos = {"x": TensorInfo(dtype=DT_FLOAT)}
-    >>> signature, tensors, fmt = fast_predict_tensors(b'{"instances": [[1, 2.5]]}', lambda s: infos,
-    ...                                     min_bytes=0)
+    >>> body = b'{"instances": [[1, 2.5]]}'
+    >>> signature, tensors, fmt = fast_predict_tensors(body, lambda s: infos, min_bytes=0)
     >>> values, shape, dtype = tensors["x"]
     >>> fmt, values.tolist(), shape
     ('row', [1.0, 2.5], [1, 2])
@@ -386,13 +386,17 @@ def _parse_group(data, starts, rows, key: int, dtype: int, out, slow) -> None:
         is_digit[dot] = False
     digits = int(is_digit.sum())
     integer = dtype in _INTS
-    if digits > (18 if integer else 19) or fraction > 22:
-        if integer:
-            raise _NotFast
+    if integer and digits > 18:
+        raise _NotFast  # near int64's edges: the old path's business
+    if fraction > 22:
         slow[rows] = True
         return
-    weights = np.zeros(length, dtype=np.uint64)  # 10**k on the digits, 0 on '-' and '.'
-    weights[is_digit] = _P10_INT[:digits][::-1]
+    # 10**k on the digits, 0 on '-' and '.'; past 19 digits the leading ones must be 0
+    # ("0.0038603513967245817": 23 digits, 17 significant), or Python reads the number
+    columns = np.flatnonzero(is_digit)
+    lead = columns[: max(0, digits - 19)]
+    weights = np.zeros(length, dtype=np.uint64)
+    weights[columns[lead.size:]] = _P10_INT[: digits - lead.size][::-1]
     windows = sliding_window_view(data, length)  # row i: the characters from i on
     step = max(1, _GROUP_CHARS // length)
     for first in range(0, rows.size, step):
@@ -405,6 +409,9 @@ def _parse_group(data, starts, rows, key: int, dtype: int, out, slow) -> None:
             zero = block[:, negative] == 0
             if np.any(zero if plain is None else zero & plain):
                 raise _NotFast  # a leading zero
+        if lead.size:
+            too_long = np.any(block[:, lead] != 0, axis=1)
+            plain = ~too_long if plain is None else plain & ~too_long
         mantissa = block @ weights
         del block
         if integer:
