@@ -430,6 +430,9 @@ def _remove_extra_files(run: Run, staging: str, extra: list[str]) -> None:
         validate is not None and validate.serving.write_warmup)
     if not expected and os.path.lexists(os.path.join(staging, warmup)):
         extra = [*extra, warmup]
+    # The user's own files under assets.extra/ (notes, configs) are carried over by the
+    # writer: kept where byte-identical to the source's, whatever the model wrote.
+    extra = [e for e in extra if not _copied_from_source(run.input_dir, staging, e)]
     if not extra:
         return
 
@@ -437,6 +440,20 @@ def _remove_extra_files(run: Run, staging: str, extra: list[str]) -> None:
     shown = ", ".join(extra[:5]) + (f" (and {len(extra) - 5} more)" if len(extra) > 5 else "")
     run.warn(f"removed {len(extra)} file(s) that are no part of a SavedModel from the "
              f"candidate before publishing: {shown}")
+
+
+def _copied_from_source(source: str, staging: str, relative: str) -> bool:
+    """Whether ``relative`` is an ``assets.extra/`` file of the source model, copied: a
+    regular file (no link) in both, the same bytes."""
+    import filecmp
+
+    if relative.split(os.sep, 1)[0] != "assets.extra" or not os.path.isdir(source):
+        return False
+    ours, theirs = os.path.join(staging, relative), os.path.join(source, relative)
+    if os.path.islink(ours) or os.path.islink(theirs):
+        return False
+    return os.path.isfile(ours) and os.path.isfile(theirs) and \
+        filecmp.cmp(ours, theirs, shallow=False)
 
 
 def publish(run: Run, staging: str) -> str:

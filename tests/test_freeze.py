@@ -116,3 +116,20 @@ def test_strict_fold_constants_runs_on_a_model_with_assets(classifier_dir):
     before = {n.name: n for n in graph.graph_def.node}[asset_node]
     after = {n.name: n for n in folded.graph_def.node}[asset_node]
     assert after.op == "Const" and after.attr["value"] == before.attr["value"]
+
+
+def test_only_byte_identical_copies_of_the_sources_assets_extra_are_kept(tmp_path):
+    from serving_opt.optimizer import _copied_from_source
+
+    source, staging = tmp_path / "src", tmp_path / "staging"
+    for root in (source, staging):
+        os.makedirs(root / "assets.extra")
+    (source / "assets.extra" / "notes.txt").write_text("kept")
+    (staging / "assets.extra" / "notes.txt").write_text("kept")
+    (source / "assets.extra" / "config.txt").write_text("theirs")
+    (staging / "assets.extra" / "config.txt").write_text("planted by the model")
+    (staging / "assets.extra" / "new.txt").write_text("planted")
+    keep = [r for r in ("assets.extra/notes.txt", "assets.extra/config.txt",
+                        "assets.extra/new.txt")
+            if _copied_from_source(str(source), str(staging), r)]
+    assert keep == ["assets.extra/notes.txt"]
