@@ -797,15 +797,6 @@ class _Assets:
             return self._top_level(data[index])
         return self._argument(function, data[index])
 
-    def _follow_identity(self, body: dict, tensor: str) -> str:
-        name = node_name(tensor)
-        for _ in range(_MAX_NAME_DEPTH):
-            node = body.get(name)
-            if node is None or node.op != "Identity" or len(_data_inputs(node)) != 1:
-                break
-            name = node_name(_data_inputs(node)[0])
-        return name
-
     def _asset_node(self, name: str) -> str | None:
         node = self.graph.nodes[name]
         if node.op not in ("Placeholder", "Const"):
@@ -816,7 +807,7 @@ class _Assets:
         return None
 
     def _top_level(self, tensor: str) -> str | None:
-        name = self._follow_identity(self.graph.nodes, tensor)
+        name = _follow_identity(self.graph.nodes, tensor)
         node = self.graph.nodes.get(name)
         if node is None:
             return f"its file name {tensor!r} is no node"
@@ -840,7 +831,7 @@ class _Assets:
                 continue
             if consumer.op == "AssignVariableOp" and len(data) == 2 and \
                     node_name(data[0]) == handle:
-                source = self._follow_identity(self.graph.nodes, data[1])
+                source = _follow_identity(self.graph.nodes, data[1])
                 if source in self.asset_nodes and self._asset_node(source) is None:
                     assigned = True
                     continue
@@ -858,7 +849,7 @@ class _Assets:
         function = self.graph.library[fname]
         body = {n.name: n for n in function.node_def}
         args = [a.name for a in function.signature.input_arg]
-        name = self._follow_identity(body, tensor)
+        name = _follow_identity(body, tensor)
         if name not in args:
             op = body[name].op if name in body else "nothing"
             return f"its file name comes from {op} {name!r} inside the function, not an asset"
