@@ -13,8 +13,9 @@ venv: $(STAMP)
 # Re-install only when the dependency pins or the package metadata change.
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@# beam: serving-opt compare and its tests (tests/test_compare.py).
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,beam]'
+	@# beam: serving-opt compare and its tests (tests/test_compare.py); text: TF Text ops
+	@# for serving-opt serve, as TF Serving links them (tests/test_server_flags.py).
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,beam,text]'
 	@touch $(STAMP)
 	@# Bazel < 7.1 cannot watch the venv: re-list its packages so cached test results of
 	@# the previous venv are not reused (tools/bazel/venv_python.bzl).
@@ -75,6 +76,7 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP) $(SANDBOX_STAMP)
 	$(PY) benchmarks/compare.py
 	$(PY) benchmarks/tune.py
+	$(PY) benchmarks/int8_memory.py --rounds=5
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check serving_opt tests examples benchmarks tools

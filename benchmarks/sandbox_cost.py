@@ -20,6 +20,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # process_tree beside it
+from process_tree import tree_stats  # noqa: E402
+
 RUN = """
 import shutil, sys
 from serving_opt import OptimizeOptions, optimize, sandbox
@@ -33,26 +36,8 @@ optimize(src, out, OptimizeOptions(benchmark_runs=0, allow_unsandboxed=mode == "
 
 def _tree_rss(root: int) -> tuple[int, int]:
     """(largest single RSS, total RSS) in bytes of ``root`` and its descendants."""
-    parents: dict[int, int] = {}
-    rss: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            parents[int(name)] = int(fields[1])
-            rss[int(name)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, IndexError, ValueError):
-            continue
-    tree, frontier = {root}, [root]
-    while frontier:
-        pid = frontier.pop()
-        for child, parent in parents.items():
-            if parent == pid and child not in tree:
-                tree.add(child)
-                frontier.append(child)
-    sizes = [rss.get(pid, 0) for pid in tree]
+    page = os.sysconf("SC_PAGE_SIZE")
+    sizes = [int(stat[21]) * page for stat in tree_stats(root).values() if len(stat) > 21]
     return max(sizes, default=0), sum(sizes)
 
 

@@ -118,12 +118,17 @@ def check_in_fresh_process(model_dir: str, tags: str, allow_file_ops: bool,
 
     argv = [sys.executable, "-m", "serving_opt.candidate_check", model_dir, tags,
             "1" if allow_file_ops else "0"]
-    command, env = argv, None
-    if sandboxed:
-        command = sandbox.command(argv, sandbox.Policy(read_only=(model_dir,)))
-        env = sandbox.environment()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env,
-                          preexec_fn=sandbox.preexec(None) if sandboxed else None)
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = (sandbox.popen(argv, sandbox.Policy(read_only=(model_dir,)), **pipes)
+               if sandboxed else subprocess.Popen(argv, **pipes))
+    try:
+        stdout, stderr = process.communicate(timeout=600)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        sandbox.release(process)
+    done = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]

@@ -464,10 +464,18 @@ class LossyGate:
             return Verdict(False, check.broken)
         if check.kind is Kind.PROBABILITIES:
             verdict = self._agreement(check, "top-1 agreement")
-            if verdict.ok and check.max_abs_diff > self.max_probability_error:
-                return Verdict(False, f"max abs diff {check.max_abs_diff:.3g} > "
-                                      f"{self.max_probability_error}")
-            return verdict
+            refused = not verdict.ok and not verdict.undecided
+            if refused or check.max_abs_diff <= self.max_probability_error:
+                return verdict
+            # A value seen moved past the bound is a fact about the candidate that no
+            # number of further rows undoes: the refusal is decided even where the
+            # agreement's interval straddles the threshold (the caller draws no more).
+            bound = (f"max abs diff {check.max_abs_diff:.3g} > "
+                     f"{self.max_probability_error}")
+            if verdict.undecided:
+                bound += (" decides the refusal (top-1 agreement left undecided, as more "
+                          f"rows would not change the verdict: {_agreement_text(check)})")
+            return Verdict(False, bound)
         if check.kind is Kind.DISCRETE and check.agreement is not None:
             return self._agreement(check, "agreement")
         return Verdict(True, NOT_GATED)
@@ -496,6 +504,13 @@ class LossyGate:
         return Verdict(agreement >= need, f"{what}: {text}: the interval straddles {need}, "
                        "undecided (more rows, --examples or a longer --measure_seconds "
                        "would decide it)", undecided=True)
+
+
+def _agreement_text(check: OutputCheck) -> str:
+    """The agreement's counts and interval (``AgreementCount.describe``), or its share."""
+    if check.count is not None:
+        return check.count.describe()
+    return f"{check.agreement or 0:.4f}"
 
 
 def judged(check: OutputCheck, gate: Gate) -> OutputCheck:

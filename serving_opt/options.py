@@ -506,7 +506,8 @@ def _flat_names(cls: type) -> dict[str, str]:
 
 class _Tree:
     """Nested groups that still take and answer flat names (``atol`` for
-    ``tolerance.atol``): every field of a group in ``GROUPS`` is routed to it."""
+    ``tolerance.atol``): every field of a group in ``GROUPS`` is routed to it.
+    ``OptionTree`` is its public name, for the trees of other commands (tune's)."""
 
     GROUPS: ClassVar[dict[str, type]] = {}
 
@@ -519,6 +520,13 @@ class _Tree:
             'tolerance'
         """
         return _flat_names(cls)
+
+    def _assign_keywords(self, options: dict[str, Any]) -> None:
+        """``_assign`` with one set of keywords: the tree's own fields by name, the rest
+        routed to their groups as flat names."""
+        options = dict(options)
+        given = {f.name: options.pop(f.name, _UNSET) for f in dataclasses.fields(self)}
+        self._assign(given, options)
 
     def _assign(self, given: dict[str, Any], flat: dict[str, Any]) -> None:
         cls = type(self)
@@ -551,6 +559,9 @@ class _Tree:
             if group is not None:
                 return getattr(object.__getattribute__(self, group), name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+OptionTree = _Tree
 
 
 @dataclass(frozen=True, init=False)
@@ -632,15 +643,10 @@ class OptimizeOptions(_Tree):
         "gate": GateOptions, "measure": MeasureOptions, "target": TargetOptions,
         "trust": TrustOptions, "output": OutputOptions, "graph_def": GraphDefOptions}
 
-    def __init__(self, build: BuildOptions = _UNSET, inputs: InputOptions = _UNSET,
-                 tolerance: Tolerance = _UNSET, gate: GateOptions = _UNSET,
-                 measure: MeasureOptions = _UNSET, target: TargetOptions = _UNSET,
-                 trust: TrustOptions = _UNSET, output: OutputOptions = _UNSET,
-                 validate: ServingCheck | ValidateOptions | None = _UNSET,
-                 graph_def: GraphDefOptions = _UNSET, **flat: Any) -> None:
-        self._assign(dict(build=build, inputs=inputs, tolerance=tolerance, gate=gate,
-                          measure=measure, target=target, trust=trust, output=output,
-                          graph_def=graph_def, validate=validate), flat)
+    def __init__(self, **options: Any) -> None:
+        # Keywords only: a group by its name (build=BuildOptions(...)) or any field of a
+        # group by its flat name (atol=1e-3); ten groups make positional calls unreadable.
+        self._assign_keywords(options)
         if isinstance(self.validate, ValidateOptions):
             object.__setattr__(self, "validate", self._own_serving_check(self.validate))
 

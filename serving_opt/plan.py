@@ -112,6 +112,12 @@ def plan(input_dir: str, output_base: str, options: OptimizeOptions) -> Plan:
     build = options.build
     transforms = transforms_lib.resolve_spec(build.transforms)
     _check_paths(input_dir, output_base)
+    if not graph_def_input:
+        # The file system's refusals, here in milliseconds: in the sandboxed worker they
+        # came after TensorFlow's import (seconds); the worker checks again.
+        loader.check_saved_model_dir(input_dir)
+        loader.check_model_files(input_dir)
+        loader.check_special_files(input_dir)
     writer.check_not_source(input_dir, output_base)  # by device and inode, not by name
     output = options.output
     version = output.version if output.version is not None \

@@ -115,18 +115,27 @@ UNDECIDED_BUDGET_FRACTION = 0.25
 UNDECIDED_GROWTH = 4
 
 
+def decided_refusals(report) -> list:
+    """The outputs refused for certain: a verdict that failed and is not the point
+    estimate of a straddling interval (a value moved past ``--max_probability_error``,
+    an agreement interval wholly below its threshold, a broken output). More rows
+    cannot undo any of them, so the report is refused whatever the undecided say."""
+    return [o for o in report.outputs if not o.ok and not o.undecided]
+
+
 def _until_decided(run: Run, report, gate_on, batches: int, first_round: float = 0.0):
     """The lossy gate's sequential draw: while an agreement interval straddles the
-    threshold, run the gate again on ``UNDECIDED_GROWTH`` times the synthesized rows,
-    as long as that round fits in a quarter of ``--measure_seconds`` (the user's
-    ``--examples`` are all used already: there is nothing more to draw). Returns the
-    last report; an output still undecided keeps its point estimate's verdict, and a
-    warning gives its interval."""
+    threshold and no other output decided a refusal already, run the gate again on
+    ``UNDECIDED_GROWTH`` times the synthesized rows, as long as that round fits in a
+    quarter of ``--measure_seconds`` (the user's ``--examples`` are all used already:
+    there is nothing more to draw). Returns the last report; an output still undecided
+    keeps its point estimate's verdict, and a warning gives its interval, or, when a
+    refusal is certain, names the output and criterion that decided it."""
     budget = run.plan.measure.measure_seconds * UNDECIDED_BUDGET_FRACTION
     drawn = run.plan.user_inputs is None
     started = time.monotonic()
     last_round = first_round  # seconds the last round took
-    while report.undecided() and drawn:
+    while report.undecided() and drawn and not decided_refusals(report):
         spent = time.monotonic() - started
         # A round of 4x the rows takes at most about 4x the last (the loads are shared).
         if budget <= 0 or spent + last_round * UNDECIDED_GROWTH > budget:
@@ -140,6 +149,15 @@ def _until_decided(run: Run, report, gate_on, batches: int, first_round: float =
         round_started = time.monotonic()
         report = gate_on(batches)
         last_round = time.monotonic() - round_started
+    refused = decided_refusals(report)
+    if refused and report.undecided():
+        o = refused[0]
+        left = ", ".join(f"{u.signature}/{u.output}" for u in report.undecided())
+        run.warn(f"lossy gate: refused for certain by {o.signature}/{o.output} "
+                 f"({o.detail or 'failed'}); the agreement of {left} straddles "
+                 f"{run.plan.gate.min_top1_agreement} and is left undecided: more rows "
+                 "cannot change the refusal, so no more were drawn")
+        return report
     for o in report.undecided():
         lo, hi = o.interval or (0.0, 1.0)
         run.warn(f"lossy gate: {o.signature}/{o.output} agreement {o.agreement or 0:.4f} "

@@ -240,21 +240,8 @@ def format_optimize_report(report) -> str:
                            human_bytes(q.bytes_after)] for q in quantized]))
     cold = getattr(report, "cold_start", None)
     if cold is not None:
-        b, a = cold.before, cold.after
         out.append("")
-        out.append(f"cold start (fresh process each, session loader, Grappler on; "
-                   f"median of {cold.rounds})")
-        out.append(table(["measure", "before", "after", "after/before"], [
-            ["load time (s)", f"{b.load_seconds:.3f}", f"{a.load_seconds:.3f}",
-             ratio(b.load_seconds, a.load_seconds)],
-            ["first request (ms)", f"{b.first_request_seconds * 1000:.1f}",
-             f"{a.first_request_seconds * 1000:.1f}",
-             ratio(b.first_request_seconds, a.first_request_seconds)],
-            ["serving peak RSS", human_bytes(b.peak_rss_bytes), human_bytes(a.peak_rss_bytes),
-             ratio(b.peak_rss_bytes, a.peak_rss_bytes)],
-            ["  of which the runtime", human_bytes(b.runtime_rss_bytes),
-             human_bytes(a.runtime_rss_bytes), ""],
-        ]))
+        out.append(format_cold_start(cold))
     if report.benchmark is not None:
         out.append("")
         out.append(format_benchmark(report.benchmark))
@@ -262,6 +249,43 @@ def format_optimize_report(report) -> str:
         out.append("")
         out.append(format_validation_report(report.validation))
     return "\n".join(out)
+
+
+def format_cold_start(cold) -> str:
+    """The cold-start table: load time, first request, the serving process's peak and
+    steady (held) memory apart, and how much of it the runtime alone is.
+
+    Example:
+        >>> print(format_cold_start(report.cold_start).splitlines()[0])
+        cold start (fresh process each, session loader, Grappler on; median of 1)
+    """
+    out: list[str] = []
+    b, a = cold.before, cold.after
+    out.append(f"cold start (fresh process each, session loader, Grappler on; "
+               f"median of {cold.rounds})")
+    out.append(table(["measure", "before", "after", "after/before"], [
+        ["load time (s)", f"{b.load_seconds:.3f}", f"{a.load_seconds:.3f}",
+         ratio(b.load_seconds, a.load_seconds)],
+        ["first request (ms)", f"{b.first_request_seconds * 1000:.1f}",
+         f"{a.first_request_seconds * 1000:.1f}",
+         ratio(b.first_request_seconds, a.first_request_seconds)],
+        ["serving peak RSS", human_bytes(b.peak_rss_bytes), human_bytes(a.peak_rss_bytes),
+         ratio(b.peak_rss_bytes, a.peak_rss_bytes)],
+        *_steady_rss_rows(b, a),
+        ["  of which the runtime", human_bytes(b.runtime_rss_bytes),
+         human_bytes(a.runtime_rss_bytes), ""],
+    ]))
+    return "\n".join(out)
+
+
+def _steady_rss_rows(before, after) -> list[list[str]]:
+    """The cold-start table's steady-RSS row: what the serving process holds after its
+    first request (private memory, measured by a forked probe), apart from its peak; none
+    for reports measured before it was."""
+    b, a = getattr(before, "steady_rss_bytes", 0), getattr(after, "steady_rss_bytes", 0)
+    if not (b and a):
+        return []
+    return [["serving steady RSS (held)", human_bytes(b), human_bytes(a), ratio(b, a)]]
 
 
 def format_benchmark(b) -> str:

@@ -20,8 +20,13 @@ local server under ``validate``, ``compare``'s workers) run under bubblewrap
   reduced to the settings TensorFlow and its libraries read (by name); a seccomp
   filter denies the system calls no model needs (:func:`seccomp_program`);
 * limits: memory (``RLIMIT_DATA``, every process of the sandbox), sized tmpfs mounts,
-  threads (``RLIMIT_NPROC`` inside), a wall-clock limit on a :class:`Worker`'s call, and
-  bounded output (progress lines, the stderr tail).
+  threads and processes (a pids cgroup of its own where the host lets serving_opt make
+  one, else ``RLIMIT_NPROC`` inside, which the kernel does not apply to root), a
+  wall-clock limit on a :class:`Worker`'s call, and bounded output (progress lines, the
+  stderr tail);
+* no procfs: ``/proc`` holds the CPU and memory facts TensorFlow reads and a neutral
+  ``self/exe``/``self/cmdline`` (:func:`_proc_args`): a real one shows host paths in
+  ``mountinfo``.
 
 What comes back out is data, not code: a result is unpickled by :func:`loads`, which
 builds only serving_opt's own report dataclasses, numpy arrays and protobuf
@@ -114,6 +119,7 @@ class Policy:
     memory_bytes: int | None = None  # None: default_memory_bytes()
     tmp_bytes: int = TMP_BYTES  # the private /tmp's size
     timeout_seconds: float | None = None  # a Worker's call; None: no limit
+    max_threads: int = MAX_THREADS  # threads and processes, all of the sandbox's
 
 
 def default_memory_bytes() -> int:
@@ -219,7 +225,8 @@ def _system_binds() -> list[tuple[str, str]]:
     return binds
 
 
-def _bwrap_prefix(bwrap: str, policy: Policy, seccomp_fd: int | None = None) -> list[str]:
+def _bwrap_prefix(bwrap: str, policy: Policy, seccomp_fd: int | None = None,
+                  program: str = "/bin/true") -> list[str]:
     # An unprivileged uid of its own user namespace, no capabilities, no nested user
     # namespace, a fixed hostname: nothing of the host's identity for a model to read
     # (and bake into the published graph). Files it writes in the bound work directory
@@ -239,7 +246,7 @@ def _bwrap_prefix(bwrap: str, policy: Policy, seccomp_fd: int | None = None) -> 
     # tmpfs mounts are host memory RLIMIT_DATA does not count: each has a size, and the
     # /dev tmpfs (which bwrap leaves unsized) is read-only once /dev/shm is mounted.
     sized = _supports(bwrap, "--size")  # bubblewrap >= 0.5
-    args += ["--proc", "/proc", "--dev", "/dev",
+    args += [*_proc_args(program, sized), "--dev", "/dev",
              *(["--size", str(SHM_BYTES)] if sized else []), "--tmpfs", "/dev/shm",
              *(["--size", str(policy.tmp_bytes)] if sized else []), "--tmpfs", "/tmp"]
     for path in _python_binds():
@@ -252,6 +259,37 @@ def _bwrap_prefix(bwrap: str, policy: Policy, seccomp_fd: int | None = None) -> 
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
     return args
+
+
+def _proc_args(program: str, sized: bool) -> list[str]:
+    """A /proc of a few files, not a procfs. A real one shows the host wherever the
+    sandbox touches it: a bind mount's source path in ``/proc/self/mountinfo`` (the
+    checkout, the user's directories), the host's boot time and processes' counters.
+    bubblewrap cannot hide those per-process files, so the sandbox has none: the CPU and
+    memory facts TensorFlow and oneDNN read, and the two files TensorFlow's
+    ``GetExecutablePath`` insists on (``self/exe``, ``self/cmdline``), neutral. What a
+    sandboxed process measures of itself comes from system calls instead
+    (``getrusage``); the caller reads the rest from the host's /proc."""
+    args = [*(["--size", str(64 << 10)] if sized else []), "--tmpfs", "/proc"]
+    for name in ("cpuinfo", "meminfo"):
+        if os.path.exists(f"/proc/{name}"):
+            args += ["--ro-bind", f"/proc/{name}", f"/proc/{name}"]
+    return [*args, "--dir", "/proc/self", "--symlink", os.path.realpath(program), "/proc/self/exe",
+            "--ro-bind", _neutral_cmdline(), "/proc/self/cmdline", "--remount-ro", "/proc"]
+
+
+@functools.lru_cache(maxsize=1)
+def _neutral_cmdline() -> str:
+    """A file holding a command line that says nothing of the host (``python3``): what a
+    sandboxed process reads as ``/proc/self/cmdline``."""
+    import atexit
+
+    fd, path = tempfile.mkstemp(prefix="serving-opt-cmdline-")
+    with os.fdopen(fd, "wb") as f:
+        f.write(b"python3\0")
+    os.chmod(path, 0o444)
+    atexit.register(lambda: os.path.exists(path) and os.unlink(path))
+    return path
 
 
 @functools.lru_cache(maxsize=8)
@@ -292,7 +330,7 @@ def command(argv: Sequence[str], policy: Policy, seccomp_fd: int | None = None) 
     if bwrap is None:
         raise ServingOptError("bubblewrap (bwrap) is not installed",
                               "apt-get install bubblewrap")
-    return [*_bwrap_prefix(bwrap, policy, seccomp_fd), "--", *argv]
+    return [*_bwrap_prefix(bwrap, policy, seccomp_fd, program=argv[0]), "--", *argv]
 
 
 # --- seccomp: system calls no model needs ---------------------------------------------
@@ -403,16 +441,177 @@ def preexec(memory_bytes: int | None) -> Callable[[], None]:
     def apply() -> None:
         import resource
 
-        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+        # Never more than this process may have: a server started under a limit (a
+        # container's, a test's prlimit) keeps it for its sandbox.
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        bound = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_DATA, (bound, bound))
 
     return apply
+
+
+# --- a pids cgroup per sandbox: the thread limit that holds for root too -------------
+
+_CGROUP_ROOT = "/sys/fs/cgroup"
+_cgroup_serial = iter(range(1 << 62))
+
+
+def _own_cgroup_dirs() -> list[str]:
+    """Where this process's pids cgroup lives, v1 (``pids`` hierarchy) then v2."""
+    dirs = []
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "pids" in controllers.split(","):
+            dirs.append(os.path.join(_CGROUP_ROOT, "pids", path.lstrip("/")))
+        elif controllers == "":
+            dirs.append(os.path.join(_CGROUP_ROOT, path.lstrip("/")))
+    return dirs
+
+
+def make_pids_cgroup(limit: int) -> str | None:
+    """A new pids cgroup below this process's own, holding at most ``limit`` tasks
+    (threads and processes); None where none can be made here (no pids controller, or
+    not delegated to this user): :func:`limit_threads` then bounds a non-root sandbox.
+
+    RLIMIT_NPROC alone does not: the kernel exempts uid 0, which the sandbox's uid maps
+    to when serving_opt runs as root (containers, CI).
+
+    Example:
+        >>> path = make_pids_cgroup(4096)   # "/sys/fs/cgroup/pids/serving-opt-123-0"
+    """
+    for parent in _own_cgroup_dirs():
+        _sweep_stale_cgroups(parent)
+        path = os.path.join(parent, f"serving-opt-{os.getpid()}-{next(_cgroup_serial)}")
+        try:
+            os.mkdir(path, 0o755)  # fails where the parent is missing or not ours
+        except OSError:
+            continue
+        try:
+            _write_cgroup_file(path, "pids.max", str(limit))
+            return path
+        except OSError:
+            remove_cgroup(path)
+    return None
+
+
+def _sweep_stale_cgroups(parent: str) -> None:
+    # A caller killed outside Python (SIGKILL) never removes its cgroups: the next one
+    # does, for processes that are gone. rmdir refuses a cgroup that still has tasks.
+    import re
+
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        match = re.fullmatch(r"serving-opt-(\d+)-\d+", name)
+        if match is None or int(match[1]) == os.getpid():
+            continue
+        try:
+            os.kill(int(match[1]), 0)
+            continue  # alive (or its pid reused): not ours to judge
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            os.rmdir(os.path.join(parent, name))
+        except OSError:
+            pass
+
+
+def _write_cgroup_file(cgroup: str, name: str, value: str) -> None:
+    # Never created: in a directory that is not a cgroup (a plain tmpfs where the
+    # unified hierarchy would be), the write fails instead of making a file that limits
+    # nothing.
+    fd = os.open(os.path.join(cgroup, name), os.O_WRONLY)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def remove_cgroup(path: str | None) -> None:
+    """Removes a cgroup of :func:`make_pids_cgroup` once its processes are gone."""
+    import time
+
+    if not path:
+        return
+    # Its tasks leave it a moment after the sandbox's leader is reaped.
+    for _ in range(40):
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.05)
+
+
+def preexec_confined(memory_bytes: int | None, cgroup: str | None) -> Callable[[], None]:
+    """:func:`preexec`, and the child joins ``cgroup`` before bubblewrap starts, so
+    every process and thread of the sandbox counts against its limit."""
+    limit_memory = preexec(memory_bytes)
+
+    def apply() -> None:
+        limit_memory()
+        if cgroup:
+            _write_cgroup_file(cgroup, "cgroup.procs", str(os.getpid()))
+
+    return apply
+
+
+def popen(argv: Sequence[str], policy: Policy, env: dict | None = None,
+          **popen_kwargs) -> subprocess.Popen:
+    """``argv`` started in the sandbox ``policy`` describes, with every limit: the
+    environment reduced (:func:`environment`, ``env`` on top), the seccomp filter, the
+    memory limit and a pids cgroup of ``policy.max_threads`` where one can be made.
+    The cgroup goes when the process object does (or at :func:`release`).
+
+    Example:
+        >>> process = popen([sys.executable, "-c", "print(1)"], Policy(),
+        ...                 stdout=subprocess.PIPE)
+        >>> process.communicate()[0]
+        b'1\n'
+    """
+    import weakref
+
+    cgroup = make_pids_cgroup(policy.max_threads)
+    seccomp = seccomp_pipe()
+    pass_fds = tuple(popen_kwargs.pop("pass_fds", ())) + ((seccomp,) if seccomp is not None
+                                                           else ())
+    try:
+        process = subprocess.Popen(
+            command(argv, policy, seccomp), env=environment(env),
+            preexec_fn=preexec_confined(policy.memory_bytes, cgroup),
+            cwd=popen_kwargs.pop("cwd", "/tmp"), pass_fds=pass_fds, **popen_kwargs)
+    except BaseException:
+        remove_cgroup(cgroup)
+        raise
+    finally:
+        if seccomp is not None:
+            os.close(seccomp)
+    process.serving_opt_cgroup = cgroup  # type: ignore[attr-defined]
+    weakref.finalize(process, remove_cgroup, cgroup)
+    return process
+
+
+def release(process: subprocess.Popen) -> None:
+    """Removes the cgroup of a :func:`popen` process that has exited."""
+    remove_cgroup(getattr(process, "serving_opt_cgroup", None))
 
 
 def limit_threads(limit: int = MAX_THREADS) -> None:
     """RLIMIT_NPROC for this process and its children, set inside the sandbox: the kernel
     counts it per user namespace, so it bounds this sandbox's threads and processes, not
     the host user's. (A host running serving_opt as root is exempt: the kernel does not
-    apply RLIMIT_NPROC to uid 0, which the sandbox's uid maps to there.)"""
+    apply RLIMIT_NPROC to uid 0, which the sandbox's uid maps to there; the pids cgroup
+    of :func:`popen` holds there.)"""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
@@ -504,29 +703,23 @@ class Worker:
         self.timeout = policy.timeout_seconds
         argv = [sys.executable, "-m", "serving_opt.sandbox", preload, self.result_path]
         policy = dataclasses.replace(policy, writable=(*policy.writable, scratch))
-        run_env = environment(env) if sandboxed else loader.with_runtime_defaults(os.environ, env)
         # stderr through a pipe into a file cut back to its tail: a model that writes
         # without end fills neither the host's /tmp nor this process's memory.
         self._stderr = tempfile.TemporaryFile()
         self._stderr_lock = threading.Lock()
-        seccomp = seccomp_pipe() if sandboxed else None
-        try:
+        pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if sandboxed:
+            self.process = popen(argv, policy, env, **pipes)
+        else:
             self.process = subprocess.Popen(
-                command(argv, policy, seccomp) if sandboxed else argv,
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=run_env, preexec_fn=preexec(policy.memory_bytes) if sandboxed else None,
-                cwd="/tmp" if sandboxed else None,
-                pass_fds=(seccomp,) if seccomp is not None else ())
-        finally:
-            if seccomp is not None:
-                os.close(seccomp)
+                argv, env=loader.with_runtime_defaults(os.environ, env), **pipes)
         self._reader = threading.Thread(target=self._forward_progress, daemon=True)
         self._reader.start()
         self._stderr_reader = threading.Thread(target=self._keep_stderr, daemon=True)
         self._stderr_reader.start()
 
     def _forward_progress(self) -> None:
-        for line in _bounded_lines(self.process.stdout, MAX_LINE_BYTES):
+        for line in bounded_lines(self.process.stdout, MAX_LINE_BYTES):
             if line.startswith(PROGRESS_PREFIX):
                 # Printable text only: a model's names must not drive the terminal.
                 text = line[len(PROGRESS_PREFIX):]
@@ -574,6 +767,7 @@ class Worker:
         except BaseException:
             self.kill()
             raise
+        release(self.process)
         self._reader.join(timeout=5)
         self._stderr_reader.join(timeout=5)
         if code != 0 or not os.path.exists(self.result_path):
@@ -604,6 +798,7 @@ class Worker:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        release(self.process)
 
     def close(self) -> None:
         if self.process.stdin and not self.process.stdin.closed:
@@ -628,7 +823,7 @@ class Worker:
         self.close()
 
 
-def _bounded_lines(stream, limit: int):
+def bounded_lines(stream, limit: int):
     """The lines of a binary stream as text, each cut at ``limit`` bytes (the rest of a
     longer line is read and dropped, never held)."""
     while True:

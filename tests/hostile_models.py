@@ -37,6 +37,7 @@ Example:
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -265,6 +266,21 @@ HOSTILE: dict[str, Hostile] = {
 }
 
 
+def host_listener() -> tuple[socket.socket, str]:
+    """A non-blocking listener on the host's loopback and its ``host:port``: what a
+    network route (``register_dataset``) is pointed at. ``accept()`` raising
+    BlockingIOError afterwards means nothing reached it.
+
+    Example:
+        >>> listener, address = host_listener()
+    """
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    return listener, f"127.0.0.1:{listener.getsockname()[1]}"
+
+
 def canary_files(canary: str) -> list[str]:
     """Files a run created for ``canary`` (a checkpoint writes ``canary.index``, ...)."""
     directory, base = os.path.split(canary)
@@ -274,7 +290,8 @@ def canary_files(canary: str) -> list[str]:
                   if n == base or n.startswith(base + "."))
 
 
-__all__ = ["HOSTILE", "REQUEST", "Hostile", "canary_files", "build_gradient_host_op",
+__all__ = ["HOSTILE", "REQUEST", "Hostile", "canary_files", "host_listener",
+           "build_gradient_host_op",
            "build_init_op_write", "build_register_dataset", "build_restore_hook",
            "build_saver_save_in_signature", "build_table_asset_in_signature",
            "build_table_path_argument"]

@@ -45,17 +45,6 @@ def build_init_op_reads(target_dir: str, path: str, route: str = "init_op_reads"
                           lambda: tf.io.read_file(path))
 
 
-def build_init_op_reads_lines(target_dir: str, path: str, pattern: str) -> str:
-    """The init op reads the file ``path`` and keeps the lines matching ``pattern`` (the
-    stable ones of ``/proc/self/status``: a second load must read the same)."""
-    def read():
-        lines = tf.strings.split(tf.io.read_file(path), "\n")
-        kept = tf.boolean_mask(lines, tf.strings.regex_full_match(lines, pattern))
-        return tf.strings.reduce_join(kept, separator="\n")
-
-    return _leaking_model(os.path.join(target_dir, "init_op_reads_lines", "1"), read)
-
-
 def build_init_op_lists(target_dir: str, pattern: str) -> str:
     """The init op lists ``pattern`` (MatchingFiles): the names of what the sandbox shows
     in a directory, joined."""

@@ -163,17 +163,6 @@ def test_a_regression_with_nothing_to_fall_back_to_is_refused_or_allowed(
     assert any(w.startswith("published despite a regression") for w in report.warnings)
 
 
-def test_the_lossy_gate_tries_the_tables_alone_then_refuses(text_classifier_base, tmp_path):
-    # No gate a quantized model passes: everything quantized fails, the tables alone too.
-    # Sandboxed: the attempts come back from the worker in its report.
-    with pytest.raises(ParityError) as failure:
-        optimize(os.path.join(text_classifier_base, "1"), str(tmp_path / "out"),
-                 OptimizeOptions(quantize="int8", max_probability_error=0.0,
-                                 freeze_max_bytes=512 * 1024, **NOT_MEASURED))
-    report = failure.value.report
-    assert [(a.candidate.describe(), a.outcome, a.then) for a in report.attempts] == [
-        ("frozen, int8: all large weights", LOSSY_GATE_FAILED,
-         "retried: frozen, int8: tables only"),
-        ("frozen, int8: tables only", LOSSY_GATE_FAILED, "refused: nothing was published")]
-    assert all(q.dequantized.startswith("per request") for q in report.quantized)
-    assert os.listdir(tmp_path / "out") == []
+# The lossy gate's two attempts (everything quantized, then the tables alone, then refused)
+# on a real model, sandboxed: tests/test_quantize.py::
+# test_a_lossy_gate_too_tight_tries_the_tables_alone_then_refuses, which builds that model.

@@ -156,15 +156,29 @@ def lossy_verdict(b: dict, c: dict, gate: gates.LossyGate) -> set[str]:
     return failing
 
 
-def test_quantized_candidate_agreement_counted(text_classifier_base, tmp_path):
-    from conftest import TEXT_CLASSIFIER_VOCAB
+# The embedding table only, kept a variable and gathered quantized: no weight is
+# dequantized at load, so a refusal by a gate is final (no retry with fewer weights
+# quantized). Judged on top-1 alone (max_probability_error=1).
+TABLE_INT8 = dict(quantize="int8", quantize_min_elements=100_000, freeze_max_bytes=512 * 1024,
+                  max_probability_error=1.0, benchmark_runs=0, cold_start=False)
 
+
+@pytest.fixture(scope="module")
+def table_int8_candidate(text_classifier_base, tmp_path_factory) -> tuple[str, str]:
+    """The text classifier with its table int8, published with the gate off: a lossy
+    candidate whose answers compare must count (source, candidate version directory)."""
     from serving_opt.optimizer import OptimizeOptions, optimize
 
     source = os.path.join(text_classifier_base, "1")
-    published = optimize(source, str(tmp_path / "models"), OptimizeOptions(
-        quantize="int8", benchmark_runs=0, cold_start=False, allow_regression=True,
-        min_top1_agreement=0.98)).output_dir  # this small table agrees ~99.4% on 512 rows
+    published = optimize(source, str(tmp_path_factory.mktemp("probe")), OptimizeOptions(
+        min_top1_agreement=0.0, **TABLE_INT8)).output_dir
+    return source, published
+
+
+def test_quantized_candidate_agreement_counted(table_int8_candidate, tmp_path):
+    from conftest import TEXT_CLASSIFIER_VOCAB
+
+    source, published = table_int8_candidate
     records = samples.text_examples(2000, seed=3, vocab_size=TEXT_CLASSIFIER_VOCAB)
     paths = write_shards(str(tmp_path / "text"), records, 3)
     _, ordered = keyed(paths, records, 3)
@@ -277,7 +291,7 @@ def robust_top1(probabilities: np.ndarray, margin: float = 1e-5) -> np.ndarray:
     return top2[:, 1] - top2[:, 0] > margin
 
 
-def test_optimize_refuses_what_compare_finds_and_publishes_nothing(text_classifier_base,
+def test_optimize_refuses_what_compare_finds_and_publishes_nothing(table_int8_candidate,
                                                                    tmp_path):
     """The parity gate sees rows the int8 table answers like the float one; the
     --compare_examples shards hold rows whose top-1 class it flips: optimize refuses."""
@@ -286,15 +300,9 @@ def test_optimize_refuses_what_compare_finds_and_publishes_nothing(text_classifi
     from serving_opt.errors import ParityError
     from serving_opt.optimizer import OptimizeOptions, optimize
 
-    source = os.path.join(text_classifier_base, "1")
-    # The table only, kept a variable and gathered quantized: no weight is dequantized at
-    # load, so a refusal is final (no retry with fewer weights quantized) and both runs
-    # build the same candidate. Judged on top-1 alone (max_probability_error=1).
-    options = dict(quantize="int8", quantize_min_elements=100_000, freeze_max_bytes=512 * 1024,
-                   max_probability_error=1.0, benchmark_runs=0, cold_start=False)
-    # First run, gate off: the candidate, to find which rows it flips.
-    candidate = optimize(source, str(tmp_path / "probe"), OptimizeOptions(
-        min_top1_agreement=0.0, **options)).output_dir
+    # First run (the fixture), gate off: the candidate, to find which rows it flips; the
+    # second builds the same candidate (TABLE_INT8), so a refusal is final.
+    source, candidate = table_int8_candidate
     records = samples.text_examples(2000, seed=3, vocab_size=TEXT_CLASSIFIER_VOCAB)
     b, c = answers(source, "predict", records), answers(candidate, "predict", records)
     robust = robust_top1(b["probabilities"]) & robust_top1(c["probabilities"])
@@ -320,7 +328,7 @@ def test_optimize_refuses_what_compare_finds_and_publishes_nothing(text_classifi
     with pytest.raises(ParityError) as failure:
         optimize(source, str(base), OptimizeOptions(
             examples=parity_examples, compare_examples=pattern,
-            min_top1_agreement=gate.min_top1_agreement, **options))
+            min_top1_agreement=gate.min_top1_agreement, **TABLE_INT8))
     report = failure.value.report
     assert report.parity is not None and report.parity.ok  # parity passed; compare refused
     stages = {s.name: s.note for s in report.stages}

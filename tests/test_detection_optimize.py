@@ -50,6 +50,15 @@ def published(sample, tmp_path_factory):
     return optimize(sample.frozen_graph, str(work / "base"), options)
 
 
+@pytest.fixture(scope="module")
+def original(sample, tmp_path_factory) -> str:
+    """The original frozen graph wrapped as a SavedModel, what parity compares
+    against: converted once for every test that reads it."""
+    return graphdef.convert(sample.frozen_graph,
+                            str(tmp_path_factory.mktemp("original") / "export"),
+                            outputs=OUTPUTS).export_dir
+
+
 def _ops(saved_model_dir: str) -> set[str]:
     saved_model = loader.read_saved_model(saved_model_dir)
     graph_def = saved_model.meta_graphs[0].graph_def
@@ -96,9 +105,7 @@ def test_the_optimized_pb_is_written_beside_it_and_answers_the_same(published):
 
 @pytest.mark.parametrize("height,width", [(480, 640), (720, 1280)])
 def test_the_published_version_detects_like_the_original_frozen_graph(
-        sample, published, tmp_path, height, width):
-    original = graphdef.convert(sample.frozen_graph, str(tmp_path / "original"),
-                                outputs=OUTPUTS).export_dir
+        original, published, tmp_path, height, width):
     frames = examples_lib.read_examples_file(
         _frames_file(tmp_path / "frames.jsonl", height, width, seeds=(5, 6)))
     report = check_parity(original, published.output_dir, frozenset({"serve"}),
@@ -107,7 +114,8 @@ def test_the_published_version_detects_like_the_original_frozen_graph(
     assert report.input_sources["serving_default"].startswith("json:")  # the frames
 
 
-def test_a_folded_graph_with_a_corrupted_weight_fails_the_detection_gate(sample, tmp_path):
+def test_a_folded_graph_with_a_corrupted_weight_fails_the_detection_gate(sample, original,
+                                                                       tmp_path):
     from tensorflow.python.framework import tensor_util
 
     frozen = graphdef.read_graph_def(sample.frozen_graph)
@@ -117,8 +125,6 @@ def test_a_folded_graph_with_a_corrupted_weight_fails_the_detection_gate(sample,
     node.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(weights))
     corrupted_pb = tmp_path / "corrupted.pb"
     corrupted_pb.write_bytes(frozen.SerializeToString())
-    original = graphdef.convert(sample.frozen_graph, str(tmp_path / "original"),
-                                outputs=OUTPUTS).export_dir
     corrupted = graphdef.convert(str(corrupted_pb), str(tmp_path / "corrupted"),
                                  outputs=OUTPUTS).export_dir
     frames = examples_lib.read_examples_file(

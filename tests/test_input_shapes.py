@@ -62,7 +62,9 @@ def model_dir(tmp_path_factory) -> str:
 
 
 def _options(**kwargs) -> OptimizeOptions:
-    defaults = dict(cold_start=False, benchmark_runs=0)
+    # One parity batch: pinned to batch 1, the gate's 16 rows are 16 runs of each model
+    # (two batches: 32), each sorting 1.3M floats unpinned.
+    defaults = dict(cold_start=False, benchmark_runs=0, parity_batches=1)
     return OptimizeOptions(**{**defaults, **kwargs})
 
 
@@ -122,15 +124,19 @@ def _build_doubler(export: str) -> str:
     return export
 
 
-def test_a_dimension_the_model_fixes_cannot_be_pinned_otherwise(tmp_path):
-    export = _build_doubler(str(tmp_path / "fixed" / "1"))
+@pytest.fixture(scope="module")
+def doubler(tmp_path_factory) -> str:
+    """One doubler export for the tests that optimize it (each into its own base)."""
+    return _build_doubler(str(tmp_path_factory.mktemp("fixed") / "1"))
+
+
+def test_a_dimension_the_model_fixes_cannot_be_pinned_otherwise(doubler, tmp_path):
     with pytest.raises(UsageError, match="dimension 1 fixed at 3"):
-        optimize(export, str(tmp_path / "out"), _options(input_shapes="x:1,4"))
+        optimize(doubler, str(tmp_path / "out"), _options(input_shapes="x:1,4"))
 
 
-def test_a_pin_that_folds_nothing_is_not_kept_nor_timed(tmp_path):
-    export = _build_doubler(str(tmp_path / "fixed" / "1"))
-    report = optimize(export, str(tmp_path / "out"),
+def test_a_pin_that_folds_nothing_is_not_kept_nor_timed(doubler, tmp_path):
+    report = optimize(doubler, str(tmp_path / "out"),
                       _options(input_shapes="x:1,-1", benchmark_runs=15))
     pinning = report.input_shapes
     assert not pinning["kept"] and "folds nothing" in pinning["reason"]
@@ -196,9 +202,8 @@ def test_a_pinned_candidate_that_measures_faster_is_published_pinned(model_dir, 
     assert [lat.batch_size for lat in report.benchmark.after] == [1]  # the pinned batch
 
 
-def test_a_pin_of_only_what_the_model_already_fixes_is_ignored(tmp_path):
-    export = _build_doubler(str(tmp_path / "fixed" / "1"))
-    report = optimize(export, str(tmp_path / "out"), _options(input_shapes="x:-1,3"))
+def test_a_pin_of_only_what_the_model_already_fixes_is_ignored(doubler, tmp_path):
+    report = optimize(doubler, str(tmp_path / "out"), _options(input_shapes="x:-1,3"))
     assert report.input_shapes == {}
     assert "--input_shapes pins nothing the model leaves unknown: ignored" in report.warnings
     assert "pin_shapes" not in [s.name for s in report.stages]

@@ -94,12 +94,22 @@ def _assert_predicts_like(saved_model_dir: str, model, x, keys=("serving_default
 # --- export() ------------------------------------------------------------------------------
 
 
-def test_export_publishes_numbered_versions_that_predict_like_the_model(model, data, tmp_path):
-    x, _ = data
-    base = str(tmp_path / "models" / "clf")
-
+@pytest.fixture(scope="module")
+def two_exports(data, tmp_path_factory):
+    """A trained model exported twice into one base: with the helper's default options,
+    then not measured. (model, base, first report, second report)"""
+    x, y = data
+    model = _model(x)
+    model.fit(x, y, epochs=1, batch_size=16, verbose=0)
+    base = str(tmp_path_factory.mktemp("models") / "clf")
     first = so_keras.export(model, base)  # the helper's default options
     second = so_keras.export(model, base, options=NOT_MEASURED)
+    return model, base, first, second
+
+
+def test_export_publishes_numbered_versions_that_predict_like_the_model(two_exports, data):
+    x, _ = data
+    model, base, first, second = two_exports
 
     assert (first.output_dir, second.output_dir) == (os.path.join(base, "1"),
                                                      os.path.join(base, "2"))
@@ -109,11 +119,10 @@ def test_export_publishes_numbered_versions_that_predict_like_the_model(model, d
     _assert_predicts_like(second.output_dir, model, x, keys=("serving_default", "serve"))
 
 
-def test_export_writes_the_signature_keys_model_export_writes(model, tmp_path):
+def test_export_writes_the_signature_keys_model_export_writes(two_exports, tmp_path):
+    model, _, _, report = two_exports
     reference = str(tmp_path / "keras_export")
     model.export(reference, format="tf_saved_model", verbose=False)
-
-    report = so_keras.export(model, str(tmp_path / "base"), options=NOT_MEASURED)
 
     assert _signature_keys(report.output_dir) == _signature_keys(reference) == {
         "serve", "serving_default"}

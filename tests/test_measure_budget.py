@@ -87,15 +87,23 @@ def check_sized_from_the_budget(report: benchmark_lib.BenchmarkReport) -> None:
 
 # --- the benchmark, sized from a budget --------------------------------------------
 
-def test_a_batch_size_whose_run_overruns_its_share_is_skipped_and_named(sleepy_dir):
+@pytest.fixture(scope="module")
+def overrun(sleepy_dir):
+    """Batch sizes 1 and 32 of the sleepy model in a 30 s budget, measured as optimize
+    measures (in a fresh measuring process): (report, the progress lines it showed)."""
+    said: list[str] = []
+    report = benchmark_lib.benchmark_in_fresh_process(
+        sleepy_dir, sleepy_dir, frozenset({"serve"}), SIGNATURE, batch_sizes=(1, SLOW_BATCH),
+        deadline=time.monotonic() + 30, progress=said.append)
+    return report, said
+
+
+def test_a_batch_size_whose_run_overruns_its_share_is_skipped_and_named(overrun):
     # 30 s: batch 1 fits a hundred runs many times over; one run of batch 32 (5 s per
     # model) makes 5 runs of both models over 50 s, more than the budget as a whole.
     # Normally its first run rules it out; on a machine so loaded that batch 1 ran 15x
     # slower than its sleep, the extrapolation from batch 1 already does.
-    said: list[str] = []
-    report = benchmark_lib.benchmark(
-        sleepy_dir, sleepy_dir, frozenset({"serve"}), SIGNATURE, batch_sizes=(1, SLOW_BATCH),
-        deadline=time.monotonic() + 30, progress=said.append)
+    report, said = overrun
     assert [lat.batch_size for lat in report.after] == [1]
     (skipped,) = report.skipped
     assert skipped.batch_size == SLOW_BATCH and "share of the budget" in skipped.reason
@@ -276,10 +284,9 @@ def test_only_the_figures_that_looked_worse_are_measured_again():
         "p50 at batch 32", "p99 at batch 32"]
 
 
-def test_a_benchmark_report_survives_its_json(sleepy_dir):
-    report = benchmark_lib.benchmark_in_fresh_process(
-        sleepy_dir, sleepy_dir, frozenset({"serve"}), SIGNATURE, batch_sizes=(1, SLOW_BATCH),
-        deadline=time.monotonic() + 30)
+def test_a_benchmark_report_survives_its_json(overrun):
+    # The measuring process hands its report back as JSON: the same report both ways.
+    report, _ = overrun
     assert benchmark_lib.BenchmarkReport.from_dict(report.to_dict()) == report
     assert [s.batch_size for s in report.skipped] == [SLOW_BATCH]
     check_sized_from_the_budget(report)

@@ -166,12 +166,23 @@ def test_source_directory_is_byte_for_byte_unchanged(classifier_dir, optimized):
     assert tree_snapshot(classifier_dir) == before
 
 
-def test_default_version_is_one_above_the_highest(classifier_dir, tmp_path):
-    base = tmp_path / "out"
+@pytest.fixture(scope="module")
+def from_a_copy_into_a_used_base(classifier_dir, tmp_path_factory):
+    """The classifier optimized from a copy of its own (which a test may delete) into a
+    base already holding version 3 and a directory that is not a version:
+    (source copy, base, report)."""
+    root = tmp_path_factory.mktemp("used_base")
+    src = str(root / "source")
+    shutil.copytree(classifier_dir, src)
+    base = root / "out"
     os.makedirs(base / "3")
     os.makedirs(base / "not-a-version")
-    report = optimize(classifier_dir, str(base), FAST)
-    assert report.version == 4 and report.output_dir == str(base / "4")
+    return src, str(base), optimize(src, str(base), FAST)
+
+
+def test_default_version_is_one_above_the_highest(from_a_copy_into_a_used_base):
+    _, base, report = from_a_copy_into_a_used_base
+    assert report.version == 4 and report.output_dir == os.path.join(base, "4")
 
 
 def test_existing_version_is_refused_before_any_work(classifier_dir, tmp_path):
@@ -298,11 +309,10 @@ def test_optimized_model_loads_with_the_tf2_loader(optimized_classifier):
 
 
 def test_optimized_model_works_after_moving_it_and_deleting_the_source(
-        classifier_dir, model_copy, tmp_path):
+        classifier_dir, from_a_copy_into_a_used_base, tmp_path):
     # Catches asset paths baked in at export or optimize time: the table must be fed
     # the path of the vocabulary inside the optimized model, wherever it lives.
-    src = model_copy(classifier_dir, "source")
-    report = optimize(src, str(tmp_path / "out"), FAST)
+    src, _, report = from_a_copy_into_a_used_base
     shutil.rmtree(src)
     moved = str(tmp_path / "elsewhere" / "1")
     shutil.move(report.output_dir, moved)

@@ -250,3 +250,96 @@ def test_bazel_action_defaults_are_the_options_defaults():
                                              "--signatures=a,b", "--nocold_start"])
     assert bazel_build.options(args) == OptimizeOptions(
         version=1, benchmark_runs=0, atol=0.01, signatures=("a", "b"), cold_start=False)
+
+
+# --- tune's tree ---------------------------------------------------------------------
+
+# Every keyword TuneOptions took when it was flat (29 fields), with a value that is not
+# the default: each must still be accepted and read back.
+OLD_TUNE_KEYWORDS = dict(
+    slo_p99_ms=100.0, clients=16, rate=50.0, rows_per_request=2, model_name="m", version=3,
+    signature_name="predict", saved_model_tags="serve,gpu", examples="x.jsonl",
+    intra_op=(0, 1), inter_op=(2,), max_batch_size_bound=64, padding="pow2",
+    max_reject_fraction=0.01, profile_seconds=0.5, duration=3.0, warmup=1.0,
+    calibration_seconds=2.0, prove=1, recheck=False, protocols=("grpc",), server="local",
+    image="img:1", current_parameters_file="b.txt", load_deadline=10.0, request_timeout=5.0,
+    allow_file_ops=True, allow_unsandboxed=True, seed=4)
+# The flags of serving-opt tune before they were made from the tree.
+OLD_TUNE_FLAGS = {
+    "model_base_path", "output_dir", "slo_p99_ms", "clients", "rate", "rows_per_request",
+    "model_name", "version", "signature_name", "saved_model_tags", "examples",
+    "tensorflow_intra_op_parallelism", "tensorflow_inter_op_parallelism",
+    "max_batch_size_bound", "allowed_batch_sizes", "max_reject_fraction", "profile_seconds",
+    "duration", "warmup", "calibration_seconds", "prove", "recheck", "protocols", "server",
+    "image", "current_parameters_file", "load_deadline", "allow_file_ops",
+    "allow_unsandboxed", "json", "progress"}
+
+
+def test_tune_options_are_a_tree_of_small_frozen_groups_that_take_flat_names():
+    from serving_opt.tune.options import TuneOptions
+
+    options = TuneOptions(**OLD_TUNE_KEYWORDS)
+    for name, value in OLD_TUNE_KEYWORDS.items():
+        assert getattr(options, name) == value, name
+    assert options.workload.clients == 16 and options.serving.server == "local"
+    assert options.search.intra_op == (0, 1) and options.budget.seed == 4
+    for group in TuneOptions.GROUPS.values():
+        assert dataclasses.is_dataclass(group) and len(dataclasses.fields(group)) <= 9
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(group(), dataclasses.fields(group)[0].name, None)
+    # dataclasses.replace with a flat name, as optimize --tune does with the version.
+    assert dataclasses.replace(options, version=9).model.version == 9
+    assert dataclasses.replace(options, version=9).clients == 16
+    assert pickle.loads(pickle.dumps(options)) == options  # it crosses into the sandbox
+    with pytest.raises(TypeError, match="unexpected keyword argument 'clients_'"):
+        TuneOptions(clients_=3)
+
+
+def test_tune_flags_are_made_from_the_tree_and_keep_their_names_and_defaults():
+    from serving_opt.cli.commands import tune as tune_cli
+    from serving_opt.tune.options import TuneOptions
+
+    fv = flags.FlagValues()
+    tune_cli.define_flags(fv)
+    assert set(fv) >= OLD_TUNE_FLAGS
+    assert set(fv) - OLD_TUNE_FLAGS == {"rounds"}  # new since: the interleaved proof
+    fv(["serving-opt", "--model_base_path=/m", "--output_dir=/o", "--slo_p99_ms=250",
+        "--clients=4"])
+    # No flag given: every option is the tree's default (no default written twice).
+    assert tune_cli.options_from_flags(fv) == TuneOptions(clients=4, slo_p99_ms=250)
+    assert fv["slo_p99_ms"].default is None  # required: the objective is the user's
+
+
+def test_tune_flags_spelled_as_before_give_the_same_options():
+    from serving_opt.cli.commands import tune as tune_cli
+    from serving_opt.tune.options import TuneOptions
+
+    fv = flags.FlagValues()
+    tune_cli.define_flags(fv)
+    fv(["serving-opt", "--model_base_path=/m", "--output_dir=/o", "--slo_p99_ms=100",
+        "--clients=16", "--rate=50", "--rows_per_request=2", "--model_name=m", "--version=3",
+        "--signature_name=predict", "--saved_model_tags=serve,gpu", "--examples=x.jsonl",
+        "--tensorflow_intra_op_parallelism=0,1", "--tensorflow_inter_op_parallelism=2",
+        "--max_batch_size_bound=64", "--allowed_batch_sizes=pow2",
+        "--max_reject_fraction=0.01", "--profile_seconds=0.5", "--duration=3",
+        "--warmup=1", "--calibration_seconds=2", "--prove=1", "--norecheck",
+        "--protocols=GRPC", "--server=local", "--image=img:1",
+        "--current_parameters_file=b.txt", "--load_deadline=10", "--allow_file_ops",
+        "--allow_unsandboxed"])
+    expected = {k: v for k, v in OLD_TUNE_KEYWORDS.items()
+                if k not in ("request_timeout", "seed")}  # never flags
+    assert tune_cli.options_from_flags(fv) == TuneOptions(**expected)
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--tensorflow_intra_op_parallelism=two", "is not 'auto' or a list of thread counts"),
+    ("--allowed_batch_sizes=16,8", "--allowed_batch_sizes=16,8 must increase"),
+])
+def test_tune_flags_whose_text_is_parsed_are_usage_errors(flag, message):
+    from serving_opt.cli.commands import tune as tune_cli
+
+    fv = flags.FlagValues()
+    tune_cli.define_flags(fv)
+    fv(["serving-opt", "--model_base_path=/m", "--output_dir=/o", "--slo_p99_ms=1", flag])
+    with pytest.raises(UsageError, match=message):
+        tune_cli.options_from_flags(fv)

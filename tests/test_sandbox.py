@@ -14,7 +14,6 @@ import json
 import os
 import pickle
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -23,7 +22,7 @@ import types
 
 import pytest
 from conftest import tree_snapshot
-from hostile_models import HOSTILE, REQUEST, canary_files
+from hostile_models import HOSTILE, REQUEST, canary_files, host_listener
 
 from serving_opt import OptimizeOptions, optimize, sandbox
 from serving_opt.errors import ServingOptError
@@ -148,11 +147,7 @@ def test_a_network_op_reaches_no_host_socket(tmp_path):
     # workers' stderr goes to a file, with TensorFlow's info log on: once the client logs
     # that its dial failed and it will retry, the op has dialed and the run is stopped
     # (a connection it made would already be in the listener's backlog).
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    listener.setblocking(False)
-    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    listener, address = host_listener()
     model = HOSTILE["register_dataset"].build(str(tmp_path / "models"), "", address)
     worker_log = tmp_path / "worker-stderr.log"
     script = textwrap.dedent(f"""

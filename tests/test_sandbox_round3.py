@@ -23,7 +23,6 @@ from hostile_models_round3 import (
     build_init_op_blocks,
     build_init_op_lists,
     build_init_op_reads,
-    build_init_op_reads_lines,
     build_request_plants,
 )
 
@@ -39,25 +38,53 @@ def _published(out) -> bytes:
     return b"".join(tree_snapshot(str(out)).values()) if out.exists() else b""
 
 
-def _optimize_reading(tmp_path, path: str, **options) -> bytes:
-    model = build_init_op_reads(str(tmp_path / "models"), path)
-    out = tmp_path / "out"
-    optimize(model, str(out), OptimizeOptions(**{**QUICK, **options}))
-    published = _published(out)
-    assert published, "nothing was published"
-    return published
-
-
 # --- item 3: host facts baked into the published model ----------------------------------
 
-def test_environment_secrets_named_like_settings_are_not_published(tmp_path, monkeypatch):
+def _optimize_fails_reading(tmp_path, path: str) -> bytes:
+    """optimize of a model whose init op reads ``path``: the read fails in the sandbox
+    (the run names the file), and nothing is published."""
+    model = build_init_op_reads(str(tmp_path / "models"), path)
+    out = tmp_path / "out"
+    with pytest.raises(ServingOptError, match=path):
+        optimize(model, str(out), OptimizeOptions(**QUICK))
+    return _published(out)
+
+
+@pytest.mark.parametrize("path", ["/proc/self/environ", "/proc/sys/kernel/hostname",
+                                  "/proc/self/mountinfo"])
+def test_a_model_reads_nothing_of_the_host_in_proc(tmp_path, monkeypatch, path):
     monkeypatch.setenv("TF_TOKEN_app_terraform_io", f"{SECRET}-tf-token")
-    monkeypatch.setenv("TF_VAR_db_password", f"{SECRET}-tf-var")
-    monkeypatch.setenv("CUDA_API_KEY", f"{SECRET}-cuda")
-    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
-    published = _optimize_reading(tmp_path, "/proc/self/environ")
-    assert SECRET.encode() not in published
-    assert b"TF_CPP_MIN_LOG_LEVEL=2" in published  # a setting TensorFlow reads is kept
+    assert _optimize_fails_reading(tmp_path, path) == b""
+
+
+def test_procfs_in_the_sandbox_shows_no_host_path(tmp_path):
+    # Every file under the sandbox's /proc, read from inside: the host directories it
+    # binds (the model's, the checkout's) appear nowhere; neither do /proc/self/mountinfo
+    # and the environment.
+    bound = tmp_path / "models"
+    bound.mkdir()
+    script = textwrap.dedent("""
+        import os
+        seen = []
+        for root, dirs, files in os.walk("/proc"):
+            for name in files:
+                try:
+                    with open(os.path.join(root, name), "rb") as f:
+                        seen.append(f.read())
+                except OSError:
+                    pass
+        print(repr(sorted(os.listdir("/proc"))))
+        print(repr(b"".join(seen)))
+    """)
+    done = subprocess.run(sandbox.command([sys.executable, "-c", script],
+                                          sandbox.Policy(read_only=(str(bound),))),
+                          capture_output=True, text=True, timeout=120,
+                          env=sandbox.environment({"CANARY": SECRET}))
+    listing, contents = done.stdout.strip().splitlines()[-2:]
+    assert eval(listing) == ["cpuinfo", "meminfo", "self"]  # noqa: S307 - our own repr
+    contents = eval(contents)  # noqa: S307 - our own repr
+    assert str(tmp_path).encode() not in contents and SECRET.encode() not in contents
+    assert str(sandbox.package_parent()).encode() not in contents
 
 
 def test_environment_keeps_settings_by_name_only(monkeypatch):
@@ -74,37 +101,84 @@ def test_environment_keeps_settings_by_name_only(monkeypatch):
                                              "LC_ALL"))
 
 
-def test_the_hosts_name_is_not_published(tmp_path):
-    host = socket.gethostname()
-    published = _optimize_reading(tmp_path, "/proc/sys/kernel/hostname")
-    assert f"{sandbox.HOSTNAME}\n".encode() in published
-    if host != sandbox.HOSTNAME:
-        assert f"{host}\n".encode() not in published
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            with open(f"/proc/{current}/task/{current}/children") as f:
+                children = [int(c) for c in f.read().split()]
+        except OSError:
+            children = []
+        found += children
+        todo += children
+    return found
 
 
-def test_the_model_runs_as_nobody_without_capabilities(tmp_path):
-    model = build_init_op_reads_lines(str(tmp_path / "models"), "/proc/self/status",
-                                      "(Uid|Gid|Cap|Seccomp|NoNewPrivs).*")
-    optimize(model, str(tmp_path / "out"), OptimizeOptions(**QUICK))
-    published = _published(tmp_path / "out")
-    assert b"Uid:\t65534\t65534\t65534\t65534" in published
-    assert b"CapEff:\t0000000000000000" in published
-    assert b"CapBnd:\t0000000000000000" in published
-    assert b"Seccomp:\t2" in published  # a filter is loaded
+def _host_view_of_sandboxed_python(policy=None) -> tuple[str, dict, str]:
+    """(what the process says of itself, its /proc/<pid>/status as the host sees it, its
+    limits) for a Python process started in the sandbox."""
+    script = ("import os, socket, sys; print(os.getuid(), os.getgid(), socket.gethostname(),"
+              " flush=True); sys.stdin.read()")
+    process = sandbox.popen([sys.executable, "-c", script], policy or sandbox.Policy(),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        said = process.stdout.readline().strip()
+        status, limits = {}, ""
+        for pid in _descendants(process.pid):
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"socket.gethostname" not in f.read():
+                    continue
+            with open(f"/proc/{pid}/status") as f:
+                status = dict(line.split(":\t", 1) for line in f.read().splitlines()
+                              if ":\t" in line)
+            with open(f"/proc/{pid}/limits") as f:
+                limits = f.read()
+        return said, status, limits
+    finally:
+        process.stdin.close()
+        process.wait(timeout=60)
+        sandbox.release(process)
 
 
-def test_the_models_process_has_the_sandboxs_thread_limit(tmp_path):
-    published = _optimize_reading(tmp_path, "/proc/self/limits")
-    line = next(li for li in published.split(b"\n") if li.startswith(b"Max processes"))
-    assert line.split()[2:4] == [str(sandbox.MAX_THREADS).encode()] * 2, line
+def test_the_model_runs_as_nobody_on_a_host_named_sandbox_without_capabilities():
+    said, status, _ = _host_view_of_sandboxed_python()
+    assert said == f"65534 65534 {sandbox.HOSTNAME}"
+    assert status["CapEff"].strip() == "0000000000000000"
+    assert status["CapBnd"].strip() == "0000000000000000"
+    assert status["Seccomp"].strip() == "2"  # a filter is loaded
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 30, item 3): a bind mount's root field "
-                   "in /proc/self/mountinfo is its source path on the host; bubblewrap cannot "
-                   "hide it, short of a procfs without per-process entries")
-def test_mountinfo_shows_no_host_path(tmp_path):
-    published = _optimize_reading(tmp_path, "/proc/self/mountinfo")
-    assert str(tmp_path).encode() not in published
+def test_a_sandbox_starts_no_more_threads_than_its_limit():
+    # Held by a pids cgroup of its own where the host allows one (root included), else by
+    # RLIMIT_NPROC in its user namespace (which the kernel does not apply to root).
+    script = textwrap.dedent("""
+        import threading, time
+        threading.stack_size(1 << 16)
+        started = 0
+        try:
+            for _ in range(300):
+                threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+                started += 1
+        except RuntimeError:
+            pass
+        print(started, flush=True)
+    """)
+    process = sandbox.popen([sys.executable, "-c", script], sandbox.Policy(max_threads=40),
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        started = int(process.communicate(timeout=120)[0].split()[-1])
+    finally:
+        sandbox.release(process)
+    assert 0 < started < 40
+
+
+def test_a_sandboxs_cgroup_goes_with_it():
+    process = sandbox.popen([sys.executable, "-c", "pass"], sandbox.Policy())
+    process.wait(timeout=60)
+    cgroup = process.serving_opt_cgroup
+    sandbox.release(process)
+    assert cgroup is None or not os.path.exists(cgroup)
 
 
 # --- item 4: --compare_examples binds the matched files only ----------------------------
@@ -295,3 +369,35 @@ def test_the_parent_publishes_only_a_staging_directory_it_created(tmp_path):
                 str(work / ".serving-opt-staging-1-y" / ".."), "/", None):
         with pytest.raises(ServingOptError, match="not a staging directory"):
             optimizer._own_staging(run, bad)
+
+
+def test_compare_on_a_model_that_blocks_for_ever_is_stopped(tmp_path):
+    pytest.importorskip("apache_beam")
+    import json
+
+    from serving_opt.compare import CompareOptions, compare
+
+    model = build_init_op_blocks(str(tmp_path / "models"))
+    examples = tmp_path / "requests.jsonl"
+    examples.write_text(json.dumps({"x": [[1.0, 2.0, 3.0]]}) + "\n")
+    started = time.monotonic()
+    with pytest.raises(ServingOptError, match="--sandbox_timeout_seconds=20"):
+        compare(model, model, str(examples),
+                CompareOptions(allow_file_ops=True, sandbox_timeout_seconds=20))
+    assert time.monotonic() - started < 120
+
+
+def test_the_cgroups_of_a_killed_caller_are_swept_by_the_next():
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid is free now: a caller SIGKILLed before it removed its cgroup
+    live = sandbox.make_pids_cgroup(64)
+    assert live is not None, "no pids cgroup can be made here"
+    stale = os.path.join(os.path.dirname(live), f"serving-opt-{gone.pid}-0")
+    os.mkdir(stale)
+    again = sandbox.make_pids_cgroup(64)
+    try:
+        assert not os.path.exists(stale)
+        assert os.path.isdir(live)  # this process's own are never swept
+    finally:
+        for path in (live, again, stale):
+            sandbox.remove_cgroup(path)

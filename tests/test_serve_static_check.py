@@ -1,8 +1,8 @@
 """``serving-opt serve`` runs the static check before it loads a version (issue 30, item
 5, its first half): a model whose init op writes a host file never loads, and nothing is
 written; ``--allow_file_ops`` (not a TF Serving flag) is the opt-in for a trusted model.
-Serving from a sandboxed worker is not done yet: with the opt-in the model runs as the
-server's own process does."""
+These tests serve in this process (no sandbox: the static check alone holds);
+tests/test_serve_sandbox.py serves the same model with the opt-in, in the sandbox."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The end-to-end run uses a tiny real model (the conv net sample), the real sandbox, a
 real local server with ``--enable_batching``, and real gRPC and REST load, with a
-budget of about a second per point; it asserts that every file a deployment uses is
+budget of 0.2 s per point; it asserts that every file a deployment uses is
 written and agrees with the report, never on the figures themselves.
 """
 
@@ -72,8 +72,11 @@ def test_tune_end_to_end_writes_every_output(capsys, convnet_base, tmp_path):
     code, out, err = run(
         capsys, f"--model_base_path={convnet_base}", "--clients=4", "--rate=40",
         "--slo_p99_ms=2000", f"--output_dir={out_dir}", "--tensorflow_intra_op_parallelism=0",
-        "--max_batch_size_bound=8", "--profile_seconds=0.05", "--duration=1", "--warmup=0.3",
-        "--calibration_seconds=0.5", "--prove=0", "--norecheck", "--protocols=grpc,rest")
+        # Every budget at (or near) its floor: what is asserted is which points and files
+        # are written, never the figures. Batch sizes up to 4 (the clients' count) keep
+        # batching in the search while its grid stays small (the search is CPU bound).
+        "--max_batch_size_bound=4", "--profile_seconds=0.01", "--duration=0.2", "--warmup=0",
+        "--calibration_seconds=0.1", "--prove=0", "--norecheck", "--protocols=grpc,rest")
     assert code == 0, err
     # Progress showed while it measured, step by step.
     for step in ("1/4 measuring", "2/4 calibrating", "3/4 searching", "4/4 proving"):

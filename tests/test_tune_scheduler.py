@@ -220,7 +220,7 @@ def test_the_calibration_finds_the_processor_time_a_server_takes_per_request():
     # A "server" made of the model itself with 3 ms of processor time per request: fitted
     # to its one-client and sixteen-client figures, the calibration recovers that time,
     # and then predicts a setting it was not fitted to (no batching) as the server does.
-    from serving_opt.tune.calibrate import fit
+    from serving_opt.tune.calibrate import FitSetting, fit
 
     curve = LatencyCurve(ThreadSettings(), (1, 16, 64), (0.008, 0.060, 0.230),
                          cpu_s=(0.008, 0.060, 0.230),
@@ -235,8 +235,8 @@ def test_the_calibration_finds_the_processor_time_a_server_takes_per_request():
                         warmup_answers=52)
     one = simulate(curve, upstream, Workload("closed", clients=1, max_requests=300), truth)
     many = simulate(curve, upstream, workload, truth)
-    fitted = fit(curve, 1, _measured(one, 1), _measured(many, 16), batching=upstream,
-                 cores=2)
+    fitted = fit(curve, 1, _measured(one, 1), _measured(many, 16),
+                 FitSetting(batching=upstream, cores=2))
     assert fitted.service.cpu_s == pytest.approx(0.003, rel=0.15)
     assert fitted.service.serial_s == fitted.service.cpu_s
     assert fitted.service.parallel_s == pytest.approx(0.002, abs=0.0005)
@@ -250,7 +250,7 @@ def test_the_calibration_fits_how_often_the_one_at_a_time_part_is_out_of_order()
     # a random waiting request 60% of the time has a longer p99 than one in arrival
     # order; fitted to its figures, the model's p99 at that point matches it, where the
     # in-order fit falls short; an in-order server is fitted in order.
-    from serving_opt.tune.calibrate import fit
+    from serving_opt.tune.calibrate import FitSetting, fit
 
     curve = LatencyCurve(ThreadSettings(), (1, 16, 64), (0.002, 0.010, 0.035),
                          cpu_s=(0.002, 0.010, 0.035),
@@ -266,7 +266,7 @@ def test_the_calibration_fits_how_often_the_one_at_a_time_part_is_out_of_order()
         one = simulate(curve, upstream, Workload("closed", clients=1, max_requests=300), truth)
         many = simulate(curve, upstream, workload, truth)
         figures[name] = (many, fit(curve, 1, _measured(one, 1), _measured(many, 16),
-                                   batching=upstream, cores=2).service)
+                                   FitSetting(batching=upstream, cores=2)).service)
 
     many, fitted = figures["shuffled"]
     assert many.p99_ms > figures["in order"][0].p99_ms * 1.1

@@ -42,11 +42,16 @@ def optimized_classifier_base(classifier_dir, tmp_path_factory):
     return base
 
 
-def test_optimized_classifier_is_validated_against_the_original(optimized_classifier_base,
-                                                                 classifier_dir):
-    report = validate(optimized_classifier_base,
-                      ValidateOptions(server="local", reference_dir=classifier_dir,
-                                      concurrency=4, duration=1.0))
+@pytest.fixture(scope="module")
+def classifier_validated(optimized_classifier_base, classifier_dir):
+    """The optimized classifier validated against the original, with a load phase."""
+    return validate(optimized_classifier_base,
+                    ValidateOptions(server="local", reference_dir=classifier_dir,
+                                    concurrency=4, duration=1.0))
+
+
+def test_optimized_classifier_is_validated_against_the_original(classifier_validated):
+    report = classifier_validated
     assert report.ok, report.failures
     names = [c.name for c in report.checks]
     assert "GetModelMetadata signature_def" in names
@@ -56,9 +61,20 @@ def test_optimized_classifier_is_validated_against_the_original(optimized_classi
     assert _port_closed(report.address)  # the server it started is gone
 
 
-def test_regressor_gets_regress_requests(regressor_base):
-    report = validate(regressor_base, QUICK)
+@pytest.fixture(scope="module")
+def regressor_validated(regressor_dir, tmp_path_factory):
+    """A copy of the regressor (validate writes its warm-up file into the version)
+    validated with a short load phase, warm-up records written."""
+    base = tmp_path_factory.mktemp("validated") / "reg"
+    shutil.copytree(regressor_dir, base / "1")
+    return validate(str(base), ValidateOptions(server="local", concurrency=2, duration=0.5,
+                                               write_warmup=True))
+
+
+def test_regressor_gets_regress_requests(regressor_validated):
+    report = regressor_validated
     assert report.ok, report.failures
+    assert report.load_test.requests > 0 and report.load_test.errors == 0
     assert {"Regress regression", "Regress serving_default"} <= {c.name for c in report.checks}
 
 
@@ -99,20 +115,17 @@ def test_model_that_fails_to_load_ends_with_the_servers_error(classifier_dir, mo
     assert _port_closed(report.address)
 
 
-def test_marker_file_says_the_verdict_and_replaces_a_stale_one(optimized_classifier_base,
+def test_marker_file_says_the_verdict_and_replaces_a_stale_one(classifier_validated,
                                                                 tmp_path):
-    report = validate(optimized_classifier_base, ValidateOptions(server="local", concurrency=0))
+    report = classifier_validated
     (tmp_path / "NOT_VALIDATED").write_text("stale")
     path = write_marker(report, str(tmp_path))
     assert os.path.basename(path) == "VALIDATED"
     assert sorted(os.listdir(tmp_path)) == ["VALIDATED"]
 
 
-def test_write_warmup_writes_records_the_server_replays(regressor_dir, tmp_path):
-    base = tmp_path / "reg"
-    shutil.copytree(regressor_dir, base / "1")
-    report = validate(str(base), ValidateOptions(server="local", concurrency=0,
-                                                 write_warmup=True))
+def test_write_warmup_writes_records_the_server_replays(regressor_validated):
+    report = regressor_validated
     assert report.ok, report.failures
     import tensorflow as tf
     from tensorflow_serving.apis import prediction_log_pb2
@@ -204,19 +217,9 @@ def test_auto_prefers_docker_then_binary_then_local(tmp_path, monkeypatch):
     assert backends.resolve_backend("auto") == "docker"
 
 
-def test_binary_backend_runs_a_tf_serving_compatible_command_line(regressor_base, tmp_path,
-                                                                  monkeypatch):
-    # The real tensorflow_model_server is not installable here; a stand-in binary that
-    # hands its command line, unchanged, to `serving-opt serve` proves the flags we pass
-    # are TF Serving's and that the process handling works end to end.
-    bin_dir = str(tmp_path / "bin")
-    os.makedirs(bin_dir)
-    _fake_executable(bin_dir, "tensorflow_model_server",
-                     f"#!/bin/sh\nexec {sys.executable} -m serving_opt.cli serve \"$@\"\n")
-    monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ["PATH"])
-    report = validate(regressor_base, ValidateOptions(server="binary", concurrency=0))
-    assert report.ok, report.failures
-    assert report.backend == "binary" and _port_closed(report.address)
+# The binary backend end to end (a stand-in tensorflow_model_server that hands its command
+# line, unchanged, to `serving-opt serve`): tests/test_validate_runtime.py::
+# test_binary_backend_names_the_binary_and_the_version_it_reports.
 
 
 def test_docker_backend_removes_its_container_on_stop(tmp_path, monkeypatch):

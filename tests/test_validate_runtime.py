@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -42,15 +43,28 @@ BOTH = ValidateOptions(server="local", concurrency=2, duration=0.5)
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path, monkeypatch):
     # Registries and runtimes go to a test directory, never the user's cache.
-    monkeypatch.setenv(runtime.ENV_CACHE, str(tmp_path / "cache"))
-    monkeypatch.delenv("SERVING_OPT_RUNTIME_2_15", raising=False)
-    monkeypatch.delenv("SERVING_OPT_RUNTIME_2_20", raising=False)
+    _private_env(monkeypatch, str(tmp_path / "cache"))
 
 
 # --- REST ---------------------------------------------------------------------------------
 
-def test_validate_over_grpc_and_rest_passes_on_a_real_model(classifier_base, tmp_path):
-    report = validate(classifier_base, BOTH)
+def _private_env(monkeypatch, cache: str) -> None:
+    monkeypatch.setenv(runtime.ENV_CACHE, cache)
+    monkeypatch.delenv("SERVING_OPT_RUNTIME_2_15", raising=False)
+    monkeypatch.delenv("SERVING_OPT_RUNTIME_2_20", raising=False)
+
+
+@pytest.fixture(scope="module")
+def classifier_validated(classifier_base, tmp_path_factory):
+    """The classifier validated over gRPC and REST with a short load phase; module-scoped,
+    so it sets the private cache itself (it is set up before the autouse fixture)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _private_env(monkeypatch, str(tmp_path_factory.mktemp("cache")))
+        return validate(classifier_base, BOTH)
+
+
+def test_validate_over_grpc_and_rest_passes_on_a_real_model(classifier_validated):
+    report = classifier_validated
     assert report.ok, report.failures
     names = {c.name for c in report.checks}
     assert {"model AVAILABLE", "REST model AVAILABLE", "GetModelMetadata signature_def",
@@ -317,10 +331,10 @@ def test_installing_a_runtime_offline_fails_in_one_line(monkeypatch):
 
 # --- honest markers --------------------------------------------------------------------------
 
-def test_marker_names_the_stand_in_and_its_tensorflow(regressor_base, tmp_path):
+def test_marker_names_the_stand_in_and_its_tensorflow(classifier_validated, tmp_path):
     import tensorflow as tf
 
-    report = validate(regressor_base, ValidateOptions(server="local", concurrency=0))
+    report = classifier_validated
     assert report.ok, report.failures
     assert report.server == f"local:serving-opt serve (stand-in) on TensorFlow {tf.__version__}"
     text = open(write_marker(report, str(tmp_path))).read()
@@ -375,12 +389,20 @@ def test_auto_picks_docker_then_the_binary_then_the_stand_in(tmp_path, monkeypat
     assert backends.resolve_backend("auto", sandboxed=True) == "binary"
 
 
+def _port_closed(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex((host, int(port))) != 0
+
+
 def test_binary_backend_names_the_binary_and_the_version_it_reports(regressor_base, tmp_path,
                                                                     monkeypatch):
     # Stand-in for the tensorflow_model_server this machine lacks: answers --version like
-    # the real one, otherwise hands its command line to `serving-opt serve`. What validate
-    # can truthfully say is which executable answered and what its --version claimed;
-    # whether that is really TF Serving, nothing here can know.
+    # the real one, otherwise hands its command line, unchanged, to `serving-opt serve`:
+    # the flags validate passes are TF Serving's, and the process handling works end to
+    # end. What validate can truthfully say is which executable answered and what its
+    # --version claimed; whether that is really TF Serving, nothing here can know.
     bin_dir = str(tmp_path / "bin")
     os.makedirs(bin_dir)
     _fake_executable(bin_dir, "tensorflow_model_server",
@@ -391,6 +413,7 @@ def test_binary_backend_names_the_binary_and_the_version_it_reports(regressor_ba
     monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ["PATH"])
     report = validate(regressor_base, ValidateOptions(server="binary", concurrency=0))
     assert report.ok, report.failures
+    assert report.backend == "binary" and _port_closed(report.address)
     binary = os.path.join(bin_dir, "tensorflow_model_server")
     assert report.server == f"binary:{binary} 2.20.0-rc0+dev.sha.abc"
     assert report.tensorflow_version == "2.20.0"

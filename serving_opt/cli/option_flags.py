@@ -3,7 +3,11 @@
 A field with ``help`` in its metadata is a flag of the same name: its type from the
 field's annotation, its default from the field's default (None spelled as the field
 says: ``--transforms=default``, ``--max_constant_bytes=-1``), its choices and lower
-bound from the metadata. No default is written twice.
+bound from the metadata. No default is written twice. A few more metadata keys, for
+flags whose text is not the value: ``flag`` (the flag's name when it is not the
+field's), ``flag_default`` (the flag's default when it is not the field's, e.g. None
+for a required flag), ``flag_type`` (``"str"``: the flag is text) and ``parse`` (a
+function of the text and the flag name giving the value; it raises UsageError).
 
     define(fv, BuildOptions)                 # --transforms, --grappler, ... --quantize
     build = read(fv, BuildOptions)           # BuildOptions(transforms=..., ...)
@@ -29,7 +33,20 @@ def flag_fields(group: type, skip: Iterable[str] = ()) -> list[dataclasses.Field
             if f.metadata.get("help") and f.name not in set(skip)]
 
 
+def flag_name(f: dataclasses.Field, rename: Mapping[str, str] | None = None) -> str:
+    """The flag of field ``f``: ``rename``'s, else the field's ``flag`` metadata, else
+    its name.
+
+    Example:
+        >>> flag_name(dataclasses.fields(SearchOptions)[0])
+        'tensorflow_intra_op_parallelism'
+    """
+    return (rename or {}).get(f.name) or f.metadata.get("flag") or f.name
+
+
 def _kind(f: dataclasses.Field) -> str:
+    if "flag_type" in f.metadata:
+        return f.metadata["flag_type"]
     # Annotations are strings (``from __future__ import annotations``): "int | None".
     annotation = str(f.type).replace(" ", "")
     base = annotation.split("|")[0]
@@ -43,6 +60,8 @@ def _kind(f: dataclasses.Field) -> str:
 
 
 def _flag_default(f: dataclasses.Field):
+    if "flag_default" in f.metadata:
+        return f.metadata["flag_default"]
     if f.default is None and "none" in f.metadata:
         return f.metadata["none"]
     if isinstance(f.default, tuple):
@@ -67,7 +86,7 @@ def define(fv: flags.FlagValues, group: type, *, skip: Iterable[str] = (),
     module_name = module_name or sys._getframe(1).f_globals["__name__"]
     names = []
     for f in flag_fields(group, skip):
-        name = (rename or {}).get(f.name, f.name)
+        name = flag_name(f, rename)
         text = (help or {}).get(f.name, f.metadata["help"])
         if help_prefix and text[:2].istitle():  # "With --validate: seconds of ..."
             text = text[0].lower() + text[1:]
@@ -95,7 +114,10 @@ def define(fv: flags.FlagValues, group: type, *, skip: Iterable[str] = (),
 def value(fv: flags.FlagValues, f: dataclasses.Field, name: str | None = None):
     """The option value of field ``f`` from its parsed flag (the flag's spelling of None
     read back as None, a list as a tuple)."""
-    given = fv[name or f.name].value
+    name = name or flag_name(f)
+    given = fv[name].value
+    if "parse" in f.metadata:
+        return f.metadata["parse"](given, f"--{name}")
     if isinstance(given, list):
         return tuple(given)
     if f.metadata.get("negative_is_none") and given is not None and given < 0:
@@ -114,6 +136,6 @@ def read(fv: flags.FlagValues, group: type, *, skip: Iterable[str] = (),
         >>> read(fv, Tolerance)        # after --atol=1e-3
         Tolerance(atol=0.001, rtol=0.0001)
     """
-    values = {f.name: value(fv, f, (rename or {}).get(f.name, f.name))
+    values = {f.name: value(fv, f, flag_name(f, rename))
               for f in flag_fields(group, skip) if f.name not in fixed}
     return group(**values, **fixed)

@@ -237,7 +237,9 @@ def compare(baseline: str, candidate: str, examples: str,
     # The matched shards one by one, never their directory (a secret or a socket beside
     # them stays outside).
     policy = sandbox_lib.Policy(read_only=(baseline, candidate,
-                                           *sandbox_lib.glob_files(examples)))
+                                           *sandbox_lib.glob_files(examples)),
+                                memory_bytes=options.sandbox_memory_bytes,
+                                timeout_seconds=options.sandbox_timeout_seconds)
     report = sandbox_lib.call("serving_opt.compare.driver:execute", baseline, candidate, examples,
                               options, policy=policy, progress=say)
     import dataclasses

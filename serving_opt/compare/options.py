@@ -32,3 +32,5 @@ class CompareOptions:
     # Run the models outside the bubblewrap sandbox where none can start (local runners;
     # a remote runner's workers run them elsewhere).
     allow_unsandboxed: bool = False
+    sandbox_memory_bytes: int | None = None  # None: 3/4 of the RAM, per process
+    sandbox_timeout_seconds: float | None = None  # None: no limit

@@ -236,16 +236,14 @@ def _not_regular(path: str, kind: str, target: str = "") -> UnsafeModelFile:
     )
 
 
-def read_saved_model(path: str):
-    """Reads and parses ``saved_model.pb`` (or ``.pbtxt``) under ``path``.
-
-    Raises ServingOptError with a one-line explanation for every unreadable case: the
-    file is read only as a regular file within protobuf's 2 GiB limit (read_model_file).
+def check_saved_model_dir(path: str) -> bool:
+    """Refuses (ServingOptError) a path that is not a SavedModel directory: missing, a
+    file, or without ``saved_model.pb``/``.pbtxt``; True when it has the binary one.
+    Only the file system: the caller's cheap check before any work.
 
     Example:
-        >>> sm = read_saved_model("build/sample/1")
-        >>> [sorted(m.meta_info_def.tags) for m in sm.meta_graphs]
-        [['serve']]
+        >>> check_saved_model_dir("build/sample/1")
+        True
     """
     if not os.path.exists(path):
         raise ServingOptError(
@@ -257,17 +255,32 @@ def read_saved_model(path: str):
             f"{path} is a file, not a SavedModel directory",
             "pass the directory that contains saved_model.pb",
         )
-    pb_path = os.path.join(path, "saved_model.pb")
-    pbtxt_path = os.path.join(path, "saved_model.pbtxt")
     # lexists: a dangling link named saved_model.pb is refused as a link, not "missing".
-    use_pb = os.path.lexists(pb_path)
-    if not use_pb and not os.path.lexists(pbtxt_path):
+    use_pb = os.path.lexists(os.path.join(path, "saved_model.pb"))
+    if not use_pb and not os.path.lexists(os.path.join(path, "saved_model.pbtxt")):
         hint = _version_dir_hint(path)
         raise ServingOptError(
             f"no saved_model.pb in {path}",
             hint or "point at the directory written by tf.saved_model.save / "
             "Estimator.export_saved_model / model.export",
         )
+    return use_pb
+
+
+def read_saved_model(path: str):
+    """Reads and parses ``saved_model.pb`` (or ``.pbtxt``) under ``path``.
+
+    Raises ServingOptError with a one-line explanation for every unreadable case: the
+    file is read only as a regular file within protobuf's 2 GiB limit (read_model_file).
+
+    Example:
+        >>> sm = read_saved_model("build/sample/1")
+        >>> [sorted(m.meta_info_def.tags) for m in sm.meta_graphs]
+        [['serve']]
+    """
+    use_pb = check_saved_model_dir(path)
+    pb_path = os.path.join(path, "saved_model.pb")
+    pbtxt_path = os.path.join(path, "saved_model.pbtxt")
     # Read (bounded) before TensorFlow is imported: a bad file fails in milliseconds.
     chosen = pb_path if use_pb else pbtxt_path
     try:

@@ -46,6 +46,23 @@ class Probe:
     check: Callable[[object], str]  # returns "" when the answer is right
 
 
+@dataclass(frozen=True)
+class _Served:
+    """What every probe of one build shares: the API, whom it addresses, how strictly
+    its answer is compared."""
+
+    api: ServingApi
+    model_name: str
+    version: int
+    atol: float
+    rtol: float
+
+    def address(self, model_spec, key: str) -> None:
+        model_spec.name = self.model_name
+        model_spec.signature_name = key
+        model_spec.version.value = self.version
+
+
 def _tensor_proto(value: np.ndarray):
     import tensorflow as tf
 
@@ -80,6 +97,7 @@ def build_probes(model_dir: str, reference_dir: str, model_name: str, version: i
     import tensorflow as tf
 
     api = serving_api()
+    served_as = _Served(api, model_name, version, atol, rtol)
     user = examples_lib.read_examples_file(examples) if examples else None
     served_mg = loader.find_meta_graph(loader.read_saved_model(model_dir), tags, model_dir)
     sess, ref_mg = loader.load_session(reference_dir, tags)
@@ -127,8 +145,7 @@ def build_probes(model_dir: str, reference_dir: str, model_name: str, version: i
                 alias = example_input[0]
                 records = [bytes(r) for r in feed[alias]]
                 example_batches[key] = records
-                probes.append(_example_probe(api, key, method, records, expected, model_name,
-                                             version, atol, rtol))
+                probes.append(_example_probe(served_as, key, method, records, expected))
         classify = [k for k in example_batches
                     if ref_mg.signature_def[k].method_name == loader.METHOD_CLASSIFY]
         regress = [k for k in example_batches
@@ -137,8 +154,8 @@ def build_probes(model_dir: str, reference_dir: str, model_name: str, version: i
             # One task of each kind on the classify signature's records: MultiInference
             # requires all tasks to share one input.
             probes.append(_multi_inference_probe(
-                api, sess, ref_mg, classify[0], regress[0], example_batches[classify[0]],
-                model_name, version, atol, rtol))
+                served_as, sess, ref_mg, (classify[0], regress[0]),
+                example_batches[classify[0]]))
     finally:
         sess.close()
     served = {k: v for k, v in served_mg.signature_def.items()}
@@ -176,9 +193,9 @@ def _regression_check(expected: dict, atol: float, rtol: float):
     return check
 
 
-def _example_probe(api: ServingApi, key: str, method: str, records: list[bytes],
-                   expected: dict, model_name: str, version: int, atol: float,
-                   rtol: float) -> Probe:
+def _example_probe(served: _Served, key: str, method: str, records: list[bytes],
+                   expected: dict) -> Probe:
+    api, atol, rtol = served.api, served.atol, served.rtol
     if method == loader.METHOD_CLASSIFY:
         request = api.classification_pb2.ClassificationRequest()
         check = _classification_check(expected, atol, rtol)
@@ -187,24 +204,22 @@ def _example_probe(api: ServingApi, key: str, method: str, records: list[bytes],
         request = api.regression_pb2.RegressionRequest()
         check = _regression_check(expected, atol, rtol)
         name = "Regress"
-    request.model_spec.name = model_name
-    request.model_spec.signature_name = key
-    request.model_spec.version.value = version
+    served.address(request.model_spec, key)
     for record in records:
         request.input.example_list.examples.add().ParseFromString(record)
     return Probe(f"{name} {key}", name, request, lambda response: check(response.result))
 
 
-def _multi_inference_probe(api: ServingApi, sess, ref_mg, classify_key: str,
-                           regress_key: str, records: list[bytes], model_name: str,
-                           version: int, atol: float, rtol: float) -> Probe:
-    request = api.inference_pb2.MultiInferenceRequest()
+def _multi_inference_probe(served: _Served, sess, ref_mg, keys: tuple[str, str],
+                           records: list[bytes]) -> Probe:
+    """One classify and one regress task (``keys``) on the same records."""
+    atol, rtol = served.atol, served.rtol
+    classify_key, regress_key = keys
+    request = served.api.inference_pb2.MultiInferenceRequest()
     checks = []
-    for key in (classify_key, regress_key):
+    for key in keys:
         task = request.tasks.add()
-        task.model_spec.name = model_name
-        task.model_spec.signature_name = key
-        task.model_spec.version.value = version
+        served.address(task.model_spec, key)
         sig = ref_mg.signature_def[key]
         task.method_name = sig.method_name
         alias = next(iter(sig.inputs))

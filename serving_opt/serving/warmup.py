@@ -12,8 +12,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-WARMUP_FILENAME = "tf_serving_warmup_requests"
-MAX_RECORDS = 1000  # TF Serving refuses more (servables/tensorflow/saved_model_warmup_util)
+# Defined with their replay (the cold-start measurement, a stage, replays them too).
+from serving_opt.savedmodel.warmup_replay import MAX_RECORDS, WARMUP_FILENAME, replay
+
+__all__ = ["MAX_RECORDS", "WARMUP_FILENAME", "prediction_log", "records", "replay",
+           "write_warmup_file", "write_warmup_records"]
 
 
 def prediction_log(method: str, request):
@@ -80,3 +83,4 @@ def write_warmup_file(model_dir: str, probes: Sequence, repeat: int = 1) -> str:
             writer.write(log.SerializeToString())
     os.replace(tmp, path)
     return path
+

@@ -5,8 +5,15 @@ the serving process as much as steady-state latency. A graph full of large const
 load 12x slower, stall its first request for a minute (the load-time Grappler folds it)
 and need 9x the memory, while steady-state p50 does not move. So each model is loaded
 in a process of its own, the way the server loads it (session loader, Grappler on),
-and three numbers are taken: load seconds, first-request seconds, and the peak RSS of
-the process.
+and these numbers are taken: load seconds (restore, init op and the warmup requests
+TF Serving replays before the version is AVAILABLE), first-request seconds, and the
+process's peak and steady (held after the first request) resident memory, with the
+runtime's own share, plus both at every stage of the load (``stages``), which says where
+a peak comes from.
+
+Memory is measured without ``/proc`` (the sandbox's is synthetic): the peak with
+``getrusage`` (the kernel's VmHWM), what the process holds with a forked probe
+(``measuring.held_rss_bytes``).
 
 The measurements run in a measuring process (``serving_opt.measuring``: TensorFlow
 imported once, a forked child per measurement); each child's peak RSS includes the
@@ -35,6 +42,10 @@ from serving_opt.errors import ServingOptError
 class ColdStart:
     """One model loaded in a fresh process.
 
+    ``stages`` holds ``(stage, peak bytes so far, bytes held)`` after each stage of the
+    load (``runtime``, ``graph``, ``restore``, ``init op``, ``warmup``, ``first
+    request``): a stage whose peak is far above what it holds made a transient copy.
+
     Example:
         >>> ColdStart(0.8, 0.02, 700 << 20, 450 << 20).peak_rss_bytes
         734003200
@@ -44,6 +55,10 @@ class ColdStart:
     first_request_seconds: float
     peak_rss_bytes: int  # the serving process's peak, runtime included
     runtime_rss_bytes: int  # the same process before loading: TensorFlow alone
+    # Held after the first request (what a Kubernetes limit sees between requests);
+    # 0 when not measured (reports written before it was).
+    steady_rss_bytes: int = 0
+    stages: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -111,38 +126,90 @@ def measure(reference_dir: str, candidate_dir: str, tags: frozenset[str], signat
         by_side[which].append(result)
 
     def summarize(side: list[dict]) -> ColdStart:
-        return ColdStart(
-            load_seconds=_median([r["load_seconds"] for r in side]),
-            first_request_seconds=_median([r["first_request_seconds"] for r in side]),
-            peak_rss_bytes=int(_median([r["peak_rss_bytes"] for r in side])),
-            runtime_rss_bytes=int(_median([r["runtime_rss_bytes"] for r in side])),
-        )
+        return summarize_runs(side)
 
     return ColdStartReport(summarize(by_side["before"]), summarize(by_side["after"]), rounds)
 
 
+def summarize_runs(runs: list[dict]) -> ColdStart:
+    """The median of each measure over :func:`cold_start_job` results of one model.
+
+    Example:
+        >>> summarize_runs([cold_start_job(job)]).steady_rss_bytes > 0
+        True
+    """
+    stages = []
+    names = [name for name, _, _ in runs[0].get("stages", ())]
+    for i, name in enumerate(names):
+        rows = [r["stages"][i] for r in runs if len(r.get("stages", ())) > i]
+        stages.append((name, int(_median([row[1] for row in rows])),
+                       int(_median([row[2] for row in rows]))))
+    return ColdStart(
+        load_seconds=_median([r["load_seconds"] for r in runs]),
+        first_request_seconds=_median([r["first_request_seconds"] for r in runs]),
+        peak_rss_bytes=int(_median([r["peak_rss_bytes"] for r in runs])),
+        runtime_rss_bytes=int(_median([r["runtime_rss_bytes"] for r in runs])),
+        steady_rss_bytes=int(_median([r.get("steady_rss_bytes", 0) for r in runs])),
+        stages=tuple(stages),
+    )
+
+
 def cold_start_job(job: dict) -> dict:
-    """In a measuring process's child: load like TF Serving, answer one request, report
-    the peak RSS."""
+    """In a measuring process's child: load like TF Serving (session loader: graph,
+    restore, init op; then the model's warmup requests), answer one request, and report
+    the times and the memory after each stage.
+
+    Example:
+        >>> cold_start_job({"model": "build/opt/1", "tags": ["serve"],
+        ...                 "signature": "serving_default", "feeds": "feeds.pkl"})["stages"][0][0]
+        'runtime'
+    """
     import numpy as np
     import tensorflow as tf
+    from tensorflow.python.saved_model import loader_impl
 
-    runtime_rss = measuring.rss_bytes("VmRSS")
+    from serving_opt.savedmodel import warmup_replay
+
+    stages: list[tuple[str, int, int]] = []
+    overhead = [0.0]  # seconds the probes took: not the model's load time
+
+    def stage(name: str) -> None:
+        began = time.perf_counter()
+        stages.append((name, measuring.peak_rss_bytes(), measuring.held_rss_bytes()))
+        overhead[0] += time.perf_counter() - began
+
+    stage("runtime")
     with open(job["feeds"], "rb") as f:
         feeds = pickle.load(f)
     graph = tf.Graph()
     # Default session options, as TF Serving's: Grappler runs at load, on the first run.
     sess = tf.compat.v1.Session(graph=graph)
     start = time.perf_counter()
+    # tf.compat.v1.saved_model.loader.load's own three steps, apart, so the memory of
+    # each is seen (the restore and the init op are where a table's copies would be).
+    model_loader = loader_impl.SavedModelLoader(job["model"])
     with graph.as_default():
-        meta_graph = tf.compat.v1.saved_model.loader.load(sess, job["tags"], job["model"])
-    load_seconds = time.perf_counter() - start
+        saver, _ = model_loader.load_graph(graph, job["tags"])
+        stage("graph")
+        model_loader.restore_variables(sess, saver)
+        stage("restore")
+        model_loader.run_init_ops(sess, job["tags"])
+        stage("init op")
+    meta_graph = model_loader.get_meta_graph_def_from_tags(job["tags"])
+    # TF Serving replays assets.extra/tf_serving_warmup_requests before the version is
+    # AVAILABLE: its time is load time, and the first request comes after it.
+    replayed = warmup_replay.replay(sess, meta_graph, job["model"])
+    if replayed:
+        stage("warmup")
+    load_seconds = time.perf_counter() - start - overhead[0]
     sig = meta_graph.signature_def[job["signature"]]
     feed = {sig.inputs[alias].name: np.asarray(value) for alias, value in feeds.items()}
     fetch = [sig.outputs[alias].name for alias in sorted(sig.outputs)]
     start = time.perf_counter()
     sess.run(fetch, feed)
     first = time.perf_counter() - start
+    stage("first request")
     return {"load_seconds": load_seconds, "first_request_seconds": first,
-            "peak_rss_bytes": measuring.rss_bytes("VmHWM"),
-            "runtime_rss_bytes": runtime_rss}
+            "peak_rss_bytes": stages[-1][1], "runtime_rss_bytes": stages[0][2],
+            "steady_rss_bytes": stages[-1][2], "warmup_records": replayed,
+            "stages": [list(s) for s in stages]}

@@ -35,6 +35,8 @@ MODES = ("none", "int8", "fp16")
 DEFAULT_MIN_ELEMENTS = 16384
 _SCOPE = "serving_opt_quantized"
 _CHUNK_ROWS = 65536  # rows quantized at a time: bounded memory for a 1 GB table
+# DataType enum values (types_pb2) of what is stored quantized, to numpy's.
+_NUMPY_TYPES = {1: np.float32, 6: np.int8, 19: np.float16}
 
 
 @dataclass(frozen=True)
@@ -181,8 +183,10 @@ def _gather_rows(gather, nodes: dict, qname: str, sname: str | None, stored_dtyp
 
 def _dequantize_at_load(name: str, qname: str, sname: str | None, stored_dtype: int,
                         new_nodes: list) -> str:
-    """Nodes assigning ``name = Cast(qname) [* sname]``; returns the assign, for the init op."""
-    from tensorflow.core.framework import types_pb2
+    """Nodes assigning ``name = Cast(qname) [* sname]``, then emptying ``qname`` and
+    ``sname``; returns the node that runs them all, for the init op."""
+    from tensorflow.core.framework import tensor_shape_pb2, types_pb2
+    from tensorflow.python.framework import tensor_util
 
     prefix = f"{name}/{_SCOPE}/dequantize"
     float_type = attr(type=types_pb2.DT_FLOAT)
@@ -199,7 +203,32 @@ def _dequantize_at_load(name: str, qname: str, sname: str | None, stored_dtype: 
         value = f"{prefix}/mul"
     new_nodes.append(make_node(f"{prefix}/assign", "AssignVariableOp", [name, value],
                                dtype=float_type))
-    return f"{prefix}/assign"
+    # The quantized copy (and its scales) are read once, here: emptied right after the
+    # float variable holds the weight, or the serving process would keep both for its
+    # whole life (1.25x the float weight instead of 1x). An empty value of another shape
+    # is allowed (validate_shape false), and nothing reads these variables again.
+    frees = []
+    for source, dtype in ((qname, stored_dtype), (sname, types_pb2.DT_FLOAT)):
+        if source is None:
+            continue
+        empty, free = f"{source}/{_SCOPE}_empty", f"{source}/{_SCOPE}_free"
+        new_nodes.append(make_node(f"{empty}/value", "Const", dtype=attr(type=dtype),
+                                   value=attr(tensor=tensor_util.make_tensor_proto(
+                                       np.zeros((0,), _NUMPY_TYPES[dtype]), dtype=dtype))))
+        # Of unknown shape to the graph: the assign's shape function merges the value's
+        # static shape with the variable's (whatever validate_shape says), the kernel
+        # does not.
+        new_nodes.append(make_node(empty, "PlaceholderWithDefault", [f"{empty}/value"],
+                                   dtype=attr(type=dtype),
+                                   shape=attr(shape=tensor_shape_pb2.TensorShapeProto(
+                                       unknown_rank=True))))
+        new_nodes.append(make_node(free, "AssignVariableOp", [source, empty,
+                                                              f"^{prefix}/assign"],
+                                   dtype=attr(type=dtype), validate_shape=attr(b=False)))
+        frees.append(free)
+    new_nodes.append(make_node(f"{prefix}/done", "NoOp", [f"^{f}" for f in frees]
+                               + [f"^{prefix}/assign"]))
+    return f"{prefix}/done"
 
 
 def quantize(graph, mode: str, min_elements: int, work_dir: str,

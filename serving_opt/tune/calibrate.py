@@ -120,11 +120,29 @@ def _fit_order(curve: LatencyCurve, batching: BatchingSettings | None, workload:
             "p99)")
 
 
+@dataclass(frozen=True)
+class FitSetting:
+    """What the two calibration measurements ran under, besides the load itself.
+
+    ``batching``: the server's batching during them (upstream's defaults); ``cores``:
+    the machine's (0: this one's); ``python_server``: the local server, whose own
+    processor time holds its interpreter lock (TF Serving's C++ server has none);
+    ``merge_s_per_row``: the batch merge cost the profile measured.
+
+    Example:
+        >>> FitSetting("rest", batching=BatchingSettings(max_batch_size=1000), cores=2)
+    """
+
+    protocol: str = "grpc"
+    merge_s_per_row: float = 0.0
+    seed: int = 0
+    batching: BatchingSettings | None = None
+    cores: int = 0
+    python_server: bool = True
+
+
 def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
-        many_clients: LoadResult | None, protocol: str = "grpc",
-        merge_s_per_row: float = 0.0, seed: int = 0,
-        batching: BatchingSettings | None = None, cores: int = 0,
-        python_server: bool = True) -> Calibration:
+        many_clients: LoadResult | None, setting: FitSetting = FitSetting()) -> Calibration:
     """Fits the server's cost per request to the two measurements: the delay each
     request spends outside its run, and the processor time it takes from the runs.
 
@@ -138,9 +156,11 @@ def fit(curve: LatencyCurve, rows: int, one_client: LoadResult,
     scaled to fit instead.
 
     Example:
-        >>> fit(curve, 1, one, many).note
+        >>> fit(curve, 1, one, many, FitSetting(batching=upstream, cores=2)).note
         'one client 10.26 ms against a 8.48 ms session run: 1.78 ms outside the run ...'
     """
+    protocol, merge_s_per_row, seed = setting.protocol, setting.merge_s_per_row, setting.seed
+    batching, cores, python_server = setting.batching, setting.cores, setting.python_server
     run_s = curve.seconds(rows)  # the median run
     if not one_client.ok:
         raise ValueError(f"the one-client calibration got no answer ({one_client.first_error})")

@@ -1,5 +1,13 @@
 """``TuneOptions``: what ``serving-opt tune`` (and ``tune()``) is asked, checked up front.
 
+A tree of small frozen groups, like ``OptimizeOptions``: the load and its objective
+(``WorkloadOptions``), the model and how it is called (``ModelOptions``), the settings
+searched (``SearchOptions``), the time spent measuring (``BudgetOptions``), the server
+the proof runs on (``ServerOptions``, the group ``serving``) and what the model is trusted with
+(``TrustOptions``, optimize's own group). Flat names still work both ways
+(``TuneOptions(clients=16).clients``). Each field with ``help`` is a flag of
+``serving-opt tune`` (``serving_opt.cli.option_flags`` makes them).
+
 Every bad value is a UsageError naming the flag and the fix, raised by
 :func:`check_options` before anything is measured.
 
@@ -13,61 +21,18 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from serving_opt.errors import UsageError
+from serving_opt.options import OptionTree, TrustOptions
 from serving_opt.serving import backends
 
 PROTOCOLS = ("grpc", "rest")
 MAX_CLIENTS = 4096
 MAX_ROWS = 1 << 20
 MAX_THREADS = 1024
-
-
-@dataclass(frozen=True)
-class TuneOptions:
-    """Options of ``serving-opt tune``.
-
-    ``intra_op`` / ``inter_op``: the ``--tensorflow_*_op_parallelism`` values to measure
-    (every pair of them; 0 is TensorFlow's default, one per core); None: intra {default,
-    1} and inter {default}. ``max_batch_size_bound``: the largest batch measured (0:
-    enough for the workload, at least 32 rows, at most 512). ``prove``: tuned candidates
-    proven besides the best (from the front). ``current_parameters_file``: a
-    BatchingParameters file in use today, proven next to the tuned one.
-
-    Example:
-        >>> TuneOptions(clients=16, slo_p99_ms=250, duration=15.0)
-    """
-
-    slo_p99_ms: float = 250.0
-    clients: int = 0
-    rate: float = 0.0
-    rows_per_request: int = 1
-    model_name: str | None = None
-    version: int | None = None
-    signature_name: str = "serving_default"
-    saved_model_tags: str = "serve"
-    examples: str | None = None
-    intra_op: tuple[int, ...] | None = None
-    inter_op: tuple[int, ...] | None = None
-    max_batch_size_bound: int = 0
-    padding: str = "none"
-    max_reject_fraction: float = 0.001
-    profile_seconds: float = 1.0
-    duration: float = 15.0
-    warmup: float = 2.0
-    calibration_seconds: float = 5.0
-    prove: int = 2
-    recheck: bool = True  # measure the calibration point again at the end (drift)
-    protocols: tuple[str, ...] = PROTOCOLS
-    server: str = "auto"
-    image: str = backends.DEFAULT_IMAGE
-    current_parameters_file: str | None = None
-    load_deadline: float = 300.0
-    request_timeout: float = 30.0
-    allow_file_ops: bool = False
-    allow_unsandboxed: bool = False
-    seed: int = 0
+MAX_SECONDS = 24 * 3600
 
 
 def parse_int_list(text: str, flag: str) -> tuple[int, ...] | None:
@@ -91,7 +56,12 @@ def parse_int_list(text: str, flag: str) -> tuple[int, ...] | None:
 
 
 def check_padding(text: str) -> str:
-    """``none``, ``pow2`` or an increasing list of row counts."""
+    """``none``, ``pow2`` or an increasing list of row counts.
+
+    Example:
+        >>> check_padding("8, 16,32")
+        '8,16,32'
+    """
     if text in ("none", "pow2"):
         return text
     parts = [p.strip() for p in text.split(",") if p.strip()]
@@ -105,6 +75,252 @@ def check_padding(text: str) -> str:
     return ",".join(map(str, values))
 
 
+def _protocols(given: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    # The flag is a list; "GRPC, rest" means grpc and rest. Checked by ServerOptions.
+    return tuple(p.strip().lower() for p in given)
+
+
+def _opt(default: Any, help: str = "", **flag: Any) -> Any:  # noqa: A002 - absl's word
+    """A field and its flag (see ``serving_opt.cli.option_flags`` for the metadata)."""
+    return field(default=default, metadata={"help": help, **flag})
+
+
+def _within(name: str, value: float, low: float, high: float, example: str) -> None:
+    if not low <= value <= high:
+        raise UsageError(f"--{name}={value} must be within [{low:g}, {high:g}] seconds",
+                         f"e.g. --{name}={example}")
+
+
+@dataclass(frozen=True)
+class WorkloadOptions:
+    """The load tune is asked to serve, and its objective (``optimize --tune`` shares it).
+
+    Example:
+        >>> WorkloadOptions(clients=16, slo_p99_ms=100).check()
+    """
+
+    # The flag has no default: an objective is the user's to give (a required flag).
+    slo_p99_ms: float = _opt(250.0, "The p99 latency objective, in milliseconds.",
+                             flag_default=None)
+    clients: int = _opt(0, "Closed-loop clients: each sends its next request when its answer "
+                        "arrives (0: none).")
+    rate: float = _opt(0.0, "Open-loop Poisson arrivals, requests/s (0: none).")
+    rows_per_request: int = _opt(1, "Rows (examples, images) in each request.")
+
+    def check(self) -> None:
+        """UsageError for the first bad value."""
+        if not self.clients and not self.rate:
+            raise UsageError("nothing to tune for: give --clients=N (closed loop) and/or "
+                             "--rate=R (open loop, requests/s)",
+                             "e.g. --clients=16, the concurrent requests your callers make")
+        if not 0 <= self.clients <= MAX_CLIENTS:
+            raise UsageError(f"--clients={self.clients} must be within [1, {MAX_CLIENTS}]",
+                             "e.g. --clients=16")
+        if not (self.rate == 0 or 0 < self.rate < 1e6):
+            raise UsageError(f"--rate={self.rate} must be a positive number of requests/s",
+                             "e.g. --rate=200")
+        if not 1 <= self.rows_per_request <= MAX_ROWS:
+            raise UsageError(f"--rows_per_request={self.rows_per_request} must be >= 1",
+                             "e.g. --rows_per_request=1 (one image per request)")
+        if not 0 < self.slo_p99_ms < math.inf:
+            raise UsageError(f"--slo_p99_ms={self.slo_p99_ms} must be a positive number of "
+                             "milliseconds", "e.g. --slo_p99_ms=250")
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Which model, which version, and how its clients call it.
+
+    Example:
+        >>> ModelOptions(signature_name="predict", examples="requests.jsonl")
+    """
+
+    model_name: str | None = _opt(None, "Model name (default: the base's directory name).")
+    version: int | None = _opt(None, "Version to tune (default: the highest).")
+    signature_name: str = _opt("serving_default", "Signature the clients call.")
+    saved_model_tags: str = _opt("serve", "MetaGraph tag set.")
+    examples: str | None = _opt(
+        None, "Request inputs: TFRecord of tf.Example or JSON lines (default: synthesized "
+        "from the signature).")
+
+    def check(self) -> None:
+        """UsageError for the first bad value."""
+        if self.version is not None and self.version < 0:
+            raise UsageError(f"--version={self.version} is not a version",
+                             "pass --version=N, or leave it out for the highest")
+        if not self.signature_name:
+            raise UsageError("--signature_name is empty",
+                             "e.g. --signature_name=serving_default")
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """The settings searched.
+
+    ``intra_op`` / ``inter_op``: the ``--tensorflow_*_op_parallelism`` values to measure
+    (every pair of them; 0 is TensorFlow's default, one per core); None: intra {default,
+    1} and inter {default}. ``max_batch_size_bound``: the largest batch measured (0:
+    enough for the workload, at least 32 rows, at most 512). ``padding``: none, pow2 or
+    a list of ``allowed_batch_sizes``.
+
+    Example:
+        >>> SearchOptions(intra_op=(0, 1), padding="pow2")
+    """
+
+    intra_op: tuple[int, ...] | None = _opt(
+        None, "Values of TF Serving's flag to measure, e.g. 0,1,2 (0: TensorFlow's default); "
+        "auto: 0 and 1.", flag="tensorflow_intra_op_parallelism", flag_type="str",
+        flag_default="auto", parse=parse_int_list)
+    inter_op: tuple[int, ...] | None = _opt(
+        None, "Values of TF Serving's flag to measure (every pair with the intra values); "
+        "auto: 0.", flag="tensorflow_inter_op_parallelism", flag_type="str",
+        flag_default="auto", parse=parse_int_list)
+    max_batch_size_bound: int = _opt(
+        0, "Largest batch measured and tried (0: twice the clients' rows, at least 32).")
+    padding: str = _opt(
+        "none", "none, pow2 (pad to powers of two up to max_batch_size), or a list of sizes; "
+        "the cost of padding is reported either way.", flag="allowed_batch_sizes",
+        parse=lambda text, flag: check_padding(text))
+    max_reject_fraction: float = _opt(
+        0.001, "Requests a setting may reject (UNAVAILABLE, max_enqueued_batches).")
+
+    def check(self, rows_per_request: int = 1) -> None:
+        """UsageError for the first bad value."""
+        if not 0 <= self.max_reject_fraction < 1:
+            raise UsageError(f"--max_reject_fraction={self.max_reject_fraction} must be in "
+                             "[0, 1)", "e.g. --max_reject_fraction=0.001")
+        bound = self.max_batch_size_bound
+        if bound and not 1 <= bound <= MAX_ROWS:
+            raise UsageError(f"--max_batch_size_bound={bound} must be >= 1",
+                             "e.g. --max_batch_size_bound=64, or 0 for automatic")
+        if bound and bound < rows_per_request:
+            raise UsageError(f"--max_batch_size_bound={bound} is below "
+                             f"--rows_per_request={rows_per_request}",
+                             "a batch holds at least one request; raise the bound")
+        check_padding(self.padding)
+        for values, flag in ((self.intra_op, "--tensorflow_intra_op_parallelism"),
+                             (self.inter_op, "--tensorflow_inter_op_parallelism")):
+            if values is not None and (not values or any(v < 0 for v in values)):
+                raise UsageError(f"{flag} needs thread counts >= 0", f"e.g. {flag}=0,1")
+
+
+@dataclass(frozen=True)
+class BudgetOptions:
+    """How long each thing is measured, and how many times.
+
+    ``prove``: tuned candidates proven besides the best (from the front). ``rounds``:
+    the interleaved repetitions of upstream's defaults against the tuned setting that
+    decide whether tuning beat them by more than the noise.
+
+    Example:
+        >>> BudgetOptions(duration=5, warmup=1, rounds=5)
+    """
+
+    profile_seconds: float = _opt(1.0, "Seconds per measured batch size.")
+    duration: float = _opt(15.0, "Seconds of each proven load point.")
+    warmup: float = _opt(2.0, "Seconds of load before each point is measured.")
+    calibration_seconds: float = _opt(5.0, "Seconds of the one-client calibration point.")
+    prove: int = _opt(2, "Tuned runners-up proven besides the best.")
+    rounds: int = _opt(
+        3, "Interleaved rounds of upstream's batching defaults against the tuned setting "
+        "(each --duration long): tuning must beat upstream by more than their spread, "
+        "else upstream's defaults are recommended.")
+    # Measure the calibration point again at the end: how far the machine drifted.
+    recheck: bool = _opt(True, "Measure the calibration point again at the end: how far the "
+                         "machine itself drifted during the run.")
+    request_timeout: float = 30.0
+    seed: int = 0
+
+    def check(self) -> None:
+        """UsageError for the first bad value."""
+        defaults = BudgetOptions()
+        for name, low in (("profile_seconds", 0.01), ("duration", 0.1),
+                          ("calibration_seconds", 0.1), ("request_timeout", 0.1)):
+            _within(name, getattr(self, name), low, MAX_SECONDS, f"{getattr(defaults, name):g}")
+        _within("warmup", self.warmup, 0, 3600, "2")
+        if not 0 <= self.prove <= 16:
+            raise UsageError(f"--prove={self.prove} must be within [0, 16]", "e.g. --prove=2")
+        if not 1 <= self.rounds <= 100:
+            raise UsageError(f"--rounds={self.rounds} must be within [1, 100]",
+                             "e.g. --rounds=3 (1: no interval, upstream's defaults win ties)")
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """The server the proof runs on, and what it is compared with.
+
+    ``current_parameters_file``: a BatchingParameters file in use today, proven next to
+    the tuned one.
+
+    Example:
+        >>> ServerOptions(server="local", protocols=("grpc",))
+    """
+
+    protocols: tuple[str, ...] = _opt(PROTOCOLS, "Load over grpc, rest or both.",
+                                      parse=lambda given, flag: _protocols(given))
+    server: str = _opt("auto", "docker, binary (tensorflow_model_server on PATH), local "
+                       "(serving-opt serve --enable_batching), or auto: the first that can "
+                       "run here.", choices=backends.BACKENDS)
+    image: str = _opt(backends.DEFAULT_IMAGE, "Docker image for --server=docker.")
+    current_parameters_file: str | None = _opt(
+        None, "A batching parameters file in use today: proven beside the tuned settings.")
+    load_deadline: float = _opt(300.0, "Seconds to wait for the model to load.")
+
+    def check(self) -> None:
+        """UsageError for the first bad value."""
+        _within("load_deadline", self.load_deadline, 1.0, MAX_SECONDS, "300")
+        names = [p for p in self.protocols if p]
+        if not names or any(p not in PROTOCOLS for p in names):
+            raise UsageError(f"--protocols={','.join(self.protocols)} must name grpc, rest "
+                             "or both", "e.g. --protocols=grpc,rest")
+        if self.server not in backends.BACKENDS:
+            raise UsageError(f"--server={self.server} is not one of "
+                             f"{', '.join(backends.BACKENDS)}", "e.g. --server=auto")
+
+
+# TrustOptions' flags tune has: its sandbox has no limits of its own yet.
+TRUST_FLAGS_SKIPPED = ("sandbox_memory_bytes", "sandbox_timeout_seconds")
+
+
+@dataclass(frozen=True, init=False)
+class TuneOptions(OptionTree):
+    """Options of ``serving-opt tune``: groups, or their fields by flat name.
+
+    Example:
+        >>> TuneOptions(clients=16, slo_p99_ms=250, duration=15.0).budget.duration
+        15.0
+        >>> TuneOptions(workload=WorkloadOptions(clients=4), serving=ServerOptions(server="local"))
+    """
+
+    workload: WorkloadOptions = field(default_factory=WorkloadOptions)
+    model: ModelOptions = field(default_factory=ModelOptions)
+    search: SearchOptions = field(default_factory=SearchOptions)
+    budget: BudgetOptions = field(default_factory=BudgetOptions)
+    serving: ServerOptions = field(default_factory=ServerOptions)
+    trust: TrustOptions = field(default_factory=TrustOptions)
+
+    GROUPS: ClassVar[dict[str, type]] = {
+        "workload": WorkloadOptions, "model": ModelOptions, "search": SearchOptions,
+        "budget": BudgetOptions, "serving": ServerOptions, "trust": TrustOptions}
+
+    def __init__(self, **options: Any) -> None:
+        self._assign_keywords(options)
+
+    def check(self) -> None:
+        """UsageError for the first bad option, before any work.
+
+        Example:
+            >>> TuneOptions(clients=4, prove=99).check()
+            Traceback (most recent call last):
+            UsageError: --prove=99 must be within [0, 16]
+        """
+        self.workload.check()
+        self.budget.check()
+        self.search.check(self.workload.rows_per_request)
+        self.serving.check()
+        self.model.check()
+
+
 def check_options(options: TuneOptions) -> None:
     """Raises UsageError for the first bad option (before any work).
 
@@ -113,58 +329,11 @@ def check_options(options: TuneOptions) -> None:
         Traceback (most recent call last):
         UsageError: nothing to tune for: ...
     """
-    if not options.clients and not options.rate:
-        raise UsageError("nothing to tune for: give --clients=N (closed loop) and/or "
-                         "--rate=R (open loop, requests/s)",
-                         "e.g. --clients=16, the concurrent requests your callers make")
-    if not 0 <= options.clients <= MAX_CLIENTS:
-        raise UsageError(f"--clients={options.clients} must be within [1, {MAX_CLIENTS}]",
-                         "e.g. --clients=16")
-    if not (options.rate == 0 or 0 < options.rate < 1e6):
-        raise UsageError(f"--rate={options.rate} must be a positive number of requests/s",
-                         "e.g. --rate=200")
-    if not 1 <= options.rows_per_request <= MAX_ROWS:
-        raise UsageError(f"--rows_per_request={options.rows_per_request} must be >= 1",
-                         "e.g. --rows_per_request=1 (one image per request)")
-    if not 0 < options.slo_p99_ms < math.inf:
-        raise UsageError(f"--slo_p99_ms={options.slo_p99_ms} must be a positive number of "
-                         "milliseconds", "e.g. --slo_p99_ms=250")
-    for name, low in (("profile_seconds", 0.01), ("duration", 0.1), ("calibration_seconds", 0.1),
-                      ("load_deadline", 1.0), ("request_timeout", 0.1)):
-        value = getattr(options, name)
-        if not low <= value <= 24 * 3600:
-            raise UsageError(f"--{name}={value} must be within [{low:g}, 86400] seconds",
-                             f"e.g. --{name}={TuneOptions.__dataclass_fields__[name].default:g}")
-    if not 0 <= options.warmup <= 3600:
-        raise UsageError(f"--warmup={options.warmup} must be within [0, 3600] seconds",
-                         "e.g. --warmup=2")
-    if not 0 <= options.prove <= 16:
-        raise UsageError(f"--prove={options.prove} must be within [0, 16]", "e.g. --prove=2")
-    if not 0 <= options.max_reject_fraction < 1:
-        raise UsageError(f"--max_reject_fraction={options.max_reject_fraction} must be in "
-                         "[0, 1)", "e.g. --max_reject_fraction=0.001")
-    if options.max_batch_size_bound and not 1 <= options.max_batch_size_bound <= MAX_ROWS:
-        raise UsageError(f"--max_batch_size_bound={options.max_batch_size_bound} must be >= 1",
-                         "e.g. --max_batch_size_bound=64, or 0 for automatic")
-    if (options.max_batch_size_bound
-            and options.max_batch_size_bound < options.rows_per_request):
-        raise UsageError(f"--max_batch_size_bound={options.max_batch_size_bound} is below "
-                         f"--rows_per_request={options.rows_per_request}",
-                         "a batch holds at least one request; raise the bound")
-    check_padding(options.padding)
-    names = [p for p in options.protocols if p]
-    if not names or any(p not in PROTOCOLS for p in names):
-        raise UsageError(f"--protocols={','.join(options.protocols)} must name grpc, rest or "
-                         "both", "e.g. --protocols=grpc,rest")
-    if options.server not in backends.BACKENDS:
-        raise UsageError(f"--server={options.server} is not one of "
-                         f"{', '.join(backends.BACKENDS)}", "e.g. --server=auto")
-    if options.version is not None and options.version < 0:
-        raise UsageError(f"--version={options.version} is not a version",
-                         "pass --version=N, or leave it out for the highest")
-    for values, flag in ((options.intra_op, "--tensorflow_intra_op_parallelism"),
-                         (options.inter_op, "--tensorflow_inter_op_parallelism")):
-        if values is not None and (not values or any(v < 0 for v in values)):
-            raise UsageError(f"{flag} needs thread counts >= 0", f"e.g. {flag}=0,1")
-    if not options.signature_name:
-        raise UsageError("--signature_name is empty", "e.g. --signature_name=serving_default")
+    if not isinstance(options, TuneOptions):
+        raise UsageError(f"tune options are a {type(options).__name__}, not TuneOptions",
+                         "pass serving_opt.tune.TuneOptions(...)")
+    options.check()
+
+
+__all__ = ["BudgetOptions", "ModelOptions", "SearchOptions", "ServerOptions", "TuneOptions",
+           "WorkloadOptions", "check_options"]

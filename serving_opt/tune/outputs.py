@@ -7,7 +7,14 @@
   the settings in (the image's entrypoint passes extra arguments to the server), and
   ``docker/docker.env`` for ``docker/compose.tuned.yaml``, the override the project's
   ``docker/`` directory carries for any tuned output;
-* ``docker.diff``: the change to the project's docker files, as a unified diff;
+* ``models.config``: a ``--model_config_file`` ModelServerConfig serving the model, the
+  other flags it needs in its header;
+* ``docker.diff``: the change to the project's docker files (or, outside the checkout,
+  to the copies this release ships), as a unified diff: the env and args added;
+
+When the batching file was measured worse than upstream's defaults without the thread
+flags next to it, ``batching_parameters.txt`` starts with a comment saying so and
+naming them (the report says so in its first lines too).
 * ``tune.json`` (the whole report), ``tune.txt`` (the table), and a chart: throughput
   against p99 for TF Serving's default, upstream's batching defaults and the tuned
   settings (measured and predicted), the model's front; and latency against batch size.
@@ -34,6 +41,7 @@ from serving_opt.tune.report import TuneReport, format_report
 from serving_opt.tune.settings import PARAMETERS_FILENAME
 
 FLAGS_FILENAME = "tensorflow_model_server.flags"
+MODEL_CONFIG_FILENAME = "models.config"
 CONTAINER_CONFIG = "/config"
 
 
@@ -75,8 +83,10 @@ def write(report: TuneReport, output_dir: str) -> dict[str, str]:
     if rec is not None:
         if rec.parameters_text:
             out["batching_parameters"] = _write(
-                os.path.join(output_dir, PARAMETERS_FILENAME), rec.parameters_text)
+                os.path.join(output_dir, PARAMETERS_FILENAME), parameters_file(report))
         out["flags"] = _write(os.path.join(output_dir, FLAGS_FILENAME), rec.command + "\n")
+        out["model_config"] = _write(os.path.join(output_dir, MODEL_CONFIG_FILENAME),
+                                     model_config(report))
         out.update(_docker(report, output_dir))
     out["chart"] = chart(report, output_dir)
     out["json"] = os.path.join(output_dir, "tune.json")
@@ -85,6 +95,57 @@ def write(report: TuneReport, output_dir: str) -> dict[str, str]:
     _write(out["json"], json.dumps(final.to_dict(), indent=2) + "\n")
     _write(out["table"], format_report(final) + "\n")
     return out
+
+
+def parameters_file(report: TuneReport) -> str:
+    """batching_parameters.txt: the recommended parameters; when they were measured worse
+    than upstream's defaults without the thread flags, a header says which flags they
+    need (text-proto comments: TF Serving reads the file as before).
+
+    Example:
+        >>> parameters_file(report).splitlines()[0]
+        'max_batch_size { value: 16 }'
+    """
+    rec = report.recommendation
+    decision = report.decision
+    alone = decision.alone_vs_upstream if decision is not None else None
+    if decision is None or not decision.alone_worse or alone is None:
+        return rec.parameters_text
+    needed = " ".join(rec.settings.threads.flags())
+    return (f"# NOT ON ITS OWN: measured {alone.describe()} upstream's batching defaults\n"
+            f"# without {needed}. Serve it only with every flag of {FLAGS_FILENAME}\n"
+            f"# (serving-opt tune, {report.model_name} version {report.version}).\n"
+            + rec.parameters_text)
+
+
+def model_config(report: TuneReport) -> str:
+    """A ``--model_config_file`` ModelServerConfig serving the tuned model, with the rest
+    of the recommended flags in a comment (batching and threads are server flags, not
+    model config fields).
+
+    Example:
+        >>> print(model_config(report))
+        # serving-opt tune: ...
+        model_config_list {
+          config {
+            name: 'mnv2'
+        ...
+    """
+    rec = report.recommendation
+    rest = [f for f in rec.flags
+            if not f.startswith(("--model_name=", "--model_base_path="))]
+    return "\n".join([
+        f"# serving-opt tune: {report.model_name} version {report.version}; use as",
+        f"#   tensorflow_model_server --model_config_file=/config/{MODEL_CONFIG_FILENAME} \\",
+        f"#     {' '.join(rest)}",
+        "model_config_list {",
+        "  config {",
+        f"    name: '{report.model_name}'",
+        f"    base_path: '/models/{report.model_name}'",
+        "    model_platform: 'tensorflow'",
+        "  }",
+        "}",
+    ]) + "\n"
 
 
 def _with_outputs(report: TuneReport, out: dict) -> TuneReport:
@@ -232,21 +293,17 @@ def _docker(report: TuneReport, output_dir: str) -> dict[str, str]:
         # For the project's docker/compose.tuned.yaml override (batching on).
         out["docker_env"] = _write(os.path.join(docker_out, "docker.env"),
                                    docker_env(report, output_dir))
-    project = project_docker_dir()
-    if project is not None:
-        diffs = []
-        for name, key in (("Dockerfile", "dockerfile"), ("compose.yaml", "docker_compose")):
-            original = os.path.join(project, name)
-            if not os.path.isfile(original):
-                continue
-            with open(original) as f:
-                before = f.read().splitlines(keepends=True)
-            with open(out[key]) as f:
-                after = f.read().splitlines(keepends=True)
-            diffs += difflib.unified_diff(before, after, f"docker/{name}",
-                                          f"docker/{name} (tuned)")
-        if diffs:
-            out["docker_diff"] = _write(os.path.join(output_dir, "docker.diff"), "".join(diffs))
+    # The diff against the project's docker files, or against the shipped copies of them
+    # when the package runs outside its checkout: the env and args a deployment adds.
+    diffs = []
+    for name, key in (("Dockerfile", "dockerfile"), ("compose.yaml", "docker_compose")):
+        shipped = _shipped(_DOCKERFILE if name == "Dockerfile" else _COMPOSE)
+        before = (_project_file(name) or shipped).splitlines(keepends=True)
+        with open(out[key]) as f:
+            after = f.read().splitlines(keepends=True)
+        diffs += difflib.unified_diff(before, after, f"docker/{name}", f"docker/{name} (tuned)")
+    if diffs:
+        out["docker_diff"] = _write(os.path.join(output_dir, "docker.diff"), "".join(diffs))
     return out
 
 

@@ -93,13 +93,57 @@ def server_flags(settings: ServingSettings, parameters_path: str | None) -> list
     return flags
 
 
+# The flags a proof server sets itself: its own free ports and the model it serves.
+_OWN_FLAGS = ("--port", "--rest_api_port", "--model_name", "--model_base_path")
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """A deployment set as tune writes it: the batching file's text ('' for none) and
+    the ``tensorflow_model_server`` flags (those of tensorflow_model_server.flags).
+
+    Example:
+        >>> Deployed(rec.parameters_text, rec.flags)
+    """
+
+    parameters_text: str
+    flags: tuple[str, ...]
+
+    def server_flags(self, parameters_path: str | None) -> list[str]:
+        """The deployment's flags as a proof server takes them: every flag as written but
+        the ports and the model's name and path (the proof's own), and the parameters
+        file at ``parameters_path``, where its text was written byte for byte.
+
+        Example:
+            >>> Deployed("max_batch_size { value: 8 }\n", ("--port=8500",
+            ...     "--tensorflow_intra_op_parallelism=1", "--enable_batching=true",
+            ...     "--batching_parameters_file=/config/b.txt")).server_flags("/tmp/b.txt")
+            ['--tensorflow_intra_op_parallelism=1', '--enable_batching=true',
+             '--batching_parameters_file=/tmp/b.txt']
+        """
+        out = []
+        for flag in self.flags:
+            name = flag.split("=", 1)[0]
+            if name in _OWN_FLAGS:
+                continue
+            if name == "--batching_parameters_file":
+                if not parameters_path:
+                    raise ValueError("the deployment names a parameters file it has no text for")
+                flag = f"{name}={parameters_path}"
+            out.append(flag)
+        return out
+
+
 def launch(backend: str, spec: backends.ServerSpec, settings: ServingSettings,
-           runtime=None, say: Callable[[str], None] = lambda m: None) -> backends.ServerProcess:
+           runtime=None, say: Callable[[str], None] = lambda m: None,
+           deployed: Deployed | None = None) -> backends.ServerProcess:
     """Starts (does not wait for) a server of ``backend`` serving ``spec`` with
     ``settings``; the caller stops it (start and stop from one thread: see backends).
 
     ``spec.version`` must be set: the server gets a model config of its own (a specific
-    version policy), and the batching parameters file goes beside it.
+    version policy), and the batching parameters file goes beside it. With
+    ``deployed``, the server runs that deployment set exactly: its parameters text and
+    its flags, not ones made again from ``settings`` (which then only names it).
 
     Example:
         >>> server = launch("local", spec, settings)
@@ -112,14 +156,18 @@ def launch(backend: str, spec: backends.ServerSpec, settings: ServingSettings,
     try:
         config_dir = server.temp_dirs[0]
         parameters = None
-        if settings.batching is not None:
+        text = (deployed.parameters_text if deployed is not None
+                else settings.batching.text_proto() if settings.batching is not None else "")
+        if text:
             with open(os.path.join(config_dir, PARAMETERS_FILENAME), "w") as f:
-                f.write(settings.batching.text_proto())
+                f.write(text)
             parameters = (f"{backends.CONTAINER_CONFIG_DIR}/{PARAMETERS_FILENAME}"
                           if backend == "docker" else os.path.join(config_dir,
                                                                     PARAMETERS_FILENAME))
         # Server flags go last on every backend's command line (after the image for docker).
-        server.command = [*server.command, *server_flags(settings, parameters)]
+        flags = (deployed.server_flags(parameters) if deployed is not None
+                 else server_flags(settings, parameters))
+        server.command = [*server.command, *flags]
         say(f"  starting {server.description} with {settings.describe()}")
         server.start()
     except BaseException:
@@ -143,16 +191,18 @@ def ready(server: backends.ServerProcess, spec: backends.ServerSpec,
 def running(backend: str, spec: backends.ServerSpec, settings: ServingSettings,
             runtime=None, load_deadline: float = 300.0,
             say: Callable[[str], None] = lambda m: None,
-            started: backends.ServerProcess | None = None) -> Iterator[backends.ServerProcess]:
+            started: backends.ServerProcess | None = None,
+            deployed: Deployed | None = None) -> Iterator[backends.ServerProcess]:
     """A server of ``backend`` serving ``spec`` with ``settings``, AVAILABLE; stopped after
-    (``started``: one :func:`launch` already started for these settings).
+    (``started``: one :func:`launch` already started for these settings; ``deployed``:
+    run that deployment set exactly, see :func:`launch`).
 
     Example:
         >>> with running("local", spec, settings) as server:
         ...     server.address
         '127.0.0.1:41234'
     """
-    server = started or launch(backend, spec, settings, runtime, say)
+    server = started or launch(backend, spec, settings, runtime, say, deployed)
     try:
         ready(server, spec, load_deadline, say)
         yield server

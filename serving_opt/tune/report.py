@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from serving_opt import report as report_lib
 from serving_opt.tune.calibrate import Calibration
+from serving_opt.tune.decide import Decision
+from serving_opt.tune.hardware import Hardware
 from serving_opt.tune.profile import ModelProfile
 from serving_opt.tune.prove import ProvenPoint
 from serving_opt.tune.search import Objective, SearchResult
@@ -86,6 +88,8 @@ class TuneReport:
     sandbox: str = ""
     seconds: float = 0.0
     outputs: dict = field(default_factory=dict)
+    hardware: Hardware | None = None  # the machine the measurements hold for
+    decision: Decision | None = None  # upstream's defaults against the best, interleaved
 
     @property
     def ok(self) -> bool:
@@ -111,6 +115,9 @@ class TuneReport:
         out = report_lib.to_jsonable(self)
         out["proven"] = [_finite(report_lib.to_jsonable(p.to_dict())) for p in self.proven]
         out["ok"] = self.ok
+        if self.decision is not None:
+            out["decision"] = self.decision.to_dict()
+        out["headline"] = list(headline(self))
         if self.recommendation is not None:
             out["recommendation"]["command"] = self.recommendation.command
             out["recommendation"]["describe"] = self.recommendation.settings.describe()
@@ -137,6 +144,60 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:+.0%}"
 
 
+GENERATOR_SHARE_LIMIT = 0.10  # of the cores: more, and the generator competes with the server
+
+
+def headline(report: TuneReport) -> tuple[str, ...]:
+    """What a reader must see first: whether tuning beat upstream's defaults (or found
+    nothing better on this hardware), whether the batching file alone is worse than
+    upstream's defaults, whether the load generator took too much of the machine.
+
+    Example:
+        >>> headline(report)[0]
+        "VERDICT: tuning found nothing better than upstream's batching defaults on ..."
+    """
+    decision, rec = report.decision, report.recommendation
+    out = []
+    if decision is not None and rec is not None:
+        interval = decision.vs_upstream.describe()
+        if rec.settings.batching is not None and rec.basis.startswith("upstream's batching"):
+            out.append("VERDICT: tuning found nothing better than upstream's batching "
+                       f"defaults on this hardware ({decision.tuned_label}: {interval} "
+                       "upstream's); recommended: upstream's defaults")
+        elif decision.tuned_wins:
+            out.append(f"VERDICT: {decision.tuned_label} beats upstream's batching defaults: "
+                       f"{interval}")
+        alone = decision.alone_vs_upstream
+        if decision.alone_worse and alone is not None and rec.settings.threads.flags():
+            out.append(
+                "WARNING: the batching file alone (without "
+                f"{' '.join(rec.settings.threads.flags())}) measured {alone.describe()} "
+                "upstream's batching defaults: deploy it only with every flag of "
+                "tensorflow_model_server.flags")
+    share = generator_share(report)
+    if share > GENERATOR_SHARE_LIMIT:
+        out.append(f"WARNING: the load generator took {share:.0%} of the cores (over 10%): "
+                   "it competed with the server, and the ranking may hold for this "
+                   "generator only")
+    return tuple(out)
+
+
+def generator_share(report: TuneReport) -> float:
+    """The most of the machine's cores the load generator's own processor time took, over
+    every proven point and the decision's rounds.
+
+    Example:
+        >>> generator_share(report)
+        0.04
+    """
+    cores = max(1, report.cores)
+    shares = [p.measured.client_cpu_per_request * p.measured.requests_per_second / cores
+              for p in report.proven]
+    if report.decision is not None:
+        shares.append(report.decision.generator_cpu_share)
+    return max(shares, default=0.0)
+
+
 def format_report(report: TuneReport) -> str:
     """The human table: profile, proof (prediction next to measurement), verdict."""
     objective = report.objective
@@ -151,6 +212,12 @@ def format_report(report: TuneReport) -> str:
         f"row(s) per request, p99 SLO {objective.slo_p99_ms:g} ms",
         f"  server   {report.server} ({report.backend_note})",
         f"  sandbox  {report.sandbox or '-'}",
+    ]
+    lines[1:1] = [f"  {line}" for line in headline(report)]
+    if report.hardware is not None:
+        lines += [f"  hardware {report.hardware.describe()}",
+                  f"  warning  {report.hardware.warning()}"]
+    lines += [
         "",
         "session alone (profile; rows/s at each batch size"
         + (f", {report.profile.kernels} kernels" if report.profile.kernels else "") + "):",
@@ -184,6 +251,23 @@ def format_report(report: TuneReport) -> str:
         ["settings", "load", "rows/s", "p99 ms", "pred rows/s", "pred p99", "d rows/s",
          "d p99", "rejected", ">25%"], rows, indent="  "))
     lines.append("  (* the model was fitted to this point; d = measured / predicted - 1)")
+    lines.append("")
+    decision = report.decision
+    if decision is not None:
+        lines.append(f"decision ({len(next(iter(decision.rows.values())))} interleaved "
+                     f"rounds, {decision.workload}/{decision.protocol}; the measured best "
+                     "started from the files written for it):")
+        rows = [[label, *[f"{r:,.0f}" for r in values],
+                 f"{max(decision.p99_ms[label]):.1f}"]
+                for label, values in decision.rows.items()]
+        rounds = len(rows[0]) - 2 if rows else 0
+        lines.append(report_lib.table(
+            ["settings", *[f"round {i + 1} rows/s" for i in range(rounds)], "worst p99"],
+            rows, indent="  "))
+        lines.append(f"  {decision.tuned_label} / {decision.upstream_label}: "
+                     f"{decision.vs_upstream.describe()}")
+    lines.append(f"load generator: at most {generator_share(report):.0%} of the cores "
+                 f"(its own processor time; over {GENERATOR_SHARE_LIMIT:.0%} is flagged)")
     lines.append("")
     labels = {}
     for point in report.proven:

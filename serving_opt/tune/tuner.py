@@ -13,9 +13,13 @@ The run, in order (each step says what it does while it works):
 4. **prove** TF Serving's default (no batching), the best few and the user's current
    file on the real server under real load, each point next to its prediction
    (``prove``);
-5. **recommend** the proven setting that measured best within the SLO.
+5. **decide**: TF Serving's default, upstream's batching defaults and the measured best
+   (started from its deployment set exactly; its batching file alone too when it needs
+   thread flags) in ``--rounds`` interleaved rounds (``decide``); the measured best is
+   recommended only when it beats upstream's defaults by more than the interval over
+   the rounds, else upstream's defaults are.
 
-Steps 1-4 run the model, so they run in one sandboxed worker (``serving_opt.sandbox``:
+Steps 1-5 run the model, so they run in one sandboxed worker (``serving_opt.sandbox``:
 read-only model and Python, no network but its own loopback, where the server and
 the load generator talk); what comes back is the report, as data. ``outputs.write``
 then writes what a deployment uses.
@@ -40,7 +44,7 @@ from serving_opt import sandbox as sandbox_lib
 from serving_opt.errors import UsageError
 from serving_opt.savedmodel import loader
 from serving_opt.serving import backends
-from serving_opt.tune import calibrate, load, payloads, prove, search
+from serving_opt.tune import calibrate, decide, hardware, load, payloads, prove, search
 from serving_opt.tune import profile as profile_lib
 from serving_opt.tune.options import TuneOptions, check_options
 from serving_opt.tune.prove import ProvenPoint
@@ -203,6 +207,10 @@ def plan(options: TuneOptions, cpus: int) -> profile_lib.ProfilePlan:
     intra = options.intra_op if options.intra_op is not None else ((0, 1) if cpus > 1 else (0,))
     inter = options.inter_op if options.inter_op is not None else (0,)
     threads = tuple(ThreadSettings(a, b) for a in intra for b in inter)
+    if DEFAULT_THREADS not in threads:
+        # TF Serving's default and upstream's batching defaults run with TensorFlow's own
+        # threads; their predictions (and the search's comparisons) need that curve.
+        threads = (DEFAULT_THREADS, *threads)
     # Overlapping runs: no batching runs one per request in the server at once; batch
     # threads run up to one per core.
     most = max(n, 2 * cpus) if n else 4 * cpus
@@ -249,11 +257,14 @@ class _Run:
         return result
 
     @contextlib.contextmanager
-    def serve(self, settings: ServingSettings, started=None):
-        """A server with ``settings``, AVAILABLE and warm: its first requests (Grappler
-        on the first run, each new shape's kernels) answered before anything counts."""
+    def serve(self, settings: ServingSettings, started=None,
+              deployed: prove.Deployed | None = None):
+        """A server with ``settings`` (``deployed``: exactly that deployment set),
+        AVAILABLE and warm: its first requests (Grappler on the first run, each new
+        shape's kernels) answered before anything counts."""
         with prove.running(self.backend, self.spec, settings, None,
-                           self.options.load_deadline, self.say, started) as server:
+                           self.options.load_deadline, self.say, started,
+                           deployed) as server:
             for target in self.targets(server).values():
                 self.generator.run(target, load.Load(
                     "closed", clients=max(1, min(self.options.clients or 4, 4)),
@@ -320,13 +331,16 @@ def execute(model_base: str, version: int, options: TuneOptions, backend: str,
             default.stop()
             raise
         measured += _prove(run, result, objective, current, default)
-    workloads = objective.workloads()
-    profiled = {curve.threads for curve in model_profile.curves}
-    points = [ProvenPoint(label, settings, workload, protocol, m,
-                          search.predict(model_profile, settings, workloads[workload],
-                                         services(calibrations, protocol))
-                          if settings.threads in profiled else None, fitted)
-              for label, settings, workload, protocol, m, fitted in measured]
+        workloads = objective.workloads()
+        profiled = {curve.threads for curve in model_profile.curves}
+        points = [ProvenPoint(label, settings, workload, protocol, m,
+                              search.predict(model_profile, settings, workloads[workload],
+                                             services(calibrations, protocol))
+                              if settings.threads in profiled else None, fitted)
+                  for label, settings, workload, protocol, m, fitted in measured]
+        measured_best = recommend(points, objective, protocols[0], name, result)
+        decision = _decide(run, measured_best, points, objective, cpus)
+    recommendation = final_recommendation(measured_best, decision, points, objective, name)
     ceiling_batch, ceiling, ceiling_how, ceiling_threads = _ceiling(model_profile, cpus)
     report = TuneReport(
         model_base=model_base, model_dir=model_dir, model_name=name, version=version,
@@ -335,9 +349,11 @@ def execute(model_base: str, version: int, options: TuneOptions, backend: str,
         tensorflow_version=server[1], cores=cpus, profile=model_profile,
         calibrations=tuple(calibrations.values()), search=result,
         proven=tuple(points),
-        recommendation=recommend(points, objective, protocols[0], name, result),
+        recommendation=recommendation, decision=decision,
         ceiling_rows_per_second=ceiling, ceiling_batch_size=ceiling_batch,
-        ceiling_how=ceiling_how, ceiling_threads=ceiling_threads)
+        ceiling_how=ceiling_how, ceiling_threads=ceiling_threads,
+        # Measured here, in the environment the server ran TensorFlow with.
+        hardware=hardware.here(model_profile.kernels, model_profile.env))
     from serving_opt.tune import findings
 
     return dataclasses.replace(report, findings=findings.findings(report),
@@ -385,10 +401,11 @@ def _calibrate(run: _Run, model_profile, cpus: int):
                 run.say(f"  {protocol}, {threads.describe()}: {many_n} clients for "
                         f"{o.duration:g} s")
                 many = run.measure(targets[protocol], run.load_for("closed", many_n), label)
-                fitted = calibrate.fit(curve, o.rows_per_request, one, many, protocol,
-                                       model_profile.merge_s_per_row, o.seed,
-                                       upstream.batching,
-                                       python_server=run.backend == "local")
+                fitted = calibrate.fit(curve, o.rows_per_request, one, many,
+                                       calibrate.FitSetting(
+                                           protocol, model_profile.merge_s_per_row, o.seed,
+                                           upstream.batching,
+                                           python_server=run.backend == "local"))
                 calibrations[(protocol, threads)] = fitted
                 run.say(f"  {protocol}, {threads.describe()}: {fitted.note}")
                 if o.clients:
@@ -459,6 +476,118 @@ def _prove(run: _Run, result: search.SearchResult, objective: search.Objective,
         measured.append((AGAIN_LABEL, settings, workload, primary, m, True))
         run.say(f"  {AGAIN_LABEL} {workload}/{primary}: {_measured(m)}")
     return measured
+
+
+ALONE_LABEL = "tuned batching file alone (default threads)"
+
+
+def _decide(run: _Run, best: Recommendation | None, points: list[ProvenPoint],
+            objective: search.Objective, cpus: int) -> decide.Decision | None:
+    """Step 4, last: TF Serving's default and upstream's batching defaults against the
+    measured best, started from its deployment set exactly (the batching file's text
+    and the flags tune writes), and its batching file alone when the best needs thread
+    flags; all servers up at once and measured in ``--rounds`` interleaved rounds on the
+    primary workload and protocol. None when the best is upstream's defaults or nothing
+    met the SLO."""
+    o = run.options
+    upstream = upstream_batching(DEFAULT_THREADS)
+    if best is None or best.settings == upstream or o.rounds < 1:
+        return None
+    winner = next((p.label for p in points if p.settings == best.settings
+                   and p.label != AGAIN_LABEL), TUNED_LABEL)
+    as_written = prove.Deployed(best.parameters_text, best.flags)
+    contenders = [(DEFAULT_LABEL, tf_serving_default(DEFAULT_THREADS), None),
+                  (UPSTREAM_LABEL, upstream, None), (winner, best.settings, as_written)]
+    if winner == DEFAULT_LABEL:
+        contenders = contenders[1:]
+    alone = None
+    if (best.settings.batching is not None and best.settings.threads != DEFAULT_THREADS
+            and best.settings.batching != BatchingSettings()):  # else alone is upstream's
+        # The batching file as written, without the thread flags next to it.
+        alone = ALONE_LABEL
+        contenders.append((alone, ServingSettings(best.settings.batching, DEFAULT_THREADS),
+                           prove.Deployed(best.parameters_text, tuple(
+                               f for f in best.flags
+                               if not f.startswith("--tensorflow_")))))
+    workload = "closed" if objective.clients else "open"
+    protocol = run.protocols[0]
+    run.say(f"  deciding: {', '.join(label for label, _, _ in contenders)} in {o.rounds} "
+            f"interleaved rounds of {o.duration:g} s ({workload}/{protocol})")
+    rows: dict[str, list[float]] = {label: [] for label, _, _ in contenders}
+    p99: dict[str, list[float]] = {label: [] for label, _, _ in contenders}
+    share = 0.0
+    with contextlib.ExitStack() as stack:
+        # Every server starts (imports, loads) at once; then each is awaited and warmed.
+        started = []
+        for _, settings, deployed in contenders:
+            server = prove.launch(run.backend, run.spec, settings, None, run.say, deployed)
+            stack.callback(server.stop)  # stopping twice is harmless
+            started.append(server)
+        targets = {label: run.targets(stack.enter_context(
+                       run.serve(settings, server, deployed)))[protocol]
+                   for (label, settings, deployed), server in zip(contenders, started)}
+        for i in range(o.rounds):
+            for label in decide.order(i, list(targets)):
+                m = run.measure(targets[label], run.load_for(workload), label)
+                rows[label].append(m.rows_per_second)
+                p99[label].append(m.p99_ms)
+                # The generator's own processor time, as a share of the machine's cores.
+                share = max(share, m.client_cpu_per_request * m.requests_per_second
+                            / max(1, cpus))
+                run.say(f"  round {i + 1} {label}: {_measured(m)}")
+    made = decide.Decision(workload, protocol, UPSTREAM_LABEL, winner, alone,
+                           {k: tuple(v) for k, v in rows.items()},
+                           {k: tuple(v) for k, v in p99.items()}, round(share, 4))
+    run.say(f"  {winner} against {UPSTREAM_LABEL}: {made.vs_upstream.describe()}")
+    return made
+
+
+def final_recommendation(best: Recommendation | None, decision: decide.Decision | None,
+                         points: list[ProvenPoint], objective: search.Objective,
+                         model_name: str) -> Recommendation | None:
+    """The measured best when it beat upstream's defaults by more than the noise (the
+    decision's interval above 1), else upstream's defaults when they met the SLO.
+
+    Example:
+        >>> final_recommendation(best, decision, points, objective, "clf").basis
+        "upstream's batching defaults: tuning found nothing better on this hardware ..."
+    """
+    if best is not None and best.settings.batching == BatchingSettings():
+        # Upstream's defaults measured best: their file leaves num_batch_threads to the
+        # server (a thread per core of whatever machine serves), not this machine's count.
+        best = dataclasses.replace(best, parameters_text=upstream_parameters_text())
+    if best is None or decision is None:
+        return best
+    interval = decision.vs_upstream.describe()
+    if decision.tuned_wins:
+        return dataclasses.replace(best, basis=f"{best.basis}; {interval} upstream's "
+                                   "batching defaults")
+    upstream_ok = all(_meets(p, objective) for p in points
+                      if p.label == UPSTREAM_LABEL and p.protocol == decision.protocol)
+    if not upstream_ok or not any(p.label == UPSTREAM_LABEL for p in points):
+        return dataclasses.replace(best, basis=f"{best.basis}; {interval} upstream's batching "
+                                   "defaults, which missed the p99 SLO")
+    settings = upstream_batching(DEFAULT_THREADS)
+    return Recommendation(
+        settings, upstream_parameters_text(),
+        settings.flags(f"/models/{model_name}", model_name, CONTAINER_PARAMETERS),
+        "upstream's batching defaults: tuning found nothing better on this hardware (the "
+        f"measured best, {decision.tuned_label}, was {interval} upstream's defaults: not "
+        "above the noise)")
+
+
+def upstream_parameters_text() -> str:
+    """Upstream's defaults as a parameters file: the same as ``--enable_batching`` with no
+    file, num_batch_threads left to the server (one per core of the machine it runs on).
+
+    Example:
+        >>> print(upstream_parameters_text().splitlines()[1])
+        max_batch_size { value: 1000 }
+    """
+    text = BatchingSettings().text_proto()
+    lines = [line for line in text.splitlines() if not line.startswith("num_batch_threads")]
+    return "\n".join(["# upstream's batching defaults: the same as --enable_batching without "
+                      "a file (num_batch_threads: the server's, one per core)", *lines]) + "\n"
 
 
 def _summary(p) -> str:

@@ -36,11 +36,15 @@ _MODELS = {"baseline": "SavedModel whose answers are expected.",
 # signatures are compare's own (shards to read; signatures the examples fit).
 _GROUPS = {"inputs": (options_lib.InputOptions, ("examples",)),
            "tolerance": (options_lib.Tolerance, ()),
-           "trust": (options_lib.TrustOptions,
-                     ("sandbox_memory_bytes", "sandbox_timeout_seconds"))}
+           "trust": (options_lib.TrustOptions, ())}
 _HELP = {"allow_unsandboxed": "Run the models even where the bubblewrap sandbox cannot start, "
                               "or on remote examples with a local runner. Only for models "
-                              "you trust."}
+                              "you trust.",
+         "sandbox_memory_bytes": "Memory limit of each process of the sandboxed pipeline "
+                                 "(default: 3/4 of the RAM).",
+         "sandbox_timeout_seconds": "Wall-clock limit of the sandboxed pipeline: a model "
+                                    "that blocks for ever is stopped (default: none; the "
+                                    "examples decide how long a comparison takes)."}
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -98,6 +102,8 @@ def main(fv: flags.FlagValues, pipeline_args: list[str] | None = None) -> int:
         atol=shared["tolerance"].atol, rtol=shared["tolerance"].rtol, worst_k=fv.worst,
         allow_file_ops=shared["trust"].allow_file_ops,
         allow_unsandboxed=shared["trust"].allow_unsandboxed,
+        sandbox_memory_bytes=shared["trust"].sandbox_memory_bytes,
+        sandbox_timeout_seconds=shared["trust"].sandbox_timeout_seconds,
     )
     result = compare(fv.baseline_saved_model_dir, fv.candidate_saved_model_dir, fv.examples,
                      options, progress=lambda m: print(m, file=sys.stderr, flush=True))

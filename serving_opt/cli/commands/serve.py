@@ -7,13 +7,16 @@ The dev/CI stand-in for tensorflow_model_server (flags are the same):
         --rest_api_port=8501
 
 The base path holds integer version directories (1/, 2/, ...); the highest is served and
-new ones are picked up every --file_system_poll_wait_seconds. Every tensorflow_model_server
-flag is accepted: the ones that change answers or loading are implemented (including
---rest_api_port, --model_config_file_poll_wait_seconds, and --enable_batching with
---batching_parameters_file: concurrent requests are merged into shared session runs like
-TF Serving's BatchingSession); the others (threads, TLS, monitoring,
-TPU/GPU/TFLite options; IGNORED_FLAGS) are ignored with a one-line warning each. One flag
-is its own: --max_request_bytes (default TF Serving's 2 GB gRPC message limit) bounds what
+new ones are picked up every --file_system_poll_wait_seconds. Each tensorflow_model_server
+flag works as upstream's (--enable_batching with --batching_parameters_file merges
+concurrent requests into shared session runs like TF Serving's BatchingSession;
+--prefer_tflite_model, --monitoring_config_file's Prometheus page, the profiler and health
+services, the session thread flags, ...) or is a usage error at start-up naming what the
+stand-in does not do (REFUSED_FLAGS: TLS/ALTS, GPU, platform configs, ...) unless given at
+upstream's default; NO_OP_FLAGS only save memory or touch absent hardware upstream.
+--version prints upstream's two lines. --host defaults to 127.0.0.1 where upstream
+listens on all interfaces. One flag is its own: --max_request_bytes (default TF Serving's
+2 GB gRPC message limit) bounds what
 one request may carry or make the server allocate, so a few bytes declaring a huge tensor
 are an error, not an out-of-memory kill. The port opens once the models are loaded; one
 line is printed then. SIGTERM or Ctrl-C stops the server cleanly.
@@ -36,64 +39,92 @@ from serving_opt.errors import UsageError
 SUMMARY = "run a local TF-Serving-compatible gRPC/REST model server (dev/CI stand-in)"
 
 
-# tensorflow_model_server flags (model_servers/main.cc) the local server accepts so the same
-# command line works, and ignores with a one-line warning: they tune threads, memory,
-# security or platforms of the real server, not what it answers.
-IGNORED_FLAGS = (
-    (str, "grpc_socket_path", ""),
-    (str, "grpc_channel_arguments", ""),
-    (bool, "enable_per_model_batching_parameters", False),
-    (bool, "force_allow_any_version_labels_for_unavailable_models", False),
-    (int, "num_load_threads", 0),
-    (int, "num_unload_threads", 0),
-    (bool, "flush_filesystem_caches", True),
-    (int, "tensorflow_session_parallelism", 0),
-    (str, "tensorflow_session_config_file", ""),
-    (bool, "use_alts_credentials", False),
-    (str, "ssl_config_file", ""),
-    (str, "platform_config_file", ""),
-    (float, "per_process_gpu_memory_fraction", 0.0),
-    (str, "monitoring_config_file", ""),
-    (bool, "remove_unused_fields_from_bundle_metagraph", True),
-    (bool, "prefer_tflite_model", False),
-    (int, "num_tflite_pools", 0),
-    (int, "num_tflite_interpreters_per_pool", 1),
-    (bool, "xla_cpu_compilation_enabled", False),
-    (bool, "xla_gpu_compilation_enabled", False),
-    (bool, "enable_profiler", True),
-    (str, "thread_pool_factory_config_file", ""),
-    (str, "mixed_precision", ""),
-    (bool, "skip_initialize_tpu", False),
-    (bool, "enable_grpc_healthcheck_service", False),
-    (bool, "enable_serialization_as_tensor_content", False),
+# tensorflow_model_server flags (model_servers/main.cc) the local server does not
+# implement: each is a usage error at start-up, naming what the stand-in does not do,
+# unless given at upstream's default value (then it changes nothing).
+# (type, name, upstream's default, what the stand-in does not do)
+REFUSED_FLAGS = (
+    (bool, "enable_per_model_batching_parameters", False,
+     "per-model batching parameters (batching_params.pbtxt in version directories)"),
+    (int, "num_load_threads", 0,
+     "parallel loading: it loads versions one at a time (upstream's default, 0)"),
+    (int, "num_unload_threads", 0,
+     "parallel unloading: it unloads versions one at a time (upstream's default, 0)"),
+    (bool, "use_alts_credentials", False, "ALTS: its gRPC port is plaintext"),
+    (str, "ssl_config_file", "", "TLS: its gRPC port is plaintext"),
+    (str, "platform_config_file", "",
+     "platform configs: it serves the 'tensorflow' platform with flag-built configs only"),
+    (float, "per_process_gpu_memory_fraction", 0.0, "GPUs: it runs on the CPU only"),
+    (bool, "xla_gpu_compilation_enabled", False, "GPUs: it runs on the CPU only"),
+    (str, "thread_pool_factory_config_file", "", "custom inter/intra-op thread pools"),
+)
+
+# tensorflow_model_server flags accepted with no effect here, because they have none that
+# a client or this machine can observe: they free memory or initialize hardware that is
+# absent (see the README's flag table).
+NO_OP_FLAGS = (
+    (bool, "flush_filesystem_caches", True,
+     "Free file-system caches after loads (memory only; nothing to flush here)."),
+    (bool, "remove_unused_fields_from_bundle_metagraph", True,
+     "Drop unused MetaGraphDef fields after loading (memory only; answers are the same)."),
+    (bool, "skip_initialize_tpu", False,
+     "TPU builds only: skip TPU initialization (no TPU here either way)."),
 )
 
 
-def _warn(message: str) -> None:
-    print(f"serving-opt serve: warning: {message}", file=sys.stderr, flush=True)
-
-
-def warn_ignored_flags(fv: flags.FlagValues) -> list[str]:
-    """One warning line per given tensorflow_model_server flag the local server ignores.
+def refuse_unimplemented_flags(fv: flags.FlagValues) -> None:
+    """A usage error for the first given tensorflow_model_server flag the local server
+    does not implement, unless it is at upstream's default value.
 
     Example:
-        >>> warn_ignored_flags(fv)   # after --ssl_config_file=/etc/ssl.config
-        serving-opt serve: warning: --ssl_config_file is a tensorflow_model_server flag ...
-        ['ssl_config_file']
+        >>> refuse_unimplemented_flags(fv)   # after --ssl_config_file=/etc/ssl.config
+        Traceback (most recent call last):
+        UsageError: --ssl_config_file is not implemented by serving-opt serve (...): TLS ...
     """
-    given = [name for _, name, _ in IGNORED_FLAGS if fv[name].present]
-    for name in given:
-        _warn(f"--{name} is a tensorflow_model_server flag the local server does not "
-              "implement; ignored")
-    return given
+    for _, name, default, missing in REFUSED_FLAGS:
+        if fv[name].present and fv[name].value != default:
+            raise UsageError(
+                f"--{name} is not implemented by serving-opt serve, the local stand-in for "
+                f"tensorflow_model_server: no {missing}",
+                f"drop --{name} here, or run the real tensorflow_model_server "
+                "(serving-opt validate --server=docker|binary)")
+    if fv.mixed_precision not in ("", "bfloat16"):
+        raise UsageError(
+            f"--mixed_precision={fv.mixed_precision} is not supported: the only mode is "
+            "bfloat16 (upstream logs a warning and ignores other values)",
+            "pass --mixed_precision=bfloat16 or drop the flag")
+    if fv.prefer_tflite_model and fv.enable_batching:
+        raise UsageError(
+            "--prefer_tflite_model with --enable_batching is not implemented by serving-opt "
+            "serve: no batching of TFLite models",
+            "drop --enable_batching (or --prefer_tflite_model)")
+
+
+def print_version() -> None:
+    """``--version``, in upstream's two-line shape."""
+    from importlib import metadata
+
+    import serving_opt
+
+    try:
+        tf_version = metadata.version("tensorflow")
+    except metadata.PackageNotFoundError:
+        tf_version = "not installed"
+    print(f"TensorFlow ModelServer: {serving_opt.__version__}-serving-opt (serving-opt "
+          "serve, the local stand-in for tensorflow_model_server)")
+    print(f"TensorFlow Library: {tf_version}")
 
 
 def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_integer("port", 8500, "gRPC port; 0 picks a free port (printed when ready).",
                          flag_values=fv)
     flags.DEFINE_string("host", "127.0.0.1",
-                        "Address to listen on (the real server listens on 0.0.0.0).",
+                        "Address to listen on. Default 127.0.0.1 (this machine only), safer "
+                        "than upstream: tensorflow_model_server listens on all interfaces "
+                        "(0.0.0.0); pass --host=0.0.0.0 for that.",
                         flag_values=fv)
+    flags.DEFINE_boolean("version", False,
+                         "Print the version (upstream's two lines) and exit.", flag_values=fv)
     flags.DEFINE_integer("rest_api_port", 0,
                          "HTTP/REST port (TF Serving's REST API); 0: no REST, -1: a free "
                          "port (printed when ready; not in TF Serving).", flag_values=fv)
@@ -144,11 +175,58 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_float("model_config_file_poll_wait_seconds", 0,
                        "Seconds between re-reads of --model_config_file (0: read once).",
                        flag_values=fv)
-    for kind, name, default in IGNORED_FLAGS:
-        define = {bool: flags.DEFINE_boolean, int: flags.DEFINE_integer,
-                  float: flags.DEFINE_float, str: flags.DEFINE_string}[kind]
-        define(name, default, "tensorflow_model_server flag: accepted, not implemented by the "
-               "local server (a warning says so).", flag_values=fv)
+    defines = {bool: flags.DEFINE_boolean, int: flags.DEFINE_integer,
+               float: flags.DEFINE_float, str: flags.DEFINE_string}
+    for kind, name, default, missing in REFUSED_FLAGS:
+        defines[kind](name, default, f"tensorflow_model_server flag, not implemented here (no "
+                      f"{missing}): a usage error unless at upstream's default.",
+                      flag_values=fv)
+    for kind, name, default, help_text in NO_OP_FLAGS:
+        defines[kind](name, default, f"tensorflow_model_server flag. {help_text}",
+                      flag_values=fv)
+    flags.DEFINE_boolean("xla_cpu_compilation_enabled", False,
+                         "Allow XLA:CPU JIT (jit_compile functions). Here XLA:CPU is always "
+                         "available: unlike upstream at the default (false), such models run "
+                         "instead of failing their first request.", flag_values=fv)
+    flags.DEFINE_string("monitoring_config_file", "",
+                        "Text MonitoringConfig; prometheus_config { enable: true } serves "
+                        "upstream's request_count/request_latency metrics as Prometheus text "
+                        "on the REST port (default path /monitoring/prometheus/metrics).",
+                        flag_values=fv)
+    flags.DEFINE_boolean("enable_profiler", True,
+                         "Serve tensorflow.ProfilerService/Profile on the gRPC port (traces "
+                         "are returned to the client, which saves them).", flag_values=fv)
+    flags.DEFINE_boolean("enable_grpc_healthcheck_service", False,
+                         "Serve grpc.health.v1.Health on the gRPC port.", flag_values=fv)
+    flags.DEFINE_string("grpc_channel_arguments", "",
+                        "Comma-separated key=value gRPC server channel arguments (ints where "
+                        "they parse), as upstream.", flag_values=fv)
+    flags.DEFINE_boolean("prefer_tflite_model", False,
+                         "Serve a version's model.tflite (Predict on its signature runners) "
+                         "instead of its SavedModel when present.", flag_values=fv)
+    flags.DEFINE_integer("num_tflite_pools", 0,
+                         "With --prefer_tflite_model: interpreter pools (times "
+                         "--num_tflite_interpreters_per_pool interpreters per model).",
+                         flag_values=fv)
+    flags.DEFINE_integer("num_tflite_interpreters_per_pool", 1,
+                         "With --prefer_tflite_model: interpreters per pool.", flag_values=fv)
+    flags.DEFINE_integer("tensorflow_session_parallelism", 0,
+                         "Intra- and inter-op threads of every session, unless "
+                         "--tensorflow_intra_op_parallelism/--tensorflow_inter_op_parallelism "
+                         "are set (0: TensorFlow's default).", flag_values=fv)
+    flags.DEFINE_boolean("force_allow_any_version_labels_for_unavailable_models", False,
+                         "Let config version_labels point at any version, loaded or not, "
+                         "even moving an existing label (as upstream).", flag_values=fv)
+    flags.DEFINE_string("mixed_precision", "",
+                        "bfloat16: run with oneDNN's bfloat16 auto mixed precision rewrite, "
+                        "as upstream; other values are refused (upstream ignores them with "
+                        "a warning).", flag_values=fv)
+    flags.DEFINE_boolean("enable_serialization_as_tensor_content", False,
+                         "gRPC Predict answers in tensor_content instead of typed fields "
+                         "(float_val, ...), as upstream.", flag_values=fv)
+    flags.DEFINE_string("tensorflow_session_config_file", "",
+                        "Text ConfigProto for every session (the thread flags apply on top, "
+                        "as upstream).", flag_values=fv)
     flags.DEFINE_integer("grpc_max_threads", 128, "Threads handling gRPC requests.",
                          flag_values=fv)
     flags.DEFINE_boolean("allow_file_ops", False,
@@ -163,6 +241,20 @@ def define_flags(fv: flags.FlagValues) -> None:
                          "padded to its declared shape; INVALID_ARGUMENT over it). Default: "
                          "TF Serving's gRPC message limit. Not a TF Serving flag.",
                          flag_values=fv)
+    flags.DEFINE_string("grpc_socket_path", "",
+                        "Also serve gRPC on this unix domain socket (as upstream).",
+                        flag_values=fv)
+    flags.DEFINE_boolean("allow_unsandboxed", False,
+                         "Serve even where the bubblewrap sandbox cannot start (no bwrap, "
+                         "no user namespaces, not Linux): the models then run in this "
+                         "process. Only for models you trust. Not a TF Serving flag.",
+                         flag_values=fv)
+    flags.DEFINE_integer("sandbox_memory_bytes", 0,
+                         "Memory limit of the sandboxed server (0: three quarters of the "
+                         "machine's). Not a TF Serving flag.", flag_values=fv)
+    flags.DEFINE_integer("rest_api_fd", -1,
+                         "Internal (set by serve's sandbox): serve REST on this inherited "
+                         "bound socket.", flag_values=fv)
     flags.DEFINE_integer("parent_pipe_fd", -1,
                          "Internal (set by validate): stop when this inherited pipe reaches "
                          "EOF, i.e. when the process that started the server is gone.",
@@ -171,6 +263,12 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 def _options(fv: flags.FlagValues):
     # Flag mistakes are reported before importing TensorFlow (seconds) for the server.
+    refuse_unimplemented_flags(fv)
+    for name in ("num_tflite_pools", "num_tflite_interpreters_per_pool",
+                 "tensorflow_session_parallelism"):
+        if fv[name].value < 0:
+            raise UsageError(f"--{name}={fv[name].value} is negative",
+                             "pass 0 or a positive count")
     if not -1 <= fv.rest_api_port <= 65535:
         raise UsageError(
             f"--rest_api_port={fv.rest_api_port} is not a TCP port",
@@ -198,6 +296,13 @@ def _options(fv: flags.FlagValues):
         )
     if not 0 <= fv.port <= 65535:
         raise UsageError(f"--port={fv.port} is not a TCP port", "pass 0..65535 (0: any)")
+    if fv.sandbox_memory_bytes < 0 or 0 < fv.sandbox_memory_bytes < _MIN_SANDBOX_MEMORY:
+        # The bound optimize's and compare's --sandbox_memory_bytes have: below it
+        # TensorFlow cannot even import.
+        raise UsageError(
+            f"--sandbox_memory_bytes={fv.sandbox_memory_bytes} is below "
+            f"{_MIN_SANDBOX_MEMORY} (256 MiB)",
+            "pass at least 268435456 bytes, or 0 for three quarters of the machine's")
     if fv.max_request_bytes <= 0:
         raise UsageError(
             f"--max_request_bytes={fv.max_request_bytes} is not a byte count",
@@ -233,6 +338,21 @@ def _options(fv: flags.FlagValues):
         batching_parameters_file=fv.batching_parameters_file,
         max_request_bytes=fv.max_request_bytes,
         allow_file_ops=fv.allow_file_ops,
+        grpc_socket_path=fv.grpc_socket_path,
+        rest_api_fd=fv.rest_api_fd,
+        monitoring_config_file=fv.monitoring_config_file,
+        enable_profiler=fv.enable_profiler,
+        enable_grpc_healthcheck_service=fv.enable_grpc_healthcheck_service,
+        grpc_channel_arguments=fv.grpc_channel_arguments,
+        prefer_tflite_model=fv.prefer_tflite_model,
+        num_tflite_pools=fv.num_tflite_pools,
+        num_tflite_interpreters_per_pool=fv.num_tflite_interpreters_per_pool,
+        tensorflow_session_parallelism=fv.tensorflow_session_parallelism,
+        tensorflow_session_config_file=fv.tensorflow_session_config_file,
+        enable_serialization_as_tensor_content=fv.enable_serialization_as_tensor_content,
+        force_allow_any_version_labels_for_unavailable_models=(
+            fv.force_allow_any_version_labels_for_unavailable_models),
+        mixed_precision=fv.mixed_precision,
     )
 
 
@@ -268,9 +388,66 @@ class _StoppedBeforeReady(Exception):
     """SIGTERM/SIGINT while the models were still loading."""
 
 
+_MIN_SANDBOX_MEMORY = 1 << 28
+
+# Flags the sandboxed server gets from serve_sandboxed itself, not from the user's.
+_HOST_SIDE_FLAGS = frozenset({"port", "host", "rest_api_port", "grpc_socket_path", "version",
+                              "allow_unsandboxed", "sandbox_memory_bytes", "rest_api_fd",
+                              "parent_pipe_fd"})
+_PATH_FLAGS = ("model_config_file", "batching_parameters_file", "monitoring_config_file",
+               "tensorflow_session_config_file")
+
+
+def _child_flags(fv: flags.FlagValues) -> list[str]:
+    """The user's flags, as the sandboxed server takes them (paths made absolute: it
+    runs in /tmp)."""
+    own = flags.FlagValues()
+    define_flags(own)
+    names = [name for name in own if name not in _HOST_SIDE_FLAGS and fv[name].present]
+    forwarded = []
+    for name in names:
+        if name in _PATH_FLAGS and fv[name].value:
+            forwarded.append(f"--{name}={os.path.abspath(fv[name].value)}")
+        else:
+            forwarded.append(fv[name].serialize())
+    if fv["verbosity"].present:
+        forwarded.append(fv["verbosity"].serialize())
+    return forwarded
+
+
+def _serve_sandboxed(fv: flags.FlagValues, options) -> int:
+    from serving_opt import sandbox
+    from serving_opt.serving import sandboxed_server
+    from serving_opt.serving.model_server.server import ServerStartError
+    from serving_opt.serving.model_server.status import ServingStatusError
+
+    try:
+        read_only = sandboxed_server.model_paths(
+            options.model_base_path, options.model_config_file,
+            options.batching_parameters_file)
+    except ServingStatusError as e:  # a bad --model_config_file, in upstream's words
+        raise ServerStartError(f"Failed to start server. Error: {e.to_text()}") from None
+    # Other files the server reads, as the same read-only binds.
+    read_only = [*read_only, *(os.path.abspath(path) for path in (
+        options.monitoring_config_file, options.tensorflow_session_config_file) if path)]
+    endpoints = sandboxed_server.Endpoints(
+        host=options.host, port=options.port,
+        rest_port=None if options.rest_api_port == 0 else max(0, options.rest_api_port or 0),
+        grpc_socket_path=options.grpc_socket_path)
+    policy = sandbox.Policy(read_only=tuple(read_only),
+                            memory_bytes=fv.sandbox_memory_bytes or None)
+    return sandboxed_server.serve_sandboxed(endpoints, _child_flags(fv), policy)
+
+
 def main(fv: flags.FlagValues) -> int:
+    if fv.version:
+        print_version()
+        return 0
     options = _options(fv)
-    warn_ignored_flags(fv)
+    from serving_opt import sandbox
+
+    if sandbox.require(fv.allow_unsandboxed, "serve"):
+        return _serve_sandboxed(fv, options)
     _log_to_stderr(fv.verbosity)
     stop = threading.Event()
     ready = threading.Event()

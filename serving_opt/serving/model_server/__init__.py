@@ -9,7 +9,9 @@ Modules mirror tensorflow_serving/: ``servable`` (one loaded version), ``predict
 ``storage_path`` (sources/storage_path), ``core`` (ServerCore + manager),
 ``prediction_service`` / ``model_service`` (gRPC), ``rest`` (the HTTP API) with
 ``json_tensor`` (util/json_tensor, split into ``json_read``, ``json_write``,
-``json_dtypes``, ``json_predict`` and ``json_examples``), ``server`` (start/stop).
+``json_dtypes``, ``json_predict`` and ``json_examples``), ``server`` (start/stop),
+``tflite`` (--prefer_tflite_model), ``monitoring`` (Prometheus metrics), ``extra_services``
+(profiler and health services) with ``extra_protos``.
 
 Example:
     >>> from serving_opt.serving.model_server import ServerOptions, serve

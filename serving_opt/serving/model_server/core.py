@@ -98,6 +98,8 @@ class CoreOptions:
     max_num_load_retries: int = 5
     load_retry_interval_micros: int = 60_000_000
     allow_version_labels_for_unavailable_models: bool = False
+    # Any label may point at any version, loaded or not, even moving an existing label.
+    force_allow_any_version_labels_for_unavailable_models: bool = False
     signature_method_name_check: bool = False
     batching: Any = None  # a batching.BatchingOptions: wrap every session for batching
 
@@ -229,8 +231,8 @@ class ServerCore:
         for model in model_config.model_configs(config):
             states = self._states.get(model.name, {})
             for label, version in model.version_labels.items():
-                allowed = False
-                if self.options.allow_version_labels_for_unavailable_models:
+                allowed = self.options.force_allow_any_version_labels_for_unavailable_models
+                if not allowed and self.options.allow_version_labels_for_unavailable_models:
                     existing = self._labels.get(model.name, {}).get(label)
                     allowed = existing is None or existing == version
                 entry = states.get(version)
@@ -460,7 +462,17 @@ class ServerCore:
                 self._unload(harness)
 
     def _load_once(self, harness: _Harness) -> Servable:
-        servable = Servable.load(harness.id, harness.path, self.options.load_options)
+        load_options = self.options.load_options
+        if load_options.prefer_tflite_model:
+            from serving_opt.serving.model_server import tflite
+
+            if tflite.tflite_model_exists(harness.path):
+                servable = tflite.TfLiteServable.load(harness.id, harness.path,
+                                                      load_options.tflite_interpreters)
+            else:
+                servable = Servable.load(harness.id, harness.path, load_options)
+        else:
+            servable = Servable.load(harness.id, harness.path, load_options)
         try:
             if self.batch_scheduler is not None:
                 # Before warmup, as upstream: warmup runs through the batching session.

@@ -53,7 +53,10 @@ def parse_config_text(text: str, source: str = "<config>"):
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as e:
-        raise invalid_argument(f"Can't parse {source} as text proto: {e}") from None
+        # Upstream's words: protobuf's TextFormat error, then ParseProtoTextFile's.
+        raise invalid_argument(
+            f"Error parsing text-format tensorflow.serving.ModelServerConfig: {e}; "
+            f"Invalid protobuf file: '{source}'") from None
     return config
 
 

@@ -189,7 +189,8 @@ def run_predict(
     fetched = servable.run(feeds, [name for _, name in selected], options.timeout_ms)
     for (alias, _), result in zip(selected, fetched):
         try:
-            response.outputs[alias].CopyFrom(tensors.to_proto_field(result.value, result.dtype))
+            encode = tensors.to_proto_content if options.tensor_content else tensors.to_proto_field
+            response.outputs[alias].CopyFrom(encode(result.value, result.dtype))
         except ValueError as e:
             raise internal(str(e)) from None
     return response

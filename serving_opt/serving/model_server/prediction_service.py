@@ -12,16 +12,19 @@ Example:
 
 from __future__ import annotations
 
+import time
+
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from serving_opt.serving.model_server.classifier import run_classify
 from serving_opt.serving.model_server.core import ServerCore
 from serving_opt.serving.model_server.grpc_util import answer, deadline_to_timeout_ms
+from serving_opt.serving.model_server.monitoring import METRICS
 from serving_opt.serving.model_server.multi_inference import run_multi_inference
 from serving_opt.serving.model_server.predict import run_predict
 from serving_opt.serving.model_server.regressor import run_regress
 from serving_opt.serving.model_server.request_options import RequestOptions
-from serving_opt.serving.model_server.status import invalid_argument
+from serving_opt.serving.model_server.status import ServingStatusError, invalid_argument
 
 SIGNATURE_DEF_FIELD = "signature_def"
 
@@ -50,26 +53,42 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             return self._options
         return self._options.with_timeout(deadline_to_timeout_ms(context))
 
-    def _run(self, request, context, runner, model_spec=None):
-        def compute():
-            spec = model_spec if model_spec is not None else request.model_spec
-            if model_spec is None and not request.HasField("model_spec"):
-                raise invalid_argument("Missing ModelSpec")
-            with self._core.servable_handle(spec) as handle:
-                return runner(
-                    handle.servable, request, self._request_options(context), handle.id.version
-                )
+    def _run(self, request, context, runner, model_spec=None, api: str | None = None):
+        start = time.monotonic()
+        status = ["OK"]
 
-        return answer(context, compute)
+        def compute():
+            try:
+                spec = model_spec if model_spec is not None else request.model_spec
+                if model_spec is None and not request.HasField("model_spec"):
+                    raise invalid_argument("Missing ModelSpec")
+                with self._core.servable_handle(spec) as handle:
+                    return runner(
+                        handle.servable, request, self._request_options(context),
+                        handle.id.version
+                    )
+            except ServingStatusError as e:
+                status[0] = e.code.name
+                raise
+            except Exception:
+                status[0] = "INTERNAL"
+                raise
+
+        try:
+            return answer(context, compute)
+        finally:
+            if api is not None:  # prediction_service_impl.cc records these three APIs
+                METRICS.record(request.model_spec.name, api, "GRPC", status[0],
+                               int((time.monotonic() - start) * 1_000_000))
 
     def Predict(self, request, context):  # noqa: N802 - gRPC method names
-        return self._run(request, context, run_predict)
+        return self._run(request, context, run_predict, api="Predict")
 
     def Classify(self, request, context):  # noqa: N802
-        return self._run(request, context, run_classify)
+        return self._run(request, context, run_classify, api="Classify")
 
     def Regress(self, request, context):  # noqa: N802
-        return self._run(request, context, run_regress)
+        return self._run(request, context, run_regress, api="Regress")
 
     def MultiInference(self, request, context):  # noqa: N802
         from tensorflow_serving.apis import model_pb2

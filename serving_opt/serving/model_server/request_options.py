@@ -40,6 +40,8 @@ class RequestOptions:
     signature_method_name_check: bool = False
     timeout_ms: int | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    # --enable_serialization_as_tensor_content: Predict outputs in tensor_content.
+    tensor_content: bool = False
 
     def with_timeout(self, timeout_ms: int | None) -> RequestOptions:
         """A copy with another run timeout (one per request)."""

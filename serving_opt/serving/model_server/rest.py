@@ -46,6 +46,7 @@ import grpc
 
 from serving_opt.serving.model_server import json_tensor
 from serving_opt.serving.model_server.core import ServerCore
+from serving_opt.serving.model_server.monitoring import METRICS
 from serving_opt.serving.model_server.request_options import RequestOptions
 from serving_opt.serving.model_server.status import (
     ServingStatusError,
@@ -232,16 +233,26 @@ class RestApiHandler:
         self._prediction_service = PredictionService(core, options)
 
     def process(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        start = time.monotonic()
+        status = "OK"
         try:
             output = self._dispatch(method, path, body)
         except ServingStatusError as e:
+            status = e.code.name
             return http_status(e.code), json_tensor.error_json(e.message)
         except RecursionError:
             # A JSON value nested deeper than a check caught: the client's doing, not ours.
+            status = "INVALID_ARGUMENT"
             return 400, json_tensor.error_json("JSON value nested too deeply")
         except Exception as e:  # noqa: BLE001 - a server must answer, not die
+            status = "INTERNAL"
             log.exception("REST request failed unexpectedly")
             return 500, json_tensor.error_json(f"{type(e).__name__}: {e}")
+        finally:
+            # http_server.cc: every API request counts; latency of successful ones.
+            name, verb = _model_and_verb(method, path)
+            METRICS.record(name, verb, "REST", status,
+                           int((time.monotonic() - start) * 1_000_000))
         return 200, output
 
     def _dispatch(self, method: str, path: str, body: bytes) -> bytes:
@@ -353,11 +364,22 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128
 
 
+def _model_and_verb(method: str, path: str) -> tuple[str, str]:
+    """The model name and API verb upstream's handler reports for a request's metrics."""
+    match = (_PREDICTION if method == "POST" else _STATUS).fullmatch(path)
+    if match is None:
+        return "", ""
+    name, _, _, verb = match.groups()
+    name = urllib.parse.unquote(name) if name else ""
+    return name, (verb or "") if method == "POST" else ""
+
+
 def _make_handler_class(
     handler: RestApiHandler,
     slots: threading.BoundedSemaphore,
     enable_cors: bool,
     max_body_bytes: int,
+    prometheus_path: str | None = None,
 ):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as evhttp
@@ -428,6 +450,10 @@ def _make_handler_class(
                 self._linger()
                 return
             path = urllib.parse.urlsplit(self.path).path
+            if prometheus_path is not None and path == prometheus_path:
+                # --monitoring_config_file's prometheus_config (monitoring.py).
+                self._reply(200, METRICS.prometheus_page().encode("utf-8"), "text/plain")
+                return
             if not _HANDLED.fullmatch(path):
                 self._reply(404, _NOT_FOUND_PAGE, "text/html")
                 return
@@ -464,6 +490,21 @@ class RestServer:
         self._server.server_close()
 
 
+def _adopt(fd: int, handler_class) -> _Server:
+    """A server on the bound socket ``fd`` (inherited: the host's port, given to a
+    sandboxed server that has no network of its own); it starts listening now, once the
+    models are loaded, as a port of its own would open."""
+    sock = socket.socket(fileno=fd)
+    server_class = type("_Adopted", (_Server,), {"address_family": sock.family})
+    server = server_class(sock.getsockname()[:2], handler_class, bind_and_activate=False)
+    server.socket.close()
+    server.socket = sock
+    server.server_address = sock.getsockname()
+    server.server_name, server.server_port = server.server_address[:2]
+    server.server_activate()
+    return server
+
+
 def start_rest_server(
     core: ServerCore,
     options: RequestOptions,
@@ -471,13 +512,16 @@ def start_rest_server(
     port: int,
     num_threads: int = 0,
     enable_cors: bool = False,
+    listen_fd: int = -1,
+    prometheus_path: str | None = None,
 ) -> RestServer:
     """Opens the REST port (0 picks a free one) and serves it from a background thread.
 
     ``options.timeout_ms`` is ``--rest_api_timeout_in_ms`` and ``options.max_request_bytes``
     bounds request bodies; ``num_threads`` (0: 4 per CPU, like upstream's auto setting)
     bounds the requests running at once. Raises OSError if
-    the port cannot be opened.
+    the port cannot be opened. ``prometheus_path``: serve the request metrics there
+    (monitoring.py), as upstream with ``prometheus_config { enable: true }``.
     """
     import os
 
@@ -485,14 +529,16 @@ def start_rest_server(
         num_threads = 4 * (os.cpu_count() or 1)
     handler = RestApiHandler(core, options)
     cls = _make_handler_class(
-        handler, threading.BoundedSemaphore(num_threads), enable_cors, options.max_request_bytes
+        handler, threading.BoundedSemaphore(num_threads), enable_cors, options.max_request_bytes,
+        prometheus_path,
     )
-    server_class = _Server
-    if ":" in host:
-        import socket
-
-        server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
-    server = server_class((host.strip("[]"), port), cls)
+    if listen_fd >= 0:
+        server = _adopt(listen_fd, cls)
+    else:
+        server_class = _Server
+        if ":" in host:
+            server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
+        server = server_class((host.strip("[]"), port), cls)
     thread = threading.Thread(
         target=server.serve_forever, name="serving-opt-rest", daemon=True
     )

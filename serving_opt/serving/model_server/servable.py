@@ -76,6 +76,10 @@ class LoadOptions:
     session_config: Any = field(default=None, compare=False)
     # A version with host ops (serving_opt.savedmodel.untrusted) fails to load unless set.
     allow_file_ops: bool = False
+    # --prefer_tflite_model: a version with model.tflite is served by tflite.py, with
+    # this many interpreters (--num_tflite_pools * --num_tflite_interpreters_per_pool).
+    prefer_tflite_model: bool = False
+    tflite_interpreters: int = 1
 
 
 class Fetched(NamedTuple):
@@ -168,6 +172,47 @@ def refuse_host_ops(meta_graph_def, export_dir: str) -> None:
         raise failed_precondition(
             f"{export_dir}: {e.problem}; pass --allow_file_ops only for a model you trust "
             "(serving-opt inspect lists every host op)") from e
+
+
+TF_TEXT_PACKAGE = "tensorflow-text"
+
+
+def load_custom_op_libraries() -> list[str]:
+    """Registers the ops of the op libraries TF Serving links in (TensorFlow Text), by
+    importing them when installed; returns the modules imported.
+
+    Example:
+        >>> load_custom_op_libraries()
+        ['tensorflow_text']
+    """
+    import importlib.util
+
+    loaded = []
+    if importlib.util.find_spec("tensorflow_text") is not None:
+        import tensorflow_text  # noqa: F401 - registers ConstrainedSequence, ... (side effect)
+
+        loaded.append("tensorflow_text")
+    return loaded
+
+
+def with_custom_op_hint(error: ServingStatusError) -> ServingStatusError:
+    """A load error for an op this TensorFlow does not know says which package TF
+    Serving's build links that may provide it (TensorFlow Text), when it is not installed.
+
+    Example:
+        >>> with_custom_op_hint(not_found("Op type not registered 'ConstrainedSequence' ..."))
+        ServingStatusError(NOT_FOUND, "... install the `tensorflow-text` package ...")
+    """
+    import importlib.util
+
+    if "Op type not registered" not in error.message or importlib.util.find_spec(
+            "tensorflow_text") is not None:
+        return error
+    return ServingStatusError(
+        error.code,
+        f"{error.message}\nTF Serving links TensorFlow Text's ops; if this is one of them, "
+        f"install the `{TF_TEXT_PACKAGE}` package matching this TensorFlow (pip install "
+        "'serving-opt[text]') and restart the server")
 
 
 def check_special_files(export_dir: str) -> None:
@@ -319,7 +364,7 @@ class Servable:
             session.close()
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
-            raise from_tf_error(e) from e
+            raise with_custom_op_hint(from_tf_error(e)) from e
         return cls(servable_id, path, session, meta_graph_def)
 
     def _tf_output(self, name: str, feed: bool) -> tuple[Any, int, int | None]:

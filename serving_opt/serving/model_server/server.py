@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 from collections.abc import Callable
 from concurrent import futures
@@ -29,7 +30,7 @@ from serving_opt.serving.model_server.request_options import (
     RequestOptions,
 )
 from serving_opt.serving.model_server.servable import LoadOptions
-from serving_opt.serving.model_server.status import ServingStatusError
+from serving_opt.serving.model_server.status import ServingStatusError, invalid_argument
 
 log = logging.getLogger("serving_opt.model_server")
 
@@ -92,6 +93,33 @@ class ServerOptions:
     # Not a TF Serving flag: the local server refuses to load a version with host ops
     # (file, code or network ops: serving_opt.savedmodel.untrusted) unless this is set.
     allow_file_ops: bool = False
+    # gRPC also on this unix domain socket (--grpc_socket_path, as upstream).
+    grpc_socket_path: str = ""
+    # REST on this inherited socket, bound by the process that started this one (serve's
+    # sandbox: the port lives in the host's network, the server in a sandbox without one).
+    rest_api_fd: int = -1
+    # Text MonitoringConfig; prometheus_config { enable: true } serves metrics on REST.
+    monitoring_config_file: str = ""
+    # tensorflow.ProfilerService on the gRPC port (upstream's default: on).
+    enable_profiler: bool = True
+    # grpc.health.v1.Health on the gRPC port.
+    enable_grpc_healthcheck_service: bool = False
+    # "key=value,key=value" gRPC server channel arguments (ints where they parse).
+    grpc_channel_arguments: str = ""
+    # Serve a version's model.tflite when present (tflite.py).
+    prefer_tflite_model: bool = False
+    num_tflite_pools: int = 0
+    num_tflite_interpreters_per_pool: int = 1
+    # Both intra- and inter-op threads, unless either of those is set (as upstream).
+    tensorflow_session_parallelism: int = 0
+    # Text ConfigProto for every session (threads flags applied on top, as upstream).
+    tensorflow_session_config_file: str = ""
+    # gRPC Predict answers in tensor_content instead of typed fields.
+    enable_serialization_as_tensor_content: bool = False
+    # Labels may point at any version, loaded or not (even moving an existing label).
+    force_allow_any_version_labels_for_unavailable_models: bool = False
+    # "bfloat16": oneDNN's bfloat16 auto mixed precision rewrite (as upstream); "": none.
+    mixed_precision: str = ""
 
 
 def build_model_server_config(options: ServerOptions):
@@ -120,18 +148,16 @@ def core_options(options: ServerOptions) -> CoreOptions:
         >>> core_options(ServerOptions(saved_model_tags="serve,gpu")).load_options.tags
         ('serve', 'gpu')
     """
-    import tensorflow as tf
 
     tags = tuple(t for t in options.saved_model_tags.split(",") if t)
-    session_config = None
-    if options.tensorflow_intra_op_parallelism or options.tensorflow_inter_op_parallelism:
-        session_config = tf.compat.v1.ConfigProto(
-            intra_op_parallelism_threads=options.tensorflow_intra_op_parallelism,
-            inter_op_parallelism_threads=options.tensorflow_inter_op_parallelism,
-        )
+    session_config = session_config_of(options)
+    interpreters = (max(1, options.num_tflite_pools)
+                    * max(1, options.num_tflite_interpreters_per_pool))
     return CoreOptions(
         load_options=LoadOptions(tags=tags, session_config=session_config,
-                                 allow_file_ops=options.allow_file_ops),
+                                 allow_file_ops=options.allow_file_ops,
+                                 prefer_tflite_model=options.prefer_tflite_model,
+                                 tflite_interpreters=interpreters),
         file_system_poll_wait_seconds=options.file_system_poll_wait_seconds,
         enable_model_warmup=options.enable_model_warmup,
         num_request_iterations_for_warmup=max(1, options.num_request_iterations_for_warmup),
@@ -140,8 +166,87 @@ def core_options(options: ServerOptions) -> CoreOptions:
         allow_version_labels_for_unavailable_models=(
             options.allow_version_labels_for_unavailable_models
         ),
+        force_allow_any_version_labels_for_unavailable_models=(
+            options.force_allow_any_version_labels_for_unavailable_models
+        ),
         signature_method_name_check=options.enable_signature_method_name_check,
     )
+
+
+def session_config_of(options: ServerOptions):
+    """The sessions' ConfigProto, built as server.cc does: ``tensorflow_session_config_file``
+    (text ConfigProto) first, then the thread flags: intra/inter when either is set, else
+    ``tensorflow_session_parallelism`` for both; all three set is INVALID_ARGUMENT; then
+    ``mixed_precision`` "bfloat16" turns on oneDNN's bfloat16 auto mixed precision (other
+    values: INVALID_ARGUMENT here, where upstream logs a warning and ignores them). None
+    when nothing is configured (TensorFlow's defaults).
+
+    Example:
+        >>> session_config_of(ServerOptions(tensorflow_session_parallelism=2))
+        intra_op_parallelism_threads: 2
+        inter_op_parallelism_threads: 2
+    """
+    import tensorflow as tf
+    from google.protobuf import text_format
+
+    intra, inter = (options.tensorflow_intra_op_parallelism,
+                    options.tensorflow_inter_op_parallelism)
+    both = options.tensorflow_session_parallelism
+    if intra > 0 and inter > 0 and both > 0:
+        raise invalid_argument(
+            "Either configure server_options.tensorflow_session_parallelism or "
+            "(server_options.tensorflow_intra_op_parallelism, "
+            "server_options.tensorflow_inter_op_parallelism) separately. You cannot "
+            "configure all.")
+    if options.mixed_precision not in ("", "bfloat16"):
+        raise invalid_argument(
+            f"{options.mixed_precision} auto mixed precision is not supported. Valid "
+            "option: bfloat16")
+    if not (options.tensorflow_session_config_file or intra or inter or both
+            or options.mixed_precision):
+        return None
+    config = tf.compat.v1.ConfigProto()
+    if options.tensorflow_session_config_file:
+        path = options.tensorflow_session_config_file
+        try:
+            text_format.Parse(model_config.read_text_file(path), config)
+        except text_format.ParseError as e:
+            raise invalid_argument(
+                f"Error parsing text-format tensorflow.ConfigProto: {e}; Invalid protobuf "
+                f"file: '{path}'") from None
+    if intra > 0 or inter > 0:
+        config.intra_op_parallelism_threads = intra
+        config.inter_op_parallelism_threads = inter
+    else:
+        config.intra_op_parallelism_threads = both
+        config.inter_op_parallelism_threads = both
+    if options.mixed_precision == "bfloat16":  # saved_model_bundle_factory.cc
+        from tensorflow.core.protobuf import rewriter_config_pb2
+
+        config.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 = (
+            rewriter_config_pb2.RewriterConfig.ON)
+    return config
+
+
+def grpc_channel_arguments(text: str) -> list[tuple[str, int | str]]:
+    """``parseGrpcChannelArgs``: "k=v,k=v" -> gRPC options, ints where they parse.
+
+    Example:
+        >>> grpc_channel_arguments("grpc.max_connection_age_ms=1000,grpc.primary_user_agent=x")
+        [('grpc.max_connection_age_ms', 1000), ('grpc.primary_user_agent', 'x')]
+    """
+    result: list[tuple[str, int | str]] = []
+    for item in (part for part in text.split(",") if part):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise invalid_argument(
+                f"grpc_channel_arguments: {item!r} is not key=value")
+        try:
+            number = int(value)
+            result.append((key, number) if -2**31 <= number < 2**31 else (key, value))
+        except ValueError:
+            result.append((key, value))
+    return result
 
 
 def _bind_address(host: str, port: int) -> str:
@@ -265,6 +370,17 @@ def _start_rest(options: ServerOptions, core: ServerCore, grpc_port: int, grpc_s
             "give --rest_api_port a port different from --port",
         )
     timeout = options.rest_api_timeout_in_ms if options.rest_api_timeout_in_ms > 0 else None
+    prometheus_path = None
+    if options.monitoring_config_file:
+        from serving_opt.serving.model_server.monitoring import read_monitoring_config
+
+        try:
+            settings = read_monitoring_config(options.monitoring_config_file)
+        except ServingStatusError as e:
+            grpc_server.stop(None)
+            core.stop()
+            raise ServerStartError(f"Failed to start server. Error: {e.to_text()}") from None
+        prometheus_path = settings.path if settings.enable else None
     try:
         return start_rest_server(
             core,
@@ -277,6 +393,8 @@ def _start_rest(options: ServerOptions, core: ServerCore, grpc_port: int, grpc_s
             port=max(0, options.rest_api_port or 0),
             num_threads=options.rest_api_num_threads,
             enable_cors=options.rest_api_enable_cors_support,
+            listen_fd=options.rest_api_fd,
+            prometheus_path=prometheus_path,
         )
     except OSError as e:
         grpc_server.stop(None)
@@ -286,6 +404,13 @@ def _start_rest(options: ServerOptions, core: ServerCore, grpc_port: int, grpc_s
             f"could not listen on {address} for the REST API: {e.strerror or e}",
             "pick another --rest_api_port (or 0 to turn REST off)",
         ) from None
+
+
+def _add_unix_port(grpc_server, path: str) -> bool:
+    try:
+        return bool(grpc_server.add_insecure_port(f"unix:{os.path.abspath(path)}"))
+    except RuntimeError:
+        return False
 
 
 def serve(
@@ -333,7 +458,17 @@ def serve(
                     f"Failed to start server. Error: {e.to_text()}"
                 ) from None
         batching = BatchingOptions.from_values(values)
-    core = ServerCore(dataclasses.replace(core_options(options), batching=batching))
+    from serving_opt.serving.model_server.servable import load_custom_op_libraries
+
+    # TF Serving links TensorFlow Text's ops into the binary: register them before loading.
+    for module in load_custom_op_libraries():
+        log.info("Registered the ops of %s", module)
+    try:
+        base_options = core_options(options)
+        channel_arguments = grpc_channel_arguments(options.grpc_channel_arguments)
+    except ServingStatusError as e:
+        raise ServerStartError(f"Failed to start server. Error: {e.to_text()}") from None
+    core = ServerCore(dataclasses.replace(base_options, batching=batching))
     try:
         server_config = config if config is not None else build_model_server_config(options)
         # Like the real server, the port opens only once every model is AVAILABLE.
@@ -357,6 +492,7 @@ def serve(
                                                     MAX_MESSAGE_BYTES)),
             # One server per port: never share a port with a stale process (SO_REUSEPORT).
             ("grpc.so_reuseport", 0),
+            *channel_arguments,
         ],
     )
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
@@ -365,12 +501,25 @@ def serve(
             RequestOptions(
                 signature_method_name_check=options.enable_signature_method_name_check,
                 max_request_bytes=options.max_request_bytes,
+                tensor_content=options.enable_serialization_as_tensor_content,
             ),
             enforce_session_run_timeout=options.enforce_session_run_timeout,
         ),
         grpc_server,
     )
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core), grpc_server)
+    extra = []
+    if options.enable_profiler:
+        from serving_opt.serving.model_server.extra_services import profiler_handler
+
+        extra.append(profiler_handler())
+        log.info("Profiler service is enabled")
+    if options.enable_grpc_healthcheck_service:
+        from serving_opt.serving.model_server.extra_services import health_handler
+
+        extra.append(health_handler(["ModelService", "PredictionService"]))
+    if extra:
+        grpc_server.add_generic_rpc_handlers(extra)
     address = _bind_address(options.host, options.port)
     try:
         port = grpc_server.add_insecure_port(address)
@@ -382,6 +531,13 @@ def serve(
             f"could not listen on {address}",
             "the port is in use or the host is not a local address; pick another --port "
             "(0 chooses a free one) or --host",
+        )
+    if options.grpc_socket_path and not _add_unix_port(grpc_server, options.grpc_socket_path):
+        core.stop()
+        raise ServerStartError(
+            f"could not listen on the unix socket {options.grpc_socket_path}",
+            "give --grpc_socket_path a path in an existing, writable directory where no "
+            "file of that name exists",
         )
     rest_server = None
     if options.rest_api_port != 0:

@@ -276,3 +276,27 @@ def to_proto_field(value: np.ndarray, dtype: int) -> tensor_pb2.TensorProto:
     else:
         raise ValueError(f"cannot encode a {dtype_name(dtype)} tensor in a TensorProto field")
     return proto
+
+
+def to_proto_content(value: np.ndarray, dtype: int) -> tensor_pb2.TensorProto:
+    """Encodes a result tensor like C++ ``Tensor::AsProtoTensorContent`` (what
+    ``--enable_serialization_as_tensor_content`` makes Predict answer): the raw
+    little-endian bytes in ``tensor_content``; strings keep ``string_val``, as in C++.
+
+    Example:
+        >>> to_proto_content(np.array([1.0], np.float32), types_pb2.DT_FLOAT).tensor_content
+        b'\\x00\\x00\\x80?'
+    """
+    if dtype in (types_pb2.DT_STRING, types_pb2.DT_RESOURCE, types_pb2.DT_VARIANT):
+        return to_proto_field(value, dtype)
+    import tensorflow as tf
+
+    array = np.ascontiguousarray(value)
+    wanted = np.dtype(tf.dtypes.as_dtype(dtype).as_numpy_dtype)
+    if array.dtype != wanted:
+        array = array.astype(wanted)
+    proto = tensor_pb2.TensorProto(dtype=dtype, tensor_content=array.astype(
+        array.dtype.newbyteorder("<"), copy=False).tobytes())
+    for size in array.shape:
+        proto.tensor_shape.dim.add(size=int(size))
+    return proto
