@@ -83,3 +83,51 @@ def test_the_generator_reports_its_own_processor_time_per_request(targets):
     answered = result.client_cpu_seconds / result.client_cpu_per_request
     assert result.client_cpu_per_request > 0
     assert answered >= result.ok + sum(result.errors.values())
+
+
+@pytest.fixture(scope="module")
+def timer_bound_server(convnet_base, tmp_path_factory):
+    # Batches that never fill (8 clients, room for 64) run when their 50 ms timeout
+    # expires: the server's rate is set by that timer, not by how fast this machine is,
+    # so two generators measured one after the other must agree however loaded it is.
+    parameters = tmp_path_factory.mktemp("timer") / "batching_parameters.txt"
+    parameters.write_text(BatchingSettings(max_batch_size=64, batch_timeout_micros=50_000,
+                                           max_enqueued_batches=100,
+                                           num_batch_threads=1).text_proto())
+    running = serve(ServerOptions(model_name="convnet", model_base_path=convnet_base, port=0,
+                                  rest_api_port=-1, enable_batching=True,
+                                  batching_parameters_file=str(parameters),
+                                  startup_timeout_seconds=120))
+    yield running
+    running.stop()
+
+
+def test_the_generator_measures_what_an_independent_one_measures(timer_bound_server,
+                                                                convnet_dir):
+    # benchmarks/independent_load.py: plain threads sending pre-serialized bytes, written
+    # apart from serving_opt.tune.load. Rounds alternate so that drift costs both alike.
+    import os
+    import statistics
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "benchmarks"))
+    import independent_load
+
+    grpc_payloads = payloads.build(convnet_dir, "convnet", 1, "serving_default", 1)
+    target = payloads.targets(timer_bound_server.address, None, "convnet", 1,
+                              grpc_payloads, 1)["grpc"]
+    port = int(timer_bound_server.address.rsplit(":", 1)[1])
+    ours, theirs = [], []
+    with load.Generator() as generator:
+        for _ in range(3):
+            result = generator.run(target, load.Load("closed", clients=8, duration=3.0,
+                                                     warmup=0.5))
+            assert result.ok == result.requests > 0
+            ours.append(result.rows_per_second)
+            figures = independent_load.closed_loop(port, list(target.payloads), clients=8,
+                                                   seconds=3.0, warmup=0.5)
+            assert figures["errors"] == 0
+            theirs.append(figures["requests_per_second"])
+    ratio = statistics.median(ours) / statistics.median(theirs)
+    assert 0.9 <= ratio <= 1.1, (ours, theirs)
