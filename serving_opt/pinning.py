@@ -116,10 +116,14 @@ def _compare(run: Run, unpinned: str, pinned: str):
                                   f"side by side (batch {sizes[0]}, up to {share:.0f} s)",
                    step="-") as stage:
         report = benchmark_lib.benchmark_in_fresh_process(
-            unpinned, pinned, run.plan.tags, key, batch_sizes=sizes, runs=runs,
-            seed=run.plan.inputs.seed, examples=run.plan.inputs.examples, loads=1,
-            deadline=None if settings.benchmark_runs else time.monotonic() + share,
-            shapes=run.source.pinned, progress=lambda line: run.progress("-", line))
+            unpinned, pinned, run.plan.tags, key,
+            schedule=benchmark_lib.BenchmarkSchedule(
+                batch_sizes=sizes, runs=runs, loads=1,
+                deadline=None if settings.benchmark_runs else time.monotonic() + share),
+            inputs=benchmark_lib.BenchmarkInputs(
+                examples=run.plan.inputs.examples, seed=run.plan.inputs.seed,
+                shapes=run.source.pinned),
+            progress=lambda line: run.progress("-", line))
         ratio = report.ratio(sizes[0])
         stage.done(run.graph, ratio.describe() if ratio else "not measured")
     if ratio is None:

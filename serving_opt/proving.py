@@ -75,10 +75,11 @@ def prove(run: Run, graph: ServingGraph, staging: str) -> None:
     with run.stage("parity", f"parity gate on {len(keys)} signature(s)") as stage:
         def gate_on(num_batches: int):
             return parity.check_parity(
-                run.model_dir, staging, plan.tags, keys, user_inputs=plan.user_inputs,
-                atol=plan.tolerance.atol, rtol=plan.tolerance.rtol, batch_size=batch_size,
-                num_batches=num_batches, seed=plan.inputs.seed, lossy=lossy,
-                shapes=run.source.pinned)
+                run.model_dir, staging, plan.tags, keys,
+                inputs=parity.ParityInputs(
+                    user_inputs=plan.user_inputs, batch_size=batch_size,
+                    num_batches=num_batches, seed=plan.inputs.seed, shapes=run.source.pinned),
+                atol=plan.tolerance.atol, rtol=plan.tolerance.rtol, lossy=lossy)
 
         started = time.monotonic()
         report = gate_on(batches)
@@ -357,10 +358,13 @@ def _steady_state(run: Run, staging: str, key: str, *, share: float | None = Non
                  f"(the parity gate's synthesized {mode}), one row per request")
         sizes = (1,)
     report = benchmark_lib.benchmark_in_fresh_process(
-        run.model_dir, staging, plan.tags, key, input_mode=mode,
-        batch_sizes=sizes, runs=runs,
-        seed=plan.inputs.seed, examples=plan.inputs.examples, loads=loads, deadline=deadline,
-        runs_per_batch=runs_per_batch, shapes=run.source.pinned,
+        run.model_dir, staging, plan.tags, key,
+        schedule=benchmark_lib.BenchmarkSchedule(
+            batch_sizes=sizes, runs=runs, loads=loads, deadline=deadline,
+            runs_per_batch=runs_per_batch),
+        inputs=benchmark_lib.BenchmarkInputs(
+            examples=plan.inputs.examples, seed=plan.inputs.seed, shapes=run.source.pinned,
+            input_mode=mode),
         progress=lambda line: run.progress("-", line))
     return dataclasses.replace(report, budget_seconds=share,
                                measure_seconds=None if share is None else settings.measure_seconds)

@@ -19,7 +19,7 @@ from serving_opt.errors import UsageError
 from serving_opt.options import GRAPH_DEF_NAME, ServingCheck
 from serving_opt.savedmodel import examples as examples_lib
 from serving_opt.savedmodel import graphdef, loader
-from serving_opt.stages.parity import check_parity
+from serving_opt.stages.parity import ParityInputs, check_parity
 
 OUTPUTS = tuple(detection_sample.OUTPUT_NODES)
 BATCH_NORM_OPS = {"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3",
@@ -109,7 +109,7 @@ def test_the_published_version_detects_like_the_original_frozen_graph(
     frames = examples_lib.read_examples_file(
         _frames_file(tmp_path / "frames.jsonl", height, width, seeds=(5, 6)))
     report = check_parity(original, published.output_dir, frozenset({"serve"}),
-                          ["serving_default"], user_inputs=frames)
+                          ["serving_default"], inputs=ParityInputs(user_inputs=frames))
     assert report.ok, report.summary()
     assert report.input_sources["serving_default"].startswith("json:")  # the frames
 
@@ -130,7 +130,7 @@ def test_a_folded_graph_with_a_corrupted_weight_fails_the_detection_gate(sample,
     frames = examples_lib.read_examples_file(
         _frames_file(tmp_path / "frames.jsonl", 480, 640))
     report = check_parity(original, corrupted, frozenset({"serve"}), ["serving_default"],
-                          user_inputs=frames)
+                          inputs=ParityInputs(user_inputs=frames))
     assert not report.ok
     boxes = next(o for o in report.outputs if o.output == "detection_boxes")
     assert "not near-ties" in boxes.detail or "detections" in boxes.detail

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from serving_opt.gates import LossyGate
 from serving_opt.savedmodel import examples as examples_lib
-from serving_opt.stages.parity import check_parity
+from serving_opt.stages.parity import ParityInputs, check_parity
 from tests.saved_model_io import save_tf1, serving_default
 
 v1 = tf.compat.v1
@@ -128,7 +128,7 @@ def classifiers(tmp_path_factory):
 
 def _parity(models, candidate, examples, **kwargs):
     return check_parity(models["original"], models[candidate], TAGS, ["serving_default"],
-                        user_inputs=examples, batch_size=1, **kwargs)
+                        inputs=ParityInputs(user_inputs=examples, batch_size=1), **kwargs)
 
 
 def _rows(report):
@@ -189,8 +189,8 @@ def test_the_lossy_gate_fails_a_detection_lost(detectors, logits_examples, tmp_p
                    "num_detections": tf.cast(nms.valid_detections, tf.float32)}
         weaker = save_tf1(graph, str(tmp_path / "weaker"),
                           serving_default({"logits": logits}, outputs))
-    report = check_parity(detectors["original"], weaker, TAGS, ["serving_default"], user_inputs=low,
-                          batch_size=1, lossy=LossyGate())
+    report = check_parity(detectors["original"], weaker, TAGS, ["serving_default"],
+                          inputs=ParityInputs(user_inputs=low, batch_size=1), lossy=LossyGate())
     assert not report.ok
     assert "detection agreement 0.0000" in _rows(report)["detection_boxes"].detail
 

@@ -84,7 +84,8 @@ def test_benchmark_job_reads_examples_in_the_measuring_process(checked_model, tm
     examples = write_examples(str(tmp_path / "x.jsonl"))
     report = benchmark.benchmark_in_fresh_process(
         checked_model, checked_model, frozenset({"serve"}), "serving_default",
-        batch_sizes=(3,), runs=2, examples=examples)
+        schedule=benchmark.BenchmarkSchedule(batch_sizes=(3,), runs=2),
+        inputs=benchmark.BenchmarkInputs(examples=examples))
     assert report.after[0].batch_size == 3 and report.after[0].runs == 2
 
 

@@ -93,8 +93,10 @@ def overrun(sleepy_dir):
     measures (in a fresh measuring process): (report, the progress lines it showed)."""
     said: list[str] = []
     report = benchmark_lib.benchmark_in_fresh_process(
-        sleepy_dir, sleepy_dir, frozenset({"serve"}), SIGNATURE, batch_sizes=(1, SLOW_BATCH),
-        deadline=time.monotonic() + 30, progress=said.append)
+        sleepy_dir, sleepy_dir, frozenset({"serve"}), SIGNATURE,
+        schedule=benchmark_lib.BenchmarkSchedule(batch_sizes=(1, SLOW_BATCH),
+                                                 deadline=time.monotonic() + 30),
+        progress=said.append)
     return report, said
 
 
@@ -120,8 +122,9 @@ def test_a_batch_size_extrapolated_past_its_share_is_skipped_without_running(tmp
     # and a warm-up about 15 s, more than the whole 8 s budget. It is never run.
     linear = build_sleepy_model(str(tmp_path / "1"), 40_000, 1)
     report = benchmark_lib.benchmark(
-        linear, linear, frozenset({"serve"}), SIGNATURE, batch_sizes=(SLOW_BATCH, 1),
-        deadline=time.monotonic() + 8)
+        linear, linear, frozenset({"serve"}), SIGNATURE,
+        schedule=benchmark_lib.BenchmarkSchedule(batch_sizes=(SLOW_BATCH, 1),
+                                                 deadline=time.monotonic() + 8))
     assert [lat.batch_size for lat in report.after] == [1]
     (skipped,) = report.skipped
     assert skipped.batch_size == SLOW_BATCH and skipped.estimated
@@ -148,8 +151,9 @@ def test_runs_are_planned_from_the_calibration_cheapest_first():
 
 
 def test_a_fixed_count_of_runs_is_made_whatever_the_cost(sleepy_dir):
-    report = benchmark_lib.benchmark(sleepy_dir, sleepy_dir, frozenset({"serve"}), SIGNATURE,
-                                     batch_sizes=(1, 4), runs=3, loads=1)
+    report = benchmark_lib.benchmark(
+        sleepy_dir, sleepy_dir, frozenset({"serve"}), SIGNATURE,
+        schedule=benchmark_lib.BenchmarkSchedule(batch_sizes=(1, 4), runs=3, loads=1))
     assert [(lat.batch_size, lat.runs) for lat in report.after] == [(1, 3), (4, 3)]
     assert report.skipped == () and report.budget_seconds is None
     assert all(c.share_seconds is None and c.runs == 3 for c in report.calibration)

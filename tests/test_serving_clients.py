@@ -108,7 +108,8 @@ def test_both_clients_prove_a_model_served_by_the_local_runner(regressor_base):
     version = validate_lib.resolve_version(regressor_base, None)
     model_dir = validate_lib.version_dir(regressor_base, version)
     probes, served = requests.build_probes(model_dir, model_dir, "reg", version,
-                                           frozenset({"serve"}), batch_size=2)
+                                           frozenset({"serve"}),
+                                           inputs=requests.ProbeInputs(batch_size=2))
     spec = backends.ServerSpec("reg", regressor_base, version=version)
     with backends.make_server("local", spec) as server:
         for protocol, client_class in validate_lib.CLIENTS.items():

@@ -288,11 +288,11 @@ def test_parity_compares_errors_on_user_inputs(tmp_path):
     unchecked = build_tf1_assert(str(tmp_path / "unchecked" / "1"), with_assert=False)
     user = examples_lib.read_examples_file(_examples(tmp_path))
     same = parity.check_parity(checked, checked, frozenset({"serve"}), ["serving_default"],
-                               user_inputs=user)
+                               inputs=parity.ParityInputs(user_inputs=user))
     assert same.ok, same.summary()
     assert any(o.output == "(errors)" and o.elements == 1 for o in same.outputs)
     lost = parity.check_parity(checked, unchecked, frozenset({"serve"}), ["serving_default"],
-                               user_inputs=user)
+                               inputs=parity.ParityInputs(user_inputs=user))
     assert not lost.ok
     assert "answers an input the original rejects" in lost.summary()
 

@@ -61,7 +61,7 @@ from serving_opt.errors import ServingOptError, UsageError
 from serving_opt.options import BACKENDS, DEFAULT_IMAGE  # noqa: E402
 from serving_opt.savedmodel import loader
 from serving_opt.serving import runtime as runtime_lib
-from serving_opt.serving.process import ServerProcess, die_with_parent
+from serving_opt.serving.process import ChildSetup, ServerProcess, die_with_parent
 
 BINARY_NAME = "tensorflow_model_server"
 CONTAINER_GRPC_PORT = 8500
@@ -320,7 +320,8 @@ class DockerRunner(ServerProcess):
         release = runtime_lib.image_version(spec.image)
         super().__init__(
             "docker", docker_command(spec, port, name, rest_port, config_dir), port,
-            temp_dirs=[config_dir] if config_dir else [], cleanup=["docker", "rm", "-f", name],
+            ChildSetup(cleanup=("docker", "rm", "-f", name),
+                       temp_dirs=(config_dir,) if config_dir else ()),
             rest_port=rest_port, description=f"docker:{spec.image}",
             tf_version=f"{release} (image tag)" if release
             else "unknown (image tag names no release)")
@@ -347,7 +348,7 @@ class BinaryRunner(ServerProcess):
         config_file = os.path.join(config_dir, CONFIG_FILENAME) if config_dir else None
         super().__init__(
             "binary", binary_command(spec, port, binary, rest_port, config_file), port,
-            temp_dirs=[config_dir] if config_dir else [], rest_port=rest_port,
+            ChildSetup(temp_dirs=(config_dir,) if config_dir else ()), rest_port=rest_port,
             description=f"binary:{binary}")
 
     def identify(self) -> None:
@@ -379,9 +380,10 @@ class LocalRunner(ServerProcess):
         config_file = os.path.join(config_dir, CONFIG_FILENAME) if config_dir else None
         super().__init__(
             "local", local_command(spec, port, rest_port, runtime.python, config_file), port,
-            env=loader.with_runtime_defaults(runtime.env()),
-            temp_dirs=[config_dir] if config_dir else [],
-            parent_pipe_flag="--parent_pipe_fd", rest_port=rest_port,
+            ChildSetup(env=loader.with_runtime_defaults(runtime.env()),
+                       parent_pipe_flag="--parent_pipe_fd",
+                       temp_dirs=(config_dir,) if config_dir else ()),
+            rest_port=rest_port,
             description=f"local:serving-opt serve (stand-in) on TensorFlow {runtime.tf_version}",
             tf_version=runtime.tf_version)
 

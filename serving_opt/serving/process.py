@@ -27,8 +27,32 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from serving_opt.errors import ServingOptError
+
+
+@dataclass(frozen=True)
+class ChildSetup:
+    """How a runner's child process is started and what is removed after it: what every
+    runner sets differently, beyond its command and ports.
+
+    ``env``: the child's environment (None: ours); ``parent_pipe_flag``: a flag taking a
+    file descriptor, the server exits when that pipe reaches EOF (None: the parent-death
+    signal stops it instead); ``cleanup``: a command run on stop (docker's ``rm -f``);
+    ``temp_dirs``: removed when the server stops (its model config).
+
+    Example:
+        >>> ChildSetup(parent_pipe_flag="--parent_pipe_fd").cleanup
+        ()
+        >>> ServerProcess("docker", ["docker", "run", ...], 9000,
+        ...               ChildSetup(cleanup=("docker", "rm", "-f", name)))
+    """
+
+    env: dict | None = None
+    parent_pipe_flag: str | None = None
+    cleanup: Sequence[str] = ()
+    temp_dirs: Sequence[str] = ()
 
 
 class ServerProcess:
@@ -47,12 +71,10 @@ class ServerProcess:
     note = ""
 
     def __init__(self, backend: str, command: Sequence[str], port: int,
-                 cleanup: Sequence[str] | None = None, env: dict | None = None,
-                 parent_pipe_flag: str | None = None, rest_port: int = 0,
-                 description: str = "", tf_version: str = "",
-                 temp_dirs: Sequence[str] = ()) -> None:
+                 setup: ChildSetup = ChildSetup(), rest_port: int = 0,
+                 description: str = "", tf_version: str = "") -> None:
         self.backend = backend
-        self.temp_dirs = list(temp_dirs)  # removed when the server stops (its config)
+        self.temp_dirs = list(setup.temp_dirs)  # removed when the server stops (its config)
         self.command = list(command)
         self.port = port
         self.rest_port = rest_port  # 0: no REST API
@@ -60,10 +82,10 @@ class ServerProcess:
         # "local:serving-opt serve (stand-in) on TensorFlow X".
         self.description = description or backend
         self.tf_version = tf_version
-        self.cleanup = list(cleanup) if cleanup else None
-        self.env = env
+        self.cleanup = list(setup.cleanup) if setup.cleanup else None
+        self.env = setup.env
         # A flag taking a file descriptor: the server exits when that pipe reaches EOF.
-        self.parent_pipe_flag = parent_pipe_flag
+        self.parent_pipe_flag = setup.parent_pipe_flag
         self._process: subprocess.Popen | None = None
         self._pipe_write: int | None = None
         self._log, self._log_reader = _unlinked_log(f"serving-opt-{backend}-")

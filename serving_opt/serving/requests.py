@@ -80,9 +80,24 @@ def _compare(expected, actual, atol: float, rtol: float) -> str:
     return ""
 
 
+@dataclass(frozen=True)
+class ProbeInputs:
+    """What the probes feed: the user's ``--examples`` file where it fits (None: all
+    synthesized), ``batch_size`` rows per request, and the synthesis ``seed``.
+
+    Example:
+        >>> ProbeInputs(examples="requests.tfrecord", batch_size=4).seed
+        0
+    """
+
+    examples: str | None = None
+    batch_size: int = 8
+    seed: int = 0
+
+
 def build_probes(model_dir: str, reference_dir: str, model_name: str, version: int,
-                 tags: frozenset[str], *, examples: str | None = None, batch_size: int = 8,
-                 seed: int = 0, atol: float = gates.DEFAULT_ATOL,
+                 tags: frozenset[str], *, inputs: ProbeInputs = ProbeInputs(),
+                 atol: float = gates.DEFAULT_ATOL,
                  rtol: float = gates.DEFAULT_RTOL) -> tuple[list[Probe], dict]:
     """Requests for every signature with expected answers from the reference model.
 
@@ -93,17 +108,19 @@ def build_probes(model_dir: str, reference_dir: str, model_name: str, version: i
         >>> probes, served = build_probes("m/1", "exports/1", "m", 1, frozenset({"serve"}))
         >>> [p.name for p in probes][:2]
         ['Predict predict', 'Predict serving_default']
+        >>> probes, _ = build_probes("m/1", "exports/1", "m", 1, frozenset({"serve"}),
+        ...                          inputs=ProbeInputs(examples="requests.tfrecord"))
     """
     import tensorflow as tf
 
     api = serving_api()
     served_as = _Served(api, model_name, version, atol, rtol)
-    user = examples_lib.read_examples_file(examples) if examples else None
+    user = examples_lib.read_examples_file(inputs.examples) if inputs.examples else None
     served_mg = loader.find_meta_graph(loader.read_saved_model(model_dir), tags, model_dir)
     sess, ref_mg = loader.load_session(reference_dir, tags)
     probes: list[Probe] = []
     try:
-        feeds = inputs_lib.signature_feeds(ref_mg, reference_dir, user=user, seed=seed)
+        feeds = inputs_lib.signature_feeds(ref_mg, reference_dir, user=user, seed=inputs.seed)
         keys = sorted(loader.serving_signatures(served_mg))
         example_batches: dict[str, list[bytes]] = {}
         for key in keys:
@@ -113,7 +130,7 @@ def build_probes(model_dir: str, reference_dir: str, model_name: str, version: i
                     f"signature {key} is served but missing from the reference {reference_dir}",
                     "pass the matching --reference_dir",
                 )
-            feed = feeds(key, batch_size).batches[0]
+            feed = feeds(key, inputs.batch_size).batches[0]
             expected = loader.run_signature(sess, ref_sig, feed)
 
             request = api.predict_pb2.PredictRequest()

@@ -191,8 +191,10 @@ def execute(model_base: str, options: ValidateOptions, runtime_note: str = "",
     # Reads and checks the served model too: a bad model fails before any server starts.
     probes, served = requests.build_probes(
         target.model_dir, target.reference_dir, target.model_name, target.version,
-        target.tags, examples=options.examples, batch_size=options.batch_size,
-        seed=options.seed, atol=options.atol, rtol=options.rtol)
+        target.tags,
+        inputs=requests.ProbeInputs(examples=options.examples, batch_size=options.batch_size,
+                                    seed=options.seed),
+        atol=options.atol, rtol=options.rtol)
     runtime = _local_runtime(options, say)[0] if target.backend == "local" else None
     if target.ignored:
         say(f"serving version {target.version} only; ignoring version(s) "

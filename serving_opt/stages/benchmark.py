@@ -292,6 +292,45 @@ def _load_both(before_dir: str, after_dir: str, tags: frozenset[str], loads: int
         i += 1
 
 
+@dataclass(frozen=True)
+class BenchmarkSchedule:
+    """How much is measured: the ``batch_sizes``, ``runs`` interleaved runs per batch
+    size (with a ``deadline``, a ``time.monotonic`` time, as many as fit before it, at
+    most ``runs``), ``runs_per_batch`` fixing the runs of some batch sizes (a
+    confirmation repeats the first measurement's), ``loads`` timed load rounds and
+    ``warmup`` untimed runs per model and batch size.
+
+    Example:
+        >>> BenchmarkSchedule(batch_sizes=(1,), deadline=time.monotonic() + 60).runs
+        100
+    """
+
+    batch_sizes: Sequence[int] = (1, 32)
+    runs: int = 100
+    loads: int = 3
+    warmup: int = 5
+    deadline: float | None = None
+    runs_per_batch: Mapping[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class BenchmarkInputs:
+    """What both models are fed: the user's ``examples`` file (None: synthesized, from
+    ``seed``), ``shapes`` ({key: {alias: shape}}, ``--input_shapes``) that synthesized
+    inputs take, and ``input_mode``, the synthesis fallback the parity gate found the
+    original runs on (``inputs.FALLBACKS``).
+
+    Example:
+        >>> BenchmarkInputs(examples="requests.jsonl").seed
+        0
+    """
+
+    examples: str | None = None
+    seed: int = 0
+    shapes: Mapping | None = None
+    input_mode: str | None = None
+
+
 @dataclass
 class _Batch:
     """One batch size being measured: both models' callables and their timed runs."""
@@ -309,48 +348,40 @@ def benchmark(
     tags: frozenset[str],
     signature_key: str,
     *,
-    batch_sizes: Sequence[int] = (1, 32),
-    runs: int = 100,
-    loads: int = 3,
-    seed: int = 0,
-    warmup: int = 5,
-    examples: str | None = None,
-    deadline: float | None = None,
+    schedule: BenchmarkSchedule = BenchmarkSchedule(),
+    inputs: BenchmarkInputs = BenchmarkInputs(),
     progress: Callable[[str], None] | None = None,
-    runs_per_batch: Mapping[int, int] | None = None,
-    shapes: Mapping | None = None,
-    input_mode: str | None = None,
 ) -> BenchmarkReport:
     """Measures load time and p50/p99 latency of one signature, before vs. after.
 
-    ``runs`` interleaved runs per batch size; with a ``deadline`` (``time.monotonic``)
-    as many as fit before it, at most ``runs``, batch sizes that cannot fit
-    :data:`MIN_RUNS` skipped. ``runs_per_batch`` fixes the runs of some batch sizes (a
-    confirmation repeats the first measurement's). ``progress`` hears the plan once it
-    is calibrated. ``input_mode``: the synthesis fallback the parity gate found the
-    original runs on (``inputs.FALLBACKS``); ``scalars`` and ``batch 1`` run one row
-    whatever the batch size says, so the caller asks for batch 1 only.
+    ``schedule.runs`` interleaved runs per batch size; with a ``schedule.deadline``
+    (``time.monotonic``) as many as fit before it, at most ``runs``, batch sizes that
+    cannot fit :data:`MIN_RUNS` skipped. ``progress`` hears the plan once it is
+    calibrated. With ``inputs.input_mode`` ``scalars`` or ``batch 1`` every request is
+    one row whatever the batch size says, so the caller asks for batch 1 only.
 
     Example:
         >>> r = benchmark("build/sample/1", "build/optimized/1", frozenset({"serve"}),
-        ...               "serving_default", runs=50)
+        ...               "serving_default", schedule=BenchmarkSchedule(runs=50))
         >>> [lat.batch_size for lat in r.after]
         [1, 32]
-        >>> r = benchmark(..., deadline=time.monotonic() + 60)    # sized to a minute
+        >>> r = benchmark(..., schedule=BenchmarkSchedule(
+        ...     deadline=time.monotonic() + 60))    # sized to a minute
     """
     say = progress or (lambda _: None)
+    deadline, input_mode = schedule.deadline, inputs.input_mode
     budget = measuring.seconds_until(deadline)
-    runs = max(1, runs)
+    runs = max(1, schedule.runs)
     load_before, load_after, (sess_a, mg_a), (sess_b, mg_b) = _load_both(
-        before_dir, after_dir, tags, loads, budget)
+        before_dir, after_dir, tags, schedule.loads, budget)
     try:
         sig_a = mg_a.signature_def[signature_key]
         sig_b = mg_b.signature_def[signature_key]
         # The user's examples when given (a model may refuse synthesized inputs), grown
         # or cut to each batch size so the figure is for the batch it names.
-        user = examples_lib.read_examples_file(examples) if examples else None
-        feeds = inputs_lib.signature_feeds(mg_a, before_dir, user=user, seed=seed,
-                                           shapes=shapes)
+        user = examples_lib.read_examples_file(inputs.examples) if inputs.examples else None
+        feeds = inputs_lib.signature_feeds(mg_a, before_dir, user=user, seed=inputs.seed,
+                                           shapes=inputs.shapes)
 
         def prepare(batch: int) -> _Batch:
             made = feeds(signature_key, batch, mode=input_mode).batches
@@ -359,12 +390,12 @@ def benchmark(
                 inputs_lib.resize_batch(made, batch)
             return _Batch(batch, _callable(sess_a, sig_a, feed), _callable(sess_b, sig_b, feed))
 
-        sizes = list(dict.fromkeys(batch_sizes))
-        measured, skipped = _calibrate(sizes, prepare, warmup, deadline)
+        sizes = list(dict.fromkeys(schedule.batch_sizes))
+        measured, skipped = _calibrate(sizes, prepare, schedule.warmup, deadline)
         calibration, too_dear = plan_runs(
             {b.size: (b.times_a[0] / 1000.0, b.times_b[0] / 1000.0) for b in measured.values()},
             runs, None if deadline is None else measuring.seconds_until(deadline),
-            runs_per_batch)
+            schedule.runs_per_batch)
         skipped += too_dear
         planned = {c.batch_size: c.runs for c in calibration if c.runs}
         left = sum((planned[b.size] - 1) * (b.times_a[0] + b.times_b[0]) / 1000.0
@@ -550,38 +581,39 @@ def _callable(session, signature_def, feed_by_alias: dict):
 
 
 def benchmark_in_fresh_process(before_dir: str, after_dir: str, tags: frozenset[str],
-                               signature_key: str, *, batch_sizes=(1, 32), runs: int = 100,
-                               seed: int = 0, examples: str | None = None,
-                               timeout: float = 3600.0, loads: int = 3,
-                               deadline: float | None = None,
+                               signature_key: str, *,
+                               schedule: BenchmarkSchedule = BenchmarkSchedule(),
+                               inputs: BenchmarkInputs = BenchmarkInputs(),
+                               timeout: float = 3600.0,
                                progress: Callable[[str], None] | None = None,
-                               runs_per_batch: Mapping[int, int] | None = None,
-                               shapes: Mapping | None = None,
-                               input_mode: str | None = None,
                                ) -> BenchmarkReport:
     """:func:`benchmark` run in a measuring process (``serving_opt.measuring``).
 
     The optimizer's own process has loaded, frozen and compared models for minutes,
     and runs TensorFlow configured for that (oneDNN's caching allocator off, so each
     model's memory is returned when its session closes); the numbers users compare
-    with TF Serving come from a process configured like the server. ``deadline``,
-    ``progress`` and ``runs_per_batch`` as :func:`benchmark`'s (the deadline counts the
+    with TF Serving come from a process configured like the server. ``schedule``,
+    ``inputs`` and ``progress`` as :func:`benchmark`'s (the deadline counts the
     process's start).
 
     Example:
         >>> benchmark_in_fresh_process("exports/1", "models/clf/1", frozenset({"serve"}),
-        ...                            "serving_default", runs=50).speedup(32)
+        ...                            "serving_default",
+        ...                            schedule=BenchmarkSchedule(runs=50)).speedup(32)
         1.3
     """
+    examples, shapes = inputs.examples, inputs.shapes
     (result,) = measuring.run_jobs([{
         "run": "serving_opt.stages.benchmark:benchmark_job",
         "before": os.path.abspath(before_dir), "after": os.path.abspath(after_dir),
-        "tags": sorted(tags), "signature": signature_key, "batch_sizes": list(batch_sizes),
-        "runs": runs, "seed": seed, "loads": loads, "deadline": deadline,
-        "runs_per_batch": sorted((runs_per_batch or {}).items()),
+        "tags": sorted(tags), "signature": signature_key,
+        "batch_sizes": list(schedule.batch_sizes), "runs": schedule.runs,
+        "seed": inputs.seed, "loads": schedule.loads, "warmup": schedule.warmup,
+        "deadline": schedule.deadline,
+        "runs_per_batch": sorted((schedule.runs_per_batch or {}).items()),
         "examples": os.path.abspath(examples) if examples else None,
         "shapes": {k: {a: list(d) for a, d in v.items()} for k, v in (shapes or {}).items()},
-        "input_mode": input_mode,
+        "input_mode": inputs.input_mode,
     }], timeout,
         what="the benchmark", skip="--benchmark_runs=0", progress=progress)
     if "error" in result:
@@ -592,12 +624,15 @@ def benchmark_in_fresh_process(before_dir: str, after_dir: str, tags: frozenset[
 
 def benchmark_job(job: dict) -> dict:
     """In a measuring process's child: :func:`benchmark` on the job's arguments."""
+    schedule = BenchmarkSchedule(
+        batch_sizes=tuple(job["batch_sizes"]), runs=job["runs"],
+        loads=job.get("loads", BenchmarkSchedule.loads),
+        warmup=job.get("warmup", BenchmarkSchedule.warmup), deadline=job.get("deadline"),
+        runs_per_batch=dict(job.get("runs_per_batch", ())))
+    inputs = BenchmarkInputs(
+        examples=job.get("examples"), seed=job["seed"],
+        shapes={k: {a: tuple(d) for a, d in v.items()} for k, v in job.get("shapes", {}).items()},
+        input_mode=job.get("input_mode"))
     report = benchmark(job["before"], job["after"], frozenset(job["tags"]), job["signature"],
-                       batch_sizes=tuple(job["batch_sizes"]), runs=job["runs"],
-                       seed=job["seed"], examples=job.get("examples"),
-                       loads=job.get("loads", 3), deadline=job.get("deadline"),
-                       runs_per_batch=dict(job.get("runs_per_batch", ())),
-                       shapes={k: {a: tuple(d) for a, d in v.items()}
-                               for k, v in job.get("shapes", {}).items()},
-                       input_mode=job.get("input_mode"), progress=measuring.say)
+                       schedule=schedule, inputs=inputs, progress=measuring.say)
     return {"report": asdict(report)}

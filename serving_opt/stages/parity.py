@@ -202,36 +202,52 @@ class Rejected:
     error: str
 
 
+@dataclass(frozen=True)
+class ParityInputs:
+    """What both models are run on: the user's inputs (``--examples``; None: synthesized
+    from the signatures), ``num_batches`` batches of ``batch_size`` rows, the synthesis
+    ``seed``, and ``shapes`` ({key: {alias: shape}}, ``--input_shapes``) that synthesized
+    inputs take.
+
+    Example:
+        >>> ParityInputs(batch_size=8, num_batches=1).seed
+        0
+    """
+
+    user_inputs: UserInputs | None = None
+    batch_size: int = 16
+    num_batches: int = 2
+    seed: int = 0
+    shapes: Mapping | None = None
+
+
 def check_parity(
     reference_dir: str,
     candidate_dir: str,
     tags: frozenset[str],
     signature_keys: Sequence[str],
     *,
-    user_inputs: UserInputs | None = None,
+    inputs: ParityInputs = ParityInputs(),
     atol: float = DEFAULT_ATOL,
     rtol: float = DEFAULT_RTOL,
-    batch_size: int = 16,
-    num_batches: int = 2,
-    seed: int = 0,
     lossy: LossyGate | None = None,
-    shapes: Mapping | None = None,
 ) -> ParityReport:
     """Runs every signature of both models on the same inputs and compares the outputs.
-
-    ``shapes`` ({key: {alias: shape}}, ``--input_shapes``): synthesized inputs take them.
 
     Example:
         >>> check_parity("build/sample/1", "build/optimized/1", frozenset({"serve"}),
         ...              ["serving_default"]).ok
         True
+        >>> check_parity(..., inputs=ParityInputs(user_inputs=examples, batch_size=1),
+        ...              lossy=LossyGate()).ok
+        False
     """
     # One model in memory at a time: for a 1 GB model, two at once would double the
     # optimizer's peak. The original's answers are kept (they are small), then compared.
     ref_sess, ref_mg = loader.load_session(reference_dir, tags)
     try:
-        feeds = inputs_lib.signature_feeds(ref_mg, reference_dir, user=user_inputs, seed=seed,
-                                           shapes=shapes)
+        feeds = inputs_lib.signature_feeds(ref_mg, reference_dir, user=inputs.user_inputs,
+                                           seed=inputs.seed, shapes=inputs.shapes)
         runs: dict[str, list] = {}  # key -> [(feed, expected outputs, feeding tensors)]
         sources = {}
         discrete: dict[str, discrete_gate.DiscreteOutputs] = {}
@@ -241,10 +257,11 @@ def check_parity(
             if found is not None:
                 discrete[key] = found
             extra = found.feeds if found is not None else ()
-            modes = inputs_lib.fallback_modes(ref_mg.graph_def, ref_sig, batch_size,
-                                              (shapes or {}).get(key))
-            sig_inputs, runs[key] = _run_original(ref_sess, ref_sig, feeds, key, batch_size,
-                                                  num_batches, extra, modes)
+            modes = inputs_lib.fallback_modes(ref_mg.graph_def, ref_sig, inputs.batch_size,
+                                              (inputs.shapes or {}).get(key))
+            sig_inputs, runs[key] = _run_original(ref_sess, ref_sig, feeds, key,
+                                                  inputs.batch_size, inputs.num_batches,
+                                                  extra, modes)
             sources[key] = sig_inputs.source
         outputs = {key: sorted(ref_mg.signature_def[key].outputs) for key in signature_keys}
     finally:

@@ -57,6 +57,7 @@ def test_models_optimized_under_tf221_load_under_tf215(trained_classifier, tmp_p
         assert sorted(signatures(optimized)) == keys
         sess, _ = loader.load_session(optimized, SERVE)  # TF Serving's way of loading
         sess.close()
-        report = parity.check_parity(source, optimized, SERVE, keys, batch_size=8,
-                                     num_batches=1)
+        report = parity.check_parity(
+            source, optimized, SERVE, keys,
+            inputs=parity.ParityInputs(batch_size=8, num_batches=1))
         assert report.ok, report.summary()
