@@ -2,11 +2,19 @@
 
 A REST body is mostly one thing: nested lists of numbers (images, embeddings, features).
 Parsing those with ``json.loads`` costs ~48 bytes of memory per body byte and a Python
-object per number. This module finds each bracketed run of number characters in the
-body, checks it as a JSON array (rectangular, valid JSON numbers) with byte-string
-operations, and parses the numbers with vectorised numpy (a per-token Python ``float``
-only where exactness needs it). The rest of the body, a small "skeleton" in which each
-run is a placeholder string, goes through the same :func:`~.json_read.parse_json`.
+object per number. :func:`fast_predict_tensors` decodes them one of two ways:
+
+* :mod:`.json_simd` (simdjson, compiled): the fastest (a 160x160x3 float image in ~4 ms
+  where this module's numpy reader takes ~30), but its tape costs ~40 bytes a number, so
+  it is used where that stays within :data:`MAX_SIMD_BYTES_PER_BODY_BYTE` (numbers of
+  10+ characters, as ``json.dumps`` writes floats) or the body is small;
+* :func:`numpy_predict_tensors`, for dense short numbers (``0, 255, 3, ...``) where the
+  tape would take ~10 bytes a body byte, or a body simdjson refused: it finds each
+  bracketed run of number characters in the body, checks it as a JSON array
+  (rectangular, valid JSON numbers) with byte-string operations, and parses the numbers
+  with vectorised numpy (a per-token Python ``float`` only where exactness needs it), at
+  ~3 bytes a body byte. The rest of the body, a small "skeleton" in which each run is a
+  placeholder string, goes through the same :func:`~.json_read.parse_json`.
 
 Fast or not, the answer is the old path's: :func:`fast_predict_tensors` returns None
 (and the caller runs the Python-object path, which also produces every error text)
@@ -33,11 +41,22 @@ from numpy.lib.stride_tricks import sliding_window_view
 from tensorflow.core.framework import types_pb2
 
 from serving_opt.serving.model_server.json_read import parse_json
+from serving_opt.serving.model_server.json_simd import (
+    FLOAT_TYPES,
+    INT_TYPES,
+    simd_memory,
+    simd_predict_tensors,
+)
 from serving_opt.serving.model_server.status import ServingStatusError
 from serving_opt.serving.model_server.tensors import MAX_DIMENSIONS
 
 # Below this a body is parsed the ordinary way: the fast path's fixed costs win nothing.
 MIN_FAST_BYTES = 2048
+# simdjson is used while its memory (json_simd.simd_memory) stays within this many bytes
+# a body byte, or within SIMD_ANY_BYTES whatever the body (a transient few MiB matter
+# less than its ~5x speed over the numpy reader).
+MAX_SIMD_BYTES_PER_BODY_BYTE = 4
+SIMD_ANY_BYTES = 16 << 20
 
 # A '[' ... ']' run of the characters a numeric JSON array can hold.
 _BLOCK = re.compile(rb"\[[-0-9eE.+,\[\] \t\r\n]*\]")
@@ -51,21 +70,6 @@ _P10_INT = np.array([10**i for i in range(20)], dtype=np.uint64)
 _P10_FLOAT = np.array([10.0**i for i in range(23)])  # exact doubles
 _TWO_53 = np.uint64(2**53)
 
-_FLOATS = {types_pb2.DT_FLOAT: np.float32, types_pb2.DT_DOUBLE: np.float64}
-# integer dtypes: numpy type, and the range the old path accepts *and* stores unchanged
-# (narrow ints are checked against int32 upstream, then truncated: outside their own
-# range the old path is used)
-_INTS = {
-    types_pb2.DT_INT32: (np.int32, -(2**31), 2**31 - 1),
-    types_pb2.DT_INT64: (np.int64, -(2**63), 2**63 - 1),
-    types_pb2.DT_INT16: (np.int16, -(2**15), 2**15 - 1),
-    types_pb2.DT_INT8: (np.int8, -(2**7), 2**7 - 1),
-    types_pb2.DT_UINT8: (np.uint8, 0, 2**8 - 1),
-    types_pb2.DT_UINT32: (np.uint32, 0, 2**32 - 1),
-    types_pb2.DT_UINT64: (np.uint64, 0, 2**63 - 1),
-}
-
-
 class _NotFast(Exception):
     """The body is not one this module decodes exactly: use the Python-object path."""
 
@@ -78,9 +82,36 @@ def fast_predict_tensors(
 
     None means: decode ``body`` the ordinary way (it may be fine, or an error whose text
     that path writes).
+
+    Example:
+        >>> infos = {"x": TensorInfo(dtype=DT_UINT8)}
+        >>> _, tensors, fmt = fast_predict_tensors(b'{"inputs": [[0, 255]]}',
+        ...                                        lambda s: infos, min_bytes=0)
+        >>> fmt, tensors["x"][0].tolist(), tensors["x"][1]
+        ('columnar', [0, 255], [1, 2])
     """
-    if len(body) < min_bytes or b"\\u0000" in body:
+    if len(body) < min_bytes:
         return None
+    memory = simd_memory(body)
+    if memory <= max(MAX_SIMD_BYTES_PER_BODY_BYTE * len(body), SIMD_ANY_BYTES):
+        fast = simd_predict_tensors(body, input_infos)
+        if fast is not None:
+            return fast
+    return numpy_predict_tensors(body, input_infos)
+
+
+def numpy_predict_tensors(body: bytes, input_infos: Callable[[str], object]):
+    """:func:`fast_predict_tensors` with the numpy reader alone (no simdjson, no size
+    threshold).
+
+    Example:
+        >>> infos = {"x": TensorInfo(dtype=DT_FLOAT)}
+        >>> _, tensors, fmt = numpy_predict_tensors(b'{"inputs": [1, -0]}', lambda s: infos)
+        >>> fmt, tensors["x"][0].tolist()
+        ('columnar', [1.0, 0.0])
+    """
+    if b"\\u0000" in body:
+        return None  # the placeholders' marker
     blocks: list[bytes] = []
 
     def placeholder(match: re.Match) -> bytes:
@@ -228,7 +259,7 @@ def decode_block(blocks: list, index: int, dtype: int) -> tuple[np.ndarray, list
     reads the same. The block is dropped from ``blocks`` to free its bytes early."""
     text = blocks[index]
     blocks[index] = None
-    if dtype not in _FLOATS and dtype not in _INTS:
+    if dtype not in FLOAT_TYPES and dtype not in INT_TYPES:
         raise _NotFast
     spaces = [c for c in _WHITESPACE if bytes((c,)) in text]
     if spaces:
@@ -310,7 +341,7 @@ def parse_numbers(text: bytes, dtype: int) -> np.ndarray:
     lengths -= 1
     if lengths.min() <= 0:
         raise _NotFast  # an empty element
-    integer = dtype in _INTS
+    integer = dtype in INT_TYPES
     fraction = None  # digits after the dot (0: no dot)
     dots = np.flatnonzero(data == 46)
     if dots.size:
@@ -337,7 +368,7 @@ def parse_numbers(text: bytes, dtype: int) -> np.ndarray:
     key += data[starts] == 45  # negative
     key[slow] = 0
     key = key.astype(np.uint16)
-    out = np.empty(count, dtype=_INTS[dtype][0] if integer else _FLOATS[dtype])
+    out = np.empty(count, dtype=INT_TYPES[dtype][0] if integer else FLOAT_TYPES[dtype])
     for base in range(0, count, _GROUP_ROWS):  # bounds the row indices (8 bytes each)
         keys = key[base: base + _GROUP_ROWS]
         for group_key in np.flatnonzero(np.bincount(keys)).tolist():
@@ -385,7 +416,7 @@ def _parse_group(data, starts, rows, key: int, dtype: int, out, slow) -> None:
     if fraction:
         is_digit[dot] = False
     digits = int(is_digit.sum())
-    integer = dtype in _INTS
+    integer = dtype in INT_TYPES
     if integer and digits > 18:
         raise _NotFast  # near int64's edges: the old path's business
     if fraction > 22:
@@ -415,7 +446,7 @@ def _parse_group(data, starts, rows, key: int, dtype: int, out, slow) -> None:
         mantissa = block @ weights
         del block
         if integer:
-            _, low, high = _INTS[dtype]
+            _, low, high = INT_TYPES[dtype]
             if plain is not None:
                 raise _NotFast  # an exponent or not JSON: the old path's business
             values = mantissa.astype(np.int64)
