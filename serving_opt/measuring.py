@@ -306,4 +306,5 @@ def serve_jobs() -> int:
 
 
 if __name__ == "__main__":
+    loader.keep_plotting_out()
     sys.exit(serve_jobs())

@@ -932,4 +932,5 @@ def _serve(preload: str, result_path: str) -> int:
 
 
 if __name__ == "__main__":
+    loader.keep_plotting_out()
     sys.exit(_serve(sys.argv[1], sys.argv[2]))

@@ -77,6 +77,26 @@ def configure_for_optimizing() -> bool:
     return True
 
 
+def keep_plotting_out() -> None:
+    """Keeps matplotlib out of this process, for the processes serving-opt starts itself.
+
+    ``import tensorflow`` imports Keras, and Keras imports ``matplotlib.pyplot`` whenever
+    matplotlib is installed (``keras.src.visualization``; serving-opt installs it for tune's
+    chart). That costs every worker, measuring and server process ~1.3 s, and 2-5 s more
+    in the sandbox, whose fresh home makes matplotlib rebuild its font cache, for plots none
+    of them makes. Keras takes the ImportError as "no matplotlib". Never called in a
+    user's process (the Python API, the Estimator hook): their code may plot.
+
+    Example:
+        >>> keep_plotting_out()
+        >>> import keras  # doctest: +SKIP
+        >>> sys.modules["matplotlib"] is None
+        True
+    """
+    if "matplotlib" not in sys.modules:
+        sys.modules["matplotlib"] = None  # import machinery: None means "not importable"
+
+
 def quiet_tensorflow_import() -> None:
     """Imports TensorFlow with the process's stderr (file descriptor 2) silenced.
 

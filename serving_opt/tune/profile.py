@@ -469,4 +469,5 @@ def _serve() -> int:
 
 
 if __name__ == "__main__":
+    loader.keep_plotting_out()
     sys.exit(_serve())

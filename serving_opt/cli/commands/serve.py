@@ -443,6 +443,9 @@ def main(fv: flags.FlagValues) -> int:
     if fv.version:
         print_version()
         return 0
+    from serving_opt.savedmodel import loader
+
+    loader.keep_plotting_out()  # a server never plots (and the sandboxed one has no fonts)
     options = _options(fv)
     from serving_opt import sandbox
 
