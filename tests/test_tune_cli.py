@@ -14,6 +14,7 @@ import os
 import pytest
 
 from serving_opt.cli import main as cli
+from serving_opt.serving.model_server import model_config
 from serving_opt.serving.model_server.batching import parse_batching_parameters
 
 
@@ -112,3 +113,15 @@ def test_tune_end_to_end_writes_every_output(capsys, convnet_base, tmp_path):
             "max_batch_size"]
         assert "--enable_batching=true" in flags_line
     assert "recommendation" in out and "model vs measurement" in out
+    # The hardware is part of the result: this machine's CPU, its cores and the kernels
+    # the profile says ran, in the JSON and in the text with its warning.
+    hardware = report["hardware"]
+    assert hardware["cores"] == len(os.sched_getaffinity(0))
+    assert hardware["cpu_model"] and hardware["kernels"] == "Eigen"
+    assert "hardware" in out and "warning" in out
+    # models.config is a --model_config_file TF Serving reads: the model, where the
+    # Docker image mounts models (/models/<name>).
+    config = model_config.read_config_file(str(out_dir / "models.config"))
+    [served] = model_config.model_configs(config)
+    assert served.name == report["model_name"]
+    assert served.base_path == f"/models/{served.name}"
