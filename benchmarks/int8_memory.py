@@ -15,15 +15,29 @@ Two models, each in four variants: the original, ``lossless`` (default settings)
 * ``dense``: a TF1 MLP whose weights (``--dense_mib`` of float32 kernels) are what it
   is made of: those are dequantized once, at load, by the init op.
 
-Every variant is loaded ``--rounds`` times in fresh processes (``serving_opt.measuring``:
-a child forked from a process that imported TensorFlow, as the optimizer's cold start
-does), the variants interleaved and their order rotated each round, the way TF Serving
-loads: session loader (graph, restore, init op), the warmup file if any, one request.
-Per variant: peak RSS (getrusage), steady RSS (held after the first request, measured by
-a forked probe), the runtime's own (held before loading), load time and first request;
-each variant's ratio to the original is the median of the per-round paired ratios with
-its distribution-free 95% interval (``stages.benchmark.median_interval``). The memory at
-each stage of the load (median) says where a peak comes from.
+Every variant is loaded ``--rounds`` times in fresh processes, the variants interleaved
+and their order rotated each round, the way TF Serving loads: session loader (graph,
+restore, init op), the warmup file if any, one request. Two measurements, each a table:
+
+* native (the primary one, what ``--strict`` judges): ``savedmodel.native_load``, a
+  fresh process with TensorFlow's C++ runtime only (ctypes; no Python TensorFlow), the
+  model loaded by ``TF_LoadSessionFromSavedModel`` (the C++ loader TF Serving calls).
+  Its RSS is what ``tensorflow_model_server``'s would be: the runtime's code pages
+  (~320 MiB of shared-library text) count, as they do in the server; the harness adds
+  Python and numpy (~27 MiB, shown as ``interpreter``), the same for every variant;
+* fork-based (``serving_opt.measuring``, as the optimizer's cold start measures): a
+  child forked from a process that imported TensorFlow. It leaves out the runtime's code
+  pages (a forked child does not count file-backed pages its parent had mapped until it
+  touches them again) and counts the Python API's heap instead, so its ratios are lower
+  than a server's; kept for its stage-by-stage view (graph, restore, init op apart).
+
+Per variant: peak RSS, steady RSS (resident after the first request), the runtime's own
+(resident before loading), load time and first request; each variant's ratio to the
+original is the median of the per-round paired ratios with its distribution-free 95%
+interval (``stages.benchmark.median_interval``). The memory at each stage of the load
+(median) says where a peak comes from. Then the fixed costs every variant pays (the
+runtime; the vocabulary's hash table, which the init op builds: held after the init op
+less held after the restore, from the fork-based stages) and int8's floor given them.
 
 Agreement: the share of ``--agreement_rows`` fresh requests (another seed than the
 ``--examples``) whose class id is the original's, computed here with TF's own loader,
@@ -35,8 +49,8 @@ probabilities more than 0.05 apart; the sample is not trained, so some rows tie)
 does: the first request then comes after it.
 
 Prints the tables and writes build/bench/int8_memory.md and .json. Exit 0; with
-``--strict``, 1 when int8 misses its targets (peak and steady RSS <= 0.4x, first request
-<= 1.1x, agreement >= 99.5%).
+``--strict``, 1 when int8 misses its targets in the native table (peak and steady RSS <=
+0.4x, first request <= 1.1x; agreement >= 99.5%).
 """
 
 from __future__ import annotations
@@ -56,6 +70,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from serving_opt import measuring, samples  # noqa: E402
+from serving_opt.savedmodel import native_load  # noqa: E402
 from serving_opt.stages import coldstart  # noqa: E402
 from serving_opt.stages.benchmark import median_interval  # noqa: E402
 
@@ -166,6 +181,122 @@ def measure(models: dict[str, str], feeds: dict, signature: str, rounds: int) ->
             raise SystemExit(f"{name} failed to load: {result['error']}")
         runs[name][r] = result
     return runs
+
+
+def measure_native(models: dict[str, str], feeds: dict, signature: str,
+                   rounds: int) -> dict:
+    """Native loads (``native_load.measure``: C++ runtime, fresh process) of every variant,
+    interleaved, order rotated per round: variant -> round -> ``NativeLoad.to_dict()``."""
+    names = list(models)
+    runs: dict[str, dict[int, dict]] = {name: {} for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            try:
+                got = native_load.measure(models[name], feeds, signature)
+            except RuntimeError as e:
+                raise SystemExit(f"{name} failed its native load: {e}") from None
+            runs[name][r] = got.to_dict()
+    return runs
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]  # as coldstart's: the upper median
+
+
+def summarize_native(title: str, runs: dict) -> tuple[list[str], dict]:
+    """Markdown lines (the native table and its stages) and the JSON summary."""
+    lines = [f"### {title}: native (C++ runtime, fresh process, as tensorflow_model_server "
+             "holds memory)", "",
+             "| variant | peak RSS | x orig [95%] | steady RSS | x orig [95%] | steady anon "
+             "/ file | runtime | first request | x orig [95%] | load | x orig [95%] |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    summary = {}
+    for name, by_round in runs.items():
+        results = list(by_round.values())
+        median = {key: _median([r[key] for r in results]) for key in (
+            "peak_rss_bytes", "steady_rss_bytes", "runtime_rss_bytes",
+            "interpreter_rss_bytes", "load_seconds", "first_request_seconds",
+            "warmup_records")}
+        stages: dict[str, list[float]] = {}
+        for r in results:
+            for stage, peak, rss, anon, filed in r["stages"]:
+                stages.setdefault(stage, []).append((peak, rss, anon, filed))
+        stage_medians = {stage: [_median([row[k] for row in rows]) for k in range(4)]
+                         for stage, rows in stages.items()}
+        row = {"median": median, "stages": stage_medians, "ratios": {}}
+        cells = []
+        for key in ("peak_rss_bytes", "steady_rss_bytes", "first_request_seconds",
+                    "load_seconds"):
+            ratio, low, high, coverage = _ratio(runs, name, key)
+            row["ratios"][key] = {"median": ratio, "low": low, "high": high,
+                                  "coverage": coverage}
+            value = median[key]
+            shown = f"{value / MIB:.0f} MiB" if key.endswith("bytes") else (
+                f"{value * 1000:.0f} ms" if key.startswith("first") else f"{value:.2f} s")
+            cells += [shown, f"{ratio:.2f}x [{low:.2f}, {high:.2f}]"]
+            if key == "steady_rss_bytes":
+                _, _, anon, filed = stage_medians["first request"]
+                cells += [f"{anon / MIB:.0f} / {filed / MIB:.0f} MiB",
+                          f"{median['runtime_rss_bytes'] / MIB:.0f} MiB"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        summary[name] = row
+    names = [n for n in ("interpreter", "runtime", "load", "warmup", "first request")
+             if any(n in row["stages"] for row in summary.values())]
+    lines += ["", "Memory after each stage (median MiB; peak so far / resident (anon + "
+              "file)); load is TF_LoadSessionFromSavedModel: graph, restore, init op:", "",
+              "| variant | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for name, row in summary.items():
+        got = {stage: f"{p / MIB:.0f} / {r / MIB:.0f} ({a / MIB:.0f} + {f / MIB:.0f})"
+               for stage, (p, r, a, f) in row["stages"].items()}
+        lines.append(f"| {name} | " + " | ".join(got.get(n, "-") for n in names) + " |")
+    return lines, summary
+
+
+def fixed_costs(native: dict, fork: dict, int8_dir: str) -> tuple[list[str], dict]:
+    """What every variant of the text classifier pays whatever its weights are, and the
+    least int8 can then hold: the lines and the figures.
+
+    The runtime: resident before any model (native). The vocabulary's hash table: built by
+    the init op, so the original's held memory after the init op less after the restore
+    (fork-based stages: the native load is one call). int8's floor: those plus its
+    checkpoint's bytes (one byte per embedding weight and the scales), which the restore
+    must hold; anything above it is the runtime's working memory for this model.
+    """
+    runtime = _median([row["median"]["runtime_rss_bytes"] for row in native.values()])
+    interpreter = _median([row["median"]["interpreter_rss_bytes"]
+                           for row in native.values()])
+    _, _, anon, filed = native["original"]["stages"]["runtime"]
+    held = {stage: h for stage, _, h in fork["original"]["stages"]}
+    table = held["init op"] - held["restore"]
+    weights = sum(os.path.getsize(os.path.join(int8_dir, "variables", f))
+                  for f in os.listdir(os.path.join(int8_dir, "variables")))
+    floor = runtime + table + weights
+    orig = native["original"]["median"]
+    int8 = native["int8"]["median"]
+    figures = {"runtime_rss_bytes": runtime, "interpreter_rss_bytes": interpreter,
+               "table_bytes": table, "int8_checkpoint_bytes": weights,
+               "int8_floor_bytes": floor,
+               "int8_floor_x_peak": floor / orig["peak_rss_bytes"],
+               "int8_floor_x_steady": floor / orig["steady_rss_bytes"],
+               "budget_0.4x_peak_bytes": 0.4 * orig["peak_rss_bytes"] - runtime - table}
+    lines = [
+        "Fixed costs (every variant pays them, whatever its weights):",
+        f"* the runtime before any model: {runtime / MIB:.0f} MiB resident ({anon / MIB:.0f}"
+        f" anon + {filed / MIB:.0f} file: the C++ runtime's code pages), of which "
+        f"{interpreter / MIB:.0f} MiB is this harness's Python and numpy (not in a server);",
+        f"* the vocabulary hash table, built by the init op: {table / MIB:.0f} MiB (the "
+        "original's held memory after the init op less after the restore, fork-based "
+        "stages);",
+        f"* int8's floor: runtime + table + its checkpoint ({weights / MIB:.0f} MiB: int8 "
+        f"embedding and scales) = {floor / MIB:.0f} MiB = "
+        f"{figures['int8_floor_x_peak']:.2f}x the original's native peak "
+        f"({orig['peak_rss_bytes'] / MIB:.0f} MiB), "
+        f"{figures['int8_floor_x_steady']:.2f}x its steady; int8 measures "
+        f"{int8['peak_rss_bytes'] / MIB:.0f} MiB peak, {int8['steady_rss_bytes'] / MIB:.0f}"
+        " MiB steady;",
+        f"* 0.4x of the original's peak leaves {figures['budget_0.4x_peak_bytes'] / MIB:.0f}"
+        " MiB for everything but the runtime and the table."]
+    return lines, figures
 
 
 def _ratio(runs: dict, name: str, key: str) -> tuple[float, float, float, float]:
@@ -326,13 +457,22 @@ def main(argv: list[str] | None = None) -> int:
             path = os.path.join(models[name], "assets.extra", "tf_serving_warmup_requests")
             if os.path.exists(path):
                 os.remove(path)
-    print(f"measuring {args.rounds} rounds x {len(models)} variants ...", flush=True)
+    title = f"text classifier {args.vocab_size} x {args.embedding_dim}"
+    print(f"measuring {args.rounds} rounds x {len(models)} variants, native ...", flush=True)
+    nruns = measure_native(models, {"inputs": fresh[:32]}, "serving_default", args.rounds)
+    nlines, native = summarize_native(title, nruns)
+    print("\n".join(nlines), flush=True)
+    print(f"measuring {args.rounds} rounds x {len(models)} variants, fork-based ...",
+          flush=True)
     runs = measure(models, {"inputs": fresh[:32]}, "serving_default", args.rounds)
-    lines, summary = summarize(f"text classifier {args.vocab_size} x {args.embedding_dim}",
-                               runs)
-    md += lines + ["", _agreement_line(agree, args.agreement_rows), ""]
-    print("\n".join(lines), flush=True)
-    out["text_classifier"] = {"variants": summary, "agreement": agree}
+    lines, summary = summarize(f"{title}: fork-based (serving_opt.measuring: leaves out "
+                               "the runtime's code pages)", runs)
+    flines, figures = fixed_costs(native, summary, models["int8"])
+    md += nlines + [""] + flines + ["", _agreement_line(agree, args.agreement_rows), ""]
+    md += lines + [""]
+    print("\n".join(lines + [""] + flines), flush=True)
+    out["text_classifier"] = {"native": native, "variants": summary, "agreement": agree,
+                              "fixed_costs": figures}
 
     if args.dense_mib > 0:
         dense = os.path.join(args.workdir, f"dense_{args.dense_mib}mib")
@@ -348,20 +488,26 @@ def main(argv: list[str] | None = None) -> int:
         x = np.random.default_rng(12).standard_normal((args.agreement_rows, 2048)).astype(
             np.float32)
         dagree = agreement(dmodels, "serving_default", "x", "class_ids", x)
+        dtitle = f"dense MLP, {args.dense_mib} MiB of weights"
+        dnruns = measure_native(dmodels, {"x": x[:32]}, "serving_default", args.rounds)
+        dnlines, dnative = summarize_native(dtitle, dnruns)
         druns = measure(dmodels, {"x": x[:32]}, "serving_default", args.rounds)
-        lines, dsummary = summarize(f"dense MLP, {args.dense_mib} MiB of weights", druns)
-        md += lines + ["", "Random weights and inputs. " + _agreement_line(
-            dagree, args.agreement_rows), ""]
-        out["dense"] = {"variants": dsummary, "agreement": dagree}
+        lines, dsummary = summarize(f"{dtitle}: fork-based (leaves out the runtime's code "
+                                    "pages)", druns)
+        md += dnlines + ["", "Random weights and inputs. " + _agreement_line(
+            dagree, args.agreement_rows), ""] + lines + [""]
+        out["dense"] = {"native": dnative, "variants": dsummary, "agreement": dagree}
 
-    int8 = out["text_classifier"]["variants"]["int8"]["ratios"]
+    # Judged on the native table: the memory a TF Serving process would hold.
+    int8 = out["text_classifier"]["native"]["int8"]["ratios"]
     missed = [f"{key} {int8[key]['median']:.2f}x > {limit}x" for key, limit in TARGETS.items()
               if int8[key]["median"] > limit]
     int8_agree = out["text_classifier"]["agreement"]["int8"]["clear"]
     if int8_agree < 0.995:
         missed.append(f"agreement (rows not near-ties) {int8_agree:.2%} < 99.5%")
-    md += ["", "int8 targets (peak and steady RSS <= 0.4x, first request <= 1.1x, agreement "
-           ">= 99.5%): " + ("met" if not missed else "MISSED: " + "; ".join(missed))]
+    verdict = "met" if not missed else "MISSED: " + "; ".join(missed)
+    md += ["", "int8 targets, native table (peak and steady RSS <= 0.4x, first request <= "
+           "1.1x, agreement >= 99.5%): " + verdict]
     text_md = "\n".join(md) + "\n"
     print(text_md)
     with open(os.path.join(os.path.dirname(args.workdir), "int8_memory.md"), "w") as f:

@@ -5,8 +5,19 @@ runs TensorFlow configured for that (see ``loader.configure_for_optimizing``); n
 users compare with TF Serving must come from a process configured like the server.
 A fresh ``python`` per measurement would spend most of its time importing TensorFlow,
 so one helper process imports it once and forks a child per job (nothing TensorFlow
-runs in the helper before the fork, so the children start clean, and a child's peak
-RSS includes the imported runtime, like a real server's would).
+runs in the helper before the fork, so the children start clean).
+
+What a child's RSS counts: the private pages it inherits (the Python TensorFlow API's
+heap, ~210 MiB, which the fork copies the page-table entries of) and everything it
+touches itself. What it leaves out: the file-backed pages the helper had mapped, above
+all the runtime's shared-library code (~320-375 MiB), whose page-table entries Linux
+does not copy at fork; the child counts only those it touches again. So a child's peak
+is not a server's: ``tensorflow_model_server`` holds the runtime's code pages and none
+of the Python API's heap, and a model's memory is a larger share of a child's RSS than
+of the server's, which makes optimized / original ratios look better than a server
+would see them. Both sides of a comparison undercount alike, so the ratios still rank
+candidates; for the memory a server would hold, see ``savedmodel.native_load`` (a fresh
+process with the C++ runtime only).
 
 A job is a JSON object naming the function that runs it, ``"run": "module:function"``;
 the function takes the job and returns a JSON-able dict. The stages that measure
@@ -199,7 +210,14 @@ def peak_rss_bytes() -> int:
 
     ``getrusage`` needs no ``/proc``: inside the sandbox ``/proc/self`` is synthetic. A
     child forked from a process that imported TensorFlow starts its count afresh (the
-    parent's peak is not inherited), so a measuring child's peak is its own.
+    parent's peak is not inherited), so a measuring child's peak is its own: the private
+    (anonymous) pages it inherited, as their page-table entries are copied at fork, plus
+    what it touched since. It does not include the runtime's shared-library code pages
+    the parent had mapped (file-backed: not copied at fork, counted only once the child
+    touches them again), which a real server's peak does; see the module's docstring.
+    (A process started by ``exec``, by contrast, starts with the high-water mark of the
+    address space the ``exec`` replaced, which the kernel carries over: through vfork, as
+    ``subprocess`` spawns, that is the spawning parent's whole peak.)
 
     Example:
         >>> peak_rss_bytes() > 0

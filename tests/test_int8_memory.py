@@ -3,7 +3,9 @@ and the quantized copies of dense weights are not kept once the init op has used
 
 Real TensorFlow and real SavedModels, small ones (the 1 GB model is only in
 benchmarks/int8_memory.py). No timing is asserted: memory figures only, with margins far
-above allocator noise.
+above allocator noise. The native loader (``savedmodel.native_load``: TensorFlow's C++
+runtime in a fresh process, as tensorflow_model_server holds memory) is checked to run
+the model for real: its answers are TF's Python loader's.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from conftest import TEXT_CLASSIFIER_VOCAB
 from serving_opt import measuring, samples
 from serving_opt.optimizer import OptimizeOptions, optimize
 from serving_opt.report import format_cold_start
+from serving_opt.savedmodel import loader, native_load
 from serving_opt.stages import coldstart
 
 MIB = 1 << 20
@@ -187,3 +190,49 @@ def test_the_report_shows_peak_and_steady_rss_apart():
     old = coldstart.ColdStartReport(coldstart.ColdStart(1.0, 0.06, 1300 * MIB, 220 * MIB),
                                     coldstart.ColdStart(0.9, 0.05, 520 * MIB, 220 * MIB), 1)
     assert "steady" not in format_cold_start(old)
+
+
+def test_the_native_loader_answers_as_tfs_python_loader(text_classifier_base):
+    """C++ runtime, fresh process, no Python TensorFlow: the same outputs for serialized
+    tf.Examples (a string feed; string and float outputs), and consistent memory."""
+    model = os.path.join(text_classifier_base, "1")
+    examples = np.array(samples.text_examples(6, seed=3, vocab_size=TEXT_CLASSIFIER_VOCAB),
+                        dtype=object)
+    result = native_load.measure(model, {"inputs": examples}, "serving_default",
+                                 return_outputs=True)
+    sess, meta_graph = loader.load_session(model)
+    try:
+        sig = meta_graph.signature_def["serving_default"]
+        aliases = sorted(sig.outputs)
+        expected = sess.run([sig.outputs[a].name for a in aliases],
+                            {sig.inputs["inputs"].name: examples})
+    finally:
+        sess.close()
+    assert sorted(result.outputs) == aliases
+    for alias, want in zip(aliases, expected):
+        got = result.outputs[alias]
+        assert got.shape == np.asarray(want).shape
+        if got.dtype == object:
+            assert got.tolist() == np.asarray(want).tolist()
+        else:  # the same kernels; thread pools may sum in another order
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    assert [s.name for s in result.stages] == ["interpreter", "runtime", "load",
+                                               "first request"]
+    assert result.warmup_records == 0  # no warmup file: the stage is skipped, and said so
+    assert result.peak_rss_bytes >= result.steady_rss_bytes > result.runtime_rss_bytes > 0
+    runtime = result.stage("runtime")
+    # The runtime's code pages count, as in a server: most of what it holds is file-backed.
+    assert runtime.rss_file_bytes > runtime.rss_anon_bytes > 0
+    assert runtime.rss_bytes > result.interpreter_rss_bytes > 0
+    peaks = [s.peak_rss_bytes for s in result.stages]
+    assert peaks == sorted(peaks)
+
+
+def test_the_native_loader_replays_the_warmup_file(text_model_with_warmup):
+    examples = np.array(samples.text_examples(2, seed=4, vocab_size=TEXT_CLASSIFIER_VOCAB),
+                        dtype=object)
+    result = native_load.measure(text_model_with_warmup, {"inputs": examples})
+    assert result.warmup_records == 2
+    assert [s.name for s in result.stages] == ["interpreter", "runtime", "load", "warmup",
+                                               "first request"]
+    assert result.peak_rss_bytes >= result.steady_rss_bytes > result.runtime_rss_bytes > 0
