@@ -16,8 +16,12 @@ Memory is measured without ``/proc`` (the sandbox's is synthetic): the peak with
 (``measuring.held_rss_bytes``).
 
 The measurements run in a measuring process (``serving_opt.measuring``: TensorFlow
-imported once, a forked child per measurement); each child's peak RSS includes the
-imported runtime, like a real server's would. The before and after models are measured
+imported once, a forked child per measurement). A child's RSS counts the runtime's
+private memory it inherits, but not TensorFlow's shared-library code pages (a fork does
+not copy those page-table entries), which a server process holds (~315 MiB for TF 2.21):
+absolute figures are that much below a server's, alike before and after, so a ratio here
+flatters a memory saving. ``savedmodel.native_load`` measures as tensorflow_model_server
+holds memory (benchmarks/int8_memory.py). The before and after models are measured
 alternately, in separate children.
 
     report = measure("exports/1", "models/clf/.staging", frozenset({"serve"}),
