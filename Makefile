@@ -122,7 +122,8 @@ venv-tf215: $(STAMP215)
 
 $(STAMP215): pyproject.toml constraints-tf215.txt
 	@test -x $(PY215) || $(PYTHON) -m venv $(VENV215)
-	$(PIP215) tensorflow-cpu==2.15.1 tensorflow-estimator==2.15.0 pytest
+	@# pysimdjson: serving-opt's own dependency (REST decoding), which --no-deps -e . skips.
+	$(PIP215) tensorflow-cpu==2.15.1 tensorflow-estimator==2.15.0 pytest pysimdjson
 	$(PIP215) --no-deps tensorflow-serving-api==2.15.1
 	$(PIP215) --no-deps -e .
 	@touch $(STAMP215)
