@@ -70,6 +70,7 @@ class Server:
 
     def __init__(self, model_base: str, model_name: str, flags: list[str]):
         self.port = free_port()
+        model_base = os.path.abspath(model_base)  # TF Serving refuses a relative base path
         command = [sys.executable, "-m", "serving_opt.cli", "serve", f"--port={self.port}",
                    f"--model_name={model_name}", f"--model_base_path={model_base}", *flags]
         self.command = command
