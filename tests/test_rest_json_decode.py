@@ -342,3 +342,32 @@ def test_dense_short_numbers_use_the_numpy_reader(monkeypatch):
     assert json_tensors.fast_predict_tensors(floats, _infos(["x"], types_pb2.DT_FLOAT),
                                              min_bytes=0) is not None
     assert len(calls) == 1
+
+
+def test_without_simdjson_the_numpy_reader_decodes_alone():
+    # A --serving_version runtime venv made before serving-opt needed pysimdjson runs the
+    # server from this checkout: the import must not fail, and the answer is the same.
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["simdjson"] = None
+        from types import SimpleNamespace
+        import json
+        import numpy as np
+        from tensorflow.core.framework import types_pb2
+        from serving_opt.serving.model_server import json_simd, json_tensors
+        image = np.random.default_rng(0).random((1, 40, 40, 3)).tolist()
+        body = json.dumps({"instances": image}).encode()
+        infos = {"x": SimpleNamespace(dtype=types_pb2.DT_FLOAT)}
+        _, tensors, fmt = json_tensors.fast_predict_tensors(body, lambda s: infos)
+        values, shape, _ = tensors["x"]
+        expected = np.asarray(image, np.float32).ravel()
+        print(json_simd.simdjson, fmt, shape, bool((values == expected).all()))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["None", "row", "[1,", "40,", "40,", "3]", "True"]

@@ -11,7 +11,7 @@ cannot load. Two jobs here:
     or ``$SERVING_OPT_RUNTIME_<X>_<Y>``, e.g. ``SERVING_OPT_RUNTIME_2_15``); a venv
     already in the cache; else a venv created once into the cache
     (``$SERVING_OPT_CACHE`` or ``~/.cache/serving-opt``, under ``runtimes/tf-X/``) with
-    ``tensorflow-cpu==X``, grpcio, absl-py, numpy and ``tensorflow-serving-api==X``
+    ``tensorflow-cpu==X``, grpcio, absl-py, numpy, pysimdjson and ``tensorflow-serving-api==X``
     (``--no-deps``: it would pull the full ``tensorflow`` over ``tensorflow-cpu``).
     This package is not installed there: the server runs with it on ``PYTHONPATH``.
   * ``op_registry(runtime)`` and ``check_graph(...)``: the op registry of that
@@ -239,8 +239,8 @@ def install_runtime(version: str, say: Callable[[str], None]) -> Runtime:
         _run_step([sys.executable, "-m", "venv", venv], "create the venv", version, venv)
     pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
            "--progress-bar", "off"]
-    say(f"  pip install tensorflow-cpu=={version} grpcio absl-py numpy")
-    _run_step([*pip, f"tensorflow-cpu=={version}", "grpcio", "absl-py", "numpy"],
+    say(f"  pip install tensorflow-cpu=={version} grpcio absl-py numpy pysimdjson")
+    _run_step([*pip, f"tensorflow-cpu=={version}", "grpcio", "absl-py", "numpy", "pysimdjson"],
               f"install tensorflow-cpu=={version}", version, venv)
     # tensorflow-serving-api requires the full `tensorflow`, which would install a second
     # TensorFlow over tensorflow-cpu: its real dependencies (grpcio, protobuf) are here.

@@ -34,8 +34,12 @@ import re
 from collections.abc import Callable
 
 import numpy as np
-import simdjson
 from tensorflow.core.framework import types_pb2
+
+try:
+    import simdjson
+except ImportError:  # a --serving_version runtime venv made before serving-opt needed it
+    simdjson = None  # the numpy reader (json_tensors.py) decodes alone, as fast as it can
 
 from serving_opt.serving.model_server.status import ServingStatusError
 from serving_opt.serving.model_server.tensors import MAX_DIMENSIONS
@@ -96,7 +100,7 @@ def simd_predict_tensors(body: bytes, input_infos: Callable[[str], object]):
         >>> fmt, tensors["x"][0].tolist(), tensors["x"][1]
         ('row', [1, 2], [2, 1])
     """
-    if not _OPENS_OBJECT.match(body):
+    if simdjson is None or not _OPENS_OBJECT.match(body):
         return None
     try:
         return _decode(body, input_infos)
