@@ -43,6 +43,11 @@ def run(capsys, *args: str) -> tuple[int, str, str]:
      "--rate=-3.0 must be a positive number"),
     (["--model_base_path=/m", "--output_dir=/tmp/x", "--slo_p99_ms=250", "--clients=4",
       "--rows_per_request=8", "--max_batch_size_bound=4"], "is below --rows_per_request=8"),
+    (["--model_base_path=/m", "--output_dir=/tmp/x", "--slo_p99_ms=250", "--clients=4",
+      "--serving_version=latest"], "--serving_version=latest is not a TensorFlow version"),
+    (["--model_base_path=/m", "--output_dir=/tmp/x", "--slo_p99_ms=250", "--clients=4",
+      "--server=docker", "--image=tensorflow/serving:2.19.0", "--serving_version=2.15.1"],
+     "runs TF Serving 2.19.0, not --serving_version=2.15.1"),
 ])
 def test_usage_errors_are_one_line_with_the_fix_and_exit_2(capsys, args, message):
     code, out, err = run(capsys, *args)

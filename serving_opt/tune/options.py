@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from serving_opt.errors import UsageError
-from serving_opt.options import OptionTree, TrustOptions
+from serving_opt.options import OptionTree, TrustOptions, check_version
 from serving_opt.serving import backends
+from serving_opt.serving import runtime as runtime_lib
 
 PROTOCOLS = ("grpc", "rest")
 MAX_CLIENTS = 4096
@@ -265,10 +266,42 @@ class ServerOptions:
     current_parameters_file: str | None = _opt(
         None, "A batching parameters file in use today: proven beside the tuned settings.")
     load_deadline: float = _opt(300.0, "Seconds to wait for the model to load.")
+    # validate's flags (TargetOptions), same words: tune proves on the production's release.
+    serving_version: str | None = _opt(
+        None, "TensorFlow release of the TF Serving production runs (e.g. 2.15.1): the local "
+        "server and the session profile run under it (installed once into "
+        "~/.cache/serving-opt if missing), and --server=docker runs tensorflow/serving:<it> "
+        "unless --image names another image. Default: the current TF Serving release, used "
+        "only if its runtime is already here (the report says so).")
+    serving_runtime_python: str | None = _opt(
+        None, "A python whose TensorFlow is --serving_version's (instead of a cached venv; "
+        "also $SERVING_OPT_RUNTIME_<X>_<Y>).")
+
+    def docker_image(self) -> str:
+        """The image ``--server=docker`` runs: ``--image`` when given, else the
+        ``--serving_version`` release's (``tensorflow/serving:<version>``).
+
+        Example:
+            >>> ServerOptions(serving_version="2.15.1").docker_image()
+            'tensorflow/serving:2.15.1'
+        """
+        if self.serving_version is None or self.image != backends.DEFAULT_IMAGE:
+            return self.image
+        return f"tensorflow/serving:{self.serving_version.strip()}"
 
     def check(self) -> None:
         """UsageError for the first bad value."""
         _within("load_deadline", self.load_deadline, 1.0, MAX_SECONDS, "300")
+        if self.serving_version is not None:
+            version = check_version(self.serving_version)
+            tagged = runtime_lib.image_version(self.image)
+            if (self.image != backends.DEFAULT_IMAGE and tagged is not None
+                    and runtime_lib.major_minor(tagged) != runtime_lib.major_minor(version)):
+                # TF Serving 2.N runs TensorFlow 2.N: the proof would run another release.
+                raise UsageError(f"--image={self.image} runs TF Serving {tagged}, not "
+                                 f"--serving_version={version}",
+                                 f"drop --image (tensorflow/serving:{version} is used) or make "
+                                 "the two agree")
         names = [p for p in self.protocols if p]
         if not names or any(p not in PROTOCOLS for p in names):
             raise UsageError(f"--protocols={','.join(self.protocols)} must name grpc, rest "

@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -45,6 +46,9 @@ from serving_opt.errors import ServingOptError
 from serving_opt.savedmodel import loader
 from serving_opt.tune.curve import SPREAD_QUANTILES, ConcurrencyPoint, LatencyCurve
 from serving_opt.tune.settings import ThreadSettings
+
+if TYPE_CHECKING:  # the measuring child (maybe another TensorFlow's venv) imports less
+    from serving_opt.serving import runtime as runtime_lib
 
 _PROGRESS = "@@profile@@ "
 
@@ -105,8 +109,12 @@ class ModelProfile:
 
 def profile(model_dir: str, signature: str, plan: ProfilePlan,
             progress: Callable[[str], None] | None = None,
-            timeout: float = 3600.0) -> ModelProfile:
+            timeout: float = 3600.0,
+            runtime: runtime_lib.Runtime | None = None) -> ModelProfile:
     """Measures ``signature`` of ``model_dir`` under each thread setting of ``plan``.
+
+    ``runtime``: the interpreter (and so the TensorFlow) the measuring process runs,
+    the server's (``--serving_version``); None: this one.
 
     Example:
         >>> profile("/models/clf/1", "serving_default", ProfilePlan()).curves[0].batch_sizes
@@ -117,13 +125,14 @@ def profile(model_dir: str, signature: str, plan: ProfilePlan,
            "plan": asdict(plan)}
     from serving_opt import sandbox
 
-    if sandbox.inside() and all(os.environ.get(k) == v for k, v in plan.env):
+    elsewhere = runtime is not None and not runtime.is_current
+    if sandbox.inside() and not elsewhere and all(os.environ.get(k) == v for k, v in plan.env):
         # The sandboxed worker imported TensorFlow (with the server's environment) and
         # has run nothing yet: fork it per setting rather than import TensorFlow again.
         results = [_fork_and_measure({**job, "threads": asdict(t)}, say)
                    for t in plan.thread_settings]
     else:
-        results = _in_helper(job, plan, say, timeout)
+        results = _in_helper(job, plan, say, timeout, runtime)
     for result in results:
         if "error" in result:
             raise ServingOptError(f"measuring the model failed: {result['error']}",
@@ -143,15 +152,20 @@ def profile(model_dir: str, signature: str, plan: ProfilePlan,
 
 
 def _in_helper(job: dict, plan: ProfilePlan, say: Callable[[str], None],
-               timeout: float) -> list[dict]:
-    """The jobs in a helper process that imports TensorFlow with TF Serving's defaults."""
+               timeout: float, runtime: runtime_lib.Runtime | None = None) -> list[dict]:
+    """The jobs in a helper process that imports TensorFlow with TF Serving's defaults
+    (``runtime``'s interpreter when given)."""
+    # A runtime venv has no serving_opt installed: runtime.env puts this checkout on its
+    # PYTHONPATH, as for the local server it runs.
+    base = runtime.env() if runtime is not None else dict(os.environ)
     # Measured with TensorFlow's defaults, as TF Serving runs (whatever this process chose),
     # or as the proving server runs it.
-    env = loader.with_runtime_defaults({**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    env = loader.with_runtime_defaults({**base, "TF_CPP_MIN_LOG_LEVEL": "3"},
                                        dict(plan.env))
     payload = "".join(json.dumps({**job, "threads": asdict(t)}) + "\n"
                       for t in plan.thread_settings)
-    process = subprocess.Popen([sys.executable, "-m", "serving_opt.tune.profile"],
+    python = runtime.python if runtime is not None else sys.executable
+    process = subprocess.Popen([python, "-m", "serving_opt.tune.profile"],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, env=env, text=True)
     results: list[dict] = []

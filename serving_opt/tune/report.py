@@ -72,7 +72,7 @@ class TuneReport:
     backend: str
     backend_note: str
     server: str
-    tensorflow_version: str
+    tensorflow_version: str  # the server's TensorFlow (local: the --serving_version runtime's)
     cores: int
     profile: ModelProfile
     calibrations: tuple[Calibration, ...]
@@ -211,6 +211,8 @@ def format_report(report: TuneReport) -> str:
         f"({report.signature}), {' and '.join(load)}, {objective.rows_per_request} "
         f"row(s) per request, p99 SLO {objective.slo_p99_ms:g} ms",
         f"  server   {report.server} ({report.backend_note})",
+        # The release the proof ran (--serving_version): what the figures hold for.
+        f"  tensorflow {report.tensorflow_version or 'unknown'} (the server's)",
         f"  sandbox  {report.sandbox or '-'}",
     ]
     lines[1:1] = [f"  {line}" for line in headline(report)]

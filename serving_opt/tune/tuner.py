@@ -44,6 +44,7 @@ from serving_opt import sandbox as sandbox_lib
 from serving_opt.errors import UsageError
 from serving_opt.savedmodel import loader
 from serving_opt.serving import backends
+from serving_opt.serving import runtime as runtime_lib
 from serving_opt.tune import calibrate, decide, hardware, load, payloads, prove, search
 from serving_opt.tune import profile as profile_lib
 from serving_opt.tune.options import TuneOptions, check_options
@@ -122,26 +123,61 @@ def tune(model_base: str, options: TuneOptions | None = None,
     if sandboxed and options.allow_unsandboxed and options.server == "docker":
         sandboxed = False  # the Docker client cannot run in a sandbox; the user trusts it
     backend = backends.resolve_backend(options.server, sandboxed=sandboxed)
-    options = dataclasses.replace(options, examples=examples)
+    options = dataclasses.replace(options, examples=examples,
+                                  image=options.serving.docker_image())
+    # Resolved (installed, when asked) here: no sandbox has the network.
+    runtime, runtime_note = local_runtime(options, say) if backend == "local" else (None, "")
     started = time.monotonic()
     if sandboxed:
         binaries = _binary_dirs(backend)
-        read_only = [model_base, *([examples] if examples else []), *binaries]
+        read_only = [model_base, *([examples] if examples else []), *binaries,
+                     *sandbox_lib.interpreter_dirs(runtime.python if runtime else None)]
         report = sandbox_lib.call(
             "serving_opt.tune.tuner:execute", model_base, version, options, backend, current,
             policy=sandbox_lib.Policy(read_only=tuple(read_only)), progress=say,
             # The worker imports TensorFlow as it starts and forks a process per thread
             # setting to profile: the server's environment must be its own from the start.
-            env={**sandbox_lib.search_path(*binaries), **backends.runtime_env(backend)})
+            env={**sandbox_lib.search_path(*binaries), **backends.runtime_env(backend)},
+            runtime=runtime)
     else:
-        report = execute(model_base, version, options, backend, current, say)
+        report = execute(model_base, version, options, backend, current, say, runtime)
     report = dataclasses.replace(report, sandbox=sandbox_lib.describe(sandboxed),
-                                 seconds=round(time.monotonic() - started, 1))
+                                 seconds=round(time.monotonic() - started, 1),
+                                 notes=(*report.notes, *([runtime_note] if runtime_note
+                                                         else ())))
     if output_dir is not None:
         from serving_opt.tune import outputs
 
         report = dataclasses.replace(report, outputs=outputs.write(report, output_dir))
     return report
+
+
+def local_runtime(options: TuneOptions, say: Callable[[str], None] = lambda m: None,
+                  ) -> tuple[runtime_lib.Runtime | None, str]:
+    """The TensorFlow runtime the local stand-in (and the profile) run under, as validate
+    chooses it, and a note when it is not the target's (None: this interpreter).
+
+    ``--serving_version`` is resolved (installed once when missing; call it outside the
+    sandbox, which has no network); without it, the default target's runtime is used
+    only when it is already here.
+
+    Example:
+        >>> local_runtime(TuneOptions(clients=4, serving_version="2.21"))[0].source
+        'current interpreter'
+    """
+    if options.serving_version is not None:
+        return runtime_lib.resolve_runtime(options.serving_version,
+                                           options.serving_runtime_python, say), ""
+    target = runtime_lib.image_version(options.image) or runtime_lib.DEFAULT_SERVING_VERSION
+    runtime = runtime_lib.find_runtime(target, options.serving_runtime_python)
+    if runtime is not None:
+        return runtime, ""
+    current = runtime_lib.current_tf_version()
+    note = (f"the stand-in ran TensorFlow {current}, not the target TF Serving's "
+            f"{runtime_lib.major_minor(target)} (no runtime for it here; "
+            f"--serving_version={target} installs one)")
+    say(note)
+    return None, note
 
 
 def read_current_parameters(path: str | None) -> BatchingSettings | None:
@@ -241,6 +277,13 @@ class _Run:
     protocols: tuple[str, ...]
     payloads: tuple
     generator: load.Generator
+    runtime: runtime_lib.Runtime | None = None  # the local stand-in's TensorFlow
+
+    def launch(self, settings: ServingSettings,
+               deployed: prove.Deployed | None = None) -> backends.ServerProcess:
+        """Starts (does not wait for) a server with ``settings``, under the run's runtime."""
+        return prove.launch(self.backend, self.spec, settings, self.runtime, self.say,
+                            deployed)
 
     def load_for(self, workload: str, clients: int | None = None) -> load.Load:
         o = self.options
@@ -262,7 +305,7 @@ class _Run:
         """A server with ``settings`` (``deployed``: exactly that deployment set),
         AVAILABLE and warm: its first requests (Grappler on the first run, each new
         shape's kernels) answered before anything counts."""
-        with prove.running(self.backend, self.spec, settings, None,
+        with prove.running(self.backend, self.spec, settings, self.runtime,
                            self.options.load_deadline, self.say, started,
                            deployed) as server:
             for target in self.targets(server).values():
@@ -283,8 +326,10 @@ _Measured = tuple[str, ServingSettings, str, str, load.LoadResult, bool]
 
 def execute(model_base: str, version: int, options: TuneOptions, backend: str,
             current: BatchingSettings | None = None,
-            progress: Callable[[str], None] | None = None) -> TuneReport:
-    """Steps 1-5 (see the module doc), where the model may run (the sandbox)."""
+            progress: Callable[[str], None] | None = None,
+            runtime: runtime_lib.Runtime | None = None) -> TuneReport:
+    """Steps 1-5 (see the module doc), where the model may run (the sandbox); ``runtime``:
+    the TensorFlow the local stand-in and the profile run under (None: this one)."""
     say = progress or sandbox_lib.say
     from serving_opt.serving import validate
 
@@ -301,7 +346,9 @@ def execute(model_base: str, version: int, options: TuneOptions, backend: str,
         f"{', '.join(map(str, the_plan.batch_sizes))}, threads "
         f"{'; '.join(t.describe() for t in the_plan.thread_settings)} "
         f"({options.profile_seconds:g} s per point, a fresh process per thread setting)")
-    model_profile = profile_lib.profile(model_dir, options.signature_name, the_plan, say)
+    # Profiled under the server's TensorFlow: the curves predict that server.
+    model_profile = profile_lib.profile(model_dir, options.signature_name, the_plan, say,
+                                        runtime=runtime)
     built = payloads.build(model_dir, name, version, options.signature_name,
                            options.rows_per_request, the_plan.tags, options.examples,
                            options.seed)
@@ -311,13 +358,13 @@ def execute(model_base: str, version: int, options: TuneOptions, backend: str,
                                allow_file_ops=options.allow_file_ops)
     with load.Generator() as generator:  # one process for every load point
         run = _Run(model_base, version, options, backend, say, name, spec, protocols, built,
-                   generator)
+                   generator, runtime)
         say(f"2/4 calibrating: the server's own cost per request, against {UPSTREAM_LABEL}")
         calibrations, measured, server = _calibrate(run, model_profile, cpus)
         service = services(calibrations, protocols[0])
         # TF Serving's default does not depend on the search: its server starts (imports,
         # loads, warms up) while the model searches, when nothing is being measured.
-        default = prove.launch(backend, spec, tf_serving_default(DEFAULT_THREADS), None, say)
+        default = run.launch(tf_serving_default(DEFAULT_THREADS))
         try:
             say("3/4 searching the settings with a model of TF Serving's batch scheduler")
             result = search.search(model_profile, objective, service, progress=say,
@@ -520,7 +567,7 @@ def _decide(run: _Run, best: Recommendation | None, points: list[ProvenPoint],
         # Every server starts (imports, loads) at once; then each is awaited and warmed.
         started = []
         for _, settings, deployed in contenders:
-            server = prove.launch(run.backend, run.spec, settings, None, run.say, deployed)
+            server = run.launch(settings, deployed)
             stack.callback(server.stop)  # stopping twice is harmless
             started.append(server)
         targets = {label: run.targets(stack.enter_context(
