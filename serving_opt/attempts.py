@@ -9,6 +9,8 @@ The configurations come from the options, in order (:func:`candidates`):
                                       3. variables kept, int8: all large weights
                                       4. variables kept, int8: tables only
     --freeze=always                   1 and 2;   --freeze=never: 3 only
+    --quantize=int4                   tables only (2 and 4): int4 never quantizes dense
+                                      weights, so there is nothing to fall back from
     --quantize=none                   frozen, then variables kept (auto)
 
 An attempt builds one candidate and proves it (freeze .. parity), then measures it; it
@@ -108,10 +110,12 @@ def candidates(freeze: str, quantize: str) -> tuple[Candidate, ...]:
         >>> [c.describe() for c in candidates("auto", "none")]
         ['frozen', 'variables kept']
     """
-    scopes = (False, True) if quantize != "none" else (False,)
+    # int4 quantizes the tables alone (dense weights dequantized at load would shrink
+    # the files, not the server): its candidates say so, and no retry drops dense ones.
+    scopes = {"none": (False,), "int4": (True,)}.get(quantize, (False, True))
     frozen = tuple(Candidate(True, quantize, tables) for tables in scopes)
     if freeze == "never":
-        return (Candidate(False, quantize),)  # no retry: nothing to fall back to
+        return (Candidate(False, quantize, scopes[0]),)  # no retry: nothing to fall back to
     if freeze == "always":
         return frozen
     return frozen + tuple(Candidate(False, quantize, tables) for tables in scopes)

@@ -125,18 +125,26 @@ def externalize(run: Run, graph: ServingGraph) -> ServingGraph:
 
 
 def quantize(run: Run, graph: ServingGraph, candidate: Candidate) -> ServingGraph:
-    """Stage 5c (``--quantize``): large float weights stored as int8 or fp16 (only the
-    embedding tables, for a tables-only candidate)."""
+    """Stage 5c (``--quantize``): large float weights stored as int8, int4 or fp16 (only
+    the embedding tables, for a tables-only candidate and always for int4)."""
     mode = candidate.quantize
+    skipped: list[tuple[str, int]] = []  # large dense weights a tables-only run left float
     with run.stage("quantize", f"quantizing weights ({mode})", step="-") as stage:
         graph, done = quantize_lib.quantize(graph, mode, run.plan.build.quantize_min_elements,
-                                            run.scratch_dir(), tables_only=candidate.tables_only)
+                                            run.scratch_dir(), tables_only=candidate.tables_only,
+                                            skipped=skipped)
         run.graph = graph
         run.kept_variables = graph.kept_variables
         run.quantized = tuple(done)
         stage.done(graph, f"{len(done)} tensors ({sum(q.bytes_before for q in done)} -> "
                    f"{sum(q.bytes_after for q in done)} bytes)")
-    if candidate.tables_only:
+    if mode == "int4":
+        if skipped:
+            run.warn(f"--quantize=int4 quantizes embedding tables only: dense weights stay "
+                     f"float32 ({len(skipped)}, {sum(b for _, b in skipped)} bytes; dequantized "
+                     "at load they would shrink the files, not the server; --quantize=int8 "
+                     "stores them as int8 on disk)")
+    elif candidate.tables_only:
         run.warn(f"--quantize={mode}: the lossy gate refused the model with its dense "
                  "weights quantized too; only the embedding tables are")
     if not done:

@@ -63,7 +63,8 @@ __all__ = [
 ]
 
 FREEZE_MODES = ("auto", "always", "never")
-QUANTIZE_MODES = ("none", "int8", "fp16")  # stages.quantize.MODES (a test keeps them equal)
+# stages.quantize.MODES (a test keeps them equal)
+QUANTIZE_MODES = ("none", "int8", "int4", "fp16")
 PROTOCOLS = ("grpc", "rest")
 REQUIRE_SERVER = ("any", "tf_serving")
 MAX_RTOL = 1.0  # optimize: a relative tolerance above 100% lets any answer through
@@ -116,8 +117,10 @@ class BuildOptions:
     quantize: str = _opt(
         "none", "Store large float weights as int8 (scale per row for embedding tables, per "
         "output channel otherwise) or fp16. Tables are gathered quantized and only the "
-        "gathered rows dequantized; other weights are dequantized once, at load. Lossy: the "
-        "lossy gate decides.", choices=QUANTIZE_MODES)
+        "gathered rows dequantized; other weights are dequantized once, at load. int4: "
+        "embedding tables only (two values a byte, a scale per row; about half int8's "
+        "table memory, coarser), dense weights stay float32. Lossy: the lossy gate "
+        "decides.", choices=QUANTIZE_MODES)
     quantize_min_elements: int = _opt(16384, "Weights with fewer elements stay float.")
     input_shapes: str | None = _opt(
         None, "Pin inputs' unknown dimensions, like strip_unused_nodes(shape=...): "
@@ -141,7 +144,7 @@ class BuildOptions:
                              "e.g. --freeze_max_bytes=10485760 (0 keeps every variable)")
         if self.quantize not in QUANTIZE_MODES:
             raise UsageError(f"--quantize={self.quantize} is not one of "
-                             f"{', '.join(QUANTIZE_MODES)}", "use --quantize=int8 or fp16")
+                             f"{', '.join(QUANTIZE_MODES)}", "use --quantize=int8, int4 or fp16")
         if self.quantize_min_elements < 0:
             raise UsageError("--quantize_min_elements must be >= 0", "e.g. 16384")
         from serving_opt.stages import grappler as grappler_lib

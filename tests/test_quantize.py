@@ -1,4 +1,5 @@
-"""--quantize: int8 / fp16 weights, dequantized where it costs nothing, behind a lossy gate.
+"""--quantize: int8 / int4 / fp16 weights, dequantized where it costs nothing, behind a
+lossy gate.
 
 Specifications on real models: the Estimator-like text classifier (a vocab-file
 embedding read by ResourceGather), a Keras text model (Embedding read by ReadVariableOp
@@ -17,7 +18,7 @@ from serving_opt import gates, samples
 from serving_opt.attempts import LOSSY_GATE_FAILED
 from serving_opt.errors import ParityError, UsageError
 from serving_opt.optimizer import OptimizeOptions, optimize
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import loader, untrusted
 
 EMBEDDING = "dnn/input_from_feature_columns/input_layer/text_embedding/embedding_weights"
 # Not measured: the cold-start gate times fresh processes, and on a busy machine its
@@ -180,8 +181,8 @@ def test_a_lossy_gate_too_tight_tries_the_tables_alone_then_refuses(text_classif
 
 
 def test_bad_quantize_options_are_usage_errors(classifier_dir, tmp_path):
-    with pytest.raises(UsageError, match="--quantize=int4"):
-        optimize(classifier_dir, str(tmp_path / "o"), OptimizeOptions(quantize="int4"))
+    with pytest.raises(UsageError, match="--quantize=int2"):
+        optimize(classifier_dir, str(tmp_path / "o"), OptimizeOptions(quantize="int2"))
     with pytest.raises(UsageError, match="min_top1_agreement"):
         optimize(classifier_dir, str(tmp_path / "o"),
                  OptimizeOptions(quantize="int8", min_top1_agreement=1.5))
@@ -283,3 +284,234 @@ def test_when_the_gate_refuses_dense_weights_only_the_tables_are_quantized(
     assert report.published
     assert [q.name for q in report.quantized] == [EMBEDDING]
     assert any("only the embedding tables" in w for w in report.warnings)
+
+
+# ------------------------------------------------------------------------------ int4
+# Embedding tables only: two 4-bit values a byte, a float32 scale per row, symmetric
+# ([-7, 7]); the gathered bytes are unpacked in the graph, the table never is.
+
+INT4_TABLE = f"{EMBEDDING}/serving_opt_quantized_int4"
+INT4_SCALES = f"{EMBEDDING}/serving_opt_quantized_scale"
+
+
+def _checkpoint(model_dir: str) -> dict[str, np.ndarray]:
+    import tensorflow as tf
+
+    prefix = os.path.join(model_dir, "variables", "variables")
+    reader = tf.train.load_checkpoint(prefix)
+    return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(prefix)}
+
+
+def _int4_bound(table: np.ndarray) -> np.ndarray:
+    """Per row, the most a symmetric 4-bit row ([-7, 7] steps of peak / 7) can move a
+    value: half a step. Computed from the float table, not from what the stage stored."""
+    return np.abs(table).max(axis=1) / 7 / 2
+
+
+@pytest.fixture(scope="module")
+def int4_text(text_classifier_base, tmp_path_factory):
+    """int4 under a gate that passes anything: at 32 values a row, 4 bits flip ~2-3% of
+    this untrained sample's clear rows, which the default gate refuses (tested below)."""
+    return optimize(os.path.join(text_classifier_base, "1"),
+                    str(tmp_path_factory.mktemp("q_int4")),
+                    OptimizeOptions(quantize="int4", **LOOSE_GATE, **FAST))
+
+
+def test_int4_packs_two_values_a_byte_with_a_scale_per_row(int4_text, text_classifier_base):
+    report = int4_text
+    stored = _checkpoint(report.output_dir)
+    rows, dim = TEXT_CLASSIFIER_VOCAB + samples.TEXT_OOV_BUCKETS, TEXT_CLASSIFIER_DIM
+    assert EMBEDDING not in stored  # no float copy of the table on disk
+    assert stored[INT4_TABLE].dtype == np.uint8
+    assert stored[INT4_TABLE].shape == (rows, (dim + 1) // 2)
+    assert stored[INT4_SCALES].dtype == np.float32 and stored[INT4_SCALES].shape == (rows,)
+    table = next(q for q in report.quantized if q.name == EMBEDDING)
+    assert (table.mode, table.dequantized) == ("int4", "per request, gathered rows only")
+    assert table.bytes_after == rows * ((dim + 1) // 2) + rows * 4  # an eighth, + scales
+    # Every nibble is a level of [-7, 7] offset by 8: 0 never occurs.
+    nibbles = np.concatenate([stored[INT4_TABLE] & 15, stored[INT4_TABLE] >> 4])
+    assert nibbles.min() >= 1 and nibbles.max() <= 15
+    original = _checkpoint(os.path.join(text_classifier_base, "1"))[EMBEDDING]
+    # The largest value of a row is stored as +-7 of its scale.
+    np.testing.assert_allclose(stored[INT4_SCALES], np.abs(original).max(axis=1) / 7,
+                               rtol=1e-6)
+
+
+def test_int4_served_graph_unpacks_only_the_gathered_rows(int4_text):
+    from tensorflow.core.framework import types_pb2
+
+    mg = _meta_graph(int4_text.output_dir)
+    reads = _request_path_reads_of(mg, EMBEDDING)
+    # The packed table is only gathered: no read of it whole, so no full-table unpack
+    # or Cast can exist.
+    assert reads and {op for op, _ in reads} == {"ResourceGather"}
+    assert types_pb2.DT_UINT8 in {dtype for _, dtype in reads}
+    assert untrusted.host_op_uses(mg) == []  # the unpack ops are pure math to the check
+    nodes = {n.name: n for n in mg.graph_def.node}
+    casts = [n for n in mg.graph_def.node if n.op == "Cast"
+             and n.attr["SrcT"].type == types_pb2.DT_UINT8]
+    assert casts
+    for cast in casts:
+        # uint8 -> float happens after ConcatV2(BitwiseAnd, RightShift) of a ResourceGather.
+        unpacked = nodes[cast.input[0].split(":")[0]]
+        assert unpacked.op == "ConcatV2"
+        parts = [nodes[i.split(":")[0]] for i in unpacked.input[:2]]
+        assert [p.op for p in parts] == ["BitwiseAnd", "RightShift"]
+        assert {nodes[p.input[0].split(":")[0]].op for p in parts} == {"ResourceGather"}
+
+
+def _gathers_and_ids(model_dir: str, examples) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(ids, dequantized rows) of every int4 gather the served graph runs for ``examples``,
+    fed to every signature's input (each signature has its own gathers once inlined)."""
+    suffix = "/serving_opt_quantized/rows"
+    sess, mg = loader.load_session(model_dir)
+    try:
+        feeds = {t.name: examples for sig in mg.signature_def.values()
+                 for t in sig.inputs.values()}
+        rewritten = [n for n in mg.graph_def.node if n.name.endswith(suffix)]
+        fetches = [(n.input[1] if ":" in n.input[1] else f"{n.input[1]}:0",
+                    n.name[:-len(suffix)] + ":0") for n in rewritten]
+        got = sess.run(fetches, feeds)
+        return [(np.asarray(ids), np.asarray(rows)) for ids, rows in got]
+    finally:
+        sess.close()
+
+
+def test_int4_rows_served_are_within_half_a_step_of_the_original(int4_text,
+                                                                text_classifier_base):
+    original = _checkpoint(os.path.join(text_classifier_base, "1"))[EMBEDDING]
+    bound = _int4_bound(original)
+    examples = samples.text_examples(32, seed=3, vocab_size=TEXT_CLASSIFIER_VOCAB)
+    gathered = _gathers_and_ids(int4_text.output_dir, examples)
+    assert gathered
+    for ids, rows in gathered:
+        assert rows.dtype == np.float32 and rows.shape == ids.shape + (TEXT_CLASSIFIER_DIM,)
+        err = np.abs(rows - original[ids])
+        assert (err <= bound[ids][..., None] * (1 + 1e-5) + 1e-7).all(), err.max()
+        assert err.max() > 0  # quantized indeed: a float table passes no test here
+
+
+def test_int4_is_judged_by_the_lossy_gate(int4_text):
+    report = int4_text
+    assert report.parity.ok  # the loose gate
+    probabilities = next(o for o in report.parity.outputs if o.output == "probabilities")
+    # Judged as int8 and fp16 are: an agreement on top-1, answers changed.
+    assert probabilities.agreement is not None and 0.9 <= probabilities.agreement < 1.0
+    assert probabilities.max_abs_diff > 0
+    assert [(a.candidate.describe(), a.then) for a in report.attempts] == [
+        ("frozen, int4: tables only", "taken")]
+
+
+def test_int4_the_default_agreement_gate_refuses_it_here(text_classifier_base, tmp_path):
+    # The default gate: on this sample the agreement's interval lies below 0.995 (and
+    # probabilities move past 0.05), so nothing is published.
+    out = tmp_path / "out"
+    with pytest.raises(ParityError) as failure:
+        optimize(os.path.join(text_classifier_base, "1"), str(out),
+                 OptimizeOptions(quantize="int4", **FAST))
+    assert "top-1 agreement" in failure.value.problem and "< 0.995" in failure.value.problem
+    assert "--quantize=int4" in failure.value.fix
+    report = failure.value.report
+    # Tables only from the start: no "dense weights" attempt to fall back from.
+    assert [(a.candidate.describe(), a.outcome, a.then) for a in report.attempts] == [
+        ("frozen, int4: tables only", LOSSY_GATE_FAILED, "refused: nothing was published")]
+    assert not report.published
+    assert not os.path.exists(out) or os.listdir(out) == []
+
+
+def test_int4_leaves_dense_weights_float32_and_says_so(int4_text, text_classifier_base):
+    report = int4_text
+    assert [q.name for q in report.quantized] == [EMBEDDING]
+    stored = _checkpoint(report.output_dir)
+    original = _checkpoint(os.path.join(text_classifier_base, "1"))
+    # What int8 stores as int8 (the frozen, then externalized kernel; see
+    # test_dense_weights_are_dequantized_once_at_load_by_the_init_op) int4 stores as it
+    # was, float32 bit for bit, and no init op dequantizes anything.
+    large_dense = [name for name, v in stored.items()
+                   if not name.startswith(EMBEDDING + "/") and v.size >= 16384]
+    assert large_dense
+    for name in large_dense:
+        assert stored[name].dtype == np.float32
+        np.testing.assert_array_equal(stored[name],
+                                      original[name.removesuffix("/serving_opt_variable")])
+    assert not any("serving_opt_quantized" in k for k in stored
+                   if not k.startswith(EMBEDDING + "/"))
+    assert not any("serving_opt_quantized/" in n.name and "dequantize" in n.name
+                   for n in _meta_graph(report.output_dir).graph_def.node)
+    assert any("--quantize=int4 quantizes embedding tables only" in w
+               for w in report.warnings)
+
+
+def test_int4_packing_is_chunked_and_odd_widths_pad(monkeypatch):
+    from serving_opt.stages import quantize as quantize_lib
+
+    monkeypatch.setattr(quantize_lib, "_CHUNK_ROWS", 7)  # rows straddle chunk boundaries
+    table = np.random.default_rng(4).standard_normal((50, 9)).astype(np.float32)
+    table[5] = 0.0  # an all-zero row keeps a usable scale
+    packed, scales = quantize_lib.quantize_rows_int4(table)
+    assert packed.dtype == np.uint8 and packed.shape == (50, 5)
+    # Independently: levels of [-7, 7] at peak / 7, low nibbles the first 5 columns,
+    # high nibbles the last 4 and one padding zero (8).
+    step = np.where(np.abs(table).max(1) > 0, np.abs(table).max(1) / 7, 1.0)
+    levels = np.clip(np.rint(table / step[:, None]), -7, 7).astype(np.int64) + 8
+    levels = np.concatenate([levels, np.full((50, 1), 8)], axis=1)
+    np.testing.assert_array_equal(packed, levels[:, :5] | (levels[:, 5:] << 4))
+    restored = quantize_lib.dequantize_rows_int4(packed, scales, 9)
+    assert restored.shape == table.shape
+    assert (np.abs(restored - table) <= _int4_bound(table)[:, None] * (1 + 1e-5)).all()
+    assert np.array_equal(restored[5], np.zeros(9, np.float32))
+
+
+def test_int4_candidates_are_tables_only():
+    from serving_opt.attempts import candidates
+
+    assert [c.describe() for c in candidates("auto", "int4")] == [
+        "frozen, int4: tables only", "variables kept, int4: tables only"]
+    assert [c.describe() for c in candidates("never", "int4")] == [
+        "variables kept, int4: tables only"]
+
+
+@pytest.fixture(scope="module")
+def keras_odd_dir(tmp_path_factory) -> str:
+    """Keras 3 export, an odd embedding width: Embedding(20000, 33) -> mean -> Dense(4)."""
+    import keras
+
+    keras.utils.set_random_seed(3)
+    ids = keras.Input(shape=(6,), dtype="int32", name="ids")
+    x = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(20000, 33)(ids))
+    out = keras.layers.Dense(4, activation="softmax", name="probs")(x)
+    path = os.path.join(str(tmp_path_factory.mktemp("keras_odd")), "1")
+    keras.Model(ids, out).export(path, verbose=False)
+    return path
+
+
+def test_int4_odd_width_keras_embedding_read_then_gathered(keras_odd_dir, tmp_path):
+    import tensorflow as tf
+
+    report = optimize(keras_odd_dir, str(tmp_path / "out"),
+                      OptimizeOptions(quantize="int4", **FAST))
+    (table,) = [q for q in report.quantized]
+    assert table.dequantized == "per request, gathered rows only"
+    stored = _checkpoint(report.output_dir)
+    packed = stored[f"{table.name}/serving_opt_quantized_int4"]
+    assert packed.shape == (20000, 17) and packed.dtype == np.uint8  # 33 -> 17 bytes a row
+    assert table.bytes_after == 20000 * 17 + 20000 * 4
+    original = _checkpoint(keras_odd_dir)
+    float_table = next(v for v in original.values() if np.shape(v) == (20000, 33))
+    # Served rows, [batch, 6, 33] (2-D ids: the unpack is rank-independent), within
+    # half a step of the float rows.
+    ids = np.random.default_rng(5).integers(0, 20000, size=(16, 6)).astype(np.int32)
+    gathered = _gathers_and_ids(report.output_dir, ids)
+    assert gathered
+    for got_ids, rows in gathered:
+        assert rows.shape == got_ids.shape + (33,)
+        err = np.abs(rows - float_table[got_ids])
+        assert (err <= _int4_bound(float_table)[got_ids][..., None] * (1 + 1e-5)
+                + 1e-7).all(), err.max()
+    before = tf.saved_model.load(keras_odd_dir).signatures["serving_default"](
+        ids=tf.constant(ids))
+    after = tf.saved_model.load(report.output_dir).signatures["serving_default"](
+        ids=tf.constant(ids))
+    key = next(iter(before))
+    assert after[key].shape == before[key].shape
+    assert np.abs(before[key].numpy() - after[key].numpy()).max() <= 0.05

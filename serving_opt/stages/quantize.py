@@ -1,4 +1,4 @@
-"""int8 / fp16 weights that TF Serving runs at full speed.
+"""int8 / int4 / fp16 weights that TF Serving runs at full speed.
 
 The Graph Transform Tool's ``quantize_weights`` stores weights as 8 bits and puts the
 dequantization in the request path: every request turns the *whole* table back into
@@ -9,11 +9,14 @@ the dequantization is placed where it costs nothing:
   ``ReadVariableOp`` + ``GatherV2`` on axis 0) are stored as int8 with a float scale per
   row (fp16: as half); the graph gathers the int8 rows first and dequantizes only
   those, so a request costs what it did and the serving process holds a quarter of
-  the table;
+  the table; int4: two 4-bit values a byte (an eighth of the table, plus the scales),
+  the gathered bytes unpacked by integer ops before the cast;
 * **other weights** (what the convolutions, matmuls and bias adds read) are stored as
   int8 with a scale per output channel (fp16: as half) and turned back into float
   once, at load, by the init op, which TF Serving runs right after restoring the
-  checkpoint; requests read the same float variables as before.
+  checkpoint; requests read the same float variables as before. int4 leaves them
+  float32: dequantized at load they would shrink the files, never the server, and at
+  4 bits they would cost agreement for it.
 
 It works on the variables of the checkpoint this tool writes (large tables kept from
 freezing, large folded constants stored as variables), so it runs after
@@ -31,12 +34,16 @@ from serving_opt.graph import attr, make_node, var_handle
 from serving_opt.savedmodel import checkpoint
 from serving_opt.savedmodel.checkpoint import SAVER_SCOPE, KeptVariable
 
-MODES = ("none", "int8", "fp16")
+MODES = ("none", "int8", "int4", "fp16")
 DEFAULT_MIN_ELEMENTS = 16384
 _SCOPE = "serving_opt_quantized"
 _CHUNK_ROWS = 65536  # rows quantized at a time: bounded memory for a 1 GB table
 # DataType enum values (types_pb2) of what is stored quantized, to numpy's.
-_NUMPY_TYPES = {1: np.float32, 6: np.int8, 19: np.float16}
+_NUMPY_TYPES = {1: np.float32, 4: np.uint8, 6: np.int8, 19: np.float16}
+# int4: a value q in [-7, 7] is stored as the nibble q + 8 (1..15; 8 is zero, the padding
+# of an odd-width row), symmetric around zero so a row needs one scale and no offset.
+_INT4_LEVELS = 7
+_INT4_ZERO = 8
 
 
 @dataclass(frozen=True)
@@ -48,7 +55,7 @@ class QuantizedTensor:
     """
 
     name: str
-    mode: str  # int8 | fp16
+    mode: str  # int8 | int4 | fp16
     dequantized: str  # "at load (init op)" | "per request, gathered rows only"
     bytes_before: int
     bytes_after: int
@@ -103,6 +110,49 @@ def _quantize_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q.reshape(table.shape), scales
 
 
+def quantize_rows_int4(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A 2-D table as packed 4-bit rows (uint8, ``ceil(dim / 2)`` bytes a row) and a
+    float32 scale per row; symmetric: ``row = (nibble - 8) * scale``, nibbles in [1, 15].
+
+    Byte ``j`` of a row holds column ``j`` in its low nibble and column ``j + half`` in
+    its high one (``half = ceil(dim / 2)``; an odd row's last high nibble is padding, 8):
+    unpacking a gathered row is then two integer ops and a concat along its last axis, no
+    interleaving reshape. Quantized ``_CHUNK_ROWS`` rows at a time, so a 1 GB table never
+    needs a float temporary of its own size.
+
+    Example:
+        >>> packed, scales = quantize_rows_int4(np.array([[0.8, -1.4, 0.0]], np.float32))
+        >>> packed.tolist(), scales.tolist()     # nibbles 12, 1, 8 and the padding 8
+        ([[140, 129]], [0.20000000298023224])
+    """
+    rows, dim = table.shape
+    half = (dim + 1) // 2
+    packed = np.empty((rows, half), np.uint8)
+    scales = np.empty((rows,), np.float32)
+    for start in range(0, rows, _CHUNK_ROWS):
+        chunk = table[start:start + _CHUNK_ROWS].astype(np.float32)
+        peak = np.abs(chunk).max(axis=1)
+        scale = np.where(peak > 0, peak / _INT4_LEVELS, 1.0).astype(np.float32)
+        nibbles = np.full((chunk.shape[0], 2 * half), _INT4_ZERO, np.uint8)
+        nibbles[:, :dim] = np.clip(np.rint(chunk / scale[:, None]), -_INT4_LEVELS,
+                                   _INT4_LEVELS).astype(np.int8) + _INT4_ZERO
+        packed[start:start + _CHUNK_ROWS] = nibbles[:, :half] | (nibbles[:, half:] << 4)
+        scales[start:start + _CHUNK_ROWS] = scale
+    return packed, scales
+
+
+def dequantize_rows_int4(packed: np.ndarray, scales: np.ndarray, dim: int) -> np.ndarray:
+    """The float32 rows :func:`quantize_rows_int4` stored (numpy; what the graph computes
+    for the rows it gathers).
+
+    Example:
+        >>> dequantize_rows_int4(*quantize_rows_int4(np.array([[0.8, -1.4, 0.0]])), 3)
+        array([[ 0.8, -1.4,  0. ]], dtype=float32)
+    """
+    nibbles = np.concatenate([packed & 15, packed >> 4], axis=-1)[..., :dim]
+    return (nibbles.astype(np.float32) - _INT4_ZERO) * scales[..., None]
+
+
 def _quantize_channels(weight: np.ndarray, depthwise: bool) -> tuple[np.ndarray, np.ndarray]:
     """int8 weight and a float32 scale per output channel (broadcastable to the weight)."""
     if weight.ndim <= 1:
@@ -116,7 +166,8 @@ def _quantize_channels(weight: np.ndarray, depthwise: bool) -> tuple[np.ndarray,
 
 def _store(name: str, value: np.ndarray, mode: str, scales: str, saved: dict, kept: list,
            new_nodes: list) -> tuple[str, str, int]:
-    """Adds the quantized copy of ``name`` (and its scales, int8) as new checkpoint variables.
+    """Adds the quantized copy of ``name`` (and its scales, int8 and int4) as new checkpoint
+    variables.
 
     ``scales``: "rows" (a scale per table row), "channels" (per output channel, the last
     axis) or "depthwise" (per input channel x multiplier). Returns the copy's name, the
@@ -125,6 +176,16 @@ def _store(name: str, value: np.ndarray, mode: str, scales: str, saved: dict, ke
     from tensorflow.core.framework import types_pb2
 
     qname, sname = f"{name}/{_SCOPE}_{mode}", f"{name}/{_SCOPE}_scale"
+    if mode == "int4":  # tables only (rows): two values a byte, a scale per row
+        packed, scale = quantize_rows_int4(value)
+        saved[qname], saved[sname] = packed, scale
+        kept += [KeptVariable(qname, "VarHandleOp", types_pb2.DT_UINT8, packed.nbytes,
+                              f"int4 copy of {name} (two values a byte)"),
+                 KeptVariable(sname, "VarHandleOp", types_pb2.DT_FLOAT, scale.nbytes,
+                              f"row scales of {name}")]
+        new_nodes += [var_handle(qname, types_pb2.DT_UINT8, packed.shape),
+                      var_handle(sname, types_pb2.DT_FLOAT, scale.shape)]
+        return qname, sname, types_pb2.DT_UINT8
     if mode == "fp16":
         saved[qname] = value.astype(np.float16)
         kept.append(KeptVariable(qname, "VarHandleOp", types_pb2.DT_HALF, saved[qname].nbytes,
@@ -144,12 +205,15 @@ def _store(name: str, value: np.ndarray, mode: str, scales: str, saved: dict, ke
 
 
 def _gather_rows(gather, nodes: dict, qname: str, sname: str | None, stored_dtype: int,
-                 new_nodes: list) -> None:
+                 new_nodes: list, packed_width: int = 0) -> None:
     """Rewrites one gather of a float table into a gather of its quantized rows.
 
     The gather node keeps its name (its consumers are untouched) and becomes
     ``Cast(gather(q)) * expand_dims(gather(scales), -1)`` (int8) or ``Cast(gather(q))``
-    (fp16): only the rows asked for are turned back into float.
+    (fp16): only the rows asked for are turned back into float. int4 (``packed_width``:
+    the table's row width, its bytes holding two values each) unpacks the gathered bytes
+    first, ``concat([b & 15, b >> 4], -1)[..., :width]``, and centers them (``- 8``)
+    before the scale.
     """
     from tensorflow.core.framework import types_pb2
     from tensorflow.python.framework import tensor_util
@@ -164,6 +228,8 @@ def _gather_rows(gather, nodes: dict, qname: str, sname: str | None, stored_dtyp
         return name
 
     rows = gather_from(qname, stored_dtype, f"{base}/{_SCOPE}/rows")
+    if packed_width:
+        rows = _unpack_int4(rows, packed_width, f"{base}/{_SCOPE}", new_nodes)
     cast = f"{base}/{_SCOPE}/cast"
     new_nodes.append(make_node(cast, "Cast", [rows], SrcT=attr(type=stored_dtype),
                                DstT=float_type, Truncate=attr(b=False)))
@@ -171,6 +237,13 @@ def _gather_rows(gather, nodes: dict, qname: str, sname: str | None, stored_dtyp
     if sname is None:
         nodes[base].CopyFrom(make_node(base, "Identity", [cast] + controls, T=float_type))
         return
+    if packed_width:
+        centered = f"{base}/{_SCOPE}/centered"
+        new_nodes.append(make_node(f"{centered}/zero", "Const", dtype=float_type,
+                                   value=attr(tensor=tensor_util.make_tensor_proto(
+                                       np.float32(_INT4_ZERO)))))
+        new_nodes.append(make_node(centered, "Sub", [cast, f"{centered}/zero"], T=float_type))
+        cast = centered
     scales = gather_from(sname, types_pb2.DT_FLOAT, f"{base}/{_SCOPE}/scales")
     last = f"{base}/{_SCOPE}/last_axis"
     new_nodes.append(make_node(last, "Const", dtype=attr(type=types_pb2.DT_INT32),
@@ -179,6 +252,48 @@ def _gather_rows(gather, nodes: dict, qname: str, sname: str | None, stored_dtyp
     new_nodes.append(make_node(expand, "ExpandDims", [scales, last], T=float_type,
                                Tdim=attr(type=types_pb2.DT_INT32)))
     nodes[base].CopyFrom(make_node(base, "Mul", [cast, expand] + controls, T=float_type))
+
+
+def _unpack_int4(rows: str, width: int, prefix: str, new_nodes: list) -> str:
+    """Nodes turning gathered packed rows (uint8 ``[..., ceil(width / 2)]``) into their
+    nibbles (uint8 ``[..., width]``, still offset by 8); returns the last one.
+
+    Pure integer math on the gathered bytes only (BitwiseAnd, RightShift, ConcatV2,
+    StridedSlice): the table itself is never unpacked.
+    """
+    from tensorflow.core.framework import types_pb2
+    from tensorflow.python.framework import tensor_util
+
+    byte = attr(type=types_pb2.DT_UINT8)
+    int32 = attr(type=types_pb2.DT_INT32)
+
+    def const(name: str, value, dtype: int) -> str:
+        new_nodes.append(make_node(name, "Const", dtype=attr(type=dtype),
+                                   value=attr(tensor=tensor_util.make_tensor_proto(
+                                       value, dtype=dtype))))
+        return name
+
+    low, high, both = f"{prefix}/low", f"{prefix}/high", f"{prefix}/unpacked"
+    new_nodes.append(make_node(low, "BitwiseAnd", [rows, const(
+        f"{low}/mask", np.uint8(15), types_pb2.DT_UINT8)], T=byte))
+    new_nodes.append(make_node(high, "RightShift", [rows, const(
+        f"{high}/bits", np.uint8(4), types_pb2.DT_UINT8)], T=byte))
+    # Low nibbles are the first half of the row, high ones the second (quantize_rows_int4).
+    new_nodes.append(make_node(both, "ConcatV2", [low, high, const(
+        f"{both}/axis", np.int32(-1), types_pb2.DT_INT32)], N=attr(i=2), T=byte, Tidx=int32))
+    if width % 2 == 0:
+        return both
+    # An odd width: drop the padding nibble, ``[..., :width]`` (the ellipsis keeps this
+    # independent of the ids' rank).
+    trimmed = f"{prefix}/trimmed"
+    new_nodes.append(make_node(
+        trimmed, "StridedSlice",
+        [both, const(f"{trimmed}/begin", np.array([0, 0], np.int32), types_pb2.DT_INT32),
+         const(f"{trimmed}/end", np.array([0, width], np.int32), types_pb2.DT_INT32),
+         const(f"{trimmed}/strides", np.array([1, 1], np.int32), types_pb2.DT_INT32)],
+        T=byte, Index=int32, begin_mask=attr(i=0), end_mask=attr(i=0),
+        ellipsis_mask=attr(i=1), new_axis_mask=attr(i=0), shrink_axis_mask=attr(i=0)))
+    return trimmed
 
 
 def _dequantize_at_load(name: str, qname: str, sname: str | None, stored_dtype: int,
@@ -232,12 +347,15 @@ def _dequantize_at_load(name: str, qname: str, sname: str | None, stored_dtype: 
 
 
 def quantize(graph, mode: str, min_elements: int, work_dir: str,
-             tables_only: bool = False) -> tuple:
+             tables_only: bool = False, skipped: list | None = None) -> tuple:
     """Stores the graph's large float weights quantized; returns ``(graph, quantized)``.
 
     ``tables_only`` leaves the weights dequantized at load as they are (float): they
     only make the files smaller, while the tables also make the server smaller, and
     when the lossy gate refuses everything quantized it is usually the dense weights.
+    int4 is always tables only (2-D tables: the packed rows unpack along their last
+    axis). ``skipped`` (if given) receives ``(name, bytes)`` of every large float
+    weight left float that way, for the warning.
 
     Example:
         >>> graph, done = quantize(graph, "int8", 16384, "/models/clf/.staging-q")
@@ -249,6 +367,9 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
 
     if mode == "none" or not graph.kept_variables:
         return graph, []
+    # int4 dense weights would be dequantized at load: a smaller file, the same server.
+    tables_only = tables_only or mode == "int4"
+    skipped = [] if skipped is None else skipped
     reader = tf.train.load_checkpoint(os.path.join(graph.variables_dir, "variables"))
     graph_def = type(graph.graph_def)()
     graph_def.CopyFrom(graph.graph_def)
@@ -268,13 +389,15 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
             kept.append(var)
             saved[var.name] = value
             continue
-        gathers = _gather_consumers(graph_def, var.name) if value.ndim >= 2 else None
+        gathers = _gather_consumers(graph_def, var.name) \
+            if value.ndim == 2 or (value.ndim > 2 and mode != "int4") else None
         if gathers is not None:
             qname, sname, stored_dtype = _store(var.name, value, mode, "rows", saved, kept,
                                                 new_nodes)
             for gather, _kind in gathers:
-                _gather_rows(gather, nodes, qname, sname if mode == "int8" else None,
-                             stored_dtype, new_nodes)
+                _gather_rows(gather, nodes, qname, None if mode == "fp16" else sname,
+                             stored_dtype, new_nodes,
+                             packed_width=value.shape[1] if mode == "int4" else 0)
             replaced.add(var.name)  # the float table: nothing reads it any more
             # Its reads: those feeding the gathers, and any a folded Shape left unused.
             replaced.update(n.name for n in graph_def.node if n.op == "ReadVariableOp"
@@ -286,6 +409,7 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
         if tables_only:
             kept.append(var)
             saved[var.name] = value
+            skipped.append((var.name, value.nbytes))
             continue
         # Dequantized once at load: the float variable stays, restored no more but
         # assigned by the init op from its quantized copy.

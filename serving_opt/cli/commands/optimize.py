@@ -178,7 +178,7 @@ def check_dependent_flags(fv: flags.FlagValues) -> None:
     given = [name for name in _QUANTIZE_FLAGS if fv[name].present]
     if given and fv.quantize == "none":
         raise UsageError(f"--{given[0]} has no effect without --quantize",
-                         f"add --quantize=int8 (or fp16), or drop --{given[0]}")
+                         f"add --quantize=int8 (or int4, fp16), or drop --{given[0]}")
     given = [name for name in _TUNE_FLAGS if fv[name].present]
     if given and not fv.tune:
         raise UsageError(f"--{given[0]} has no effect without --tune",
