@@ -5,6 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
+# The Estimator suite's venv (TF 2.15; see test-estimator below).
+VENV215 := .venv-tf215
+PY215 := $(VENV215)/bin/python
+STAMP215 := $(VENV215)/.installed
 
 .PHONY: demo demo-detection bench test venv lint pytest pytest-bazel bazel-setup bazel-test clean sandbox
 
@@ -101,7 +105,9 @@ bazel-setup:
 	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y bazel-bootstrap bazel-rules-java; }
 	@tools/bazel/offline_setup.sh
 
-bazel-test: $(STAMP) $(SANDBOX_STAMP) bazel-setup
+# The TF 2.15 venv first: tests/test_validate_runtime.py serves a model under it (the
+# stand-in on the production TF Serving's release), and skips where it is absent.
+bazel-test: $(STAMP) $(STAMP215) $(SANDBOX_STAMP) bazel-setup
 	bazel test //... --test_output=errors --noshow_progress --test_summary=terse
 
 clean:
@@ -111,9 +117,6 @@ clean:
 # in a second venv with TF 2.15, pinned in constraints-tf215.txt. tensorflow-serving-api
 # 2.15 requires the full `tensorflow`, which would install a second TF over tensorflow-cpu,
 # so it goes in without dependencies (its real ones, grpcio and protobuf, come with TF).
-VENV215 := .venv-tf215
-PY215 := $(VENV215)/bin/python
-STAMP215 := $(VENV215)/.installed
 PIP215 := $(PY215) -m pip install --quiet --disable-pip-version-check -c constraints-tf215.txt
 
 .PHONY: venv-tf215 test-estimator

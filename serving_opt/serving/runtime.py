@@ -348,3 +348,29 @@ def check_graph(graph_def, registry: dict[str, frozenset[str]], tf_version: str)
                     "serve it with a newer TF Serving (--serving_version), or leave that attr "
                     "at its default")
     return checked
+
+
+def stand_in_runtime(serving_version: str | None, python: str | None, image: str,
+                     say: Callable[[str], None] = lambda m: None) -> tuple[Runtime | None, str]:
+    """The TensorFlow the local stand-in runs under (None: this interpreter), and a note
+    when it is not the target TF Serving's: validate's and tune's one rule.
+
+    ``serving_version`` is resolved, installed once when missing (so call this outside
+    the sandbox, which has no network); without it the target is the Docker image's
+    release, used only when its runtime is already here.
+
+    Example:
+        >>> stand_in_runtime("2.21", None, "tensorflow/serving:2.21.0")[0].source
+        'current interpreter'
+    """
+    if serving_version is not None:
+        return resolve_runtime(serving_version, python, say), ""
+    target = image_version(image) or DEFAULT_SERVING_VERSION
+    runtime = find_runtime(target, python)
+    if runtime is not None:
+        return runtime, ""
+    note = (f"the stand-in ran TensorFlow {current_tf_version()}, not the target TF "
+            f"Serving's {major_minor(target)} (no runtime for it here; "
+            f"--serving_version={target} installs one)")
+    say(note)
+    return None, note

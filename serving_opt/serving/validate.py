@@ -419,20 +419,8 @@ def binary_dirs(options: ValidateOptions) -> list[str]:
 
 def _local_runtime(options: ValidateOptions, say) -> tuple:
     """The runtime the local stand-in runs under, and a note when it is not the target."""
-    if options.serving_version is not None:
-        runtime = runtime_lib.resolve_runtime(options.serving_version,
-                                              options.serving_runtime_python, say)
-        return runtime, ""
-    target = runtime_lib.image_version(options.image) or runtime_lib.DEFAULT_SERVING_VERSION
-    runtime = runtime_lib.find_runtime(target, options.serving_runtime_python)
-    if runtime is not None:
-        return runtime, ""
-    current = runtime_lib.current_tf_version()
-    note = (f"the stand-in ran TensorFlow {current}, not the target TF Serving's "
-            f"{runtime_lib.major_minor(target)} (no runtime for it here; "
-            f"--serving_version={target} installs one)")
-    say(note)
-    return None, note
+    return runtime_lib.stand_in_runtime(options.serving_version,
+                                        options.serving_runtime_python, options.image, say)
 
 
 def _refuse_host_ops(model_dirs, tags) -> None:

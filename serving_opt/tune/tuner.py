@@ -165,19 +165,8 @@ def local_runtime(options: TuneOptions, say: Callable[[str], None] = lambda m: N
         >>> local_runtime(TuneOptions(clients=4, serving_version="2.21"))[0].source
         'current interpreter'
     """
-    if options.serving_version is not None:
-        return runtime_lib.resolve_runtime(options.serving_version,
-                                           options.serving_runtime_python, say), ""
-    target = runtime_lib.image_version(options.image) or runtime_lib.DEFAULT_SERVING_VERSION
-    runtime = runtime_lib.find_runtime(target, options.serving_runtime_python)
-    if runtime is not None:
-        return runtime, ""
-    current = runtime_lib.current_tf_version()
-    note = (f"the stand-in ran TensorFlow {current}, not the target TF Serving's "
-            f"{runtime_lib.major_minor(target)} (no runtime for it here; "
-            f"--serving_version={target} installs one)")
-    say(note)
-    return None, note
+    return runtime_lib.stand_in_runtime(options.serving_version,
+                                        options.serving_runtime_python, options.image, say)
 
 
 def read_current_parameters(path: str | None) -> BatchingSettings | None:
