@@ -33,7 +33,8 @@ from serving_opt.serving import backends, rest_client, runtime
 from serving_opt.serving.markers import MARKER_OK, write_marker
 from serving_opt.serving.validate import ValidateOptions, validate
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# realpath: under Bazel this file is a runfiles symlink; the venvs are beside the source.
+ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 PY215 = os.path.join(ROOT, ".venv-tf215", "bin", "python")
 needs_tf215 = pytest.mark.skipif(not os.path.exists(PY215),
                                  reason="needs the TF 2.15 venv (make venv-tf215)")
