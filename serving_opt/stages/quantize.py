@@ -176,32 +176,25 @@ def _store(name: str, value: np.ndarray, mode: str, scales: str, saved: dict, ke
     from tensorflow.core.framework import types_pb2
 
     qname, sname = f"{name}/{_SCOPE}_{mode}", f"{name}/{_SCOPE}_scale"
-    if mode == "int4":  # tables only (rows): two values a byte, a scale per row
-        packed, scale = quantize_rows_int4(value)
-        saved[qname], saved[sname] = packed, scale
-        kept += [KeptVariable(qname, "VarHandleOp", types_pb2.DT_UINT8, packed.nbytes,
-                              f"int4 copy of {name} (two values a byte)"),
-                 KeptVariable(sname, "VarHandleOp", types_pb2.DT_FLOAT, scale.nbytes,
-                              f"row scales of {name}")]
-        new_nodes += [var_handle(qname, types_pb2.DT_UINT8, packed.shape),
-                      var_handle(sname, types_pb2.DT_FLOAT, scale.shape)]
-        return qname, sname, types_pb2.DT_UINT8
     if mode == "fp16":
-        saved[qname] = value.astype(np.float16)
-        kept.append(KeptVariable(qname, "VarHandleOp", types_pb2.DT_HALF, saved[qname].nbytes,
-                                 f"fp16 copy of {name}"))
-        new_nodes.append(var_handle(qname, types_pb2.DT_HALF, value.shape))
-        return qname, sname, types_pb2.DT_HALF
-    q, scale = _quantize_rows(value) if scales == "rows" \
-        else _quantize_channels(value, scales == "depthwise")
-    saved[qname], saved[sname] = q, scale
-    kept += [KeptVariable(qname, "VarHandleOp", types_pb2.DT_INT8, q.nbytes,
-                          f"int8 copy of {name}"),
-             KeptVariable(sname, "VarHandleOp", types_pb2.DT_FLOAT, scale.nbytes,
-                          f"{'row' if scales == 'rows' else 'channel'} scales of {name}")]
-    new_nodes += [var_handle(qname, types_pb2.DT_INT8, q.shape),
-                  var_handle(sname, types_pb2.DT_FLOAT, scale.shape)]
-    return qname, sname, types_pb2.DT_INT8
+        stored, scale, dtype = value.astype(np.float16), None, types_pb2.DT_HALF
+        what = f"fp16 copy of {name}"
+    elif mode == "int4":  # tables only (rows): two values a byte, a scale per row
+        (stored, scale), dtype = quantize_rows_int4(value), types_pb2.DT_UINT8
+        what = f"int4 copy of {name} (two values a byte)"
+    else:
+        stored, scale = _quantize_rows(value) if scales == "rows" \
+            else _quantize_channels(value, scales == "depthwise")
+        dtype, what = types_pb2.DT_INT8, f"int8 copy of {name}"
+    saved[qname] = stored
+    kept.append(KeptVariable(qname, "VarHandleOp", dtype, stored.nbytes, what))
+    new_nodes.append(var_handle(qname, dtype, stored.shape))
+    if scale is not None:
+        saved[sname] = scale
+        kept.append(KeptVariable(sname, "VarHandleOp", types_pb2.DT_FLOAT, scale.nbytes,
+                                 f"{'row' if scales == 'rows' else 'channel'} scales of {name}"))
+        new_nodes.append(var_handle(sname, types_pb2.DT_FLOAT, scale.shape))
+    return qname, sname, dtype
 
 
 def _gather_rows(gather, nodes: dict, qname: str, sname: str | None, stored_dtype: int,
