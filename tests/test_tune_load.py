@@ -17,16 +17,21 @@ from serving_opt.tune import load, payloads
 from serving_opt.tune.settings import BatchingSettings
 
 
+def _batching_server(convnet_base: str, directory, settings: BatchingSettings):
+    """The local server in-process on loopback, batching by ``settings``."""
+    parameters = directory / "batching_parameters.txt"
+    parameters.write_text(settings.text_proto())
+    return serve(ServerOptions(model_name="convnet", model_base_path=convnet_base, port=0,
+                               rest_api_port=-1, enable_batching=True,
+                               batching_parameters_file=str(parameters),
+                               startup_timeout_seconds=120))
+
+
 @pytest.fixture(scope="module")
 def server(convnet_base, tmp_path_factory):
-    parameters = tmp_path_factory.mktemp("batching") / "batching_parameters.txt"
-    parameters.write_text(BatchingSettings(max_batch_size=1, batch_timeout_micros=0,
-                                           max_enqueued_batches=1,
-                                           num_batch_threads=1).text_proto())
-    running = serve(ServerOptions(model_name="convnet", model_base_path=convnet_base, port=0,
-                                  rest_api_port=-1, enable_batching=True,
-                                  batching_parameters_file=str(parameters),
-                                  startup_timeout_seconds=120))
+    running = _batching_server(convnet_base, tmp_path_factory.mktemp("batching"),
+                               BatchingSettings(max_batch_size=1, batch_timeout_micros=0,
+                                                max_enqueued_batches=1, num_batch_threads=1))
     yield running
     running.stop()
 
@@ -90,14 +95,9 @@ def timer_bound_server(convnet_base, tmp_path_factory):
     # Batches that never fill (8 clients, room for 64) run when their 50 ms timeout
     # expires: the server's rate is set by that timer, not by how fast this machine is,
     # so two generators measured one after the other must agree however loaded it is.
-    parameters = tmp_path_factory.mktemp("timer") / "batching_parameters.txt"
-    parameters.write_text(BatchingSettings(max_batch_size=64, batch_timeout_micros=50_000,
-                                           max_enqueued_batches=100,
-                                           num_batch_threads=1).text_proto())
-    running = serve(ServerOptions(model_name="convnet", model_base_path=convnet_base, port=0,
-                                  rest_api_port=-1, enable_batching=True,
-                                  batching_parameters_file=str(parameters),
-                                  startup_timeout_seconds=120))
+    running = _batching_server(convnet_base, tmp_path_factory.mktemp("timer"),
+                               BatchingSettings(max_batch_size=64, batch_timeout_micros=50_000,
+                                                max_enqueued_batches=100, num_batch_threads=1))
     yield running
     running.stop()
 
