@@ -276,13 +276,8 @@ def summarize_native(title: str, runs: dict) -> tuple[list[str], dict]:
         cells = []
         for key in ("peak_rss_bytes", "steady_rss_bytes", "first_request_seconds",
                     "load_seconds"):
-            ratio, low, high, coverage = _ratio(runs, name, key)
-            row["ratios"][key] = {"median": ratio, "low": low, "high": high,
-                                  "coverage": coverage}
-            value = median[key]
-            shown = f"{value / MIB:.0f} MiB" if key.endswith("bytes") else (
-                f"{value * 1000:.0f} ms" if key.startswith("first") else f"{value:.2f} s")
-            cells += [shown, f"{ratio:.2f}x [{low:.2f}, {high:.2f}]"]
+            row["ratios"][key], shown = _ratio_cells(runs, name, key, median[key])
+            cells += shown
             if key == "steady_rss_bytes":
                 _, _, anon, filed = stage_medians["first request"]
                 cells += [f"{anon / MIB:.0f} / {filed / MIB:.0f} MiB",
@@ -361,6 +356,16 @@ def fixed_costs(native: dict, fork: dict, dirs: dict[str, str]) -> tuple[list[st
     return lines, figures
 
 
+def _ratio_cells(runs, name: str, key: str, value: float) -> tuple[dict, list[str]]:
+    """``key``'s ratio to the original's (median, 95% interval) and the table's two cells:
+    the variant's value and that ratio."""
+    ratio, low, high, coverage = _ratio(runs, name, key)
+    shown = f"{value / MIB:.0f} MiB" if key.endswith("bytes") else (
+        f"{value * 1000:.0f} ms" if key.startswith("first") else f"{value:.2f} s")
+    return ({"median": ratio, "low": low, "high": high, "coverage": coverage},
+            [shown, f"{ratio:.2f}x [{low:.2f}, {high:.2f}]"])
+
+
 def _ratio(runs: dict, name: str, key: str) -> tuple[float, float, float, float]:
     pairs = [runs[name][r][key] / runs["original"][r][key] for r in runs["original"]
              if runs["original"][r][key] > 0]
@@ -382,13 +387,8 @@ def summarize(title: str, runs: dict) -> tuple[list[str], dict]:
         cells = []
         for key in ("peak_rss_bytes", "steady_rss_bytes", "first_request_seconds",
                     "load_seconds"):
-            median, low, high, coverage = _ratio(runs, name, key)
-            row["ratios"][key] = {"median": median, "low": low, "high": high,
-                                  "coverage": coverage}
-            value = getattr(side, key)
-            shown = f"{value / MIB:.0f} MiB" if key.endswith("bytes") else (
-                f"{value * 1000:.0f} ms" if key.startswith("first") else f"{value:.2f} s")
-            cells += [shown, f"{median:.2f}x [{low:.2f}, {high:.2f}]"]
+            row["ratios"][key], shown = _ratio_cells(runs, name, key, getattr(side, key))
+            cells += shown
             if key == "steady_rss_bytes":
                 cells.append(f"{side.runtime_rss_bytes / MIB:.0f} MiB")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
