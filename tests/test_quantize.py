@@ -188,18 +188,22 @@ def test_bad_quantize_options_are_usage_errors(classifier_dir, tmp_path):
                  OptimizeOptions(quantize="int8", min_top1_agreement=1.5))
 
 
-@pytest.fixture(scope="module")
-def keras_text_dir(tmp_path_factory) -> str:
-    """Keras 3 export: Embedding(20000, 32) -> mean -> Dense(4, softmax) named probs."""
+def _keras_embedding_export(tmp_path_factory, name: str, width: int, seed: int) -> str:
+    """Keras 3 export: Embedding(20000, width) -> mean -> Dense(4, softmax) named probs."""
     import keras
 
-    keras.utils.set_random_seed(1)
+    keras.utils.set_random_seed(seed)
     ids = keras.Input(shape=(6,), dtype="int32", name="ids")
-    x = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(20000, 32)(ids))
+    x = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(20000, width)(ids))
     out = keras.layers.Dense(4, activation="softmax", name="probs")(x)
-    path = os.path.join(str(tmp_path_factory.mktemp("keras_text")), "1")
+    path = os.path.join(str(tmp_path_factory.mktemp(name)), "1")
     keras.Model(ids, out).export(path, verbose=False)
     return path
+
+
+@pytest.fixture(scope="module")
+def keras_text_dir(tmp_path_factory) -> str:
+    return _keras_embedding_export(tmp_path_factory, "keras_text", 32, seed=1)
 
 
 def test_keras_embedding_int8_gathers_rows_and_agrees(keras_text_dir, tmp_path):
@@ -473,16 +477,8 @@ def test_int4_candidates_are_tables_only():
 
 @pytest.fixture(scope="module")
 def keras_odd_dir(tmp_path_factory) -> str:
-    """Keras 3 export, an odd embedding width: Embedding(20000, 33) -> mean -> Dense(4)."""
-    import keras
-
-    keras.utils.set_random_seed(3)
-    ids = keras.Input(shape=(6,), dtype="int32", name="ids")
-    x = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(20000, 33)(ids))
-    out = keras.layers.Dense(4, activation="softmax", name="probs")(x)
-    path = os.path.join(str(tmp_path_factory.mktemp("keras_odd")), "1")
-    keras.Model(ids, out).export(path, verbose=False)
-    return path
+    """An odd embedding width (33): int4 pads its rows to an even one."""
+    return _keras_embedding_export(tmp_path_factory, "keras_odd", 33, seed=3)
 
 
 def test_int4_odd_width_keras_embedding_read_then_gathered(keras_odd_dir, tmp_path):
