@@ -9,9 +9,8 @@ with nothing else failed still draws, as before.
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
+from gate_runs import gate_run
 
 from serving_opt import gates, proving
 from serving_opt.gates import LossyGate
@@ -80,17 +79,6 @@ def straddling(rows: int):
     return probs, candidate(probs, flips=3 * rows // 512)
 
 
-def run_with(measure_seconds: float = 600.0):
-    """The fields of a Run the sequential draw reads."""
-    plan = types.SimpleNamespace(
-        measure=types.SimpleNamespace(measure_seconds=measure_seconds),
-        gate=types.SimpleNamespace(min_top1_agreement=0.995), user_inputs=None)
-    run = types.SimpleNamespace(plan=plan, warnings=[], said=[])
-    run.warn = run.warnings.append
-    run.progress = lambda step, message: run.said.append(message)
-    return run
-
-
 def test_a_probability_past_its_bound_decides_the_refusal_with_no_more_rows():
     def moved(rows):
         probs, cand = straddling(rows)
@@ -107,7 +95,7 @@ def test_a_probability_past_its_bound_decides_the_refusal_with_no_more_rows():
     assert only.detail.startswith("max abs diff 0.2 > 0.05 decides the refusal")
     assert "top-1 agreement left undecided" in only.detail
 
-    run = run_with()
+    run = gate_run()
     final = proving._until_decided(run, first, gate_on, 8)
     assert rounds == [8]  # no round beyond the first
     assert final.outputs[0].rows == 512 and not final.ok
@@ -120,7 +108,7 @@ def test_a_refused_signature_stops_the_draw_for_an_undecided_one():
         return probs, candidate(probs, flips=40 * rows // 512)
 
     gate_on, rounds = gate_on_factory({"predict": straddling, "other": refused})
-    run = run_with()
+    run = gate_run()
     final = proving._until_decided(run, gate_on(8), gate_on, 8)
     assert rounds == [8]
     assert [(o.signature, o.rows) for o in final.outputs] == [("predict", 512), ("other", 512)]
@@ -135,7 +123,7 @@ def test_a_refused_signature_stops_the_draw_for_an_undecided_one():
 
 def test_an_undecided_agreement_with_nothing_else_failed_still_draws():
     gate_on, rounds = gate_on_factory({"predict": straddling})
-    run = run_with()
+    run = gate_run()
     first = gate_on(8)
     assert first.undecided() and not proving.decided_refusals(first)
     final = proving._until_decided(run, first, gate_on, 8)

@@ -9,10 +9,10 @@ decided the other way, not a changed answer, and is reported, not counted.
 from __future__ import annotations
 
 import dataclasses
-import types
 
 import numpy as np
 import pytest
+from gate_runs import gate_run
 
 from serving_opt import gates, proving
 from serving_opt.gates import Kind, LossyGate
@@ -150,18 +150,6 @@ def _report(rows: int, flips_per_512: float) -> ParityReport:
     return ParityReport(output.ok, 0.0, 0.0, (output,), {"predict": "synthesized"}, 1)
 
 
-def _run(measure_seconds: float, user_inputs=None):
-    """The fields of a Run that the sequential draw reads (a Run's plan is resolved
-    from options by the optimizer; here only the budget and the threshold matter)."""
-    plan = types.SimpleNamespace(
-        measure=types.SimpleNamespace(measure_seconds=measure_seconds),
-        gate=types.SimpleNamespace(min_top1_agreement=0.995), user_inputs=user_inputs)
-    run = types.SimpleNamespace(plan=plan, warnings=[], said=[])
-    run.warn = run.warnings.append
-    run.progress = lambda step, message: run.said.append(message)
-    return run
-
-
 def test_undecided_rows_are_drawn_again_until_the_interval_decides():
     batches_seen = []
 
@@ -169,7 +157,7 @@ def test_undecided_rows_are_drawn_again_until_the_interval_decides():
         batches_seen.append(batches)
         return _report(64 * batches, flips_per_512=0.5)
 
-    run = _run(measure_seconds=180)
+    run = gate_run(measure_seconds=180)
     first = gate_on(8)
     assert first.undecided()  # 1 flip in 512 rows: [0.989, 0.9997]
     final = proving._until_decided(run, first, gate_on, 8)
@@ -186,7 +174,7 @@ def test_the_users_examples_are_not_drawn_again_and_the_interval_is_reported():
         calls.append(batches)
         return _report(64 * batches, flips_per_512=3)
 
-    run = _run(measure_seconds=180, user_inputs=object())
+    run = gate_run(measure_seconds=180, user_inputs=object())
     final = proving._until_decided(run, gate_on(8), gate_on, 8)
     assert calls == [8]
     assert final.undecided()
@@ -200,7 +188,7 @@ def test_drawing_stops_at_its_share_of_the_measure_budget():
         calls.append(batches)
         return _report(512, flips_per_512=3)  # never decides
 
-    run = _run(measure_seconds=0)
+    run = gate_run(measure_seconds=0)
     proving._until_decided(run, gate_on(8), gate_on, 8)
     assert calls == [8]
     assert "ran out" in run.warnings[0]
@@ -208,10 +196,10 @@ def test_drawing_stops_at_its_share_of_the_measure_budget():
 
 def test_synthesized_inputs_are_named_with_their_near_tie_share():
     report = _report(2048, flips_per_512=0)
-    run = _run(measure_seconds=180)
+    run = gate_run(measure_seconds=180)
     proving._warn_synthesized(run, report)
     assert "synthesized inputs" in run.warnings[0] and "--examples" in run.warnings[0]
     user = dataclasses.replace(report, input_sources={"predict": "examples:x.tfrecord"})
-    run = _run(measure_seconds=180)
+    run = gate_run(measure_seconds=180)
     proving._warn_synthesized(run, user)
     assert run.warnings == []
