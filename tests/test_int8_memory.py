@@ -216,16 +216,45 @@ def test_the_native_loader_answers_as_tfs_python_loader(text_classifier_base):
             assert got.tolist() == np.asarray(want).tolist()
         else:  # the same kernels; thread pools may sum in another order
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
-    assert [s.name for s in result.stages] == ["interpreter", "runtime", "load",
-                                               "first request"]
+    assert [s.name for s in result.stages] == ["interpreter", "libraries", "runtime",
+                                               "load", "first request"]
     assert result.warmup_records == 0  # no warmup file: the stage is skipped, and said so
     assert result.peak_rss_bytes >= result.steady_rss_bytes > result.runtime_rss_bytes > 0
     runtime = result.stage("runtime")
     # The runtime's code pages count, as in a server: most of what it holds is file-backed.
     assert runtime.rss_file_bytes > runtime.rss_anon_bytes > 0
     assert runtime.rss_bytes > result.interpreter_rss_bytes > 0
+    # The dynamic-linking tables were dropped (the outputs above were computed after).
+    assert result.stage("libraries").rss_file_bytes - runtime.rss_file_bytes > 16 * MIB
     peaks = [s.peak_rss_bytes for s in result.stages]
     assert peaks == sorted(peaks)
+
+
+def test_the_native_loader_can_keep_the_linker_tables(text_classifier_base):
+    """``static_runtime=False``: the libraries as pip's loader leaves them, no stage for
+    the release, and a larger runtime than the default's measured in the same way."""
+    model = os.path.join(text_classifier_base, "1")
+    examples = np.array(samples.text_examples(2, seed=3, vocab_size=TEXT_CLASSIFIER_VOCAB),
+                        dtype=object)
+    kept = native_load.measure(model, {"inputs": examples}, static_runtime=False)
+    dropped = native_load.measure(model, {"inputs": examples})
+    assert "libraries" not in [s.name for s in kept.stages]
+    assert kept.runtime_rss_bytes - dropped.runtime_rss_bytes > 16 * MIB
+
+
+def test_linker_tables_are_whole_pages_of_the_read_only_segment(tmp_path):
+    library = os.path.join(native_load.tensorflow_dir(), "libtensorflow_cc.so.2")
+    base = 0x7F0000000000
+    ranges = native_load.linker_table_ranges(library, base)
+    assert ranges and ranges == sorted(ranges)
+    for (start, end), following in zip(ranges, ranges[1:] + [(None, None)]):
+        assert start % 4096 == 0 and end % 4096 == 0 and base <= start < end
+        assert following[0] is None or end < following[0]  # merged: no overlap or contact
+    # Within the file: a library is mapped from its first byte.
+    assert ranges[-1][1] - base <= os.path.getsize(library)
+    not_elf = tmp_path / "not.so"
+    not_elf.write_bytes(b"#!/bin/sh\n" * 10)
+    assert native_load.linker_table_ranges(str(not_elf), base) == []
 
 
 def test_the_native_loader_replays_the_warmup_file(text_model_with_warmup):
@@ -233,6 +262,6 @@ def test_the_native_loader_replays_the_warmup_file(text_model_with_warmup):
                         dtype=object)
     result = native_load.measure(text_model_with_warmup, {"inputs": examples})
     assert result.warmup_records == 2
-    assert [s.name for s in result.stages] == ["interpreter", "runtime", "load", "warmup",
-                                               "first request"]
+    assert [s.name for s in result.stages] == ["interpreter", "libraries", "runtime", "load",
+                                               "warmup", "first request"]
     assert result.peak_rss_bytes >= result.steady_rss_bytes > result.runtime_rss_bytes > 0

@@ -102,3 +102,41 @@ def test_without_embedding_slots(tmp_path):
     variables = dict(tf.train.list_variables(os.path.join(export_dir, "variables", "variables")))
     assert EMBEDDING in variables and f"{EMBEDDING}/Adagrad" not in variables
     assert "dnn/logits/kernel/Adagrad" in variables and "global_step" in variables
+
+
+def test_topic_texts_are_mostly_their_labels_words():
+    texts, labels = samples.topic_texts(2000, np.random.default_rng(0), 1000)
+    topics = samples.word_topics(1000)
+    own = total = 0
+    for text, label in zip(texts, labels):
+        ids = [int(w[1:]) for w in text.decode().split() if w.startswith("w")]
+        own += sum(topics[i] == label for i in ids)
+        total += len(ids)
+    # 0.6 drawn from the label's words, plus the 1/20 of the rest that land there.
+    assert 0.6 < own / total < 0.7
+    lengths = [len(t.split()) for t in texts]
+    assert min(lengths) == 0 and max(lengths) == 12
+
+
+def test_a_trained_classifier_answers_its_texts_topic(tmp_path):
+    """``train_examples``: trained as Estimator trains (then exported from a fresh graph),
+    so most answers are the label and clear, unlike the random sample's."""
+    texts, labels = samples.topic_texts(1000, np.random.default_rng(5), 2000)
+    examples = [tf.train.Example(features=tf.train.Features(feature={
+        "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[t]))}))
+        .SerializeToString() for t in texts]
+    accuracy = {}
+    for train in (0, 100_000):
+        export_dir = samples.build_text_classifier(
+            str(tmp_path / str(train) / "1"), vocab_size=2000, embedding_dim=16,
+            optimizer_slots=False, train_examples=train)
+        graph = tf.Graph()
+        with graph.as_default(), tf.compat.v1.Session(graph=graph) as sess:
+            meta_graph = tf.compat.v1.saved_model.load(sess, ["serve"], export_dir)
+            got = _run(sess, meta_graph.signature_def["predict"], examples)
+        accuracy[train] = np.mean(got["class_ids"].reshape(-1) == labels)
+    assert accuracy[0] < 0.15  # chance is 0.05
+    assert accuracy[100_000] > 0.5
+    variables = dict(tf.train.list_variables(str(tmp_path / "100000" / "1" / "variables" /
+                                                 "variables")))
+    assert not any("Adam" in name for name in variables)  # the optimizer's slots stay behind

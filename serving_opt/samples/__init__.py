@@ -33,6 +33,8 @@ from serving_opt.samples.text_classifier import (
     build_text_classifier,
     text_examples,
     text_vocabulary,
+    topic_texts,
+    word_topics,
 )
 from serving_opt.samples.tf1 import ADAGRAD_INITIAL_ACCUMULATOR
 from serving_opt.samples.wide_deep import (
@@ -71,6 +73,8 @@ __all__ = [
     "sample_examples",
     "text_examples",
     "text_vocabulary",
+    "topic_texts",
+    "word_topics",
     "wide_deep_examples",
     "wide_deep_vocabulary",
 ]

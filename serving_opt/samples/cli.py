@@ -23,6 +23,7 @@ _FLAGS = {
     "vocab_size": "--vocab_size",
     "embedding_dim": "--embedding_dim",
     "optimizer_slots": "--nooptimizer_slots",
+    "train_examples": "--train_examples",
 }
 
 
@@ -60,6 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nooptimizer_slots", dest="optimizer_slots", action="store_false",
                         help="text_classifier only: no Adagrad slot for the embedding "
                              "(halves the export at full size)")
+    parser.add_argument("--train_examples", type=int, default=0,
+                        help="text_classifier only: train on this many texts first "
+                             "(a real trained table; 1000000 for the 1M vocabulary)")
     args = parser.parse_args(argv)
     options = _build_options(parser, args)
     if os.path.exists(os.path.join(args.output_dir, "saved_model.pb")):

@@ -47,7 +47,8 @@ KINDS: dict[str, SampleKind] = {
     "mobilenet_v2": SampleKind(functools.partial(build_keras_application, "mobilenet_v2")),
     "resnet50": SampleKind(functools.partial(build_keras_application, "resnet50")),
     "text_classifier": SampleKind(build_text_classifier,
-                                  ("vocab_size", "embedding_dim", "optimizer_slots")),
+                                  ("vocab_size", "embedding_dim", "optimizer_slots",
+                                   "train_examples")),
     "wide_deep": SampleKind(build_wide_deep, ("vocab_size", "embedding_dim")),
 }
 
@@ -55,9 +56,9 @@ KINDS: dict[str, SampleKind] = {
 def build(kind: str, export_dir: str, seed: int = 0, **options) -> str:
     """Builds the sample model ``kind`` (one of :data:`KINDS`).
 
-    ``options`` go to the builder: ``vocab_size``, ``embedding_dim`` and
-    ``optimizer_slots`` for text_classifier; ``vocab_size`` and ``embedding_dim`` for
-    wide_deep.
+    ``options`` go to the builder: ``vocab_size``, ``embedding_dim``,
+    ``optimizer_slots`` and ``train_examples`` for text_classifier; ``vocab_size`` and
+    ``embedding_dim`` for wide_deep.
 
     Example:
         >>> build("regressor", "/tmp/models/reg/1")

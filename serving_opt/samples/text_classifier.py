@@ -37,7 +37,8 @@ def text_vocabulary(vocab_size: int) -> list[str]:
 
 
 def build_text_classifier(export_dir: str, seed: int = 0, vocab_size: int = 20000,
-                          embedding_dim: int = 64, optimizer_slots: bool = True) -> str:
+                          embedding_dim: int = 64, optimizer_slots: bool = True,
+                          train_examples: int = 0) -> str:
     """Writes an Estimator-like DNN text classifier SavedModel, mostly one embedding table.
 
     The shape of users' big exports: serialized tf.Examples with one string feature
@@ -62,6 +63,14 @@ def build_text_classifier(export_dir: str, seed: int = 0, vocab_size: int = 2000
     Fill), so the full size builds without a numpy copy or a large graph constant: ~17 s
     and 2.6 GB peak RSS with the slot, ~13 s and 1.6 GB without (2 CPUs, TF 2.21).
 
+    Untrained (``train_examples=0``), the weights are random, scaled so that most answers
+    are not near-ties. With ``train_examples``, the model is first trained on that many
+    texts of :func:`topic_texts` (each word belongs to one topic, a text mostly to its
+    label's), then exported from a fresh graph with the trained values, as Estimator
+    exports from its checkpoint: a real trained table, with the structure quantization
+    must keep. Requests of that distribution: ``text_examples(..., topics=True)``.
+    Covering a 1M vocabulary a few times takes ~1M examples.
+
     Example:
         >>> build_text_classifier("/tmp/models/text/1", vocab_size=5000, embedding_dim=32)
         '/tmp/models/text/1'
@@ -70,25 +79,15 @@ def build_text_classifier(export_dir: str, seed: int = 0, vocab_size: int = 2000
 
     v1 = tf.compat.v1
     sigs = v1.saved_model.signature_def_utils
+    trained_values = (_train(vocab_size, embedding_dim, seed, train_examples)
+                      if train_examples else None)
     with estimator_graph(seed) as (graph, scratch):
         vocab_path = write_vocabulary(scratch, text_vocabulary(vocab_size))
         serialized = v1.placeholder(tf.string, [None], name="input_example_tensor")
         parsed = v1.io.parse_example(
             serialized, {"text": v1.io.FixedLenFeature([], tf.string, default_value="")})
-        words = v1.string_split(parsed["text"], sep=" ")  # SparseTensor [batch, max_words]
-        fc = tf.feature_column
-        text_column = fc.embedding_column(
-            fc.categorical_column_with_vocabulary_file(
-                "text", vocab_path, vocabulary_size=vocab_size,
-                num_oov_buckets=TEXT_OOV_BUCKETS),
-            dimension=embedding_dim, combiner="mean",
-            # Trained embeddings are far from their initial 1/sqrt(dim) scale; at it, every
-            # answer would be a near-uniform tie and say nothing about top-1 agreement.
-            initializer=v1.truncated_normal_initializer(stddev=1.0, seed=seed))
-        with v1.variable_scope("dnn"):
-            with v1.variable_scope("input_from_feature_columns"):
-                net = v1.feature_column.input_layer({"text": words}, [text_column])
-            logits = dnn_logits(net, (256, 128), len(TEXT_CLASS_NAMES), seed)
+        logits = _logits(parsed["text"], vocab_path, vocab_size, embedding_dim, seed,
+                         trained=bool(train_examples))
         logits = tf.identity(logits, name="logits")
         probabilities = tf.nn.softmax(logits, name="probabilities")
         class_ids = tf.expand_dims(tf.argmax(logits, axis=1), -1, name="class_ids")
@@ -104,19 +103,120 @@ def build_text_classifier(export_dir: str, seed: int = 0, vocab_size: int = 2000
         )
         training_leftovers(optimizer_slots)
         save_with_tables(graph, export_dir, {
-            "serving_default": classify, "classification": classify, "predict": predict})
+            "serving_default": classify, "classification": classify, "predict": predict},
+            values=trained_values)
     return export_dir
 
 
-def text_examples(count: int = 8, seed: int = 0, vocab_size: int = 20000) -> list[bytes]:
+def _logits(text, vocab_path: str, vocab_size: int, embedding_dim: int, seed: int,
+            trained: bool):
+    """The model from raw text (a string tensor [batch]) to logits, in the default graph:
+    the same variable names whether built to export or to train."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    words = v1.string_split(text, sep=" ")  # SparseTensor [batch, max_words]
+    fc = tf.feature_column
+    text_column = fc.embedding_column(
+        fc.categorical_column_with_vocabulary_file(
+            "text", vocab_path, vocabulary_size=vocab_size, num_oov_buckets=TEXT_OOV_BUCKETS),
+        dimension=embedding_dim, combiner="mean",
+        # Trained: embedding_column's own 1/sqrt(dim) start, training sets the scale.
+        # Untrained embeddings at that scale would make every answer a near-uniform tie
+        # and say nothing about top-1 agreement, so they start far from it.
+        initializer=v1.truncated_normal_initializer(
+            stddev=embedding_dim ** -0.5 if trained else 1.0, seed=seed))
+    with v1.variable_scope("dnn"):
+        with v1.variable_scope("input_from_feature_columns"):
+            net = v1.feature_column.input_layer({"text": words}, [text_column])
+        return dnn_logits(net, (256, 128), len(TEXT_CLASS_NAMES), seed,
+                          logits_variance=1.0 if trained else 100.0)
+
+
+def _train(vocab_size: int, embedding_dim: int, seed: int, examples: int,
+           batch: int = 8192) -> dict:
+    """Trains the model on ``examples`` texts of :func:`topic_texts` (Adam, one pass in
+    batches of ``batch``); its trainable variables'
+    values by name. The optimizer's slots stay here: the export is built from a fresh
+    graph, as Estimator exports from a checkpoint."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    rng = np.random.default_rng(seed + 1)
+    with estimator_graph(seed) as (graph, scratch):
+        vocab_path = write_vocabulary(scratch, text_vocabulary(vocab_size))
+        text = v1.placeholder(tf.string, [None])
+        labels = v1.placeholder(tf.int64, [None])
+        logits = _logits(text, vocab_path, vocab_size, embedding_dim, seed, trained=True)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=logits))
+        # Adam, as many Estimator users configure it: Adagrad's steps on a mean of 6 rows
+        # are too small for one pass to move a row seen a few times.
+        step = v1.train.AdamOptimizer(0.01).minimize(loss)
+        with v1.Session(graph=graph) as sess:
+            sess.run([v1.global_variables_initializer(), v1.tables_initializer()])
+            for start in range(0, examples, batch):
+                texts, ys = topic_texts(min(batch, examples - start), rng, vocab_size)
+                sess.run(step, {text: texts, labels: ys})
+            variables = v1.trainable_variables()
+            return dict(zip([v.op.name for v in variables], sess.run(variables)))
+
+
+def word_topics(vocab_size: int) -> np.ndarray:
+    """Each vocabulary word's topic (0-19): a fixed pseudo-random assignment, the structure
+    a trained text classifier learns.
+
+    Example:
+        >>> word_topics(4)
+        array([ 1, 14,  9, 15])
+    """
+    return np.random.default_rng(1234).integers(0, len(TEXT_CLASS_NAMES), vocab_size)
+
+
+def topic_texts(count: int, rng: np.random.Generator,
+                vocab_size: int) -> tuple[list[bytes], np.ndarray]:
+    """``count`` texts and their labels: a label (uniform over the 20 topics), 0-12 words,
+    each of them out of the vocabulary (``oov<i>``) with probability 0.1, else one of the
+    label's words with probability 0.6, else any word. Word frequencies are skewed as in
+    text: within a topic (and within the vocabulary), a word's rank is ``size * u**4`` for
+    uniform u, so the top 1% of words are 32% of the draws and half of them are rare.
+
+    Example:
+        >>> texts, labels = topic_texts(2, np.random.default_rng(0), 100)
+        >>> len(texts), labels.shape
+        (2, (2,))
+    """
+    topics = word_topics(vocab_size)
+    by_topic = np.argsort(topics, kind="stable")
+    starts = np.searchsorted(topics[by_topic], np.arange(len(TEXT_CLASS_NAMES) + 1))
+    labels = rng.integers(0, len(TEXT_CLASS_NAMES), count)
+    lengths = rng.integers(0, 13, count)
+    owner = np.repeat(labels, lengths)
+    sizes = starts[owner + 1] - starts[owner]
+    topical = by_topic[starts[owner] + (rng.random(owner.size) ** 4 * sizes).astype(np.int64)]
+    anyword = (rng.random(owner.size) ** 4 * vocab_size).astype(np.int64)
+    ids = np.where(rng.random(owner.size) < 0.6, topical, anyword)
+    oov = rng.random(owner.size) < 0.1
+    words = [f"oov{i}" if o else f"w{i}" for i, o in zip(ids.tolist(), oov.tolist())]
+    ends = np.cumsum(lengths)
+    texts = [" ".join(words[e - n:e]).encode() for e, n in zip(ends.tolist(), lengths.tolist())]
+    return texts, labels
+
+
+def text_examples(count: int = 8, seed: int = 0, vocab_size: int = 20000,
+                  topics: bool = False) -> list[bytes]:
     """Serialized tf.Examples for text_classifier: ``text`` of 0-12 space-separated words,
-    mostly from its vocabulary, some out of it (hashed to OOV buckets).
+    mostly from its vocabulary, some out of it (hashed to OOV buckets). ``topics``: drawn
+    as :func:`topic_texts` (the trained model's training distribution), else uniformly.
 
     Example:
         >>> len(text_examples(4))
         4
     """
     rng = np.random.default_rng(seed)
+    if topics:
+        texts, _ = topic_texts(count, rng, vocab_size)
+        return [serialized_example({"text": bytes_feature(t.decode())}) for t in texts]
     out = []
     for _ in range(count):
         words = [f"w{i}" if rng.random() < 0.9 else f"oov{i}"

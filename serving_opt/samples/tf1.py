@@ -74,10 +74,13 @@ def save_tf1(sess, export_dir: str, signature_def_map: dict, main_op) -> None:
     builder.save()
 
 
-def save_with_tables(graph, export_dir: str, signatures: dict, trained=()) -> None:
+def save_with_tables(graph, export_dir: str, signatures: dict, trained=(),
+                     values: dict | None = None) -> None:
     """Saves with Estimator's init op: local variables and tables initialized at load.
 
     ``trained``: ops run after the variables' initializers (values "training" gave).
+    ``values``: variable name -> array, fed as those variables' initial values (trained
+    elsewhere), without adding an op to the saved graph.
 
     Example:
         >>> save_with_tables(graph, "/tmp/models/reg/1", {"serving_default": regress})
@@ -88,7 +91,11 @@ def save_with_tables(graph, export_dir: str, signatures: dict, trained=()) -> No
     with graph.as_default():
         main_op = tf.group(v1.local_variables_initializer(), v1.tables_initializer())
         with v1.Session(graph=graph) as sess:
-            sess.run(v1.global_variables_initializer())
+            feed = {}
+            for var in v1.global_variables():
+                if values and var.op.name in values:
+                    feed[var.initial_value] = values[var.op.name]
+            sess.run(v1.global_variables_initializer(), feed)
             if trained:
                 sess.run(list(trained))
             save_tf1(sess, export_dir, signatures, main_op)
@@ -122,11 +129,13 @@ def dense(x, units: int, name: str, seed: int, initializer=None):
     return tf.nn.bias_add(tf.matmul(x, kernel), bias)
 
 
-def dnn_logits(net, hidden_units: Sequence[int], logits_units: int, seed: int):
+def dnn_logits(net, hidden_units: Sequence[int], logits_units: int, seed: int,
+               logits_variance: float = 100.0):
     """A DNNClassifier's layers: Glorot ReLU ``hiddenlayer_<i>`` then ``logits``.
 
     The logits of a trained classifier are large (confident answers); Glorot's would make
-    every answer a near tie. So the logits layer has 100x the variance: ~10x the logits.
+    every answer of an untrained one a near tie. So the logits layer has
+    ``logits_variance`` times Glorot's variance (100: ~10x the logits); 1 to train it.
 
     Example:
         >>> logits = dnn_logits(net, (256, 128), 20, seed=0)
@@ -138,7 +147,8 @@ def dnn_logits(net, hidden_units: Sequence[int], logits_units: int, seed: int):
         net = tf.nn.relu(dense(net, units, f"hiddenlayer_{i}", seed + 10 * i,
                                v1.glorot_uniform_initializer(seed + 10 * i)))
     return dense(net, logits_units, "logits", seed + 50,
-                 v1.variance_scaling_initializer(100.0, "fan_avg", "uniform", seed=seed + 50))
+                 v1.variance_scaling_initializer(logits_variance, "fan_avg", "uniform",
+                                                 seed=seed + 50))
 
 
 def conv2d(x, filters: int, name: str, seed: int):

@@ -15,7 +15,9 @@ So here a fresh ``python -m serving_opt.savedmodel.native_load`` (which never im
 memory after each:
 
 * ``interpreter``: Python and numpy alone (what this harness adds over the server);
-* ``runtime``: the C++ runtime loaded, no model yet (a server's fixed cost);
+* ``libraries``: TensorFlow's shared libraries loaded, as pip installs them;
+* ``runtime``: the C++ runtime loaded, no model yet (a server's fixed cost): the
+  libraries less their dynamic-linking tables (see below);
 * ``load``: ``TF_LoadSessionFromSavedModel``: the C++ ``LoadSavedModel`` TF Serving's
   own loader calls (graph, restore, init op) with default session options, as TF
   Serving's; it cannot be split into its steps from outside. The C API also imports the
@@ -27,6 +29,18 @@ memory after each:
   :attr:`NativeLoad.warmup_records` is 0 then);
 * ``first request``: one ``TF_SessionRun`` of the signature's outputs for the given feed
   (numbers or strings, e.g. serialized tf.Examples).
+
+The dynamic-linking tables: pip's ``libtensorflow_cc.so.2`` exports ~1M C++ symbols, and
+loading it reads its symbol tables (``.dynstr``, ``.dynsym``, ``.gnu.hash``, versions,
+``.rela.plt``: ~120 MiB for TF 2.21) to bind them; those pages then stay resident,
+though nothing reads them again. ``tensorflow_model_server`` is one statically linked
+binary: it has no such tables (its relocations, ``.rela.dyn``, it has too, and they are
+kept here). So once the libraries are loaded, those tables' pages are dropped from this
+process (``madvise(MADV_DONTNEED)``: clean, read-only file pages; anything that reads
+them again faults them back in, and they count again), and ``runtime`` is measured
+after that. ``measure(..., static_runtime=False)`` keeps them, to measure as the pip
+libraries load. The peak (the kernel's high-water mark) still includes them for the
+moment they were resident, which is below any model's load.
 
 Per stage: the peak so far (``getrusage``: the kernel's VmHWM, file pages included) and
 VmRSS, RssAnon and RssFile from ``/proc/self/status`` (0 where it cannot be read). The
@@ -154,14 +168,16 @@ def tensorflow_dir() -> str:
 
 def measure(model_dir: str, feeds: Mapping, signature: str = "serving_default",
             tags: Iterable[str] = ("serve",), *, return_outputs: bool = False,
-            timeout: float = 1800.0) -> NativeLoad:
+            static_runtime: bool = True, timeout: float = 1800.0) -> NativeLoad:
     """Loads ``model_dir`` in a fresh process with TensorFlow's C++ runtime and answers one
     request: ``feeds`` maps ``signature``'s input aliases to arrays (strings as bytes in
     an object array); every output of the signature is fetched.
 
     Raises RuntimeError with the child's error when the load, the warmup or the request
     fails (TF Serving refuses such a version too). Our own models only: see the module's
-    note on trust.
+    note on trust. ``static_runtime``: the libraries' dynamic-linking tables are dropped
+    before the model loads, as a statically linked server never holds them (see the
+    module); False measures the libraries as pip's loader leaves them.
 
     Example:
         >>> r = measure("build/bench/int8_memory/text_1000000x256/int8/1",
@@ -186,7 +202,8 @@ def measure(model_dir: str, feeds: Mapping, signature: str = "serving_default",
     job = {"tf_dir": tensorflow_dir(), "model": os.path.abspath(model_dir), "tags": tags,
            "feed": {sig.inputs[a].name: np.asarray(v) for a, v in feeds.items()},
            "fetch": [sig.outputs[a].name for a in aliases], "warmup": _warmup_runs(
-               model_dir, meta_graph), "outputs": return_outputs}
+               model_dir, meta_graph), "outputs": return_outputs,
+           "static_runtime": static_runtime}
     with tempfile.TemporaryDirectory(prefix="native-load-") as scratch:
         job_path = os.path.join(scratch, "job.pkl")
         with open(job_path, "wb") as f:
@@ -279,15 +296,98 @@ def _stage(name: str) -> list:
     return [name, peak, now["VmRSS"], now["RssAnon"], now["RssFile"]]
 
 
+# Sections only the dynamic linker reads, to bind symbols by name: a statically linked
+# server has none of them.
+_LINKER_TABLES = frozenset({".dynsym", ".dynstr", ".gnu.hash", ".hash", ".gnu.version",
+                            ".gnu.version_r", ".gnu.version_d", ".rela.plt"})
+_PAGE = 4096
+_MADV_DONTNEED = 4
+
+
+def linker_table_ranges(path: str, base: int) -> list[tuple[int, int]]:
+    """The whole pages of ``path``'s dynamic-linking tables (:data:`_LINKER_TABLES`) in
+    its read-only, non-executable segment, as ``(start, end)`` addresses for the library
+    loaded at ``base``; merged, sorted. Reads the ELF64 headers; [] for anything else.
+
+    Example:
+        >>> linker_table_ranges("libtensorflow_cc.so.2", 0x7f0000000000)[0][0] >= 0x7f0000000000
+        True
+    """
+    import struct
+
+    with open(path, "rb") as f:
+        header = f.read(64)
+        if header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+            return []
+        phoff, shoff = struct.unpack_from("<QQ", header, 0x20)
+        phentsize, phnum, shentsize, shnum, shstrndx = struct.unpack_from("<HHHHH", header,
+                                                                          0x36)
+        f.seek(phoff)
+        programs = [struct.unpack_from("<IIQQQQQQ", f.read(phentsize)) for _ in range(phnum)]
+        f.seek(shoff)
+        sections = [struct.unpack_from("<IIQQQQ", f.read(shentsize)) for _ in range(shnum)]
+        _, _, _, _, names_offset, names_size = sections[shstrndx]
+        f.seek(names_offset)
+        names = f.read(names_size)
+    # PT_LOAD segments that are readable only (no write: nothing relocated in them, so
+    # their pages are the file's; no execute: not code).
+    read_only = [(vaddr, vaddr + filesz) for kind, flags, _, vaddr, _, filesz, _, _
+                 in programs if kind == 1 and flags == 4]
+    ranges = []
+    for name_at, _, _, addr, _, size in sections:
+        name = names[name_at:names.index(b"\0", name_at)].decode()
+        if name not in _LINKER_TABLES or not size:
+            continue
+        if not any(lo <= addr and addr + size <= hi for lo, hi in read_only):
+            continue
+        start = -(-(base + addr) // _PAGE) * _PAGE
+        end = (base + addr + size) // _PAGE * _PAGE
+        if end > start:
+            ranges.append((start, end))
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _release_linker_tables(paths: list[str]) -> None:
+    """Drops the resident pages of the loaded libraries' dynamic-linking tables (see the
+    module): only where /proc/self/maps shows the library mapped privately, read-only,
+    from its start, so the pages are the file's and fault back in when read."""
+    try:
+        with open("/proc/self/maps") as f:
+            maps = [line.split() for line in f]
+    except OSError:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    for path in paths:
+        real = os.path.realpath(path)
+        mapped = [(int(a, 16), int(b, 16), perms, int(offset, 16)) for (a, b), perms, offset
+                  in ((fields[0].split("-"), fields[1], fields[2]) for fields in maps
+                      if len(fields) >= 6 and os.path.realpath(fields[5]) == real)]
+        base = next((lo for lo, _, _, offset in mapped if offset == 0), None)
+        if base is None:
+            continue
+        for start, end in linker_table_ranges(path, base):
+            inside = any(lo <= start and end <= hi and perms == "r--p"
+                         for lo, hi, perms, _ in mapped)
+            if inside:
+                libc.madvise(start, end - start, _MADV_DONTNEED)
+
+
 class _Runtime:
     """TensorFlow's C API, through ctypes."""
 
     def __init__(self, tf_dir: str):
         # The framework library first and global: libtensorflow_cc resolves against it.
-        ctypes.CDLL(os.path.join(tf_dir, "libtensorflow_framework.so.2"),
-                    mode=ctypes.RTLD_GLOBAL)
-        lib = ctypes.CDLL(os.path.join(tf_dir, "libtensorflow_cc.so.2"),
-                          mode=ctypes.RTLD_GLOBAL)
+        self.paths = [os.path.join(tf_dir, name) for name in (
+            "libtensorflow_framework.so.2", "libtensorflow_cc.so.2")]
+        ctypes.CDLL(self.paths[0], mode=ctypes.RTLD_GLOBAL)
+        lib = ctypes.CDLL(self.paths[1], mode=ctypes.RTLD_GLOBAL)
         p, i, i64, size = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_size_t
         for name, restype, argtypes in (
                 ("TF_NewStatus", p, []), ("TF_GetCode", i, [p]),
@@ -406,6 +506,9 @@ def _child(job_path: str) -> dict:
         job = pickle.load(f)
     stages = [_stage("interpreter")]
     runtime = _Runtime(job["tf_dir"])
+    if job.get("static_runtime", True):
+        stages.append(_stage("libraries"))
+        _release_linker_tables(runtime.paths)
     stages.append(_stage("runtime"))
     start = time.perf_counter()
     runtime.load(job["model"], job["tags"])
@@ -431,7 +534,8 @@ def _child(job_path: str) -> dict:
     return {"load_seconds": load + warmup, "warmup_seconds": warmup,
             "warmup_records": len(job["warmup"]), "first_request_seconds": first,
             "peak_rss_bytes": stages[-1][1], "steady_rss_bytes": stages[-1][2],
-            "runtime_rss_bytes": stages[1][2], "interpreter_rss_bytes": stages[0][2],
+            "runtime_rss_bytes": next(s[2] for s in stages if s[0] == "runtime"),
+            "interpreter_rss_bytes": stages[0][2],
             "stages": stages}
 
 
