@@ -23,6 +23,7 @@ from serving_opt.stages import grappler as grappler_lib
 from serving_opt.stages import quantize as quantize_lib
 from serving_opt.stages import rewrites
 from serving_opt.stages import transforms as transforms_lib
+from serving_opt.stages import vocabulary as vocabulary_lib
 
 
 def freeze(run: Run, candidate: Candidate, note: str = "") -> ServingGraph:
@@ -133,11 +134,16 @@ def quantize(run: Run, graph: ServingGraph, candidate: Candidate) -> ServingGrap
         graph, done = quantize_lib.quantize(graph, mode, run.plan.build.quantize_min_elements,
                                             run.scratch_dir(), tables_only=candidate.tables_only,
                                             skipped=skipped)
+        # Already lossy, and judged by the gate: vocabulary tables as sorted fingerprints.
+        graph, compacted = vocabulary_lib.compact_vocabularies(
+            graph, run.plan.build.quantize_min_elements, run.scratch_dir())
         run.graph = graph
         run.kept_variables = graph.kept_variables
         run.quantized = tuple(done)
         stage.done(graph, f"{len(done)} tensors ({sum(q.bytes_before for q in done)} -> "
-                   f"{sum(q.bytes_after for q in done)} bytes)")
+                   f"{sum(q.bytes_after for q in done)} bytes)" + "".join(
+                       f"; vocabulary {v.table}: {v.entries} words as sorted fingerprints "
+                       f"({v.bytes_after} bytes)" for v in compacted))
     if mode == "int4":
         if skipped:
             run.warn(f"--quantize=int4 quantizes embedding tables only: dense weights stay "

@@ -1,0 +1,94 @@
+"""--quantize stores a vocabulary file table as sorted fingerprints (stages.vocabulary):
+the same ids for every word of the file and for unknown keys, no hash table built at
+load, and small vocabularies left as they are."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from serving_opt.optimizer import OptimizeOptions, optimize
+from serving_opt.samples.tf1 import save_with_tables
+from serving_opt.savedmodel import loader
+
+FAST = dict(benchmark_runs=0, cold_start=False)
+WORDS = [f"w{i}" for i in range(3000)] + ["ünïcode", "two words", "x" * 40, "日本語"]
+
+
+@pytest.fixture(scope="module")
+def vocabulary_model(tmp_path_factory) -> str:
+    """A TF1 SavedModel: string keys of any shape to their line in a vocabulary file
+    (``TextFileInitializer``, as ``index_table_from_file``; unknown keys -1), and the
+    table's size."""
+    base = tmp_path_factory.mktemp("vocabulary")
+    vocab = base / "vocab.txt"
+    vocab.write_text("\n".join(WORDS) + "\n", encoding="utf-8")
+    export_dir = str(base / "model" / "1")
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        words = v1.placeholder(tf.string, [None, None], name="words")
+        table = v1.lookup.StaticHashTable(v1.lookup.TextFileInitializer(
+            str(vocab), tf.string, v1.lookup.TextFileIndex.WHOLE_LINE, tf.int64,
+            v1.lookup.TextFileIndex.LINE_NUMBER), default_value=-1)
+        signature = v1.saved_model.signature_def_utils.predict_signature_def(
+            {"words": words}, {"ids": table.lookup(words), "size": table.size()})
+        save_with_tables(graph, export_dir, {"serving_default": signature})
+    return export_dir
+
+
+def _ops(model_dir: str) -> collections.Counter:
+    meta_graph = loader.find_meta_graph(loader.read_saved_model(model_dir), {"serve"})
+    return collections.Counter(n.op for n in meta_graph.graph_def.node)
+
+
+def _lookup(model_dir: str, words: np.ndarray) -> tuple[np.ndarray, int]:
+    sess, meta_graph = loader.load_session(model_dir)
+    try:
+        sig = meta_graph.signature_def["serving_default"]
+        got = sess.run({k: v.name for k, v in sig.outputs.items()},
+                       {sig.inputs["words"].name: words})
+        return got["ids"], int(got["size"])
+    finally:
+        sess.close()
+
+
+def test_a_vocabulary_becomes_sorted_fingerprints_with_the_same_ids(vocabulary_model,
+                                                                     tmp_path):
+    report = optimize(vocabulary_model, str(tmp_path / "out"),
+                      OptimizeOptions(quantize="int8", quantize_min_elements=1000, **FAST))
+    ops = _ops(report.output_dir)
+    assert ops["HashTableV2"] == 0 and ops["InitializeTableFromTextFileV2"] == 0
+    assert ops["LowerBound"] == 1
+    unknown = ["", "w3000", "W1", "w1 ", "oov", "two", "x" * 39]
+    keys = np.array(WORDS + unknown, dtype=object).reshape(1, -1)
+    want_ids, want_size = _lookup(vocabulary_model, keys)
+    got_ids, got_size = _lookup(report.output_dir, keys)
+    np.testing.assert_array_equal(got_ids, want_ids)
+    assert (got_ids[0, :len(WORDS)] == np.arange(len(WORDS))).all()
+    assert (got_ids[0, len(WORDS):] == -1).all()
+    assert got_size == want_size == len(WORDS)
+    # Any shape of keys, an empty batch included.
+    square = np.array(WORDS[:6], dtype=object).reshape(2, 3)
+    np.testing.assert_array_equal(_lookup(report.output_dir, square)[0],
+                                  _lookup(vocabulary_model, square)[0])
+    empty = np.zeros((0, 4), dtype=object)
+    assert _lookup(report.output_dir, empty)[0].shape == (0, 4)
+
+
+def test_a_vocabulary_under_the_minimum_stays_a_hash_table(vocabulary_model, tmp_path):
+    report = optimize(vocabulary_model, str(tmp_path / "out"),
+                      OptimizeOptions(quantize="int8", quantize_min_elements=len(WORDS) + 1,
+                                      **FAST))
+    ops = _ops(report.output_dir)
+    assert ops["HashTableV2"] == 1 and ops["LowerBound"] == 0
+
+
+def test_lossless_optimization_keeps_the_hash_table(vocabulary_model, tmp_path):
+    """Not exact for every key (a fingerprint collision): only with --quantize."""
+    report = optimize(vocabulary_model, str(tmp_path / "out"),
+                      OptimizeOptions(quantize_min_elements=1000, **FAST))
+    assert _ops(report.output_dir)["HashTableV2"] == 1
