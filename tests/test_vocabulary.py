@@ -92,3 +92,19 @@ def test_lossless_optimization_keeps_the_hash_table(vocabulary_model, tmp_path):
     report = optimize(vocabulary_model, str(tmp_path / "out"),
                       OptimizeOptions(quantize_min_elements=1000, **FAST))
     assert _ops(report.output_dir)["HashTableV2"] == 1
+
+
+def test_only_the_models_own_asset_files_are_read(tmp_path):
+    """The words go into the published checkpoint: never a host file's lines."""
+    from serving_opt.stages.vocabulary import _asset_path
+
+    model = tmp_path / "model"
+    (model / "assets").mkdir(parents=True)
+    (model / "assets" / "vocab.txt").write_text("a\nb\n")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host data\n")
+    (model / "assets" / "link.txt").symlink_to(secret)
+    (model / "assets" / "dir").mkdir()
+    assert _asset_path(str(model), "vocab.txt") == str(model / "assets" / "vocab.txt")
+    for name in ("link.txt", "../secret.txt", "dir", str(secret), "", None, ".."):
+        assert _asset_path(str(model), name) is None, name

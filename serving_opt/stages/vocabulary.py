@@ -73,6 +73,20 @@ def _scalar_const(node) -> bool:
         not node.attr["value"].tensor.tensor_shape.dim
 
 
+def _asset_path(source_dir: str, filename: str | None) -> str | None:
+    """The model's asset file ``filename``, or None unless it is a regular file inside
+    the model's own ``assets/`` (no other directory, no link out of it): its words go
+    into the published checkpoint, and no host file may."""
+    if not filename or not source_dir or os.path.basename(filename) != filename \
+            or filename in (".", ".."):
+        return None
+    assets = os.path.realpath(os.path.join(source_dir, "assets"))
+    path = os.path.realpath(os.path.join(assets, filename))
+    if os.path.dirname(path) != assets or not os.path.isfile(path):
+        return None
+    return path
+
+
 def _candidates(graph, graph_def) -> list[tuple]:
     """``(table, initializer, finds, sizes, vocabulary path)`` of every table this can
     store compactly, and nothing else reads."""
@@ -102,9 +116,8 @@ def _candidates(graph, graph_def) -> list[tuple]:
         if init.attr["key_index"].i != _WHOLE_LINE or init.attr["value_index"].i != \
                 _LINE_NUMBER or init.name in (graph.init_op, *keep):
             continue
-        filename = assets.get(init.input[1].split(":")[0])
-        path = os.path.join(graph.source_dir, "assets", filename) if filename else None
-        if not path or not os.path.isfile(path):
+        path = _asset_path(graph.source_dir, assets.get(init.input[1].split(":")[0]))
+        if path is None:
             continue
         if not all(_scalar_const(nodes.get(f.input[2].split(":")[0])) for f in finds):
             continue
