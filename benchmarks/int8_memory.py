@@ -10,8 +10,9 @@ the dense model's int4 is its lossless variant again):
 
 * ``text_classifier``: the table-dominated case, ``samples.build_text_classifier`` at
   ``--vocab_size`` x ``--embedding_dim`` (default 1,000,000 x 256: ~1 GB, no optimizer
-  slots), trained on ``--train_examples`` texts (default 1,000,000, ~4 min; 0: the
-  untrained sample, random weights). Optimized with ``--examples``: a TFRecord of
+  slots), trained on ``--train_examples`` texts (default 1,000,000: ~4.5 min and ~10 GB
+  of RAM for Adam's two slots and their temporaries, once; 0: the untrained sample,
+  random weights). Optimized with ``--examples``: a TFRecord of
   ``samples.text_examples`` from the training distribution, so its lossy gate judges
   real looking rows;
 * ``dense``: a TF1 MLP whose weights (``--dense_mib`` of float32 kernels) are what it
@@ -25,8 +26,11 @@ restore, init op), the warmup file if any, one request. Two measurements, each a
   fresh process with TensorFlow's C++ runtime only (ctypes; no Python TensorFlow), the
   model loaded by ``TF_LoadSessionFromSavedModel`` (the C++ loader TF Serving calls).
   Its RSS is what ``tensorflow_model_server``'s would be: the runtime's code pages
-  (~320 MiB of shared-library text) count, as they do in the server; the harness adds
-  Python and numpy (~27 MiB, shown as ``interpreter``), the same for every variant;
+  count, as they do in the server (~180 MiB; the ~120 MiB of symbol tables pip's
+  shared libraries also leave resident, which the statically linked server has none
+  of, are dropped before the model loads: see ``native_load``); the harness adds
+  Python and numpy (~27 MiB, shown as ``interpreter``, about what the server's own
+  gRPC and HTTP code would add), the same for every variant;
 * fork-based (``serving_opt.measuring``, as the optimizer's cold start measures): a
   child forked from a process that imported TensorFlow. It leaves out the runtime's code
   pages (a forked child does not count file-backed pages its parent had mapped until it
@@ -306,10 +310,12 @@ def fixed_costs(native: dict, fork: dict, dirs: dict[str, str]) -> tuple[list[st
 
     The runtime: resident before any model (native). The vocabulary's hash table: built by
     the init op, so the original's held memory after the init op less after the restore
-    (fork-based stages: the native load is one call). A quantized variant's floor: those
-    plus its checkpoint's bytes (int8: one byte per embedding weight; int4: half a byte;
-    and the scales), which the restore must hold; anything above it is the runtime's
-    working memory for this model. ``dirs``: variant -> its version directory.
+    (fork-based stages: the native load is one call). A quantized variant's floor: the
+    runtime, its checkpoint's bytes (int8: one byte per embedding weight; int4: half a
+    byte; and the scales; the vocabulary's sorted fingerprints when ``--quantize``
+    stored it so), which the restore must hold, and the hash table if it still builds
+    one; anything above it is the runtime's working memory for this model. ``dirs``:
+    variant -> its version directory.
 
     Example:
         >>> lines, figures = fixed_costs(native, fork, {"int8": "m/int8/1", "int4": "m/int4/1"})
@@ -342,14 +348,17 @@ def fixed_costs(native: dict, fork: dict, dirs: dict[str, str]) -> tuple[list[st
         variables = os.path.join(dirs[mode], "variables")
         weights = sum(os.path.getsize(os.path.join(variables, f))
                       for f in os.listdir(variables))
-        floor = runtime + table + weights
+        hashes = _has_hash_table(dirs[mode])
+        floor = runtime + (table if hashes else 0) + weights
         got = native[mode]["median"]
         figures.update({f"{mode}_checkpoint_bytes": weights, f"{mode}_floor_bytes": floor,
                         f"{mode}_floor_x_peak": floor / orig["peak_rss_bytes"],
                         f"{mode}_floor_x_steady": floor / orig["steady_rss_bytes"]})
         lines.append(
-            f"* {mode}'s floor: runtime + table + its checkpoint ({weights / MIB:.0f} MiB: "
-            f"{what}) = {floor / MIB:.0f} MiB = {figures[f'{mode}_floor_x_peak']:.2f}x the "
+            f"* {mode}'s floor: runtime + {'table + ' if hashes else ''}its checkpoint "
+            f"({weights / MIB:.0f} MiB: {what}"
+            f"{'' if hashes else '; the vocabulary as sorted fingerprints'}) = "
+            f"{floor / MIB:.0f} MiB = {figures[f'{mode}_floor_x_peak']:.2f}x the "
             f"original's native peak ({orig['peak_rss_bytes'] / MIB:.0f} MiB), "
             f"{figures[f'{mode}_floor_x_steady']:.2f}x its steady; {mode} measures "
             f"{got['peak_rss_bytes'] / MIB:.0f} MiB peak, {got['steady_rss_bytes'] / MIB:.0f}"
@@ -358,6 +367,13 @@ def fixed_costs(native: dict, fork: dict, dirs: dict[str, str]) -> tuple[list[st
                  f"{figures['budget_0.4x_peak_bytes'] / MIB:.0f} MiB for everything but the "
                  "runtime and the table.")
     return lines, figures
+
+
+def _has_hash_table(model_dir: str) -> bool:
+    from serving_opt.savedmodel import loader
+
+    meta_graph = loader.find_meta_graph(loader.read_saved_model(model_dir), {"serve"})
+    return any(n.op == "HashTableV2" for n in meta_graph.graph_def.node)
 
 
 def _ratio_cells(runs, name: str, key: str, value: float) -> tuple[dict, list[str]]:
