@@ -10,11 +10,11 @@ pages, since Linux does not copy the page-table entries of file-backed mappings 
 Both shift every "optimized / original" memory ratio, by different amounts.
 
 So here a fresh ``python -m serving_opt.savedmodel.native_load`` (which never imports the
-``tensorflow`` package: ctypes and numpy only) loads ``libtensorflow_framework.so.2`` and
+``tensorflow`` package, nor numpy: ctypes only) loads ``libtensorflow_framework.so.2`` and
 ``libtensorflow_cc.so.2`` and goes through the stages of a TF Serving load, taking the
 memory after each:
 
-* ``interpreter``: Python and numpy alone (what this harness adds over the server);
+* ``interpreter``: Python alone (what this harness adds over the server);
 * ``libraries``: TensorFlow's shared libraries loaded, as pip installs them;
 * ``runtime``: the C++ runtime loaded, no model yet (a server's fixed cost): the
   libraries less their dynamic-linking tables (see below);
@@ -49,7 +49,8 @@ peak is its own (see ``_main``), not the calling process's.
 
 The signature and the warmup records are read in the calling process (the
 ``tensorflow.core`` protobuf classes import the whole runtime: they cannot be used in
-the measured one) and handed over as tensor names and numpy arrays.
+the measured one) and handed over as tensor names and plain data (bytes, lists of
+bytes): the measured process does not import numpy either.
 
 Trust: this runs a model's graph, unsandboxed. It is for our own benchmark models
 (``benchmarks/int8_memory.py``, the tests); running a user's, untrusted model with it
@@ -127,7 +128,7 @@ class NativeLoad:
     peak_rss_bytes: int  # the process's peak, runtime and interpreter included
     steady_rss_bytes: int  # resident after the first request
     runtime_rss_bytes: int  # resident with the runtime loaded, before any model
-    interpreter_rss_bytes: int  # Python and numpy alone: this harness's own share
+    interpreter_rss_bytes: int  # Python alone: this harness's own share
     stages: tuple[Stage, ...]
     outputs: Mapping = field(default_factory=dict, compare=False, repr=False)
 
@@ -185,8 +186,6 @@ def measure(model_dir: str, feeds: Mapping, signature: str = "serving_default",
         >>> r.peak_rss_bytes >= r.steady_rss_bytes > r.runtime_rss_bytes
         True
     """
-    import numpy as np
-
     from serving_opt.savedmodel import loader
 
     tags = sorted(tags)
@@ -200,10 +199,11 @@ def measure(model_dir: str, feeds: Mapping, signature: str = "serving_default",
                          f"{sorted(sig.inputs)}")
     aliases = sorted(sig.outputs)
     job = {"tf_dir": tensorflow_dir(), "model": os.path.abspath(model_dir), "tags": tags,
-           "feed": {sig.inputs[a].name: np.asarray(v) for a, v in feeds.items()},
-           "fetch": [sig.outputs[a].name for a in aliases], "warmup": _warmup_runs(
-               model_dir, meta_graph), "outputs": return_outputs,
-           "static_runtime": static_runtime}
+           "feed": _plain_feed({sig.inputs[a].name: v for a, v in feeds.items()}),
+           "fetch": [sig.outputs[a].name for a in aliases],
+           "warmup": [[(_plain_feed(feed), fetch) for feed, fetch in runs]
+                      for runs in _warmup_runs(model_dir, meta_graph)],
+           "outputs": return_outputs, "static_runtime": static_runtime}
     with tempfile.TemporaryDirectory(prefix="native-load-") as scratch:
         job_path = os.path.join(scratch, "job.pkl")
         with open(job_path, "wb") as f:
@@ -233,7 +233,7 @@ def measure(model_dir: str, feeds: Mapping, signature: str = "serving_default",
         outputs = {}
         if return_outputs:
             with open(job_path + ".out", "rb") as f:
-                outputs = dict(zip(aliases, pickle.load(f)))
+                outputs = dict(zip(aliases, [_array(v) for v in pickle.load(f)]))
     return NativeLoad(
         load_seconds=result["load_seconds"], warmup_seconds=result["warmup_seconds"],
         warmup_records=result["warmup_records"],
@@ -242,6 +242,34 @@ def measure(model_dir: str, feeds: Mapping, signature: str = "serving_default",
         runtime_rss_bytes=result["runtime_rss_bytes"],
         interpreter_rss_bytes=result["interpreter_rss_bytes"],
         stages=tuple(Stage(*s) for s in result["stages"]), outputs=outputs)
+
+
+def _array(plain: tuple):
+    """A numpy array of a plain ``(dtype name, shape, data)``."""
+    import numpy as np
+
+    dtype, shape, data = plain
+    if dtype == "string":
+        return np.array(data, dtype=object).reshape(shape)
+    return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+
+
+def _plain_feed(feed: Mapping) -> dict:
+    """``feed`` (tensor name -> array-like) as ``(dtype name, shape, data)`` with plain
+    Python data (bytes, or a list of bytes for strings), which the measured process reads
+    without numpy: numpy's ~15 MiB are not the server's."""
+    import numpy as np
+
+    plain = {}
+    for name, value in feed.items():
+        value = np.asarray(value)
+        if value.dtype.kind in "OSU":
+            data = [v.encode() if isinstance(v, str) else bytes(v) for v in value.reshape(-1)]
+            plain[name] = ("string", value.shape, data)
+        else:
+            plain[name] = (value.dtype.name, value.shape,
+                           np.ascontiguousarray(value).tobytes())
+    return plain
 
 
 def _warmup_runs(model_dir: str, meta_graph) -> list:
@@ -265,7 +293,7 @@ def _warmup_runs(model_dir: str, meta_graph) -> list:
     return records
 
 
-# --- the measured process: ctypes and numpy only ---------------------------------------
+# --- the measured process: ctypes only --------------------------------------------------
 
 
 class _Output(ctypes.Structure):
@@ -286,13 +314,15 @@ def _status_fields() -> dict[str, int]:
     return got
 
 
-def _stage(name: str) -> list:
+def _stage(name: str, before: list | None = None) -> list:
+    """``[name, peak so far, VmRSS, RssAnon, RssFile]``; the peak never below the one
+    ``before`` (the stages' list so far) reached."""
     now = _status_fields()
     # ru_maxrss is in KiB on Linux: the kernel's high-water mark, file pages included.
     # The kernel's RSS counters are cached per thread and lag by a few pages, so a
     # peak read now can be a little below VmRSS read now: the peak is never less.
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, now["VmHWM"],
-               now["VmRSS"])
+               now["VmRSS"], *(stage[1] for stage in before or ()))
     return [name, peak, now["VmRSS"], now["RssAnon"], now["RssFile"]]
 
 
@@ -435,14 +465,13 @@ class _Runtime:
             raise RuntimeError(f"the graph has no operation {op!r}")
         return _Output(oper, int(index or 0))
 
-    def _tensor(self, value):
-        import numpy as np
-
-        value = np.asarray(value)
-        dims = (ctypes.c_int64 * max(1, value.ndim))(*value.shape)
-        if value.dtype.kind in "OSU":
-            items = [v.encode() if isinstance(v, str) else bytes(v) for v in value.reshape(-1)]
-            tensor = self.lib.TF_AllocateTensor(_TF_STRING, dims, value.ndim,
+    def _tensor(self, value: tuple):
+        """A TF_Tensor of a plain ``(dtype name, shape, data)`` (see ``_plain_feed``)."""
+        dtype, shape, data = value
+        dims = (ctypes.c_int64 * max(1, len(shape)))(*shape)
+        if dtype == "string":
+            items = data
+            tensor = self.lib.TF_AllocateTensor(_TF_STRING, dims, len(shape),
                                                 len(items) * _TSTRING_SIZE)
             base = self.lib.TF_TensorData(tensor)
             for k, item in enumerate(items):
@@ -450,32 +479,33 @@ class _Runtime:
                 self.lib.TF_StringInit(slot)
                 self.lib.TF_StringCopy(slot, item, len(item))
             return tensor, len(items)
-        code = _TF_TYPES.get(value.dtype.name)
+        code = _TF_TYPES.get(dtype)
         if code is None:
-            raise TypeError(f"no TF type for a {value.dtype} feed")
-        value = np.ascontiguousarray(value)
-        tensor = self.lib.TF_AllocateTensor(code, dims, value.ndim, value.nbytes)
-        ctypes.memmove(self.lib.TF_TensorData(tensor), value.ctypes.data, value.nbytes)
+            raise TypeError(f"no TF type for a {dtype} feed")
+        tensor = self.lib.TF_AllocateTensor(code, dims, len(shape), len(data))
+        ctypes.memmove(self.lib.TF_TensorData(tensor), data, len(data))
         return tensor, 0
 
-    def _array(self, tensor):
-        import numpy as np
-
+    def _plain(self, tensor) -> tuple:
+        """A TF_Tensor as plain ``(dtype name, shape, data)`` (no numpy here)."""
         lib = self.lib
         shape = tuple(lib.TF_Dim(tensor, d) for d in range(lib.TF_NumDims(tensor)))
         data, code = lib.TF_TensorData(tensor), lib.TF_TensorType(tensor)
         if code == _TF_STRING:
-            items = [ctypes.string_at(lib.TF_StringGetDataPointer(data + k * _TSTRING_SIZE),
-                                      lib.TF_StringGetSize(data + k * _TSTRING_SIZE))
-                     for k in range(int(np.prod(shape, dtype=np.int64)))]
-            return np.array(items, dtype=object).reshape(shape)
+            count = 1
+            for d in shape:
+                count *= d
+            return ("string", shape, [
+                ctypes.string_at(lib.TF_StringGetDataPointer(data + k * _TSTRING_SIZE),
+                                 lib.TF_StringGetSize(data + k * _TSTRING_SIZE))
+                for k in range(count)])
         if code not in _NP_TYPES:
             raise TypeError(f"no numpy type for TF type {code}")
-        raw = ctypes.string_at(data, lib.TF_TensorByteSize(tensor))
-        return np.frombuffer(raw, dtype=_NP_TYPES[code]).reshape(shape).copy()
+        return (_NP_TYPES[code], shape, ctypes.string_at(data, lib.TF_TensorByteSize(tensor)))
 
     def run(self, feed: Mapping, fetch: list[str]) -> list:
-        """One TF_SessionRun: ``feed`` by tensor name, the ``fetch`` tensors as arrays."""
+        """One TF_SessionRun: ``feed`` by tensor name, the ``fetch`` tensors, both plain
+        ``(dtype name, shape, data)``."""
         lib = self.lib
         names = list(feed)
         made = [self._tensor(feed[n]) for n in names]
@@ -487,7 +517,7 @@ class _Runtime:
             lib.TF_SessionRun(self.session, None, inputs, values, len(names), outputs, got,
                               len(fetch), None, 0, None, self.status)
             self.check("running the session")
-            return [self._array(got[k]) for k in range(len(fetch))]
+            return [self._plain(got[k]) for k in range(len(fetch))]
         finally:
             for k in range(len(fetch)):
                 if got[k]:
@@ -507,30 +537,31 @@ def _child(job_path: str) -> dict:
     stages = [_stage("interpreter")]
     runtime = _Runtime(job["tf_dir"])
     if job.get("static_runtime", True):
-        stages.append(_stage("libraries"))
+        stages.append(_stage("libraries", stages))
         _release_linker_tables(runtime.paths)
-    stages.append(_stage("runtime"))
+    stages.append(_stage("runtime", stages))
     start = time.perf_counter()
     runtime.load(job["model"], job["tags"])
     load = time.perf_counter() - start
-    stages.append(_stage("load"))
+    stages.append(_stage("load", stages))
     start = time.perf_counter()
     for runs in job["warmup"]:  # one record: one or more runs (MultiInference)
         for feed, fetch in runs:
             runtime.run(feed, fetch)
     warmup = time.perf_counter() - start
     if job["warmup"]:
-        stages.append(_stage("warmup"))
+        stages.append(_stage("warmup", stages))
     start = time.perf_counter()
     outputs = runtime.run(job["feed"], job["fetch"])
     first = time.perf_counter() - start
-    stages.append(_stage("first request"))
+    stages.append(_stage("first request", stages))
     if job["outputs"]:
         with open(job_path + ".out", "wb") as f:
             pickle.dump(outputs, f)
-    # Not the point of this process, and said so if it ever were: no Python TensorFlow.
-    if any(m == "tensorflow" or m.startswith("tensorflow.") for m in sys.modules):
-        raise RuntimeError("the native load imported the tensorflow Python package")
+    # Not the point of this process, and said so if it ever were: no Python TensorFlow,
+    # and no numpy (~15 MiB that are not the server's).
+    if any(m.split(".")[0] in ("tensorflow", "numpy") for m in sys.modules):
+        raise RuntimeError("the native load imported the tensorflow or numpy package")
     return {"load_seconds": load + warmup, "warmup_seconds": warmup,
             "warmup_records": len(job["warmup"]), "first_request_seconds": first,
             "peak_rss_bytes": stages[-1][1], "steady_rss_bytes": stages[-1][2],
