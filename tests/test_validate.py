@@ -36,10 +36,20 @@ def _port_closed(address: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def optimized_classifier_base(classifier_dir, tmp_path_factory):
+def optimized_with_validate(classifier_dir, tmp_path_factory):
+    """The classifier optimized with --validate and warm-up records written, once for the
+    module: (base, report, the base's entries right after the run). The tests that
+    validate an optimized classifier use this base too."""
     base = str(tmp_path_factory.mktemp("served") / "clf")
-    optimize(classifier_dir, base, OptimizeOptions(**NOT_MEASURED))
-    return base
+    report = optimize(classifier_dir, base, OptimizeOptions(
+        **NOT_MEASURED, validate=ValidateOptions(server="local", concurrency=2, duration=0.5,
+                                                   write_warmup=True)))
+    return base, report, sorted(os.listdir(base))
+
+
+@pytest.fixture(scope="module")
+def optimized_classifier_base(optimized_with_validate):
+    return optimized_with_validate[0]
 
 
 @pytest.fixture(scope="module")
@@ -138,13 +148,10 @@ def test_write_warmup_writes_records_the_server_replays(regressor_validated):
     assert kinds.count("predict_log") == 3 and kinds.count("regress_log") == 2
 
 
-def test_optimize_with_validate_publishes_a_served_and_warmed_model(classifier_dir, tmp_path):
-    base = tmp_path / "models"
-    report = optimize(classifier_dir, str(base), OptimizeOptions(
-        **NOT_MEASURED, validate=ValidateOptions(server="local", concurrency=2, duration=0.5,
-                                                   write_warmup=True)))
+def test_optimize_with_validate_publishes_a_served_and_warmed_model(optimized_with_validate):
+    _, report, entries = optimized_with_validate
     assert report.published and report.validation.ok
-    assert sorted(os.listdir(base)) == ["1"]  # no hidden serving base left behind
+    assert entries == ["1"]  # no hidden serving base left behind
     assert os.path.exists(os.path.join(report.output_dir, "assets.extra",
                                        "tf_serving_warmup_requests"))
     assert report.validation.warmup_file.startswith(report.output_dir)
