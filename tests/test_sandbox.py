@@ -225,13 +225,24 @@ def test_no_sandbox_and_no_consent_refuses_before_running(tmp_path, monkeypatch,
     assert not (tmp_path / "out" / "1").exists()
 
 
-def test_the_report_says_the_run_was_sandboxed(tmp_path, classifier_dir):
-    report = optimize(classifier_dir, str(tmp_path / "out"),
+@pytest.fixture(scope="module")
+def through_a_symlink(tmp_path_factory, classifier_dir):
+    """The classifier optimized (defaults, measuring off) through /…/current -> /…/real/model,
+    once for the module: (scratch dir, report, the output base's entries right after)."""
+    scratch = tmp_path_factory.mktemp("symlinked")
+    shutil.copytree(classifier_dir, scratch / "real" / "model")
+    (scratch / "current").symlink_to(scratch / "real" / "model")
+    report = optimize(str(scratch / "current"), str(scratch / "out"),
                       OptimizeOptions(benchmark_runs=0, cold_start=False))
+    return scratch, report, sorted(os.listdir(scratch / "out"))
+
+
+def test_the_report_says_the_run_was_sandboxed(through_a_symlink):
+    _, report, entries = through_a_symlink
     assert report.published
     assert report.sandbox.startswith("bubblewrap")
     # Only the version is left in the base: the work directory went with the run.
-    assert sorted(os.listdir(tmp_path / "out")) == ["1"]
+    assert entries == ["1"]
 
 
 def test_a_sandboxed_process_sees_no_home_no_secrets_and_no_network(tmp_path):
@@ -319,16 +330,14 @@ def test_relative_paths_reach_the_sandboxed_worker(tmp_path, classifier_dir, mon
     assert os.path.isfile(tmp_path / "out" / "1" / "saved_model.pb")
 
 
-def test_a_model_reached_through_a_symlink_reaches_the_sandboxed_worker(tmp_path,
-                                                                         classifier_dir):
+def test_a_model_reached_through_a_symlink_reaches_the_sandboxed_worker(through_a_symlink):
     # /models/current -> /models/v3: the worker is handed the user's path, and the
     # sandbox has none of the host's symlinks, so the real directory is bound there too.
-    shutil.copytree(classifier_dir, tmp_path / "real" / "model")
-    (tmp_path / "current").symlink_to(tmp_path / "real" / "model")
-    report = optimize(str(tmp_path / "current"), str(tmp_path / "out"),
-                      OptimizeOptions(benchmark_runs=0, cold_start=False))
+    scratch, report, _ = through_a_symlink
+    assert os.path.islink(scratch / "current")
+    assert report.input_dir == str(scratch / "current")
     assert report.sandbox and "bubblewrap" in report.sandbox
-    assert os.path.isfile(tmp_path / "out" / "1" / "saved_model.pb")
+    assert os.path.isfile(scratch / "out" / "1" / "saved_model.pb")
 
 
 def test_docker_needs_consent_to_run_unsandboxed(tmp_path, regressor_base, monkeypatch):
