@@ -67,37 +67,47 @@ def _predict(address: str, inputs: dict, timeout: float = 60) -> dict:
     return {k: tf.make_ndarray(v) for k, v in reply.outputs.items()}
 
 
-def test_serve_answers_grpc_and_rest_from_its_sandbox_and_stops_cleanly(classifier_base):
+@pytest.fixture(scope="module")
+def served_classifier(classifier_base, tmp_path_factory) -> dict:
+    """One ``serving-opt serve`` of the classifier on a host port, a REST port and a unix
+    socket, asked over each, then stopped by SIGTERM: what it said and answered, for the
+    tests below (one server start, not one per test)."""
+    path = str(tmp_path_factory.mktemp("unix") / "grpc.sock")
     process = start_serve(*QUICK, f"--model_base_path={classifier_base}",
-                          "--rest_api_port=-1")
+                          "--rest_api_port=-1", f"--grpc_socket_path={path}")
+    seen = {"path": path}
     try:
-        line = _ready(process)
-        assert "models sandboxed" in line
+        seen["line"] = line = _ready(process)
         with grpc.insecure_channel(_address(line)) as channel:
-            assert _status(channel) == 1
+            seen["tcp_version"] = _status(channel)
         with urllib.request.urlopen(f"http://{_rest_address(line)}/v1/models/m",
                                     timeout=60) as reply:
-            status = json.loads(reply.read())
-        assert status["model_version_status"][0]["state"] == "AVAILABLE"
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=120) == 0
-        assert "stopped (SIGTERM)" in process.stderr.read()
-    finally:
-        stop_process(process)
-
-
-def test_serve_on_a_unix_socket_too(classifier_base, tmp_path):
-    path = str(tmp_path / "grpc.sock")
-    process = start_serve(*QUICK, f"--model_base_path={classifier_base}",
-                          f"--grpc_socket_path={path}")
-    try:
-        line = _ready(process)
-        assert f"unix:{path}" in line
+            seen["rest_status"] = json.loads(reply.read())
         with grpc.insecure_channel(f"unix:{path}") as channel:
-            assert _status(channel) == 1
+            seen["unix_version"] = _status(channel)
+        process.send_signal(signal.SIGTERM)
+        seen["exit_code"] = process.wait(timeout=120)
+        seen["stderr"] = process.stderr.read()
     finally:
         stop_process(process)
-    assert not os.path.exists(path)
+    seen["socket_left"] = os.path.exists(path)
+    return seen
+
+
+def test_serve_answers_grpc_and_rest_from_its_sandbox_and_stops_cleanly(served_classifier):
+    seen = served_classifier
+    assert "models sandboxed" in seen["line"]
+    assert seen["tcp_version"] == 1
+    assert seen["rest_status"]["model_version_status"][0]["state"] == "AVAILABLE"
+    assert seen["exit_code"] == 0
+    assert "stopped (SIGTERM)" in seen["stderr"]
+
+
+def test_serve_on_a_unix_socket_too(served_classifier):
+    seen = served_classifier
+    assert f"unix:{seen['path']}" in seen["line"]
+    assert seen["unix_version"] == 1
+    assert not seen["socket_left"]
 
 
 def test_a_busy_port_is_an_error_before_anything_loads(classifier_base):
