@@ -17,7 +17,8 @@ consumers, and the table and its initializer leave the graph.
 
 Not exact for every possible key, and so only with ``--quantize``, where the lossy gate
 measures the result: a key that is not in the vocabulary gets a word's line number if
-their fingerprints collide, for 1M words a chance of 1 in 2^44 per unknown key. The
+their fingerprints collide, for 1M words a chance of about 1 in 10^13 per unknown
+key (1M in 2^63). The
 vocabulary's own fingerprints are checked to be distinct, else the table is left as it
 is. The words and line numbers come from the real table (built here by TensorFlow with
 the model's own attributes and exported), so the file is read exactly as the server
