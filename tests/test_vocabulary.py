@@ -5,6 +5,7 @@ load, and small vocabularies left as they are."""
 from __future__ import annotations
 
 import collections
+import os
 
 import numpy as np
 import pytest
@@ -108,3 +109,18 @@ def test_only_the_models_own_asset_files_are_read(tmp_path):
     assert _asset_path(str(model), "vocab.txt") == str(model / "assets" / "vocab.txt")
     for name in ("link.txt", "../secret.txt", "dir", str(secret), "", None, ".."):
         assert _asset_path(str(model), name) is None, name
+
+
+@pytest.mark.parametrize("version", ["2.12", "2.21"])
+def test_real_estimator_exports_vocabularies_are_compacted_and_pass_the_gate(version,
+                                                                             tmp_path):
+    """The corpus's Estimator exports (a vocabulary-file feature column) written by the
+    oldest and the newest TensorFlow here: compacted, and the default lossy gate (on
+    inputs synthesized from the vocabulary) passes them."""
+    source = os.path.join(os.path.dirname(__file__), "corpus", "models", f"tf-{version}",
+                          "estimator_tf1")
+    report = optimize(source, str(tmp_path / "out"),
+                      OptimizeOptions(quantize="int8", quantize_min_elements=1, **FAST))
+    assert report.parity.ok
+    ops = _ops(report.output_dir)
+    assert ops["HashTableV2"] == 0 and ops["LowerBound"] >= 1
