@@ -265,3 +265,47 @@ def test_the_native_loader_replays_the_warmup_file(text_model_with_warmup):
     assert [s.name for s in result.stages] == ["interpreter", "libraries", "runtime", "load",
                                                "warmup", "first request"]
     assert result.peak_rss_bytes >= result.steady_rss_bytes > result.runtime_rss_bytes > 0
+
+
+@pytest.fixture(scope="module")
+def quantized_mlp(tmp_path_factory):
+    """A TF1 MLP of three 64x64 kernels, int8, dequantized at load by the init op."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    source = str(tmp_path_factory.mktemp("mlp") / "1")
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.float32, [None, 64], name="x")
+        net = x
+        for i in range(3):
+            kernel = v1.get_variable(f"dense_{i}/kernel", [64, 64],
+                                     initializer=v1.glorot_uniform_initializer(seed=i))
+            net = tf.nn.relu(tf.matmul(net, kernel))
+        with v1.Session(graph=graph) as sess:
+            sess.run(v1.global_variables_initializer())
+            builder = v1.saved_model.Builder(source)
+            builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={
+                "serving_default": v1.saved_model.signature_def_utils.predict_signature_def(
+                    {"x": x}, {"y": net})})
+            builder.save()
+    report = optimize(source, str(tmp_path_factory.mktemp("q_mlp")), OptimizeOptions(
+        quantize="int8", quantize_min_elements=1000, freeze_max_bytes=0,
+        benchmark_runs=0, cold_start=False))
+    assert report.parity.ok
+    return report
+
+
+def test_weights_are_dequantized_one_at_a_time(quantized_mlp):
+    """Each weight's dequantization starts once the previous one is done (its float
+    temporaries freed): the init op never holds two weights' temporaries at once."""
+    report = quantized_mlp
+    mg = loader.find_meta_graph(loader.read_saved_model(report.output_dir), {"serve"})
+    nodes = {n.name: n for n in mg.graph_def.node}
+    reads = [f"{q.name}/serving_opt_quantized/dequantize/read" for q in report.quantized]
+    assert len(reads) == 3 and all(r in nodes for r in reads)
+    waits = {r: [i[1:] for i in nodes[r].input if i.startswith("^")] for r in reads}
+    assert sum(not w for w in waits.values()) == 1  # one starts the chain ...
+    done = {w[0] for w in waits.values() if w}
+    assert len(done) == 2  # ... and each other waits for a different one
+    assert all(d.endswith("/dequantize/done") for d in done)

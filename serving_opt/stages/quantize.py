@@ -290,15 +290,22 @@ def _unpack_int4(rows: str, width: int, prefix: str, new_nodes: list) -> str:
 
 
 def _dequantize_at_load(name: str, qname: str, sname: str | None, stored_dtype: int,
-                        new_nodes: list) -> str:
+                        new_nodes: list, after: str | None = None) -> str:
     """Nodes assigning ``name = Cast(qname) [* sname]``, then emptying ``qname`` and
-    ``sname``; returns the node that runs them all, for the init op."""
+    ``sname``; returns the node that runs them all, for the init op.
+
+    ``after``: the previous weight's node of this kind; this one starts once it is done.
+    One weight at a time, not all at once: TF's oneDNN allocator (the x86 default) keeps
+    what is freed in its pool, so the float temporaries of weights dequantized together
+    stay held for the server's life (a 256 MiB MLP held 1.10x the original's memory
+    dequantized together, 1.06x one at a time)."""
     from tensorflow.core.framework import tensor_shape_pb2, types_pb2
     from tensorflow.python.framework import tensor_util
 
     prefix = f"{name}/{_SCOPE}/dequantize"
     float_type = attr(type=types_pb2.DT_FLOAT)
-    new_nodes.append(make_node(f"{prefix}/read", "ReadVariableOp", [qname],
+    new_nodes.append(make_node(f"{prefix}/read", "ReadVariableOp",
+                               [qname] + ([f"^{after}"] if after else []),
                                dtype=attr(type=stored_dtype)))
     value = f"{prefix}/cast"
     new_nodes.append(make_node(value, "Cast", [f"{prefix}/read"], SrcT=attr(type=stored_dtype),
@@ -412,9 +419,9 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
         qname, sname, src = _store(var.name, value, mode,
                                    "depthwise" if depthwise else "channels", saved, kept,
                                    new_nodes)
-        dequantize_assigns.append(_dequantize_at_load(var.name, qname,
-                                                      sname if mode == "int8" else None, src,
-                                                      new_nodes))
+        dequantize_assigns.append(_dequantize_at_load(
+            var.name, qname, sname if mode == "int8" else None, src, new_nodes,
+            dequantize_assigns[-1] if dequantize_assigns else None))
         done.append(QuantizedTensor(var.name, mode, "at load (init op)", value.nbytes,
                                     saved[qname].nbytes
                                     + (saved[sname].nbytes if mode == "int8" else 0)))
