@@ -338,3 +338,25 @@ def test_optimize_refuses_what_compare_finds_and_publishes_nothing(table_int8_ca
     assert any(f"{name}: " in problem for name in expected), problem
     assert not report.published and report.output_dir is None
     assert os.listdir(base) == []  # no version, no staging or scratch directory left
+
+
+def test_shard_errors_come_before_the_sandboxed_pipeline_starts(classifier_dir, tmp_path,
+                                                                 monkeypatch):
+    """A missing, empty or unreadable --examples is a usage error: named here, with no
+    worker started (no TensorFlow or Beam import in a sandbox for it)."""
+    from serving_opt import sandbox as sandbox_lib
+
+    def no_worker(*args, **kwargs):
+        raise AssertionError("a sandboxed worker was started")
+
+    monkeypatch.setattr(sandbox_lib, "call", no_worker)
+    with pytest.raises(ServingOptError, match="matches no files"):
+        compare(classifier_dir, classifier_dir, str(tmp_path / "nothing-*.tfrecord"))
+    empty = tmp_path / "part-0.tfrecord"
+    empty.write_bytes(b"")
+    with pytest.raises(ServingOptError, match=f"shard {empty} is empty"):
+        compare(classifier_dir, classifier_dir, str(tmp_path / "part-*"))
+    junk = tmp_path / "junk.json"
+    junk.write_bytes(b"{not json\n")
+    with pytest.raises(ServingOptError, match=f"shard {junk} line 1 is not valid JSON"):
+        compare(classifier_dir, classifier_dir, str(junk))

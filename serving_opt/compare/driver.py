@@ -72,14 +72,28 @@ def _match_shards(pattern: str) -> list[str]:
     except Exception as e:  # noqa: BLE001 - Beam's BeamIOError for a missing directory
         raise ServingOptError(f"--examples={pattern}: cannot list it ({first_line(e)})",
                               "check the path and your access to it") from None
-    if not found:
+    return _checked_shards(pattern, {m.path: m.size_in_bytes for m in found})
+
+
+def _checked_shards(pattern: str, sizes: dict[str, int]) -> list[str]:
+    """The matched shards, sorted, once none is missing or empty (path -> bytes)."""
+    if not sizes:
         raise ServingOptError(f"--examples={pattern} matches no files",
                               "check the pattern (a glob, e.g. /data/eval-*.tfrecord)")
-    for meta in found:
-        if meta.size_in_bytes == 0:
-            raise ServingOptError(f"shard {meta.path} is empty (0 bytes)",
+    for path, size in sizes.items():
+        if size == 0:
+            raise ServingOptError(f"shard {path} is empty (0 bytes)",
                                   "remove the empty shard or narrow --examples")
-    return sorted(m.path for m in found)
+    return sorted(sizes)
+
+
+def _check_local_shards(pattern: str, files: list[str]) -> None:
+    """The pipeline's own checks of a local ``--examples`` (it matches, no shard is
+    empty, the first is a format it reads), here, before the sandboxed worker starts: a
+    usage error costs no TensorFlow or Beam import. ``files``: what the pattern matched."""
+    shards = _checked_shards(pattern, {f: os.path.getsize(f) for f in files})
+    with open(shards[0], "rb") as f:
+        _kind_of(f, shards[0])
 
 
 def _input_kind(shard: str) -> tuple[str, set]:
@@ -87,19 +101,24 @@ def _input_kind(shard: str) -> tuple[str, set]:
     from apache_beam.io.filesystems import FileSystems
 
     with FileSystems.open(shard) as f:
-        head = examples_lib.read_exact(f, examples_lib.HEAD_BYTES)
-        kind = examples_lib.examples_format(head)
-        if kind == "tfrecord":
-            return "tfrecord", set()
-        if kind == "json":
-            line, newline, _ = head.partition(b"\n")
-            if not newline and hasattr(f, "readline"):
-                line += f.readline()
-            try:
-                return "json", set(json.loads(line))
-            except (ValueError, TypeError):
-                raise ServingOptError(f"shard {shard} line 1 is not valid JSON",
-                                      "write one JSON request per line") from None
+        return _kind_of(f, shard)
+
+
+def _kind_of(f, shard: str) -> tuple[str, set]:
+    """:func:`_input_kind` of the open shard ``f``."""
+    head = examples_lib.read_exact(f, examples_lib.HEAD_BYTES)
+    kind = examples_lib.examples_format(head)
+    if kind == "tfrecord":
+        return "tfrecord", set()
+    if kind == "json":
+        line, newline, _ = head.partition(b"\n")
+        if not newline and hasattr(f, "readline"):
+            line += f.readline()
+        try:
+            return "json", set(json.loads(line))
+        except (ValueError, TypeError):
+            raise ServingOptError(f"shard {shard} line 1 is not valid JSON",
+                                  "write one JSON request per line") from None
     raise ServingOptError(
         f"shard {shard} is neither a TFRecord nor JSON lines (starts with {head[:8]!r})",
         "write TFRecords of serialized tf.Example, or one JSON request per line")
@@ -229,6 +248,8 @@ def compare(baseline: str, candidate: str, examples: str,
             "does not have; nothing was run",
             "copy the shards to a local directory, or pass --allow_unsandboxed for models "
             "you trust")
+    files = sandbox_lib.glob_files(examples)
+    _check_local_shards(examples, files)
     # Absolute paths: the pipeline runs elsewhere (cwd /tmp, in its sandbox); the report
     # names the paths as the user gave them.
     given = {"baseline": baseline, "candidate": candidate, "examples_pattern": examples}
@@ -236,8 +257,7 @@ def compare(baseline: str, candidate: str, examples: str,
     examples = os.path.abspath(examples)
     # The matched shards one by one, never their directory (a secret or a socket beside
     # them stays outside).
-    policy = sandbox_lib.Policy(read_only=(baseline, candidate,
-                                           *sandbox_lib.glob_files(examples)),
+    policy = sandbox_lib.Policy(read_only=(baseline, candidate, *files),
                                 memory_bytes=options.sandbox_memory_bytes,
                                 timeout_seconds=options.sandbox_timeout_seconds)
     report = sandbox_lib.call("serving_opt.compare.driver:execute", baseline, candidate, examples,
