@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -117,8 +118,11 @@ def test_real_estimator_exports_vocabularies_are_compacted_and_pass_the_gate(ver
     """The corpus's Estimator exports (a vocabulary-file feature column) written by the
     oldest and the newest TensorFlow here: compacted, and the default lossy gate (on
     inputs synthesized from the vocabulary) passes them."""
-    source = os.path.join(os.path.dirname(__file__), "corpus", "models", f"tf-{version}",
+    corpus = os.path.join(os.path.dirname(__file__), "corpus", "models", f"tf-{version}",
                           "estimator_tf1")
+    # A copy: under Bazel, the corpus's files are symlinks out of the model directory,
+    # which the optimizer refuses to follow.
+    source = shutil.copytree(corpus, str(tmp_path / "model"))
     report = optimize(source, str(tmp_path / "out"),
                       OptimizeOptions(quantize="int8", quantize_min_elements=1, **FAST))
     assert report.parity.ok
