@@ -269,3 +269,15 @@ def test_sigterm_during_validation_stops_the_server_it_started(regressor_base):
     assert process.returncode == 130
     assert "interrupted" in stderr
     assert _port_closed(address)
+
+
+def test_validate_usage_errors_come_before_any_tensorflow_import(tmp_path):
+    """A missing model base is named without importing TensorFlow (seconds of work)."""
+    code = ("import sys\nfrom serving_opt.cli.main import main\n"
+            f"code = main(['serving-opt', 'validate', '--model_base={tmp_path / 'nope'}',"
+            " '--server=local'])\n"
+            "print(code, 'tensorflow' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.stdout.split()[-2:] == ["1", "False"], result.stderr
+    assert "does not exist" in result.stderr

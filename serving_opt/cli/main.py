@@ -61,8 +61,9 @@ def _command_usage(name: str, fv: flags.FlagValues) -> str:
 
 def _quiet_tensorflow(verbosity: int, import_now: bool = True) -> None:
     # TF's C++ and Python loggers bury the one line that matters; keep them quiet by default.
-    # `optimize` imports nothing of TensorFlow in this process (its sandboxed worker does;
-    # unsandboxed, its read stage imports it quietly), so a usage error costs no import.
+    # `optimize` and `validate` import nothing of TensorFlow before their usage errors
+    # (optimize's sandboxed worker imports it; unsandboxed, its read stage imports it
+    # quietly; validate once the model base is found), so a usage error costs no import.
     if verbosity <= 0:
         # 3: TF's C++ errors too (cuInit on GPU-less machines, ignored transform errors);
         # real failures still reach us as Python exceptions.
@@ -283,7 +284,7 @@ def _main(argv: list[str], default_command: str | None) -> int:
     configure = getattr(module, "configure_runtime", None)
     if configure is not None:
         configure()  # before TensorFlow is imported, or it is too late
-    _quiet_tensorflow(verbosity, import_now=command != "optimize")
+    _quiet_tensorflow(verbosity, import_now=command not in ("optimize", "validate"))
     try:
         return int((module.main(fv, leftover[1:]) if passes_args else module.main(fv)) or 0)
     except ServingOptError as e:

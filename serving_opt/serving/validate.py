@@ -163,6 +163,9 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),  # n
     model_base = os.path.abspath(model_base)
     version = resolve_version(model_base, options.version)
     model_dir = version_dir(model_base, version)
+    # The usage errors above cost no TensorFlow import (the CLI does not import it for
+    # validate); what follows reads the model with it: quietly, as every command does.
+    loader.quiet_tensorflow_import()
     _admit(model_dir, options)
     sandboxed = sandbox_lib.require(options.allow_unsandboxed, f"validate {model_dir}")
     if sandboxed and options.allow_unsandboxed and options.server == "docker":
