@@ -89,6 +89,22 @@ def node_name(tensor_or_node: str) -> str:
     return tensor_or_node.lstrip("^").split(":")[0]
 
 
+def data_consumers(node_defs: Iterable) -> dict[str, list]:
+    """Node name -> ``[(consumer node, input index)]`` over the data inputs of
+    ``node_defs`` (control inputs left out).
+
+    Example:
+        >>> [(n.op, i) for n, i in data_consumers(graph_def.node)["emb"]]
+        [('ResourceGather', 0)]
+    """
+    found: dict[str, list] = {}
+    for node in node_defs:
+        for index, name in enumerate(node.input):
+            if not name.startswith("^"):
+                found.setdefault(node_name(name), []).append((node, index))
+    return found
+
+
 def tensor_info_tensors(tensor_info) -> tuple[str, ...]:
     """Tensor names a TensorInfo refers to (dense, sparse COO, or composite components).
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serving_opt.graph import attr, make_node, var_handle
+from serving_opt.graph import attr, data_consumers, make_node, var_handle
 from serving_opt.savedmodel import checkpoint
 from serving_opt.savedmodel.checkpoint import SAVER_SCOPE, KeptVariable
 
@@ -70,11 +70,7 @@ def _gather_consumers(graph_def, var: str):
     from tensorflow.python.framework import tensor_util
 
     nodes = {n.name: n for n in graph_def.node}
-    consumers: dict[str, list] = {}
-    for n in graph_def.node:
-        for i, inp in enumerate(n.input):
-            if not inp.startswith("^"):
-                consumers.setdefault(inp.split(":")[0], []).append((n, i))
+    consumers = data_consumers(graph_def.node)
     found = []
     for node, index in consumers.get(var, []):
         if node.name.startswith(SAVER_SCOPE):

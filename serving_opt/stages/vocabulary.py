@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serving_opt.graph import attr, make_node, var_handle
+from serving_opt.graph import attr, data_consumers, make_node, node_name, var_handle
 from serving_opt.savedmodel import checkpoint
 from serving_opt.savedmodel.checkpoint import KeptVariable
 
@@ -58,15 +58,6 @@ class CompactVocabulary:
     table: str
     entries: int
     bytes_after: int  # the two variables
-
-
-def _users(graph_def) -> dict[str, list]:
-    users: dict[str, list] = {}
-    for n in graph_def.node:
-        for i, inp in enumerate(n.input):
-            if not inp.startswith("^"):
-                users.setdefault(inp.split(":")[0], []).append((n, i))
-    return users
 
 
 def _scalar_const(node) -> bool:
@@ -94,8 +85,8 @@ def _candidates(graph, graph_def) -> list[tuple]:
     from tensorflow.core.framework import types_pb2
 
     nodes = {n.name: n for n in graph_def.node}
-    users = _users(graph_def)
-    assets = {a.tensor_info.name.split(":")[0]: a.filename for a in graph.asset_file_defs}
+    users = data_consumers(graph_def.node)
+    assets = {node_name(a.tensor_info.name): a.filename for a in graph.asset_file_defs}
     # Protected, the table (stateful) and its initializer (a collection's) may go here:
     # this stage takes both out together, and their collection entries with them.
     keep = set(graph.signature_input_nodes() + graph.signature_output_nodes())
@@ -117,10 +108,10 @@ def _candidates(graph, graph_def) -> list[tuple]:
         if init.attr["key_index"].i != _WHOLE_LINE or init.attr["value_index"].i != \
                 _LINE_NUMBER or init.name in (graph.init_op, *keep):
             continue
-        path = _asset_path(graph.source_dir, assets.get(init.input[1].split(":")[0]))
+        path = _asset_path(graph.source_dir, assets.get(node_name(init.input[1])))
         if path is None:
             continue
-        if not all(_scalar_const(nodes.get(f.input[2].split(":")[0])) for f in finds):
+        if not all(_scalar_const(nodes.get(node_name(f.input[2]))) for f in finds):
             continue
         found.append((table, init, finds, sizes, path))
     return found
