@@ -10,6 +10,8 @@ Example:
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from serving_opt.samples.tf1 import (
@@ -173,6 +175,15 @@ def word_topics(vocab_size: int) -> np.ndarray:
     return np.random.default_rng(1234).integers(0, len(TEXT_CLASS_NAMES), vocab_size)
 
 
+@functools.lru_cache(maxsize=2)
+def _topic_index(vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Word ids sorted by topic, and where each topic's run starts (the last entry ends
+    them): computed once per vocabulary, not for each training batch."""
+    topics = word_topics(vocab_size)
+    by_topic = np.argsort(topics, kind="stable")
+    return by_topic, np.searchsorted(topics[by_topic], np.arange(len(TEXT_CLASS_NAMES) + 1))
+
+
 def topic_texts(count: int, rng: np.random.Generator,
                 vocab_size: int) -> tuple[list[bytes], np.ndarray]:
     """``count`` texts and their labels: a label (uniform over the 20 topics), 0-12 words,
@@ -186,9 +197,7 @@ def topic_texts(count: int, rng: np.random.Generator,
         >>> len(texts), labels.shape
         (2, (2,))
     """
-    topics = word_topics(vocab_size)
-    by_topic = np.argsort(topics, kind="stable")
-    starts = np.searchsorted(topics[by_topic], np.arange(len(TEXT_CLASS_NAMES) + 1))
+    by_topic, starts = _topic_index(vocab_size)
     labels = rng.integers(0, len(TEXT_CLASS_NAMES), count)
     lengths = rng.integers(0, 13, count)
     owner = np.repeat(labels, lengths)
