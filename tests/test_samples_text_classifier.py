@@ -140,3 +140,22 @@ def test_a_trained_classifier_answers_its_texts_topic(tmp_path):
     variables = dict(tf.train.list_variables(str(tmp_path / "100000" / "1" / "variables" /
                                                  "variables")))
     assert not any("Adam" in name for name in variables)  # the optimizer's slots stay behind
+
+
+@pytest.mark.parametrize("flag", ["--train_examples=-1", "--vocab_size=0",
+                                  "--embedding_dim=0"])
+def test_the_samples_cli_refuses_bad_sizes_before_any_work(flag, tmp_path, capsys):
+    from serving_opt.samples import cli
+
+    out = tmp_path / "1"
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--kind=text_classifier", f"--output_dir={out}", flag])
+    assert exit_info.value.code == 2
+    assert f"{flag.split('=')[0][2:]} must be >=" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_negative_training_size_is_refused_by_the_api(tmp_path):
+    with pytest.raises(ValueError, match="train_examples must be >= 0"):
+        samples.build_text_classifier(str(tmp_path / "1"), train_examples=-1)
+    assert not (tmp_path / "1").exists()

@@ -65,6 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="text_classifier only: train on this many texts first "
                              "(a real trained table; 1000000 for the 1M vocabulary)")
     args = parser.parse_args(argv)
+    for name, least in (("vocab_size", 1), ("embedding_dim", 1), ("train_examples", 0)):
+        if getattr(args, name) is not None and getattr(args, name) < least:
+            parser.error(f"--{name} must be >= {least}, got {getattr(args, name)}")
     options = _build_options(parser, args)
     if os.path.exists(os.path.join(args.output_dir, "saved_model.pb")):
         print(f"{args.output_dir} already holds a SavedModel; leaving it as it is")

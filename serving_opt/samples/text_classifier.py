@@ -77,6 +77,8 @@ def build_text_classifier(export_dir: str, seed: int = 0, vocab_size: int = 2000
         >>> build_text_classifier("/tmp/models/text/1", vocab_size=5000, embedding_dim=32)
         '/tmp/models/text/1'
     """
+    if train_examples < 0:
+        raise ValueError(f"train_examples must be >= 0, got {train_examples}")
     import tensorflow as tf
 
     v1 = tf.compat.v1
