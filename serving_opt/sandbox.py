@@ -28,9 +28,9 @@ local server under ``validate``, ``compare``'s workers) run under bubblewrap
   ``self/exe``/``self/cmdline`` (:func:`_proc_args`): a real one shows host paths in
   ``mountinfo``.
 
-What comes back out is data, not code: a result is unpickled by :func:`loads`, which
-builds only serving_opt's own report dataclasses, numpy arrays and protobuf
-messages; the published model is checked statically again outside.
+What comes back out is data, not code: a result crosses as JSON of an explicit schema
+(:mod:`serving_opt.sandbox_results`), which imports nothing a file names; the published
+model is checked statically again outside.
 
 Where bubblewrap cannot run (not installed, no user namespaces, not Linux),
 :func:`require` says so in one line and refuses unless the caller passed
@@ -45,7 +45,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import io
 import os
 import pickle
 import shutil
@@ -57,6 +56,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from serving_opt import sandbox_results
 from serving_opt.errors import ServingOptError
 from serving_opt.savedmodel import loader
 
@@ -622,51 +622,8 @@ def limit_threads(limit: int = MAX_THREADS) -> None:
 
 # --- results: data only -------------------------------------------------------------
 
-_NUMPY_GLOBALS = {
-    ("numpy", "dtype"), ("numpy", "ndarray"),
-    ("numpy.core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
-    ("numpy._core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "scalar"),
-    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
-}
-_BUILTINS = {"set", "frozenset", "tuple", "list", "dict", "complex", "bytearray", "slice",
-             "range"}
-_PROTO_MODULES = ("tensorflow_serving.apis.", "tensorflow.core.")
-
-
-class _DataUnpickler(pickle.Unpickler):
-    """Builds serving_opt's dataclasses, numpy arrays and protobuf messages; nothing that
-    could run code on the way in (TF's "restricting globals" recipe)."""
-
-    def find_class(self, module: str, name: str):
-        if (module, name) in _NUMPY_GLOBALS:
-            return super().find_class(module, name)
-        if module == "builtins" and name in _BUILTINS:
-            return super().find_class(module, name)
-        if module == "collections" and name == "OrderedDict":
-            return super().find_class(module, name)
-        if module.startswith("numpy") and name.endswith("DType") and "dtypes" in module:
-            return super().find_class(module, name)  # numpy 2's dtype classes
-        if module.startswith("serving_opt."):
-            value = getattr(importlib.import_module(module), name, None)
-            if isinstance(value, type) and dataclasses.is_dataclass(value):
-                return value
-        if module.startswith(_PROTO_MODULES) and module.endswith("_pb2"):
-            from google.protobuf.message import Message
-
-            value = getattr(importlib.import_module(module), name, None)
-            if isinstance(value, type) and issubclass(value, Message):
-                return value
-        raise pickle.UnpicklingError(f"{module}.{name} is not data a sandbox may return")
-
-
-def loads(data: bytes):
-    """Unpickles a sandbox's result: only data types (see :class:`_DataUnpickler`).
-
-    Example:
-        >>> loads(pickle.dumps({"ok": True}))
-        {'ok': True}
-    """
-    return _DataUnpickler(io.BytesIO(data)).load()
+loads = sandbox_results.loads
+dumps = sandbox_results.dumps
 
 
 def _read_result(path: str) -> bytes:
@@ -698,7 +655,7 @@ class Worker:
                  env: dict | None = None, preload: str = "tensorflow",
                  sandboxed: bool = True) -> None:
         self.scratch = scratch
-        self.result_path = os.path.join(scratch, ".sandbox-result.pickle")
+        self.result_path = os.path.join(scratch, ".sandbox-result.json")
         self.progress = progress or (lambda _: None)
         self.timeout = policy.timeout_seconds
         argv = [sys.executable, "-m", "serving_opt.sandbox", preload, self.result_path]
@@ -925,8 +882,14 @@ def _serve(preload: str, result_path: str) -> int:
                              "problem": f"internal error in the sandboxed run: "
                                         f"{type(e).__name__}: {first_line(e)}",
                              "fix": "rerun with --verbosity=1 and report this"}}
+    try:
+        data = dumps(outcome)
+    except TypeError as e:  # a result outside the schema: serving_opt's own bug
+        data = dumps({"error": {"type": "ServingOptError",
+                                "problem": f"internal error in the sandboxed run: {e}",
+                                "fix": "rerun with --verbosity=1 and report this"}})
     with open(result_path + ".tmp", "wb") as f:
-        pickle.dump(outcome, f)
+        f.write(data)
     os.replace(result_path + ".tmp", result_path)
     return 0
 
