@@ -476,16 +476,18 @@ def select_signatures(meta_graph, keys: Sequence[str] | None) -> list[str]:
 def safe_asset_path(saved_model_dir: str, filename: str) -> str:
     """``<dir>/assets/<filename>``, or "" when the name escapes the assets directory.
 
-    An absolute name or ``..`` would make the loader feed a path outside the model;
-    such a path is never opened or fed here.
+    A name the C++ file layer would read outside ``assets/`` (a NUL byte, an absolute
+    name, ``..``: :func:`asset_paths.asset_path_problem`) is never opened or fed here.
 
     Example:
         >>> safe_asset_path("/m/1", "../../etc/passwd")
         ''
     """
-    assets = os.path.normpath(os.path.join(saved_model_dir, "assets"))
-    if os.path.isabs(filename):
+    from serving_opt.savedmodel.asset_paths import asset_path_problem
+
+    if asset_path_problem(filename):
         return ""
+    assets = os.path.normpath(os.path.join(saved_model_dir, "assets"))
     path = os.path.normpath(os.path.join(assets, filename))
     return path if path.startswith(assets + os.sep) else ""
 
@@ -611,11 +613,13 @@ def _readlink(path: str) -> str:
         return "?"
 
 
-def check_model_files(saved_model_dir: str) -> None:
+def check_model_files(saved_model_dir: str, base: str | None = None) -> None:
     """Refuses a model holding a symlink that leads outside the model directory (or to
     nothing, or into a loop): copying it would publish a file of the build host; or a
     special file (FIFO, device, socket, or a link to one): reading it could block forever
-    or never end. One line, naming the path and the fix.
+    or never end; and, given the model's ``base``, an asset hard-linked outside the model
+    and that base (:func:`refuse_foreign_hard_links`). One line, naming the path and the
+    fix. optimize and serve's load both run it: every file check in one place.
 
     Example:
         >>> check_model_files("build/sample/1")   # raises ServingOptError for a bad link
@@ -631,6 +635,53 @@ def check_model_files(saved_model_dir: str) -> None:
             "or re-export the model",
         )
     check_special_files(saved_model_dir)
+    if base is not None:
+        refuse_foreign_hard_links(saved_model_dir, base)
+
+
+def _asset_files(model_dir: str):
+    for sub in ("assets", "assets.extra"):
+        for root, _dirs, files in os.walk(os.path.join(model_dir, sub)):
+            for name in files:
+                path = os.path.join(root, name)
+                info = os.lstat(path)
+                if stat.S_ISREG(info.st_mode):
+                    yield path, info
+
+
+def refuse_foreign_hard_links(model_dir: str, base: str) -> None:
+    """Refuses an asset of ``model_dir`` with a hard link outside the model and the
+    versions of ``base`` (a ``cp -al`` copy of a version is fine): it is another file
+    too, maybe one of the build host's (or another model's), whose bytes the model would
+    read or publish (symlinks out of a model are refused for the same reason).
+
+    Example:
+        >>> refuse_foreign_hard_links("exports/1", "models/clf")
+    """
+    linked = {}
+    for path, info in _asset_files(model_dir):
+        if info.st_nlink > 1:
+            linked.setdefault((info.st_dev, info.st_ino), (path, info.st_nlink))
+    if not linked:
+        return
+    seen: dict = {}
+    trees = [model_dir] + [os.path.join(base, name) for name in
+                           (os.listdir(base) if os.path.isdir(base) else ())
+                           if os.path.isdir(os.path.join(base, name))
+                           and not os.path.islink(os.path.join(base, name))]
+    for tree in dict.fromkeys(os.path.realpath(t) for t in trees):
+        for _path, info in _asset_files(tree):
+            key = (info.st_dev, info.st_ino)
+            if key in linked:
+                seen[key] = seen.get(key, 0) + 1
+    for key, (path, count) in linked.items():
+        if seen.get(key, 0) < count:
+            raise ServingOptError(
+                f"asset {path} has {count} hard links, some outside the model and its "
+                "model base: it is another file too, whose contents the model would "
+                "read or publish",
+                "replace it with a copy of its own (cp --no-preserve=links) if it belongs "
+                "to the model")
 
 
 def check_special_files(saved_model_dir: str) -> None:
@@ -666,6 +717,16 @@ def asset_files(meta_graph, saved_model_dir: str) -> list[AssetFile]:
         ...     read_saved_model("build/sample/1"), {"serve"}), "build/sample/1")]
         ['vocab.txt']
     """
+    out = []
+    for asset in _asset_file_defs(meta_graph):
+        path = safe_asset_path(saved_model_dir, asset.filename)
+        size = os.path.getsize(path) if path and os.path.isfile(path) else -1
+        out.append(AssetFile(asset.filename, asset.tensor_info.name, path, size))
+    return out
+
+
+def _asset_file_defs(meta_graph) -> list:
+    # The loader's precedence: AssetFileDefs, else the TF1 saved_model_assets collection.
     from tensorflow.core.protobuf import meta_graph_pb2
 
     defs = list(meta_graph.asset_file_def)
@@ -676,12 +737,88 @@ def asset_files(meta_graph, saved_model_dir: str) -> list[AssetFile]:
                 asset = meta_graph_pb2.AssetFileDef()
                 any_value.Unpack(asset)
                 defs.append(asset)
-    out = []
-    for asset in defs:
-        path = safe_asset_path(saved_model_dir, asset.filename)
-        size = os.path.getsize(path) if path and os.path.isfile(path) else -1
-        out.append(AssetFile(asset.filename, asset.tensor_info.name, path, size))
-    return out
+    return defs
+
+
+def _open_beneath(root: str, relative: str) -> int:
+    """An fd of the regular file ``root/relative``, reached without following a symlink
+    at any step (a path swapped for a link after the checks is refused, not followed)."""
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+    parts = relative.split("/")
+    fd = os.open(root, flags | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            inner = os.open(part, flags | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def pin_assets(meta_graph, saved_model_dir: str, private_dir: str) -> dict[str, str]:
+    """Copies the MetaGraph's assets into ``private_dir`` and returns the loader's feeds
+    (asset tensor name -> the copy's path), so TensorFlow's C++ file layer opens the
+    bytes checked here, not whatever the model's path names when the init op runs.
+
+    Each asset is read as the C++ layer would read its name: a name with a NUL byte (C++
+    cuts the path there), an absolute one or one with ``..`` that leaves ``assets/``, or
+    one that reaches a symlink or a special file on its way, is refused (UnsafeModelFile).
+    """
+    feeds = {}
+    for asset in _asset_file_defs(meta_graph):
+        name = asset.filename
+        relative = os.path.normpath(name) if name and "\0" not in name else ""
+        if not relative or os.path.isabs(relative) or relative.split("/")[0] in ("..", "."):
+            raise UnsafeModelFile(
+                os.path.join(saved_model_dir, "assets"),
+                f"asset filename {name!r} of {saved_model_dir} does not name a file inside "
+                "its assets/ directory",
+                "re-export the model (assets are files inside assets/)")
+        source = os.path.join(saved_model_dir, "assets", relative)
+        try:
+            fd = _open_beneath(saved_model_dir, "assets/" + relative)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
+                raise _not_regular(source, "a symlink or special file on its path") from None
+            raise
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise _not_regular(source, file_kind(mode))
+            target = os.path.join(private_dir, "assets", relative)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "xb") as out, os.fdopen(os.dup(fd), "rb") as src:
+                while chunk := src.read(1 << 20):
+                    out.write(chunk)
+        finally:
+            os.close(fd)
+        feeds[asset.tensor_info.name] = target
+    return feeds
+
+
+def load_checked_session(session, meta_graph, saved_model_dir: str, asset_dir: str):
+    """Builds ``session``'s graph from ``meta_graph`` (the MetaGraphDef that was read and
+    checked), restores its variables from ``saved_model_dir`` and runs its init op with
+    the assets pinned in ``asset_dir`` (:func:`pin_assets`): TF's own loader would read
+    ``saved_model.pb`` from disk again, and load whatever is there by then.
+
+    The steps and their order are TF's SavedModelLoader's (load_graph, restore_variables,
+    run_init_ops), which serve relied on before. Raises TensorFlow's errors.
+    """
+    import tensorflow as tf
+    from tensorflow.python.saved_model import loader_impl
+
+    with session.graph.as_default():
+        saver = tf.compat.v1.train.import_meta_graph(meta_graph)
+        if saver is not None:
+            # The version directory as resolved now: a link swapped for it later is moot.
+            saver.restore(session, os.path.join(os.path.realpath(saved_model_dir),
+                                                "variables", "variables"))
+        feeds = pin_assets(meta_graph, saved_model_dir, asset_dir)
+        init_op = loader_impl.get_init_op(meta_graph)
+        if init_op is not None:
+            session.run(fetches=[init_op], feed_dict=feeds)
 
 
 def load_session(saved_model_dir: str, tags: Iterable[str] = (SERVE_TAG,), config=None):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import stat
 import tempfile
 
 from serving_opt.errors import ServingOptError, UsageError, storage_error
@@ -421,49 +420,8 @@ def _write_saved_model(graph: ServingGraph, export_dir: str) -> str:
     return export_dir
 
 
-def _asset_files(model_dir: str):
-    for sub in ("assets", "assets.extra"):
-        for root, _dirs, files in os.walk(os.path.join(model_dir, sub)):
-            for name in files:
-                path = os.path.join(root, name)
-                info = os.lstat(path)
-                if stat.S_ISREG(info.st_mode):
-                    yield path, info
-
-
-def refuse_foreign_hard_links(model_dir: str, base: str) -> None:
-    """Refuses an asset of ``model_dir`` with a hard link outside the model and the
-    versions of ``base`` (a ``cp -al`` copy of a version is fine): it is another file
-    too, maybe one of the build host's, whose bytes the copy would publish (symlinks out
-    of a model are refused for the same reason). Run by the caller, on the host.
-
-    Example:
-        >>> refuse_foreign_hard_links("exports/1", "models/clf")
-    """
-    linked = {}
-    for path, info in _asset_files(model_dir):
-        if info.st_nlink > 1:
-            linked.setdefault((info.st_dev, info.st_ino), (path, info.st_nlink))
-    if not linked:
-        return
-    seen: dict = {}
-    trees = [model_dir] + [os.path.join(base, name) for name in
-                           (os.listdir(base) if os.path.isdir(base) else ())
-                           if os.path.isdir(os.path.join(base, name))
-                           and not os.path.islink(os.path.join(base, name))]
-    for tree in dict.fromkeys(os.path.realpath(t) for t in trees):
-        for _path, info in _asset_files(tree):
-            key = (info.st_dev, info.st_ino)
-            if key in linked:
-                seen[key] = seen.get(key, 0) + 1
-    for key, (path, count) in linked.items():
-        if seen.get(key, 0) < count:
-            raise ServingOptError(
-                f"asset {path} has {count} hard links, some outside the model and its "
-                "model base: it is another file too, whose contents would be published "
-                "with the model",
-                "replace it with a copy of its own (cp --no-preserve=links) if it belongs "
-                "to the model")
+# Shared with serve's load, which runs the same checks (loader.check_model_files).
+refuse_foreign_hard_links = loader.refuse_foreign_hard_links
 
 
 def _link_or_copy(src: str, dst: str) -> str:

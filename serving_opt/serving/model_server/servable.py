@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -215,19 +217,22 @@ def with_custom_op_hint(error: ServingStatusError) -> ServingStatusError:
         "'serving-opt[text]') and restart the server")
 
 
-def check_special_files(export_dir: str) -> None:
-    """Fails the load (DATA_LOSS) when the version holds a FIFO, device or socket (or a
-    link to one) that TensorFlow's restore or the init op would block on forever.
-
-    Example:
-        >>> check_special_files("/models/m/1")
+def check_model_files(export_dir: str) -> None:
+    """optimize's file checks (loader.check_model_files), with the model base as the
+    version's parent: a FIFO, device or socket (or a link to one) that TensorFlow's
+    restore or the init op would block on fails the load with DATA_LOSS; a symlink out of
+    the version (another model's files, /dev/zero) or an asset hard-linked outside the
+    model base with FAILED_PRECONDITION.
     """
+    from serving_opt.errors import ServingOptError
     from serving_opt.savedmodel import loader
 
     try:
-        loader.check_special_files(export_dir)
+        loader.check_model_files(export_dir, base=os.path.dirname(os.path.abspath(export_dir)))
     except loader.UnsafeModelFile as e:
         raise _unsafe_file_status(e) from None
+    except ServingOptError as e:
+        raise failed_precondition(f"{export_dir}: {e.one_line()}") from None
 
 
 def check_bundle_directory(export_dir: str) -> None:
@@ -311,6 +316,7 @@ class Servable:
         self._outputs: dict[tuple[str, bool], tuple[Any, int, int | None]] = {}
         self._outputs_lock = threading.Lock()
         self.batching = None  # a batching.BatchingSession once enable_batching ran
+        self._asset_dir = ""  # the private copies of the assets (loader.pin_assets)
         self._check_feed_ranks = onednn_kernels_on()
 
     def enable_batching(self, scheduler) -> None:
@@ -338,11 +344,15 @@ class Servable:
         """
         import tensorflow as tf
 
+        from serving_opt.savedmodel import loader
+
         # Reading first gives the C++ loader's messages for the common failures; TF's
         # Python loader would raise OSError/RuntimeError with different wording.
+        # saved_model.pb is read once: the graph built is the one checked here, not what
+        # the path holds by the time a second reader opens it.
         check_bundle_directory(path)
         meta_graph_def = find_meta_graph(read_saved_model(path), options.tags)
-        check_special_files(path)
+        check_model_files(path)
         if not options.allow_file_ops:
             refuse_host_ops(meta_graph_def, path)
         graph = tf.Graph()
@@ -353,19 +363,24 @@ class Servable:
                 f"TensorFlow {tf.__version__} lacks the Session internals the local server "
                 "runs requests through (Session._call_tf_sessionrun); use TensorFlow 2.15-2.21"
             )
+        asset_dir = tempfile.mkdtemp(prefix="serving-opt-assets-")
         try:
-            with graph.as_default():
-                tf.compat.v1.saved_model.loader.load(session, list(options.tags), path)
+            loader.load_checked_session(session, meta_graph_def, path, asset_dir)
             # The loader built the graph after the session was created: push it to the C
             # session once, then freeze it so request threads never mutate it.
             session._extend_graph()  # the C-API path needs the full graph
             graph.finalize()
         except BaseException as e:
             session.close()
+            shutil.rmtree(asset_dir, ignore_errors=True)
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
+            if isinstance(e, loader.UnsafeModelFile):
+                raise _unsafe_file_status(e) from None
             raise with_custom_op_hint(from_tf_error(e)) from e
-        return cls(servable_id, path, session, meta_graph_def)
+        servable = cls(servable_id, path, session, meta_graph_def)
+        servable._asset_dir = asset_dir  # a model with --allow_file_ops may read them later
+        return servable
 
     def _tf_output(self, name: str, feed: bool) -> tuple[Any, int, int | None]:
         key = (name, feed)
@@ -461,3 +476,5 @@ class Servable:
         if batching is not None:
             batching.close()
         self._session.close()
+        if self._asset_dir:
+            shutil.rmtree(self._asset_dir, ignore_errors=True)
