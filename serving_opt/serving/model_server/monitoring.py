@@ -15,7 +15,10 @@ util/prometheus_exporter.cc names them ``:tensorflow:serving:request_count`` and
 ":") and writes ``# TYPE`` lines, ``_bucket{...,le="..."}`` cumulative counts, ``_sum`` and
 ``_count``. The page is served on the REST port at the configured path (default
 ``/monitoring/prometheus/metrics``) when ``prometheus_config { enable: true }``. Other
-TensorFlow metrics upstream's page also lists are not kept here.
+TensorFlow metrics upstream's page also lists are not kept here. Label values are escaped
+as the text format requires (backslash, double quote, newline); a client names the model
+of a failed request, so such values are cut to MAX_LABEL_CHARS and their series bounded
+by MAX_SERIES.
 
 Example:
     >>> METRICS.record("m", "Predict", "GRPC", "OK", 1234)
@@ -37,6 +40,14 @@ REQUEST_COUNT = "/tensorflow/serving/request_count"
 REQUEST_LATENCY = "/tensorflow/serving/request_latency"
 # monitoring::Buckets::Exponential(10, 1.8, 33): 33 limits, then DBL_MAX ("+Inf").
 LATENCY_BUCKET_LIMITS = tuple(10 * 1.8**i for i in range(33))
+# Clients choose the model name of a failed request, so the page is bounded: label values
+# are cut to MAX_LABEL_CHARS, and once MAX_SERIES label sets of one metric exist, failed
+# requests under a new one are counted under OVERFLOW_MODEL instead. A successful request
+# names a served model, so those always keep their own series.
+MAX_LABEL_CHARS = 256
+TRUNCATED = "..."
+MAX_SERIES = 1000
+OVERFLOW_MODEL = "__other__"
 
 
 @dataclass(frozen=True)
@@ -84,7 +95,17 @@ def prometheus_name(name: str) -> str:
 
 
 def _label_value(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"')
+    # The text format's three escapes: an unescaped newline would end the sample line
+    # and let a model name write lines of its own.
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def bounded_label(value: str) -> str:
+    """A label value cut to MAX_LABEL_CHARS (a client names the model: its name must not
+    make every page that long)."""
+    if len(value) <= MAX_LABEL_CHARS:
+        return value
+    return value[:MAX_LABEL_CHARS - len(TRUNCATED)] + TRUNCATED
 
 
 def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> list[str]:
@@ -109,8 +130,11 @@ class Metrics:
                latency_us: int) -> None:
         """One request: ``RecordModelRequestCount`` always, ``RecordRequestLatency``
         when it succeeded (``status`` "OK")."""
+        model_name = bounded_label(model_name)
         with self._lock:
             key = (model_name, status)
+            if key not in self._counts and status != "OK" and len(self._counts) >= MAX_SERIES:
+                key = (OVERFLOW_MODEL, status)
             self._counts[key] = self._counts.get(key, 0) + 1
             if status != "OK":
                 return
