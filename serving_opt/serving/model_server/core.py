@@ -468,7 +468,8 @@ class ServerCore:
 
             if tflite.tflite_model_exists(harness.path):
                 servable = tflite.TfLiteServable.load(harness.id, harness.path,
-                                                      load_options.tflite_interpreters)
+                                                      load_options.tflite_interpreters,
+                                                      load_options.allow_file_ops)
             else:
                 servable = Servable.load(harness.id, harness.path, load_options)
         else:
