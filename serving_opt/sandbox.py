@@ -58,6 +58,7 @@ from dataclasses import dataclass
 
 from serving_opt import sandbox_results
 from serving_opt.errors import ServingOptError
+from serving_opt.sandbox_interpreter import interpreter_dirs  # noqa: F401 - public here
 from serving_opt.savedmodel import loader
 
 # Set inside a sandbox: code that would start one runs in-process instead.
@@ -406,14 +407,6 @@ def glob_files(pattern: str) -> list[str]:
         return []
     matched = glob.glob(os.path.abspath(pattern), recursive=True)
     return sorted(path for path in matched if os.path.isfile(path))
-
-
-def interpreter_dirs(python: str | None) -> list[str]:
-    """An interpreter's venv and base prefix (a target runtime's python), to bind."""
-    if not python:
-        return []
-    return [os.path.dirname(os.path.dirname(os.path.abspath(python))),
-            os.path.dirname(os.path.dirname(os.path.realpath(python)))]
 
 
 def environment(extra: dict | None = None) -> dict:
