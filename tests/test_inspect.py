@@ -406,10 +406,17 @@ def test_asset_escaping_the_assets_dir_is_a_risk(classifier_dir, model_copy, fil
 
 def test_asset_name_with_harmless_dots_is_not_a_risk(classifier_dir, model_copy):
     model = model_copy(classifier_dir)
-    # The OS resolves sub/.. only if sub exists, and so would TF Serving opening the asset.
+    edit_saved_model(model, _set_asset_filename("./vocab.txt"))
+    assert inspection.inspect_saved_model(model).risks == ()
+
+
+def test_asset_name_with_dot_dot_inside_assets_is_a_risk(classifier_dir, model_copy):
+    """The kernel resolves sub/.. after following sub, wherever a link sends it."""
+    model = model_copy(classifier_dir)
     os.mkdir(os.path.join(model, "assets", "sub"))
     edit_saved_model(model, _set_asset_filename("sub/../vocab.txt"))
-    assert inspection.inspect_saved_model(model).risks == ()
+    (risk,) = inspection.inspect_saved_model(model).risks
+    assert risk.code == "asset_path_escapes" and "'..' component" in risk.message
 
 
 def test_missing_asset_file_is_a_risk(classifier_dir, model_copy):

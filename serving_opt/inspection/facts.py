@@ -32,6 +32,7 @@ from serving_opt.inspection.report import (
     VariablesReport,
 )
 from serving_opt.savedmodel import loader
+from serving_opt.savedmodel.asset_paths import asset_path_problem
 
 # Key of the TF2 object graph stored inside object-based checkpoints; it is bookkeeping,
 # not a variable.
@@ -74,7 +75,7 @@ def meta_graph_report(meta_graph, path: str) -> MetaGraphReport:
             for key, sig in sorted(loader.serving_signatures(meta_graph).items())
         ),
         init_op=loader.find_init_op(meta_graph),
-        assets=tuple(_asset_report(a, path) for a in loader.asset_files(meta_graph, path)),
+        assets=tuple(_asset_report(a, path) for a in _asset_files(meta_graph, path)),
         graph_def_node_count=len(graph_def.node),
         function_count=len(functions),
         function_node_count=sum(function_ops.values()),
@@ -143,13 +144,18 @@ def under(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
+def _asset_files(meta_graph, path: str) -> list[loader.AssetFile]:
+    from google.protobuf.message import DecodeError
+
+    try:
+        return loader.asset_files(meta_graph, path)
+    except DecodeError:
+        return []  # an unreadable declaration: a risk of the static check (untrusted)
+
+
 def _escapes(filename: str) -> bool:
-    normalized = os.path.normpath(filename)
-    return (
-        os.path.isabs(filename)
-        or normalized == ".."
-        or normalized.startswith(".." + os.sep)
-    )
+    # As TensorFlow's C++ layer reads the name (a NUL ends it, ``..`` follows links).
+    return bool(asset_path_problem(filename))
 
 
 def _asset_report(asset: loader.AssetFile, model_dir: str) -> AssetReport:

@@ -30,6 +30,7 @@ from serving_opt.inspection.report import (
 )
 from serving_opt.report import human_bytes
 from serving_opt.savedmodel import loader, untrusted
+from serving_opt.savedmodel.asset_paths import asset_path_problem, shown_filename
 
 SEVERITY_ERROR = "error"
 SEVERITY_WARNING = "warning"
@@ -223,8 +224,9 @@ def _asset_risks(assets: Iterable[AssetReport], tags: tuple[str, ...], meta_grap
         if asset.escapes:
             risks.append(Risk(
                 "asset_path_escapes", SEVERITY_ERROR,
-                f"asset filename {asset.filename!r} points outside the assets directory; "
-                "a loader following it reads a file that is not part of the model",
+                f"asset filename {shown_filename(asset.filename)} "
+                f"{asset_path_problem(asset.filename) or 'leads outside assets/'}: a loader "
+                "following it reads a file that is not part of the model",
                 asset.filename, tags,
             ))
         elif not asset.exists and reads[asset.filename]:

@@ -79,6 +79,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -98,6 +99,7 @@ from serving_opt.host_ops import (
     conditional_kind,
     host_op_kind,
 )
+from serving_opt.savedmodel.asset_paths import asset_path_problem, shown_filename
 
 INIT_OP = "init op"  # the pseudo-signature name of the loader's init op
 
@@ -106,11 +108,17 @@ _KIND_ORDER = {RUNS_CODE: 0, WRITES_FILES: 1, TOUCHES_HOST: 2, RUNS_GRAPH: 3,
                READS_FILES: 4}
 # The op of the finding for an asset whose filename leads out of assets/ (no node).
 ESCAPING_ASSET = "asset"
+# The op of the finding for an entry of the assets collection the check cannot read.
+UNREADABLE_ASSET = "asset declaration"
 # How many graphs deep an embedded graph (a GraphDef in a DatasetFromGraph constant,
 # holding another) is read; deeper ones are refused.
 _MAX_EMBEDDING_DEPTH = 4
 # How many calls up an attr placeholder is followed to the value that binds it.
 _MAX_BINDING_DEPTH = 8
+# How many (call site, bound value) steps resolving every attr placeholder of a graph
+# may take: memoized, a graph needs about (references x distinct values x depth);
+# past this the placeholder counts as unresolved (refused), never guessed.
+_MAX_BINDING_WORK = 200_000
 
 
 @dataclass(frozen=True)
@@ -147,6 +155,8 @@ class HostOpUse:
         where = f"{where} in function {self.function}" if self.function else where
         if self.op == ESCAPING_ASSET:
             where = f"{self.name!r} of the MetaGraph's assets"
+        elif self.op == UNREADABLE_ASSET:
+            return self.name
         return f"{self.inside} {where}" if self.inside else where
 
     def describe(self) -> str:
@@ -208,13 +218,19 @@ def _attr(node, name: str):
 class _Graph:
     """The top-level nodes, the library, who references which function, and walks."""
 
-    def __init__(self, graph_def) -> None:
+    def __init__(self, graph_def, embedded_cache: dict | None = None) -> None:
         self.nodes = {n.name: n for n in graph_def.node}
+        # _embedded's findings per (graph bytes, depth), shared with the graphs embedded
+        # in this one: many ops naming one constant, a few deep, parse it once.
+        self.embedded_cache: dict = {} if embedded_cache is None else embedded_cache
         self.library = {f.signature.name: f for f in graph_def.library.function}
         self.gradients = {g.function_name: g.gradient_func for g in graph_def.library.gradient}
         self.gradient_of = {g.gradient_func: g.function_name
                             for g in graph_def.library.gradient}
         self.refs: dict[str, list[_Ref]] = collections.defaultdict(list)
+        # _bindings' memo and step count (work done resolving attr placeholders).
+        self.binding_memo: dict[tuple[str, str, int], list[tuple[object, str]]] = {}
+        self.binding_work = 0
         self.top_calls: dict[str, list[tuple[str, str]]] = {}
         self.function_calls: dict[str, list[tuple[str, str]]] = {}
         for node in graph_def.node:
@@ -467,8 +483,23 @@ class _FileNames:
     def __init__(self, body: dict, prefix: str) -> None:
         self.body = body
         self.prefix = prefix
+        # Memoized per (tensor, depth): a Pack or StringJoin whose inputs share one node,
+        # level after level, is a DAG of few nodes but exponentially many paths.
+        self.memo: dict[tuple[str, str, int], bool] = {}
 
     def from_prefix(self, tensor: str, depth: int = 0) -> bool:
+        key = ("prefix", tensor, depth)
+        if key not in self.memo:
+            self.memo[key] = self._from_prefix(tensor, depth)
+        return self.memo[key]
+
+    def _suffix(self, tensor: str, depth: int) -> bool:
+        key = ("suffix", tensor, depth)
+        if key not in self.memo:
+            self.memo[key] = self._is_suffix(tensor, depth)
+        return self.memo[key]
+
+    def _from_prefix(self, tensor: str, depth: int) -> bool:
         name = node_name(tensor)
         if name == self.prefix:
             return True
@@ -492,8 +523,10 @@ class _FileNames:
                     and self._int_const(data[1]))
         return False
 
-    def _suffix(self, tensor: str, depth: int) -> bool:
+    def _is_suffix(self, tensor: str, depth: int) -> bool:
         node = self.body.get(node_name(tensor))
+        if depth > _MAX_NAME_DEPTH:
+            return False
         value = _const_string(node)
         if value is not None:
             return bool(_SHARD_SUFFIX.fullmatch(value))
@@ -757,7 +790,6 @@ class _Assets:
     """Where the loaders feed asset paths, and whether a file-reading op reads one."""
 
     def __init__(self, meta_graph, graph: _Graph) -> None:
-        from tensorflow.core.protobuf import meta_graph_pb2
 
         from serving_opt.savedmodel import loader
 
@@ -767,10 +799,8 @@ class _Assets:
         defs = list(meta_graph.asset_file_def)
         collection = meta_graph.collection_def.get(loader.SAVED_MODEL_ASSETS_COLLECTION)
         if not defs and collection is not None:
-            for value in collection.any_list.value:
-                asset = meta_graph_pb2.AssetFileDef()
-                value.Unpack(asset)
-                defs.append(asset)
+            # An entry that does not unpack is refused by _escaping_assets.
+            defs = [a for a, _ in _declared_assets(meta_graph) if a is not None]
         self.asset_nodes = {node_name(a.tensor_info.name) for a in defs}
         self.signature_inputs = {
             n for sig in loader.serving_signatures(meta_graph).values()
@@ -779,6 +809,8 @@ class _Assets:
         self.object_nodes = list(objects.nodes)
         self.bound = {name: list(f.bound_inputs)
                       for name, f in objects.concrete_functions.items()}
+        self.argument_memo: dict[tuple[str, str, int], tuple[str | None, frozenset]] = {}
+        self.read: set[str] = set()
 
     def problem(self, function: str | None, node, reaching: list[_Root]) -> str | None:
         """None when ``node`` (an op of host_ops.ASSET_READ_OPS) reads an asset path the
@@ -845,7 +877,23 @@ class _Assets:
         """``tensor`` of function ``fname`` is an argument, and every caller passes it an
         asset path (a graph-level call, or a call in a function whose own argument is
         one, :data:`_MAX_CALL_DEPTH` calls deep at most), and the object graph, when it
-        binds the argument, binds it to an asset."""
+        binds the argument, binds it to an asset.
+
+        Memoized with the asset nodes it read: k callers per level are k**depth chains.
+        """
+        key = (fname, tensor, depth)
+        if key not in self.argument_memo:
+            outer, self.read = self.read, set()
+            try:
+                self.argument_memo[key] = (self._judge_argument(fname, tensor, depth),
+                                           frozenset(self.read))
+            finally:
+                self.read = outer | self.read
+        problem, read = self.argument_memo[key]
+        self.read |= read
+        return problem
+
+    def _judge_argument(self, fname: str, tensor: str, depth: int) -> str | None:
         function = self.graph.library[fname]
         body = {n.name: n for n in function.node_def}
         args = [a.name for a in function.signature.input_arg]
@@ -935,38 +983,62 @@ def _show(value) -> str:
     return repr(text if len(text) <= 80 else text[:77] + "...")
 
 
+class _TooMuchWork(Exception):
+    """Resolving attr placeholders took more than :data:`_MAX_BINDING_WORK` steps."""
+
+
 def _bindings(graph: _Graph, fname: str, placeholder: str,
               depth: int = 0) -> list[tuple[object, str]]:
     """(the AttrValue, the call site binding it) for attr placeholder ``placeholder`` of
-    function ``fname``, one per reference to the function; the value is None where
-    nothing binds it: a reference that binds no such attr (a ``library.gradient``
-    entry binds none), a function nothing references (a loader instantiating it by
-    name binds nothing), a binding to a placeholder of the caller that no caller of
-    the caller binds (followed :data:`_MAX_BINDING_DEPTH` calls up)."""
+    function ``fname``: every distinct value some chain of references binds it to, each
+    with the first such chain (in reference order); the value is None where nothing
+    binds it: a reference that binds no such attr (a ``library.gradient`` entry binds
+    none), a function nothing references (a loader instantiating it by name binds
+    nothing), a binding to a placeholder of the caller that no caller of the caller
+    binds (followed :data:`_MAX_BINDING_DEPTH` calls up).
+
+    Distinct values, not every chain: k call sites over d levels are k**d chains but
+    at most as many values as the graph writes, and the first chain of each value is
+    the first chain a judge of values can stop at. Memoized per (function,
+    placeholder, depth) on ``graph``; raises :class:`_TooMuchWork` past
+    :data:`_MAX_BINDING_WORK` steps for the whole graph.
+    """
+    key = (fname, placeholder, depth)
+    if key in graph.binding_memo:
+        return graph.binding_memo[key]
+    out: dict[bytes | None, tuple[object, str]] = {}
+
+    def add(value, site: str) -> None:
+        graph.binding_work += 1
+        if graph.binding_work > _MAX_BINDING_WORK:
+            raise _TooMuchWork
+        out.setdefault(None if value is None else value.SerializeToString(deterministic=True),
+                       (value, site))
+
     refs = graph.refs.get(fname, [])
     if not refs:
-        return [(None, f"no node references function {fname}, so nothing binds it")]
-    out: list[tuple[object, str]] = []
+        add(None, f"no node references function {fname}, so nothing binds it")
     for ref in refs:
         site = f"{ref.how} in function {ref.function}" if ref.function else ref.how
         if ref.binds is None or placeholder not in ref.binds:
-            out.append((None, f"{site} does not bind it"))
+            add(None, f"{site} does not bind it")
             continue
         value = ref.binds[placeholder]
         if not value.placeholder:
-            out.append((value, site))
+            add(value, site)
         elif ref.function is None:
-            out.append((None, f"{site} binds it to placeholder {value.placeholder!r}, "
-                              "which nothing binds at the top level"))
+            add(None, f"{site} binds it to placeholder {value.placeholder!r}, "
+                      "which nothing binds at the top level")
         elif depth + 1 >= _MAX_BINDING_DEPTH:
-            out.append((None, f"{site} binds it to placeholder {value.placeholder!r}, "
-                              f"more than {_MAX_BINDING_DEPTH} calls up"))
+            add(None, f"{site} binds it to placeholder {value.placeholder!r}, "
+                      f"more than {_MAX_BINDING_DEPTH} calls up")
         else:
-            out += [(v, f"{site} via placeholder {value.placeholder!r}, bound by {w}"
-                     if v is not None else
-                     f"{site} binds it to placeholder {value.placeholder!r}, and {w}")
-                    for v, w in _bindings(graph, ref.function, value.placeholder, depth + 1)]
-    return out
+            for v, w in _bindings(graph, ref.function, value.placeholder, depth + 1):
+                add(v, f"{site} via placeholder {value.placeholder!r}, bound by {w}"
+                    if v is not None else
+                    f"{site} binds it to placeholder {value.placeholder!r}, and {w}")
+    graph.binding_memo[key] = list(out.values())
+    return graph.binding_memo[key]
 
 
 def _conditional(graph: _Graph, function: str | None, node) -> tuple[str | None, str]:
@@ -981,7 +1053,12 @@ def _conditional(graph: _Graph, function: str | None, node) -> tuple[str | None,
     what = f"its {attr} is attr placeholder {value.placeholder!r}"
     if function is None:
         return kind, f"{what}, which nothing binds at the top level"
-    for bound, site in _bindings(graph, function, value.placeholder):
+    try:
+        bindings = _bindings(graph, function, value.placeholder)
+    except _TooMuchWork:
+        return kind, (f"{what}, and resolving what the calls bind it to takes more than "
+                      f"{_MAX_BINDING_WORK} steps (the check's limit): refused unresolved")
+    for bound, site in bindings:
         if bound is None:
             return kind, (f"{what}, and {site}: an unresolved {attr} may name any file "
                           "or stream")
@@ -1031,26 +1108,31 @@ def _embedded(graph: _Graph, function: str | None, node, depth: int) -> list[_Fi
     if depth + 1 > _MAX_EMBEDDING_DEPTH:
         return [_Finding(node.op, RUNS_GRAPH,
                          f"its graph is embedded more than {_MAX_EMBEDDING_DEPTH} deep")]
-    inner_def = graph_pb2.GraphDef()
-    try:
-        inner_def.ParseFromString(serialized)
-    except DecodeError:
-        return [_Finding(node.op, RUNS_GRAPH,
-                         f"its graph constant {name!r} is no GraphDef the check can parse")]
-    inner = _Graph(inner_def)
+    key = (hashlib.sha256(serialized).digest(), depth)
+    if key not in graph.embedded_cache:
+        inner_def = graph_pb2.GraphDef()
+        try:
+            inner_def.ParseFromString(serialized)
+        except DecodeError:
+            return [_Finding(node.op, RUNS_GRAPH,
+                             f"its graph constant {name!r} is no GraphDef the check can parse")]
+        inner = _Graph(inner_def, graph.embedded_cache)
+        graph.embedded_cache[key] = [
+            (inner_function, inner_node.name, finding)
+            for inner_function, inner_node in inner.all_nodes()
+            for finding in _node_findings(inner, inner_function, inner_node, depth + 1)]
     found = []
-    for inner_function, inner_node in inner.all_nodes():
-        for finding in _node_findings(inner, inner_function, inner_node, depth + 1):
-            where = f"node {inner_node.name!r}"
-            label = inner_node.name
-            if inner_function:
-                where += f" in function {inner_function}"
-                label = f"{inner_function}/{label}"
-            where += f" inside the graph_def of {node.op}"
-            if finding.inside:
-                where = f"{finding.inside} {where}"
-                label = f"{label}/graph_def:{finding.inside_label}"
-            found.append(_Finding(finding.op, finding.kind, finding.reason, where, label))
+    for inner_function, inner_name, finding in graph.embedded_cache[key]:
+        where = f"node {inner_name!r}"
+        label = inner_name
+        if inner_function:
+            where += f" in function {inner_function}"
+            label = f"{inner_function}/{label}"
+        where += f" inside the graph_def of {node.op}"
+        if finding.inside:
+            where = f"{finding.inside} {where}"
+            label = f"{label}/graph_def:{finding.inside_label}"
+        found.append(_Finding(finding.op, finding.kind, finding.reason, where, label))
     return found
 
 
@@ -1071,31 +1153,45 @@ def _node_findings(graph: _Graph, function: str | None, node, depth: int = 0) ->
 def _declared_assets(meta_graph) -> list[tuple[object, str]]:
     """(AssetFileDef, where declared) for every asset the MetaGraph declares, in
     asset_file_def and in the TF1 ``saved_model_assets`` collection alike (a loader
-    reads one or the other)."""
+    reads one or the other); None for a collection entry that is no AssetFileDef the
+    check can read (another type, or a filename that is not UTF-8)."""
+    from google.protobuf.message import DecodeError
     from tensorflow.core.protobuf import meta_graph_pb2
 
     from serving_opt.savedmodel import loader
 
-    out = [(a, "asset_file_def") for a in meta_graph.asset_file_def]
+    out: list[tuple[object, str]] = [(a, "asset_file_def") for a in meta_graph.asset_file_def]
     collection = meta_graph.collection_def.get(loader.SAVED_MODEL_ASSETS_COLLECTION)
     if collection is not None:
-        for value in collection.any_list.value:
+        where = f"the {loader.SAVED_MODEL_ASSETS_COLLECTION} collection"
+        for index, value in enumerate(collection.any_list.value):
             asset = meta_graph_pb2.AssetFileDef()
-            if value.Unpack(asset):
-                out.append((asset, f"the {loader.SAVED_MODEL_ASSETS_COLLECTION} collection"))
+            try:
+                readable = value.Unpack(asset)
+            except DecodeError:
+                readable = False
+            out.append((asset if readable else None, f"entry {index} of {where}"))
     return out
 
 
 def _escaping_assets(meta_graph, graph: _Graph, walks) -> list[tuple[tuple, HostOpUse]]:
-    """An asset whose filename is not a plain relative path inside ``assets/``
-    (absolute, or ``..`` leading out): the loaders feed ``<model>/assets/<filename>``
-    to whatever reads the asset node, a file outside the model. The same rule as
-    ``inspect``'s ``asset_path_escapes`` (loader.safe_asset_path)."""
-    from serving_opt.savedmodel import loader
-
+    """An asset whose filename, as TensorFlow's C++ file layer reads it
+    (asset_paths.asset_path_problem: a NUL byte, an absolute name, ``..``), is not a
+    file inside ``assets/``: the loaders feed ``<model>/assets/<filename>`` to whatever
+    reads the asset node, a file outside the model. An asset declaration the check
+    cannot read is refused too. The same rule as ``inspect``'s ``asset_path_escapes``
+    (loader.safe_asset_path)."""
     found = []
     for asset, source in _declared_assets(meta_graph):
-        if loader.safe_asset_path("/model", asset.filename):
+        if asset is None:
+            use = HostOpUse(
+                UNREADABLE_ASSET, source, None, READS_FILES, (), f"in {source}",
+                "it is no AssetFileDef the check can read (a filename that is not UTF-8, or "
+                "another message): the loader's view of its path cannot be checked")
+            found.append(((False, _KIND_ORDER[READS_FILES], use.label), use))
+            continue
+        problem = asset_path_problem(asset.filename)
+        if not problem:
             continue
         name = node_name(asset.tensor_info.name)
         place = ("node", name)
@@ -1104,8 +1200,8 @@ def _escaping_assets(meta_graph, graph: _Graph, walks) -> list[tuple[tuple, Host
         use = HostOpUse(
             ESCAPING_ASSET, name, None, READS_FILES, keys,
             f"declared in {source}, whose path the loaders feed to node {name!r}",
-            f"filename {asset.filename!r} is not a plain relative path inside assets/: "
-            "whatever reads the asset reads a file outside the model")
+            f"filename {shown_filename(asset.filename)} {problem}: whatever reads the "
+            "asset reads a file outside the model's assets/")
         found.append(((not reaching, _KIND_ORDER[READS_FILES], use.label), use))
     return found
 
@@ -1208,5 +1304,5 @@ def refuse_host_ops(meta_graph, signature_keys: Sequence[str], what: str) -> Non
     )
 
 
-__all__ = ["ESCAPING_ASSET", "INIT_OP", "HostOpUse", "asset_reads", "host_op_uses",
-           "refuse_host_ops"]
+__all__ = ["ESCAPING_ASSET", "INIT_OP", "UNREADABLE_ASSET", "HostOpUse", "asset_reads",
+           "host_op_uses", "refuse_host_ops"]
