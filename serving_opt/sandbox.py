@@ -59,6 +59,18 @@ from dataclasses import dataclass
 from serving_opt import sandbox_results
 from serving_opt.errors import ServingOptError
 from serving_opt.sandbox_interpreter import interpreter_dirs  # noqa: F401 - public here
+from serving_opt.sandbox_limits import (  # noqa: F401 - public here
+    MAX_THREADS,
+    WRITE_BYTES,
+    Watchdog,
+    default_memory_bytes,
+    limit_threads,
+    make_pids_cgroup,
+    preexec,
+    preexec_confined,
+    remove_cgroup,
+    write_limit,
+)
 from serving_opt.savedmodel import loader
 
 # Set inside a sandbox: code that would start one runs in-process instead.
@@ -70,7 +82,6 @@ STDERR_KEEP_BYTES = 256 << 10  # the tail of a worker's stderr kept for its erro
 STDERR_MAX_BYTES = 4 << 20  # the file holding it is cut back to the tail beyond this
 TMP_BYTES = 1 << 30  # the sandbox's /tmp (a tmpfs: host memory RLIMIT_DATA does not count)
 SHM_BYTES = 256 << 20  # its /dev/shm
-MAX_THREADS = 4096  # RLIMIT_NPROC inside: threads and processes of one sandbox
 SANDBOX_UID = 65534  # "nobody": the sandbox's uid and gid, with no capabilities
 HOSTNAME = "sandbox"
 # Environment variables a sandboxed process keeps, by exact name: what TensorFlow,
@@ -121,15 +132,9 @@ class Policy:
     tmp_bytes: int = TMP_BYTES  # the private /tmp's size
     timeout_seconds: float | None = None  # a Worker's call; None: no limit
     max_threads: int = MAX_THREADS  # threads and processes, all of the sandbox's
-
-
-def default_memory_bytes() -> int:
-    """Three quarters of the machine's memory, per sandboxed process."""
-    try:
-        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-        return int(pages * size * 3 // 4)
-    except (ValueError, OSError):
-        return 16 << 30
+    # Disk bytes under ``writable`` (and the size of any one file it writes); None: no
+    # limit, for what has no model in it.
+    write_bytes: int | None = WRITE_BYTES
 
 
 def inside() -> bool:
@@ -219,8 +224,11 @@ def _system_binds() -> list[tuple[str, str]]:
             binds.append(("--symlink", top))
         elif os.path.isdir(top):
             binds.append(("--ro-bind", top))
+    # Not /sys/fs/cgroup: it shows the host's cgroup tree (and, with it, its processes),
+    # and nothing a model runs reads it without /proc/self/cgroup, which the sandbox's
+    # /proc does not have.
     for path in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime",
-                 "/sys/devices/system/cpu", "/sys/fs/cgroup"):
+                 "/sys/devices/system/cpu"):
         if os.path.exists(path):
             binds.append(("--ro-bind", path))
     return binds
@@ -427,144 +435,14 @@ def environment(extra: dict | None = None) -> dict:
     return loader.with_runtime_defaults(env, extra)
 
 
-def preexec(memory_bytes: int | None) -> Callable[[], None]:
-    """Sets the memory limit in the child before bubblewrap runs (inherited by all)."""
-    limit = memory_bytes or default_memory_bytes()
-
-    def apply() -> None:
-        import resource
-
-        # Never more than this process may have: a server started under a limit (a
-        # container's, a test's prlimit) keeps it for its sandbox.
-        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
-        bound = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
-        resource.setrlimit(resource.RLIMIT_DATA, (bound, bound))
-
-    return apply
-
-
-# --- a pids cgroup per sandbox: the thread limit that holds for root too -------------
-
-_CGROUP_ROOT = "/sys/fs/cgroup"
-_cgroup_serial = iter(range(1 << 62))
-
-
-def _own_cgroup_dirs() -> list[str]:
-    """Where this process's pids cgroup lives, v1 (``pids`` hierarchy) then v2."""
-    dirs = []
-    try:
-        with open("/proc/self/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if "pids" in controllers.split(","):
-            dirs.append(os.path.join(_CGROUP_ROOT, "pids", path.lstrip("/")))
-        elif controllers == "":
-            dirs.append(os.path.join(_CGROUP_ROOT, path.lstrip("/")))
-    return dirs
-
-
-def make_pids_cgroup(limit: int) -> str | None:
-    """A new pids cgroup below this process's own, holding at most ``limit`` tasks
-    (threads and processes); None where none can be made here (no pids controller, or
-    not delegated to this user): :func:`limit_threads` then bounds a non-root sandbox.
-
-    RLIMIT_NPROC alone does not: the kernel exempts uid 0, which the sandbox's uid maps
-    to when serving_opt runs as root (containers, CI).
-
-    Example:
-        >>> path = make_pids_cgroup(4096)   # "/sys/fs/cgroup/pids/serving-opt-123-0"
-    """
-    for parent in _own_cgroup_dirs():
-        _sweep_stale_cgroups(parent)
-        path = os.path.join(parent, f"serving-opt-{os.getpid()}-{next(_cgroup_serial)}")
-        try:
-            os.mkdir(path, 0o755)  # fails where the parent is missing or not ours
-        except OSError:
-            continue
-        try:
-            _write_cgroup_file(path, "pids.max", str(limit))
-            return path
-        except OSError:
-            remove_cgroup(path)
-    return None
-
-
-def _sweep_stale_cgroups(parent: str) -> None:
-    # A caller killed outside Python (SIGKILL) never removes its cgroups: the next one
-    # does, for processes that are gone. rmdir refuses a cgroup that still has tasks.
-    import re
-
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return
-    for name in names:
-        match = re.fullmatch(r"serving-opt-(\d+)-\d+", name)
-        if match is None or int(match[1]) == os.getpid():
-            continue
-        try:
-            os.kill(int(match[1]), 0)
-            continue  # alive (or its pid reused): not ours to judge
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        try:
-            os.rmdir(os.path.join(parent, name))
-        except OSError:
-            pass
-
-
-def _write_cgroup_file(cgroup: str, name: str, value: str) -> None:
-    # Never created: in a directory that is not a cgroup (a plain tmpfs where the
-    # unified hierarchy would be), the write fails instead of making a file that limits
-    # nothing.
-    fd = os.open(os.path.join(cgroup, name), os.O_WRONLY)
-    try:
-        os.write(fd, value.encode())
-    finally:
-        os.close(fd)
-
-
-def remove_cgroup(path: str | None) -> None:
-    """Removes a cgroup of :func:`make_pids_cgroup` once its processes are gone."""
-    import time
-
-    if not path:
-        return
-    # Its tasks leave it a moment after the sandbox's leader is reaped.
-    for _ in range(40):
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.05)
-
-
-def preexec_confined(memory_bytes: int | None, cgroup: str | None) -> Callable[[], None]:
-    """:func:`preexec`, and the child joins ``cgroup`` before bubblewrap starts, so
-    every process and thread of the sandbox counts against its limit."""
-    limit_memory = preexec(memory_bytes)
-
-    def apply() -> None:
-        limit_memory()
-        if cgroup:
-            _write_cgroup_file(cgroup, "cgroup.procs", str(os.getpid()))
-
-    return apply
-
-
 def popen(argv: Sequence[str], policy: Policy, env: dict | None = None,
           **popen_kwargs) -> subprocess.Popen:
     """``argv`` started in the sandbox ``policy`` describes, with every limit: the
     environment reduced (:func:`environment`, ``env`` on top), the seccomp filter, the
-    memory limit and a pids cgroup of ``policy.max_threads`` where one can be made.
-    The cgroup goes when the process object does (or at :func:`release`).
+    memory and write limits, a pids cgroup of ``policy.max_threads`` where one can be
+    made, and a :class:`Watchdog` for what no kernel limit holds (the tasks of a root
+    sandbox without a cgroup, the bytes under its writable directories). The cgroup
+    goes when the process object does (or at :func:`release`).
 
     Example:
         >>> process = popen([sys.executable, "-c", "print(1)"], Policy(),
@@ -581,7 +459,7 @@ def popen(argv: Sequence[str], policy: Policy, env: dict | None = None,
     try:
         process = subprocess.Popen(
             command(argv, policy, seccomp), env=environment(env),
-            preexec_fn=preexec_confined(policy.memory_bytes, cgroup),
+            preexec_fn=preexec_confined(policy.memory_bytes, cgroup, policy.write_bytes),
             cwd=popen_kwargs.pop("cwd", "/tmp"), pass_fds=pass_fds, **popen_kwargs)
     except BaseException:
         remove_cgroup(cgroup)
@@ -590,27 +468,27 @@ def popen(argv: Sequence[str], policy: Policy, env: dict | None = None,
         if seccomp is not None:
             os.close(seccomp)
     process.serving_opt_cgroup = cgroup  # type: ignore[attr-defined]
+    # RLIMIT_NPROC inside holds where the host user is not root.
+    unbounded = cgroup is None and os.geteuid() == 0
+    process.serving_opt_watchdog = Watchdog(  # type: ignore[attr-defined]
+        process, policy.max_threads if unbounded else None, policy.writable,
+        policy.write_bytes)
     weakref.finalize(process, remove_cgroup, cgroup)
     return process
 
 
 def release(process: subprocess.Popen) -> None:
     """Removes the cgroup of a :func:`popen` process that has exited."""
+    watchdog = getattr(process, "serving_opt_watchdog", None)
+    if watchdog is not None:
+        watchdog.stop()
     remove_cgroup(getattr(process, "serving_opt_cgroup", None))
 
 
-def limit_threads(limit: int = MAX_THREADS) -> None:
-    """RLIMIT_NPROC for this process and its children, set inside the sandbox: the kernel
-    counts it per user namespace, so it bounds this sandbox's threads and processes, not
-    the host user's. (A host running serving_opt as root is exempt: the kernel does not
-    apply RLIMIT_NPROC to uid 0, which the sandbox's uid maps to there; the pids cgroup
-    of :func:`popen` holds there.)"""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
-    if hard == resource.RLIM_INFINITY or hard > limit:
-        soft = limit if soft == resource.RLIM_INFINITY else min(soft, limit)
-        resource.setrlimit(resource.RLIMIT_NPROC, (soft, limit))
+def stopped_because(process: subprocess.Popen) -> str | None:
+    """Why the :class:`Watchdog` killed a :func:`popen` process, if it did."""
+    watchdog = getattr(process, "serving_opt_watchdog", None)
+    return watchdog.reason if watchdog is not None else None
 
 
 # --- results: data only -------------------------------------------------------------
@@ -720,6 +598,10 @@ class Worker:
         release(self.process)
         self._reader.join(timeout=5)
         self._stderr_reader.join(timeout=5)
+        stopped = stopped_because(self.process)
+        if stopped is not None:
+            raise ServingOptError(f"{stopped}; it was stopped and nothing was published",
+                                  "a model that needs this much is not one serving_opt runs")
         if code != 0 or not os.path.exists(self.result_path):
             raise ServingOptError(f"the sandboxed process failed (exit {code}): "
                                   f"{self.stderr_tail()}{_limit_hint(self.stderr_tail(5))}",
@@ -794,6 +676,8 @@ def _limit_hint(stderr: str) -> str:
         return f" (the sandbox's /tmp holds {TMP_BYTES >> 20} MiB, sandbox.TMP_BYTES)"
     if "Resource temporarily unavailable" in stderr or "pthread_create" in stderr:
         return f" (a sandbox runs at most {MAX_THREADS} threads, sandbox.MAX_THREADS)"
+    if "File too large" in stderr:
+        return " (a sandbox writes no file larger than its write limit, sandbox.write_limit)"
     if "MemoryError" in stderr or "bad_alloc" in stderr or "Cannot allocate memory" in stderr:
         return " (the memory limit of each sandboxed process, --sandbox_memory_bytes)"
     return ""

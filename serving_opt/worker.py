@@ -61,7 +61,9 @@ def job(run: Run) -> WorkerJob:
 
 
 def policy(run: Run) -> sandbox_lib.Policy:
-    """Read: the model, the user's example files, the target runtime; write: the work dir."""
+    """Read: the model, the user's example files, the target runtime; write: the work dir,
+    up to :func:`sandbox.write_limit` of the input model's size (its candidates, each
+    about the input's size or less, and their scratch)."""
     plan = run.plan
     read_only = [run.input_dir]
     if plan.inputs.examples:
@@ -74,8 +76,11 @@ def policy(run: Run) -> sandbox_lib.Policy:
         read_only.extend(sandbox_lib.interpreter_dirs(
             plan.validate.target.serving_runtime_python))
         read_only.extend(validate_lib.binary_dirs(plan.validate))
+    from serving_opt.savedmodel import loader
+
     return sandbox_lib.Policy(read_only=tuple(read_only), writable=(run.work_dir,),
                               memory_bytes=plan.trust.sandbox_memory_bytes,
+                              write_bytes=sandbox_lib.write_limit(loader.dir_size(run.input_dir)),
                               timeout_seconds=timeout_seconds(plan))
 
 

@@ -1,0 +1,150 @@
+"""What a sandbox may take from the host beyond its view: no host cgroup facts, bounded
+writes to the host's disk, and a bounded number of threads where no pids cgroup can be
+made and the host user is root (RLIMIT_NPROC does not apply to uid 0)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+import tensorflow as tf
+from conftest import tree_snapshot
+from hostile_models_round3 import _leaking_model, build_init_op_lists
+
+from serving_opt import OptimizeOptions, optimize, sandbox
+from serving_opt.errors import ServingOptError
+
+QUICK = dict(benchmark_runs=0, cold_start=False, allow_file_ops=True, parity_batches=1)
+MIB = 1 << 20
+
+
+def _run(script: str, policy: sandbox.Policy, *args: str) -> tuple[subprocess.Popen, str]:
+    process = sandbox.popen([sys.executable, "-c", textwrap.dedent(script), *args], policy,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, _ = process.communicate(timeout=180)
+    finally:
+        process.kill()
+        sandbox.release(process)
+    return process, out
+
+
+# --- no host cgroup facts -----------------------------------------------------------
+
+def test_a_model_lists_nothing_of_the_hosts_cgroups(tmp_path):
+    assert os.listdir("/sys/fs/cgroup")  # CONTROL: the host has a tree to leak
+    model = build_init_op_lists(str(tmp_path / "models"), "/sys/fs/cgroup/*")
+    out = tmp_path / "out"
+    optimize(model, str(out), OptimizeOptions(**QUICK))
+    published = b"".join(tree_snapshot(str(out)).values())
+    assert b"nothing read" not in published  # the listing ran, and replaced it
+    assert b"/sys/fs/cgroup" not in published
+
+
+# --- writes to the host's disk ----------------------------------------------------------
+
+_WRITE_FILES = """
+    import os, sys, time
+    directory, count, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    try:
+        for i in range(count):
+            with open(os.path.join(directory, f"f{i}"), "wb") as f:
+                f.write(b"x" * size)
+    except OSError as e:
+        print(e.strerror, flush=True)
+    print("written", flush=True)
+    time.sleep(float(sys.argv[4]))
+"""
+
+
+def _written(directory) -> int:
+    return sum(os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory))
+
+
+def test_no_file_written_is_larger_than_the_write_limit(tmp_path):
+    policy = sandbox.Policy(writable=(str(tmp_path),), write_bytes=8 * MIB)
+    _, out = _run(_WRITE_FILES, policy, str(tmp_path), "1", str(32 * MIB), "0")
+    assert "File too large" in out
+    assert _written(tmp_path) <= 8 * MIB
+    # CONTROL: without the limit the same process writes it all.
+    (tmp_path / "f0").unlink()
+    _run(_WRITE_FILES, sandbox.Policy(writable=(str(tmp_path),), write_bytes=None),
+         str(tmp_path), "1", str(32 * MIB), "0")
+    assert _written(tmp_path) == 32 * MIB
+
+
+def test_many_files_past_the_write_limit_stop_the_sandbox(tmp_path):
+    policy = sandbox.Policy(writable=(str(tmp_path),), write_bytes=8 * MIB)
+    process, out = _run(_WRITE_FILES, policy, str(tmp_path), "24", str(MIB), "300")
+    assert "written" in out and "File too large" not in out  # each file is small
+    assert process.returncode != 0
+    assert "wrote more than 8 MiB to the host's disk" in sandbox.stopped_because(process)
+    # CONTROL: without the limit it runs on (and is left to sleep here: killed at once).
+    process, out = _run(_WRITE_FILES, sandbox.Policy(writable=(str(tmp_path),),
+                                                     write_bytes=None),
+                        str(tmp_path), "24", str(MIB), "0")
+    assert process.returncode == 0 and sandbox.stopped_because(process) is None
+
+
+def _writes_then_blocks(target_dir: str, work_dirs: str) -> str:
+    """The init op writes four 8 MiB files into each directory ``work_dirs`` matches (the
+    run's own work directory), then blocks."""
+    def read():
+        found = tf.strings.reduce_join(tf.io.matching_files(work_dirs))
+        data = tf.io.serialize_tensor(tf.zeros([2 * MIB], tf.float32))
+        writes = [tf.io.write_file(found + f"/big-{i}", data) for i in range(4)]
+        with tf.control_dependencies(writes):
+            queue = tf.queue.FIFOQueue(1, [tf.string], shapes=[[]], name="never_filled")
+            return queue.dequeue()
+
+    return _leaking_model(os.path.join(target_dir, "writes_then_blocks", "1"), read)
+
+
+def test_optimize_of_a_model_writing_past_its_limit_is_stopped(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    model = _writes_then_blocks(str(tmp_path / "models"), str(out / ".serving-opt-staging-run-*"))
+    # The default (four times the input plus 1 GiB) is too much to write in a test.
+    monkeypatch.setattr(sandbox, "write_limit", lambda size: 16 * MIB)
+    with pytest.raises(ServingOptError, match="wrote more than 16 MiB to the host's disk") as e:
+        optimize(model, str(out), OptimizeOptions(**QUICK, sandbox_timeout_seconds=600))
+    assert "\n" not in e.value.problem
+    assert not (out / "1").exists()
+
+
+def test_the_write_limit_grows_with_the_input_model():
+    assert sandbox.write_limit(0) == sandbox.WRITE_BYTES
+    assert sandbox.write_limit(1 << 30) == 4 * (1 << 30) + sandbox.WRITE_BYTES
+
+
+# --- threads where no pids cgroup can be made -------------------------------------------
+
+_THREADS = """
+    import threading, time
+    threading.stack_size(1 << 16)
+    started = 0
+    try:
+        for _ in range(300):
+            threading.Thread(target=time.sleep, args=(120,), daemon=True).start()
+            started += 1
+    except RuntimeError:
+        pass
+    print(started, flush=True)
+    time.sleep(float(__import__("sys").argv[1]))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="RLIMIT_NPROC holds for a non-root host user")
+def test_without_a_cgroup_a_root_sandbox_still_stops_at_its_thread_limit(monkeypatch):
+    monkeypatch.setattr(sandbox, "make_pids_cgroup", lambda limit: None)
+    process, _ = _run(_THREADS, sandbox.Policy(max_threads=40), "300")
+    assert process.returncode != 0
+    assert "more than 40 threads" in sandbox.stopped_because(process)
+    # CONTROL: as root, without the cgroup and the watchdog, nothing else holds.
+    monkeypatch.setattr(sandbox, "Watchdog",
+                        lambda *a: types.SimpleNamespace(reason=None, stop=lambda: None))
+    process, out = _run(_THREADS, sandbox.Policy(max_threads=40), "0")
+    assert out.split() == ["300"]
