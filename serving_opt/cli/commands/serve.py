@@ -393,7 +393,8 @@ _MIN_SANDBOX_MEMORY = 1 << 28
 # Flags the sandboxed server gets from serve_sandboxed itself, not from the user's.
 _HOST_SIDE_FLAGS = frozenset({"port", "host", "rest_api_port", "grpc_socket_path", "version",
                               "allow_unsandboxed", "sandbox_memory_bytes", "rest_api_fd",
-                              "parent_pipe_fd"})
+                              "parent_pipe_fd", "model_name", "model_base_path",
+                              "model_config_file"})
 _PATH_FLAGS = ("model_config_file", "batching_parameters_file", "monitoring_config_file",
                "tensorflow_session_config_file")
 
@@ -421,22 +422,30 @@ def _serve_sandboxed(fv: flags.FlagValues, options) -> int:
     from serving_opt.serving.model_server.server import ServerStartError
     from serving_opt.serving.model_server.status import ServingStatusError
 
+    if options.model_config_file and fv.model_config_file_poll_wait_seconds > 0:
+        raise UsageError(
+            "--model_config_file_poll_wait_seconds cannot apply to the sandboxed serve: each "
+            "model runs in a sandbox of its own, made for the config given at start",
+            "restart serve with the new config, or pass --allow_unsandboxed for models you "
+            "trust")
     try:
-        read_only = sandboxed_server.model_paths(
-            options.model_base_path, options.model_config_file,
-            options.batching_parameters_file)
+        tenants = sandboxed_server.tenants(options.model_name, options.model_base_path,
+                                           options.model_config_file)
     except ServingStatusError as e:  # a bad --model_config_file, in upstream's words
         raise ServerStartError(f"Failed to start server. Error: {e.to_text()}") from None
-    # Other files the server reads, as the same read-only binds.
-    read_only = [*read_only, *(os.path.abspath(path) for path in (
-        options.monitoring_config_file, options.tensorflow_session_config_file) if path)]
+    # Other files every sandboxed server reads, as the same read-only binds.
+    read_only = [os.path.abspath(path) for path in (
+        options.batching_parameters_file, options.monitoring_config_file,
+        options.tensorflow_session_config_file) if path]
     endpoints = sandboxed_server.Endpoints(
         host=options.host, port=options.port,
         rest_port=None if options.rest_api_port == 0 else max(0, options.rest_api_port or 0),
         grpc_socket_path=options.grpc_socket_path)
     policy = sandbox.Policy(read_only=tuple(read_only),
                             memory_bytes=fv.sandbox_memory_bytes or None)
-    return sandboxed_server.serve_sandboxed(endpoints, _child_flags(fv), policy)
+    return sandboxed_server.serve_sandboxed(endpoints, tenants, _child_flags(fv), policy,
+                                            max_request_bytes=fv.max_request_bytes,
+                                            grpc_threads=fv.grpc_max_threads)
 
 
 def main(fv: flags.FlagValues) -> int:

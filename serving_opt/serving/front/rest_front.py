@@ -1,0 +1,387 @@
+"""The host's REST port: reads each request's head (bounded, within a timeout), picks the
+sandbox serving the model the path names (``/v1/models/<name>...``; any other path, the
+metrics page included, goes to the first sandbox), and passes the request and its answer
+through that sandbox's REST listener, a unix socket in the private run directory.
+
+Bounds, as upstream's libevent front end has them: at most ``max_connections`` client
+connections, a head must arrive within :data:`HEADER_TIMEOUT` of its first byte, a kept-
+alive connection may idle :data:`IDLE_TIMEOUT`. A connection past the limit, or an accept
+that finds no descriptor left, closes the oldest connection that waits on its client
+(else the oldest one): idle clients can delay a request, never lock the port. The body's
+framing is read as the sandbox's ``rest.py`` reads it, so where that refuses a body
+(413 over ``--max_request_bytes``, 400, 501) the front stops passing bytes at the same
+point and relays the sandbox's own answer.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import json
+import re
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+
+MAX_CONNECTIONS = 512
+HEADER_TIMEOUT = 20.0
+IDLE_TIMEOUT = 60.0
+WRITE_TIMEOUT = 60.0
+MAX_HEAD_BYTES = 64 << 10
+_PIECE = 1 << 18
+_BACKOFF_SECONDS = 0.05
+# Accept errors that say nothing about the listener: each ends one connection attempt.
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_MODEL = re.compile(r"/v1/models/([^/:]+)", re.IGNORECASE)
+_CONTENT_LENGTH = re.compile(rb"[0-9]{1,19}")  # rest.py's framing rules, mirrored
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_MAX_CHUNK_LINE = 4096
+_MAX_TRAILERS = 100
+
+
+class _Gone(Exception):
+    """The client or the sandbox closed, timed out, or the connection was evicted."""
+
+
+class _Reader:
+    """Buffered reads from one socket, each within a deadline."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = bytearray()
+
+    def fill(self, timeout: float | None) -> bool:
+        self.sock.settimeout(timeout)
+        data = self.sock.recv(_PIECE)
+        self.buffer += data
+        return bool(data)
+
+    def head(self, first_timeout: float | None, timeout: float | None) -> bytes | None:
+        """The next head (up to its empty line); None at a clean end before one."""
+        if not self.buffer and not self.fill(first_timeout):
+            return None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            ends = [i + n for i, n in ((self.buffer.find(b"\r\n\r\n"), 4),
+                                       (self.buffer.find(b"\n\n"), 2)) if i >= 0]
+            if ends:
+                end = min(ends)
+                if end > MAX_HEAD_BYTES:
+                    raise _HeadTooLarge()
+                head = bytes(self.buffer[:end])
+                del self.buffer[:end]
+                return head
+            if len(self.buffer) > MAX_HEAD_BYTES:
+                raise _HeadTooLarge()
+            left = None if deadline is None else deadline - time.monotonic()
+            if (left is not None and left <= 0) or not self.fill(left):
+                raise _Gone()
+
+    def take(self, limit: int, timeout: float | None) -> bytes:
+        if not self.buffer and not self.fill(timeout):
+            raise _Gone()
+        piece = bytes(self.buffer[:limit])
+        del self.buffer[:limit]
+        return piece
+
+    def line(self, limit: int, timeout: float) -> bytes:
+        """Up to and including a newline, at most ``limit`` bytes (a file's readline)."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buffer[:limit] and len(self.buffer) < limit:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.fill(left):
+                raise _Gone()
+        end = self.buffer.find(b"\n", 0, limit)
+        end = limit if end < 0 else end + 1
+        piece = bytes(self.buffer[:end])
+        del self.buffer[:end]
+        return piece
+
+
+class _HeadTooLarge(Exception):
+    pass
+
+
+class _Connection:
+    def __init__(self, sock: socket.socket, order: int) -> None:
+        self.sock = sock
+        self.order = order
+        self.waiting_on_client = True
+        self.evicted = False
+        self.upstreams: dict[str, _Reader] = {}
+
+    def evict(self) -> None:
+        self.evicted = True
+        for sock in [self.sock, *(r.sock for r in list(self.upstreams.values()))]:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes its thread, which closes them
+            except OSError:
+                pass
+
+
+class RestFront:
+    """Serves ``listener`` (bound, not yet listening) until :meth:`close`; ``route`` maps
+    a model name (None: no name in the path) to the unix socket of a sandbox's REST
+    listener."""
+
+    def __init__(self, listener: socket.socket, route: Callable[[str | None], str],
+                 max_body_bytes: int, max_connections: int = MAX_CONNECTIONS) -> None:
+        self._listener = listener
+        self._route = route
+        self._max_body = max_body_bytes
+        self._max_connections = max_connections
+        self._lock = threading.Lock()
+        self._connections: dict[int, _Connection] = {}
+        self._order = itertools.count()
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept, name="serving-opt-rest-front",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._listener.listen(128)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        with self._lock:
+            for connection in self._connections.values():
+                connection.evict()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError as e:
+                if self._closed or e.errno in (errno.EBADF, errno.EINVAL):
+                    return  # the listener was closed
+                if e.errno in _OUT_OF_RESOURCES:
+                    self._evict()  # frees a descriptor for the connection waiting
+                time.sleep(_BACKOFF_SECONDS)  # ECONNABORTED, EPERM, ...: the next one
+                continue
+            connection = _Connection(sock, next(self._order))
+            with self._lock:
+                if sum(not c.evicted for c in self._connections.values()) >= \
+                        self._max_connections:
+                    self._evict_locked()
+                self._connections[connection.order] = connection
+            try:
+                threading.Thread(target=self._serve, args=(connection,), daemon=True,
+                                 name="serving-opt-rest-conn").start()
+            except RuntimeError:  # no thread left: this client retries
+                self._forget(connection)
+                time.sleep(_BACKOFF_SECONDS)
+
+    def _evict(self) -> None:
+        with self._lock:
+            self._evict_locked()
+
+    def _evict_locked(self) -> None:
+        live = [c for c in self._connections.values() if not c.evicted]
+        waiting = [c for c in live if c.waiting_on_client] or live
+        if waiting:
+            min(waiting, key=lambda c: c.order).evict()
+
+    def _forget(self, connection: _Connection) -> None:
+        with self._lock:
+            self._connections.pop(connection.order, None)
+        for reader in connection.upstreams.values():
+            reader.sock.close()
+        connection.sock.close()
+
+    def _serve(self, connection: _Connection) -> None:
+        try:
+            if connection.sock.family in (socket.AF_INET, socket.AF_INET6):
+                connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            client = _Reader(connection.sock)
+            while not connection.evicted and self._exchange(connection, client):
+                pass
+        except (_Gone, OSError):
+            pass
+        except _HeadTooLarge:
+            _answer(connection.sock, 431, f"request head over {MAX_HEAD_BYTES} bytes")
+        finally:
+            self._forget(connection)
+
+    def _exchange(self, connection: _Connection, client: _Reader) -> bool:
+        """One request and its answer; whether the connection stays open."""
+        connection.waiting_on_client = True
+        head = client.head(IDLE_TIMEOUT, HEADER_TIMEOUT)
+        if head is None:
+            return False
+        lines = [line.rstrip(b"\r") for line in head.split(b"\n")][:-2]  # its empty line
+        request_line = lines[0].split() if lines else []
+        if len(request_line) != 3:
+            _answer(connection.sock, 400, "malformed request line")
+            return False
+        method, target, version = request_line
+        fields = _fields(lines[1:])
+        framing = _framing(fields, self._max_body)
+        if framing != "refused" and b"100-continue" in fields.get(b"expect", b"").lower():
+            connection.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        forwarded = b"".join(line + b"\r\n" for line in lines
+                             if not line.lower().startswith(b"expect:")) + b"\r\n"
+        upstream = self._upstream(connection, _model(target))
+        upstream.sock.sendall(forwarded)
+        complete = self._pass_body(client, upstream.sock, framing)
+        connection.waiting_on_client = False
+        keep = self._pass_answer(connection, upstream, method == b"HEAD")
+        connection.waiting_on_client = True
+        connection_field = fields.get(b"connection", b"").lower()
+        if version == b"HTTP/1.0":
+            keep = keep and b"keep-alive" in connection_field
+        return keep and complete and b"close" not in connection_field
+
+    def _upstream(self, connection: _Connection, name: str | None) -> _Reader:
+        path = self._route(name)
+        reader = connection.upstreams.get(path)
+        if reader is not None:
+            return reader
+        for attempt in range(2):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                # rest.py logs client_address[0]: an unnamed peer's address is "".
+                sock.bind("")
+                sock.connect(path)
+            except OSError as e:
+                sock.close()
+                if attempt or e.errno not in _OUT_OF_RESOURCES:
+                    _answer(connection.sock, 503, "the model's server is not reachable")
+                    raise _Gone() from None
+                self._evict()
+                time.sleep(_BACKOFF_SECONDS)
+                continue
+            connection.upstreams[path] = reader = _Reader(sock)
+            return reader
+        raise _Gone()
+
+    def _pass_body(self, client: _Reader, upstream: socket.socket, framing) -> bool:
+        """Passes the body as far as the sandbox will read it; whether it read it all."""
+        if framing == "refused":
+            return False
+        if framing == "chunked":
+            return _pass_chunked(client, upstream, self._max_body)
+        left = framing
+        while left:
+            piece = client.take(min(left, _PIECE), HEADER_TIMEOUT)
+            upstream.sendall(piece)
+            left -= len(piece)
+        return True
+
+    def _pass_answer(self, connection: _Connection, upstream: _Reader, head_only: bool) -> bool:
+        head = upstream.head(None, None)
+        if head is None:
+            raise _Gone()
+        lines = [line.rstrip(b"\r") for line in head.split(b"\n")]
+        status = int(lines[0].split()[1])
+        fields = _fields(lines[1:])
+        connection.sock.settimeout(WRITE_TIMEOUT)
+        connection.sock.sendall(head)
+        length = fields.get(b"content-length")
+        if head_only or status in (204, 304) or 100 <= status < 200:
+            left = 0
+        elif length is not None and _CONTENT_LENGTH.fullmatch(length.strip()):
+            left = int(length)
+        else:
+            left = -1  # to the end of the connection
+        while left:
+            try:
+                piece = upstream.take(_PIECE if left < 0 else min(left, _PIECE), None)
+            except _Gone:
+                if left < 0:
+                    return False
+                raise
+            connection.sock.sendall(piece)
+            left -= len(piece) if left > 0 else 0
+        if b"close" in fields.get(b"connection", b"").lower():
+            path = next(p for p, r in connection.upstreams.items() if r is upstream)
+            del connection.upstreams[path]
+            upstream.sock.close()
+        return True
+
+
+def _fields(lines: list[bytes]) -> dict[bytes, bytes]:
+    """Header fields by lower-case name; repeated ones joined with commas."""
+    fields: dict[bytes, bytes] = {}
+    for line in lines:
+        name, _, value = line.partition(b":")
+        key = name.strip().lower()
+        if key:
+            fields[key] = fields[key] + b"," + value.strip() if key in fields else value.strip()
+    return fields
+
+
+def _framing(fields: dict[bytes, bytes], max_body: int):
+    """How rest.py will read the body: a byte count, "chunked", or "refused" (it answers
+    from the head alone: an unknown transfer coding, a bad, conflicting or too large
+    Content-Length)."""
+    coding = fields.get(b"transfer-encoding")
+    if coding is not None:
+        codings = [c.strip().lower() for c in coding.split(b",") if c.strip()]
+        return "chunked" if codings == [b"chunked"] else "refused"
+    length = fields.get(b"content-length")
+    if length is None:
+        return 0
+    values = {v.strip() for v in length.split(b",")}
+    if len(values) > 1:
+        return "refused"
+    text = values.pop()
+    if not _CONTENT_LENGTH.fullmatch(text) or int(text) > max_body:
+        return "refused"
+    return int(text)
+
+
+def _pass_chunked(client: _Reader, upstream: socket.socket, max_body: int) -> bool:
+    total = 0
+    while True:
+        line = client.line(_MAX_CHUNK_LINE + 1, HEADER_TIMEOUT)
+        upstream.sendall(line)
+        size_text = line.split(b";", 1)[0].strip()
+        if not line.endswith(b"\n") or not _CHUNK_SIZE.fullmatch(size_text):
+            return False
+        size = int(size_text, 16)
+        if size == 0:
+            break
+        total += size
+        if total > max_body:
+            return False
+        while size:
+            piece = client.take(min(size, _PIECE), HEADER_TIMEOUT)
+            upstream.sendall(piece)
+            size -= len(piece)
+        end = client.line(3, HEADER_TIMEOUT)
+        upstream.sendall(end)
+        if end not in (b"\r\n", b"\n"):
+            return False
+    for _ in range(_MAX_TRAILERS):
+        line = client.line(_MAX_CHUNK_LINE + 1, HEADER_TIMEOUT)
+        upstream.sendall(line)
+        if line in (b"\r\n", b"\n"):
+            return True
+    return False
+
+
+def _model(target: bytes) -> str | None:
+    path = urllib.parse.urlsplit(target.decode("latin-1")).path
+    match = _MODEL.match(path)
+    return urllib.parse.unquote(match.group(1)) if match else None
+
+
+def _answer(sock: socket.socket, status: int, message: str) -> None:
+    """An answer of the front's own (the request never reached a sandbox); closes."""
+    body = json.dumps({"error": message}).encode()
+    reason = {400: "Bad Request", 431: "Request Header Fields Too Large",
+              503: "Service Unavailable"}[status]
+    try:
+        sock.settimeout(WRITE_TIMEOUT)
+        sock.sendall(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                     + body)
+    except OSError:
+        pass
