@@ -31,6 +31,7 @@ from serving_opt.errors import (
     first_line,
     storage_error,
 )
+from serving_opt.report import printable
 
 PROG = "serving-opt"
 COMMANDS = ("inspect", "optimize", "validate", "serve", "compare", "tune")
@@ -290,7 +291,8 @@ def _main(argv: list[str], default_command: str | None) -> int:
     except ServingOptError as e:
         if verbosity > 0:
             traceback.print_exc()
-        print(f"{PROG} {command}: error: {e.one_line()}", file=sys.stderr)
+        # A model's names reach error lines: escaped, none can drive the terminal.
+        print(f"{PROG} {command}: error: {printable(e.one_line())}", file=sys.stderr)
         return e.exit_code
     except BrokenPipeError:
         # `serving-opt inspect ... | head`: the reader left; stop quietly like Unix tools.
@@ -303,11 +305,11 @@ def _main(argv: list[str], default_command: str | None) -> int:
         # A full disk is not a bug to report: one line saying where, and what was published.
         full = storage_error(e, published=_published_statement())
         if full is not None:
-            print(f"{PROG} {command}: error: {full.one_line()}", file=sys.stderr)
+            print(f"{PROG} {command}: error: {printable(full.one_line())}", file=sys.stderr)
             return full.exit_code
         first = first_line(e)
         print(
-            f"{PROG} {command}: internal error: {type(e).__name__}: {first}; "
+            f"{PROG} {command}: internal error: {type(e).__name__}: {printable(first)}; "
             "rerun with --verbosity=1 for the traceback and report it",
             file=sys.stderr,
         )

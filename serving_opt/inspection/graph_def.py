@@ -25,6 +25,7 @@ from serving_opt import graph_diff
 from serving_opt.host_ops import host_op_kind
 from serving_opt.inspection.report import Risk
 from serving_opt.inspection.risks import SEVERITY_ERROR
+from serving_opt.report import printable
 from serving_opt.savedmodel import graphdef
 
 
@@ -66,7 +67,9 @@ class GraphDefReport:
         outputs = ",".join(o.split(" ")[0].removesuffix(":0") for o in self.outputs)
         out.append(f"  optimize it: serving-opt optimize --saved_model_dir={self.path} "
                    f"--model_base_path=BASE --outputs={outputs or 'NAME[,NAME...]'}")
-        return "\n".join(out)
+        # Node, op and tensor names are the model's: escaped, a name cannot drive the
+        # terminal (report.printable leaves text it already escaped unchanged).
+        return "\n".join(printable(line) for line in out)
 
 
 def inspect_graph_def(path: str) -> GraphDefReport:

@@ -19,7 +19,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from serving_opt.report import human_bytes, table
+from serving_opt.report import human_bytes, printable, table
 from serving_opt.savedmodel import loader
 
 SCHEMA_VERSION = 1
@@ -301,14 +301,15 @@ def _aligned(headers: tuple[str, ...], rows: list[tuple[str, ...]], indent: str)
 def _format_ops(title: str, ops: tuple[tuple[str, int], ...], indent: str) -> list[str]:
     if not ops:
         return [f"{indent}{title}: none"]
-    items = [f"{op} {count}" for op, count in ops[:_TOP_OPS]]
+    # Escaped before wrapping: textwrap turns a newline or tab in an op name into a space.
+    items = [f"{printable(op)} {count}" for op, count in ops[:_TOP_OPS]]
     more = len(ops) - _TOP_OPS
     if more > 0:
         items.append(f"... {more} more op types (see --json)")
     # Wrapped rather than one long line: terminals are ~100 columns.
     return textwrap.wrap(
         ", ".join(items), width=96, initial_indent=f"{indent}{title}: ",
-        subsequent_indent=indent + "    ", break_on_hyphens=False,
+        subsequent_indent=indent + "    ", break_on_hyphens=False, break_long_words=False,
     )
 
 
@@ -405,4 +406,6 @@ def format_report(r: InspectionReport) -> list[str]:
             for x in r.risks
         ]
         lines += _aligned(("SEVERITY", "CODE", "TAGS", "MESSAGE"), rows, "  ")
-    return lines
+    # Any string of a line may be the model's (names, tags, ops, versions): each line is
+    # escaped whole (table cells already are, and escaping twice changes nothing).
+    return [printable(line) for line in lines]

@@ -21,6 +21,7 @@ from absl import flags
 from serving_opt import inspection
 from serving_opt.cli import main as cli
 from serving_opt.errors import EXIT_FAILURE, UsageError
+from serving_opt.report import printable
 from serving_opt.savedmodel import graphdef, loader
 
 SUMMARY = "show signatures, variables, ops, size on disk and serving risks of a SavedModel"
@@ -80,7 +81,8 @@ def main(fv: flags.FlagValues) -> int:
         first = failing[0]
         print(f"{cli.PROG} inspect: error: {len(failing)} risk(s) at or above "
               f"--fail_on={fv.fail_on}, first: {first.severity.upper()} {first.code} "
-              f"({first.subject}); see the risks in the report (--fail_on=never only reports)",
+              f"({printable(first.subject)}); see the risks in the report "
+              "(--fail_on=never only reports)",
               file=sys.stderr, flush=True)
         return EXIT_FAILURE
     return 0
