@@ -42,6 +42,12 @@ def freeze(run: Run, candidate: Candidate, note: str = "") -> ServingGraph:
                 variables_dir=os.path.join(scratch, "variables"))
             note = freeze_note(info)
             run.kept_variables = info.large_variables_kept
+            if info.rebound:
+                run.warn(f"the original is not servable: TF Serving loads it but fails every "
+                         f"request, its signatures reading {len(info.rebound)} variable(s) "
+                         "its restore op never initializes (Keras 3 tf.saved_model.save); "
+                         "their values were frozen from the checkpoint and the published "
+                         "model is servable (parity checked against tf.saved_model.load)")
             for var in info.large_variables_kept:
                 run.progress("-", f"kept as a variable: {var.name} ({var.reason})")
         else:
@@ -183,6 +189,9 @@ def freeze_note(info: freeze_lib.FreezeInfo) -> str:
     note = f"{info.variables_frozen} variables ({info.variable_bytes} bytes) frozen" \
         if info.variables_frozen or info.large_variables_kept else \
         "no variables: nothing to freeze"
+    if info.rebound:
+        note += f", {len(info.rebound)} of them unbound in the original (read by the " \
+                "signatures, never restored)"
     if info.dropped_variable_initializers:
         note += f", {len(info.dropped_variable_initializers)} variable initializers dropped " \
                 "from the init op"

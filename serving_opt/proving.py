@@ -20,7 +20,7 @@ from serving_opt.errors import ParityError, first_line
 from serving_opt.graph import ServingGraph
 from serving_opt.run import Run
 from serving_opt.savedmodel import inputs as inputs_lib
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import loader, unbound_variables
 from serving_opt.savedmodel import shapes as shapes_lib
 from serving_opt.stages import benchmark as benchmark_lib
 from serving_opt.stages import coldstart, parity
@@ -215,6 +215,12 @@ def measure(run: Run, staging: str) -> list[str]:
     key = "serving_default" if "serving_default" in keys else keys[0]
     run.cold_start = None
     run.benchmark = None
+    if unbound_variables.find(run.source.meta_graph, run.model_dir):
+        run.progress("cold_start", "cold start and benchmark skipped: the original cannot "
+                     "answer as TF Serving loads it")
+        run.warn("cold start and benchmark skipped: the original cannot answer a request "
+                 "as TF Serving loads it, so there is nothing to compare with")
+        return []
     budget = measuring.Budget(settings.measure_seconds)
     if settings.cold_start:
         message = f"cold start: load + first request in fresh processes " \

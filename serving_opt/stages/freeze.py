@@ -36,7 +36,7 @@ from serving_opt.graph import (
     stateful_nodes,
     tensor_info_nodes,
 )
-from serving_opt.savedmodel import checkpoint, loader
+from serving_opt.savedmodel import checkpoint, loader, unbound_variables
 
 # Frozen constants must leave room under PROTOBUF_LIMIT_BYTES for the non-constant
 # nodes and the rest of the MetaGraphDef.
@@ -77,6 +77,9 @@ class FreezeInfo:
     variables_kept: tuple[str, ...] = ()
     # Large variables left variables, in a new checkpoint (checkpoint.KeptVariable).
     large_variables_kept: tuple = ()
+    # Variables the signatures read but the session loader never restored, whose values
+    # came from the checkpoint (unbound_variables): the original was not servable.
+    rebound: tuple[str, ...] = ()
 
 
 def variable_sizes(graph_def) -> dict[str, int]:
@@ -428,6 +431,9 @@ def freeze_session_model(
 
     sess, meta_graph = loader.load_session(saved_model_dir, tags)
     try:
+        unbound = unbound_variables.find(meta_graph, saved_model_dir)
+        if unbound:
+            unbound_variables.restore(sess, unbound, saved_model_dir)
         graph_def = sess.graph.as_graph_def()
         signatures = {k: meta_graph.signature_def[k] for k in signature_keys}
         init_op = loader.init_op_name(meta_graph)
@@ -541,6 +547,7 @@ def freeze_session_model(
         kept_init_ops=tuple(kept_init),
         variables_kept=tuple(sorted(keep_variables)),
         large_variables_kept=tuple(large),
+        rebound=tuple(v.node for v in unbound),
     )
     return serving_graph, info
 
@@ -573,6 +580,14 @@ def load_unfrozen(
     # Load once, so a model that cannot load fails here with the loader's message.
     sess, _ = loader.load_session(saved_model_dir, tags)
     sess.close()
+    unbound = unbound_variables.find(meta_graph, saved_model_dir)
+    if unbound:
+        # Carried over, the graph keeps reading variables nothing restores.
+        unbound_variables.check_repairable(unbound, saved_model_dir)
+        raise ServingOptError(
+            f"{saved_model_dir} is not servable as it is: {unbound_variables.problem(unbound)}",
+            "let optimize freeze the variables (--freeze=auto or always): it takes their "
+            "values from the checkpoint")
     graph_def = meta_graph.graph_def
     signatures = {k: meta_graph.signature_def[k] for k in signature_keys}
     init_op = loader.init_op_name(meta_graph)

@@ -36,6 +36,7 @@ lossy, are :mod:`serving_opt.gates`'.
 from __future__ import annotations
 
 import gc
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
@@ -44,7 +45,7 @@ from serving_opt.detection import gate as discrete_gate
 from serving_opt.errors import ServingOptError, first_line
 from serving_opt.gates import DEFAULT_ATOL, DEFAULT_RTOL, LossyGate, ToleranceGate
 from serving_opt.savedmodel import inputs as inputs_lib
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import loader, unbound_variables
 from serving_opt.savedmodel.examples import UserInputs
 from serving_opt.savedmodel.loader import run_signature
 
@@ -136,14 +137,29 @@ class ParityReport:
 
 
 _FIX = "pass real inputs with --examples (TFRecord of tf.Example or JSON lines)"
+# State the session loader (TF Serving's) left unset: no input can make the model answer.
+_LOADER_STATE = re.compile(
+    r"Could not find variable|uninitiali[sz]ed|not initiali[sz]ed|Resource \S+ does not "
+    r"exist|Container \S+ does not exist|Table not initialized", re.IGNORECASE)
 
 
-def _rejects_inputs(source: str, key: str, error: BaseException | str) -> ServingOptError:
+def _why_not(error: BaseException | str, source: str, key: str) -> ServingOptError:
+    """Why the original cannot answer, before any advice about inputs: the runtime (an op
+    this TensorFlow lacks), the loader (state it left unset), or else the inputs."""
+    what = f"the original model cannot run signature {key}"
     if isinstance(error, BaseException):
-        missing = loader.missing_op_error(error, f"the original model cannot run signature {key}")
-        if missing is not None:  # no inputs would do: the runtime lacks an op
-            return missing
+        missing = loader.missing_op_error(error, what)
+        if missing is not None:
+            return ServingOptError(
+                f"{missing.problem} (the runtime, not the inputs; --serving_version names "
+                "the TF Serving release to check against)", missing.fix)
         error = first_line(error)
+    if _LOADER_STATE.search(error):
+        return ServingOptError(
+            f"{what} as the session loader (TF Serving's) loads it, whatever the inputs: the "
+            f"restore and init op leave state it reads unset ({error})",
+            "re-export it so its checkpoint and init op cover every variable and table the "
+            "signatures read: TF Serving fails every request the same way")
     return ServingOptError(
         f"the original model fails on {source} inputs for signature {key}: {error}", _FIX)
 
@@ -166,14 +182,13 @@ def _run_original(session, signature_def, feeds, key: str, batch_size: int,
             try:
                 runs.append((feed, *_run(session, signature_def, feed, extra)))
             except Exception as e:  # noqa: BLE001 - the user's batch: a rejection is kept
-                missing = loader.missing_op_error(
-                    e, f"the original model cannot run signature {key}")
-                if missing is not None:
-                    raise missing from e
+                why = _why_not(e, sig_inputs.source, key)
+                if why.fix != _FIX:  # not the inputs: no batch would do
+                    raise why from e
                 runs.append((feed, Rejected(first_line(e)), {}))
         if runs and all(isinstance(r, Rejected) for _, r, _ in runs):
             # Every batch rejected: the inputs are wrong, there is nothing to compare.
-            raise _rejects_inputs(sig_inputs.source, key, runs[0][1].error)
+            raise _why_not(runs[0][1].error, sig_inputs.source, key)
         return sig_inputs, runs
     tried: list[str] = []
     for mode in (None, *modes):
@@ -183,16 +198,62 @@ def _run_original(session, signature_def, feeds, key: str, batch_size: int,
             return sig_inputs, [(feed, *_run(session, signature_def, feed, extra))
                                 for feed in sig_inputs.batches]
         except Exception as e:  # noqa: BLE001 - the original refuses these: try the next
-            missing = loader.missing_op_error(
-                e, f"the original model cannot run signature {key}")
-            if missing is not None:
-                raise missing from e
+            why = _why_not(e, sig_inputs.source, key)
+            if why.fix != _FIX:  # not the inputs: no other inputs would do
+                raise why from e
             tried.append(sig_inputs.source)
             last = e
     also = f" (tried {', '.join(tried)})" if len(tried) > 1 else ""
     raise ServingOptError(
         f"the original model fails on synthesized inputs for signature {key}{also}: "
         f"{first_line(last)}", _FIX) from last
+
+
+def _open_reference(reference_dir: str, tags: frozenset[str]):
+    """(session, meta_graph) of the original. One whose signatures read variables the
+    session loader never restores cannot answer there: its reference is the object-graph
+    call (``tf.saved_model.load``), which binds them, behind the same ``run``."""
+    sess, meta_graph = loader.load_session(reference_dir, tags)
+    unbound = unbound_variables.find(meta_graph, reference_dir)
+    if not unbound:
+        return sess, meta_graph
+    sess.close()
+    return _ObjectGraphSession(reference_dir, tags, meta_graph), meta_graph
+
+
+class _ObjectGraphSession:
+    """``run(fetches, feeds)`` over ``tf.saved_model.load``'s signatures, keyed by the
+    SignatureDefs' tensor names; any other tensor is not fetchable (KeyError)."""
+
+    def __init__(self, path: str, tags: frozenset[str], meta_graph):
+        import tensorflow as tf
+        from tensorflow.python.eager import context
+
+        self._eager = context.eager_mode
+        with tf.Graph().as_default(), self._eager():
+            self._loaded = tf.saved_model.load(path, tags=sorted(tags))
+        self._signatures = loader.serving_signatures(meta_graph)
+
+    def run(self, fetches, feed_dict):
+        import tensorflow as tf
+
+        fed = set(feed_dict)
+        found = next(((key, sig) for key, sig in self._signatures.items()
+                      if {t.name for t in sig.inputs.values()} == fed
+                      and set(fetches) <= {t.name for t in sig.outputs.values()}), None)
+        if found is None:
+            raise KeyError(f"no signature feeds {sorted(fed)} and fetches {list(fetches)}")
+        name, sig = found
+        names = {t.name: alias for alias, t in sig.outputs.items()}
+        args = {alias: tf.constant(feed_dict[t.name], dtype=tf.as_dtype(t.dtype))
+                for alias, t in sig.inputs.items()}
+        with self._eager():
+            out = self._loaded.signatures[name](**args)
+            return [out[names[f]].numpy() for f in fetches]
+
+    def close(self) -> None:
+        self._loaded = None
+        gc.collect()
 
 
 @dataclass(frozen=True)
@@ -244,7 +305,7 @@ def check_parity(
     """
     # One model in memory at a time: for a 1 GB model, two at once would double the
     # optimizer's peak. The original's answers are kept (they are small), then compared.
-    ref_sess, ref_mg = loader.load_session(reference_dir, tags)
+    ref_sess, ref_mg = _open_reference(reference_dir, tags)
     try:
         feeds = inputs_lib.signature_feeds(ref_mg, reference_dir, user=inputs.user_inputs,
                                            seed=inputs.seed, shapes=inputs.shapes)
