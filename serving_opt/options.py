@@ -171,7 +171,9 @@ class InputOptions:
         >>> InputOptions(examples="eval.jsonl")
     """
 
-    saved_model_tags: str = _opt("serve", "MetaGraph tag set, comma separated.")
+    saved_model_tags: str = _opt(
+        "serve", "MetaGraph tag set, comma separated; '' selects a MetaGraph with no tags "
+        "(old TF Hub exports), as saved_model_cli's --tag_set ''.")
     examples: str | None = _opt(
         None, "Inputs: TFRecord of tf.Example, or JSON lines of {alias: value} requests "
         "(default: synthesized). optimize: the parity gate's and the measurements'; "
@@ -179,10 +181,7 @@ class InputOptions:
     seed: int = 0  # of the synthesized inputs
 
     def check(self) -> None:
-        from serving_opt.savedmodel import loader
-
-        if not loader.parse_tags(self.saved_model_tags):
-            raise UsageError("--saved_model_tags is empty", "e.g. --saved_model_tags=serve")
+        pass  # every tag set is one: '' is the empty set, which old TF Hub exports use
 
 
 @dataclass(frozen=True)

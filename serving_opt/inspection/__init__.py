@@ -56,9 +56,10 @@ def inspect_saved_model(
 ) -> InspectionReport:
     """Inspects the SavedModel in directory ``path``.
 
-    ``tags`` ("serve", "serve,gpu" or an iterable) selects one MetaGraph; None or empty
-    inspects all of them. Raises ServingOptError (one line: problem and fix) when the
-    directory is missing, holds no or a corrupt saved_model.pb, or has no such tag set.
+    ``tags`` ("serve", "serve,gpu" or an iterable) selects one MetaGraph ("" or empty:
+    the one with no tags, as saved_model_cli's ``--tag_set ''``); None inspects all.
+    Raises ServingOptError (one line: problem and fix) when the directory is missing,
+    holds no or a corrupt saved_model.pb, or has no such tag set.
 
     Example:
         >>> report = inspect_saved_model("build/sample/1", tags="serve")
@@ -69,9 +70,8 @@ def inspect_saved_model(
     # Read here, not imported into the parts: the limit is this module's to change.
     limit = PROTOBUF_LIMIT_BYTES
     saved_model = loader.read_saved_model(path)
-    wanted = loader.parse_tags(tags) if tags is not None else frozenset()
-    if wanted:
-        meta_graphs = [loader.find_meta_graph(saved_model, wanted, path)]
+    if tags is not None:
+        meta_graphs = [loader.find_meta_graph(saved_model, loader.parse_tags(tags), path)]
     else:
         meta_graphs = list(saved_model.meta_graphs)
 

@@ -369,8 +369,14 @@ def find_meta_graph(saved_model, tags: Iterable[str], path: str = "the SavedMode
     raise ServingOptError(
         f"{path} has no MetaGraph tagged {','.join(sorted(wanted)) or '<no tags>'} "
         f"(it has: {'; '.join(available)})",
-        f"pass --saved_model_tags={available[0]}" if available else "re-export the model",
+        _tags_fix(available[0]) if available else "re-export the model",
     )
+
+
+def _tags_fix(tags: str) -> str:
+    if tags == "<no tags>":  # an empty value is the empty set, as saved_model_cli's --tag_set ''
+        return "pass --saved_model_tags='' (the empty tag set)"
+    return f"pass --saved_model_tags={tags}"
 
 
 def is_tf2(meta_graph) -> bool:

@@ -39,7 +39,8 @@ def define_flags(fv: flags.FlagValues) -> None:
                          "GraphDef .pb (its candidate inputs and outputs are listed).")
     flags.DEFINE_string(
         "saved_model_tags", None,
-        "Comma-separated tag set of the MetaGraph to inspect, e.g. 'serve'; default: all.",
+        "Comma-separated tag set of the MetaGraph to inspect, e.g. 'serve' ('': the "
+        "MetaGraph with no tags); default: all.",
         flag_values=fv,
     )
     flags.DEFINE_boolean(
@@ -70,8 +71,7 @@ def main(fv: flags.FlagValues) -> int:
 
         report = inspect_graph_def(fv.saved_model_dir)
     else:
-        report = inspection.inspect_saved_model(fv.saved_model_dir,
-                                                fv.saved_model_tags or None)
+        report = inspection.inspect_saved_model(fv.saved_model_dir, fv.saved_model_tags)
     print(report.to_json() if fv.json else report.format_table())
     levels = {"error": (inspection.SEVERITY_ERROR,),
               "warning": (inspection.SEVERITY_ERROR, inspection.SEVERITY_WARNING),
