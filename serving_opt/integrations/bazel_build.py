@@ -165,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("tensorflow").setLevel(logging.ERROR)
         absl_logging.set_verbosity(absl_logging.ERROR)
     from serving_opt.errors import ServingOptError
+    from serving_opt.report import printable
     from serving_opt.savedmodel import loader
 
     loader.configure_for_optimizing()
@@ -176,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             import traceback
 
             traceback.print_exc()
-        print(f"serving_saved_model: {args.input_dir}: {e.one_line()}", file=sys.stderr)
+        print(f"serving_saved_model: {args.input_dir}: {printable(e.one_line())}",
+              file=sys.stderr)
         return e.exit_code
     return 0
 

@@ -25,6 +25,7 @@ from serving_opt import options as options_lib
 from serving_opt.cli import main as cli
 from serving_opt.cli import option_flags
 from serving_opt.errors import UsageError
+from serving_opt.report import printable
 
 SUMMARY = "compare two models on every example of sharded TFRecords (Apache Beam)"
 PASSES_ARGS_AFTER_DASHES = True  # `-- --project=p --region=r`: Beam pipeline options
@@ -116,5 +117,5 @@ def main(fv: flags.FlagValues, pipeline_args: list[str] | None = None) -> int:
     else:
         print(format_report(result))
     if not result.ok:
-        print(f"serving-opt compare: {result.failures()[0]}", file=sys.stderr)
+        print(f"serving-opt compare: {printable(result.failures()[0])}", file=sys.stderr)
     return 0 if result.ok else 1

@@ -80,7 +80,8 @@ def main(fv: flags.FlagValues) -> int:
                       progress=lambda m: print(m, file=sys.stderr, flush=True))
     emit(result, fv.report, fv.json)
     if not result.ok:
-        print(f"serving-opt validate: error: {result.failures[0]}", file=sys.stderr)
+        print(f"serving-opt validate: error: {report.printable(result.failures[0])}",
+              file=sys.stderr)
     return 0 if result.ok else 1
 
 
