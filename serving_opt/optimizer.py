@@ -332,7 +332,7 @@ def check_untrusted(run: Run, meta_graph, keys: tuple[str, ...]) -> None:
     risks = inspection.inspect_saved_model(run.model_dir, run.plan.tags).risks
     host_codes = ("code_execution_op", "file_write_op", "file_read_op", "host_op")
     # Errors of the original that what optimize writes does not have: reported only.
-    repaired = (risks_lib.VARIABLES_V1,)
+    repaired = (risks_lib.VARIABLES_V1, risks_lib.UNBOUND_VARIABLES)
     for risk in risks:
         # Host ops of the kept signatures were refused above; the others are reported.
         if risk.severity == inspection.SEVERITY_ERROR and risk.code not in \

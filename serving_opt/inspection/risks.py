@@ -29,7 +29,7 @@ from serving_opt.inspection.report import (
     VariablesReport,
 )
 from serving_opt.report import human_bytes
-from serving_opt.savedmodel import loader, untrusted
+from serving_opt.savedmodel import loader, unbound_variables, untrusted
 from serving_opt.savedmodel.asset_paths import asset_path_problem, shown_filename
 
 SEVERITY_ERROR = "error"
@@ -104,6 +104,9 @@ def meta_graph_risks(
         risks.append(_variables_missing_risk(tags, variables_prefix(path)))
     if variables.status == V1_CHECKPOINT and _has_variables(meta_graph):
         risks.append(_variables_v1_risk(tags, variables_prefix(path)))
+    unbound = unbound_variables.find(meta_graph, path)
+    if unbound:
+        risks.append(_unbound_risk(unbound, meta_graph, tags))
     return risks
 
 
@@ -260,8 +263,23 @@ def _has_variables(meta_graph) -> bool:
         node.op in VARIABLE_OPS for f in graph_def.library.function for node in f.node_def)
 
 
-# The one error optimize itself repairs (see optimizer.check_untrusted).
+# The errors optimize itself repairs (see optimizer.check_untrusted).
 VARIABLES_V1 = "variables_v1_checkpoint"
+UNBOUND_VARIABLES = "unbound_variables"
+
+
+def _unbound_risk(unbound, meta_graph, tags: tuple[str, ...]) -> Risk:
+    restored = unbound_variables.restored_handles(meta_graph)
+    lost = [v for v in unbound if v.checkpoint_key is None]
+    return Risk(
+        UNBOUND_VARIABLES, SEVERITY_ERROR,
+        f"{unbound_variables.problem(unbound)}; the restore and init ops initialize "
+        f"{', '.join(restored[:3]) + (' ...' if len(restored) > 3 else '') or 'nothing'} "
+        "instead; " + (f"the values of {unbound_variables.describe(lost)} are not in the "
+                       "checkpoint: re-export the model" if lost else
+                       "serving-opt optimize repairs it (freezes them from the checkpoint)"),
+        "variables", tags,
+    )
 
 
 def _variables_missing_risk(tags: tuple[str, ...], prefix: str) -> Risk:

@@ -68,11 +68,7 @@ def find(meta_graph, saved_model_dir: str) -> list[UnboundVariable]:
     read = [nodes[n] for n in sorted(_reached(nodes, outputs)) if nodes[n].op in _HANDLES]
     if not read:
         return []
-    starts = [loader.init_op_name(meta_graph) or ""]
-    if meta_graph.HasField("saver_def"):
-        starts.append(meta_graph.saver_def.restore_op_name)
-    restored = {_shared_name(nodes[n]) for n in _reached(nodes, starts)
-                if nodes[n].op in _HANDLES}
+    restored = {_shared_name(nodes[n]) for n in restored_handles(meta_graph)}
     unbound = [n for n in read if _shared_name(n) not in restored]
     if not unbound:
         return []
@@ -80,6 +76,16 @@ def find(meta_graph, saved_model_dir: str) -> list[UnboundVariable]:
     return [UnboundVariable(n.name, _shared_name(n),
                             n.attr["container"].s.decode("utf-8", "replace"),
                             keys.get(n.name)) for n in unbound]
+
+
+def restored_handles(meta_graph) -> list[str]:
+    """The variable handles the session loader initializes: the restore op's and the
+    init op's."""
+    nodes = {n.name: n for n in meta_graph.graph_def.node}
+    starts = [loader.init_op_name(meta_graph) or ""]
+    if meta_graph.HasField("saver_def"):
+        starts.append(meta_graph.saver_def.restore_op_name)
+    return sorted(n for n in _reached(nodes, starts) if nodes[n].op in _HANDLES)
 
 
 def _checkpoint_keys(meta_graph, nodes: dict, saved_model_dir: str) -> dict[str, str]:
