@@ -781,6 +781,10 @@ def pin_assets(meta_graph, saved_model_dir: str, private_dir: str) -> dict[str, 
                 f"asset filename {name!r} of {saved_model_dir} does not name a file inside "
                 "its assets/ directory",
                 "re-export the model (assets are files inside assets/)")
+        target = os.path.join(private_dir, "assets", relative)
+        feeds[asset.tensor_info.name] = target
+        if os.path.exists(target):
+            continue  # one file, fed to more than one tensor
         source = os.path.join(saved_model_dir, "assets", relative)
         try:
             fd = _open_beneath(saved_model_dir, "assets/" + relative)
@@ -792,14 +796,12 @@ def pin_assets(meta_graph, saved_model_dir: str, private_dir: str) -> dict[str, 
             mode = os.fstat(fd).st_mode
             if not stat.S_ISREG(mode):
                 raise _not_regular(source, file_kind(mode))
-            target = os.path.join(private_dir, "assets", relative)
             os.makedirs(os.path.dirname(target), exist_ok=True)
             with open(target, "xb") as out, os.fdopen(os.dup(fd), "rb") as src:
                 while chunk := src.read(1 << 20):
                     out.write(chunk)
         finally:
             os.close(fd)
-        feeds[asset.tensor_info.name] = target
     return feeds
 
 
