@@ -342,14 +342,15 @@ class TrustOptions:
     allow_unsandboxed: bool = _opt(
         False, "Run the model (and validate's server) even where the bubblewrap sandbox "
         "cannot start (no bwrap, no user namespaces, not Linux). Only for models you trust.")
-    # optimize's sandboxed worker; validate's sandboxes have no limit of their own yet.
+    # The sandboxed worker's limits (validate takes the wall-clock one, not memory).
     sandbox_memory_bytes: int | None = _opt(
         None, "Memory limit of each sandboxed process (default: 3/4 of the RAM).",
         lower_bound=1 << 28)
     sandbox_timeout_seconds: float | None = _opt(
-        None, "Wall-clock limit of optimize's sandboxed worker: a model that blocks for ever "
-        "is stopped (default: an hour plus four times --measure_seconds and --validate's "
-        "load deadline).", lower_bound=1.0)
+        None, "Wall-clock limit of the sandboxed run: a model that blocks for ever is "
+        "stopped (default: optimize an hour plus four times --measure_seconds and "
+        "--validate's load deadline; validate an hour plus --load_deadline; others 6 "
+        "hours).", lower_bound=1.0)
 
 
 OUTPUT_FORMATS = ("saved_model", "graphdef")

@@ -148,3 +148,43 @@ def test_without_a_cgroup_a_root_sandbox_still_stops_at_its_thread_limit(monkeyp
                         lambda *a: types.SimpleNamespace(reason=None, stop=lambda: None))
     process, out = _run(_THREADS, sandbox.Policy(max_threads=40), "0")
     assert out.split() == ["300"]
+
+
+# --- a default time limit for every command that runs a model ---------------------------
+
+def test_validate_of_a_model_that_blocks_for_ever_is_stopped(tmp_path):
+    from hostile_models_round3 import build_init_op_blocks
+
+    from serving_opt.options import ValidateOptions
+    from serving_opt.serving.validate import validate
+
+    base = os.path.dirname(build_init_op_blocks(str(tmp_path / "models")))
+    with pytest.raises(ServingOptError, match="--sandbox_timeout_seconds=20") as e:
+        validate(base, ValidateOptions(server="local", load_deadline=15,
+                                       sandbox_timeout_seconds=20))
+    assert "\n" not in e.value.problem
+
+
+def test_validate_has_a_time_limit_by_default(tmp_path):
+    from serving_opt.options import ValidateOptions
+    from serving_opt.serving import validate as validate_lib
+
+    policy = validate_lib._sandbox_policy(str(tmp_path), ValidateOptions(load_deadline=60))
+    assert policy.timeout_seconds == 3660.0
+
+
+def test_compare_without_a_time_limit_gets_the_default(tmp_path, monkeypatch):
+    pytest.importorskip("apache_beam")
+    import json
+
+    from hostile_models_round3 import build_init_op_blocks
+
+    from serving_opt.compare import CompareOptions, compare
+
+    model = build_init_op_blocks(str(tmp_path / "models"))
+    examples = tmp_path / "requests.jsonl"
+    examples.write_text(json.dumps({"x": [[1.0, 2.0, 3.0]]}) + "\n")
+    monkeypatch.setattr(sandbox, "DEFAULT_TIMEOUT_SECONDS", 20.0)
+    assert CompareOptions().sandbox_timeout_seconds is None
+    with pytest.raises(ServingOptError, match="--sandbox_timeout_seconds=20"):
+        compare(model, model, str(examples), CompareOptions(allow_file_ops=True))

@@ -33,4 +33,4 @@ class CompareOptions:
     # a remote runner's workers run them elsewhere).
     allow_unsandboxed: bool = False
     sandbox_memory_bytes: int | None = None  # None: 3/4 of the RAM, per process
-    sandbox_timeout_seconds: float | None = None  # None: no limit
+    sandbox_timeout_seconds: float | None = None  # None: sandbox.DEFAULT_TIMEOUT_SECONDS

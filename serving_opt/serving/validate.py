@@ -411,7 +411,9 @@ def _sandbox_policy(model_base: str, options: ValidateOptions) -> sandbox_lib.Po
             read_only.append(path)
     read_only += sandbox_lib.interpreter_dirs(options.serving_runtime_python)
     read_only += binary_dirs(options)
-    return sandbox_lib.Policy(read_only=tuple(read_only))
+    # A model can block for ever: an hour for the probes and load test, plus the load.
+    timeout = options.sandbox_timeout_seconds or 3600.0 + options.load_deadline
+    return sandbox_lib.Policy(read_only=tuple(read_only), timeout_seconds=timeout)
 
 
 def binary_dirs(options: ValidateOptions) -> list[str]:

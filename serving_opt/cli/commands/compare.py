@@ -44,8 +44,8 @@ _HELP = {"allow_unsandboxed": "Run the models even where the bubblewrap sandbox 
          "sandbox_memory_bytes": "Memory limit of each process of the sandboxed pipeline "
                                  "(default: 3/4 of the RAM).",
          "sandbox_timeout_seconds": "Wall-clock limit of the sandboxed pipeline: a model "
-                                    "that blocks for ever is stopped (default: none; the "
-                                    "examples decide how long a comparison takes)."}
+                                    "that blocks for ever is stopped (default: 6 hours; "
+                                    "raise it for a very large comparison)."}
 
 
 def define_flags(fv: flags.FlagValues) -> None:

@@ -38,7 +38,7 @@ _GROUPS = {"serving": options_lib.ServingCheck, "inputs": options_lib.InputOptio
            "tolerance": options_lib.Tolerance, "target": options_lib.TargetOptions,
            "trust": options_lib.TrustOptions}
 # Validate's sandboxes take no memory limit (optimize's worker does).
-_SKIP = {"trust": ("sandbox_memory_bytes", "sandbox_timeout_seconds")}
+_SKIP = {"trust": ("sandbox_memory_bytes",)}
 _RENAME = {"reference_dir": "reference_" + cli.SAVED_MODEL_DIR}
 
 
