@@ -15,7 +15,7 @@ import tensorflow as tf
 from saved_model_io import save_tf1, serving_default
 from tensorflow.core.protobuf import meta_graph_pb2
 
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import checked_load, loader
 from serving_opt.serving.model_server import servable as servable_lib
 from serving_opt.serving.model_server.servable import LoadOptions, Servable, ServableId
 
@@ -148,7 +148,7 @@ def test_saved_model_pb_swapped_after_the_check_is_not_what_loads(tmp_path, monk
     swapped = []
     on_disk_at_load = []
     check = servable_lib.refuse_host_ops
-    load = loader.load_checked_session
+    load = checked_load.load_checked_session
 
     def check_then_swap(meta_graph_def, export_dir):
         check(meta_graph_def, export_dir)  # passes: the benign graph
@@ -162,7 +162,7 @@ def test_saved_model_pb_swapped_after_the_check_is_not_what_loads(tmp_path, monk
         return load(session, meta_graph, saved_model_dir, asset_dir)
 
     monkeypatch.setattr(servable_lib, "refuse_host_ops", check_then_swap)
-    monkeypatch.setattr(loader, "load_checked_session", load_and_look)
+    monkeypatch.setattr(checked_load, "load_checked_session", load_and_look)
     servable = _load(version)
     try:
         answer = servable.run({"path:0": np.array(str(secret).encode(), object)}, ["y:0"])

@@ -724,15 +724,16 @@ def asset_files(meta_graph, saved_model_dir: str) -> list[AssetFile]:
         ['vocab.txt']
     """
     out = []
-    for asset in _asset_file_defs(meta_graph):
+    for asset in asset_file_defs(meta_graph):
         path = safe_asset_path(saved_model_dir, asset.filename)
         size = os.path.getsize(path) if path and os.path.isfile(path) else -1
         out.append(AssetFile(asset.filename, asset.tensor_info.name, path, size))
     return out
 
 
-def _asset_file_defs(meta_graph) -> list:
-    # The loader's precedence: AssetFileDefs, else the TF1 saved_model_assets collection.
+def asset_file_defs(meta_graph) -> list:
+    """The MetaGraph's AssetFileDefs, else those of the TF1 saved_model_assets collection
+    (the loader's precedence)."""
     from tensorflow.core.protobuf import meta_graph_pb2
 
     defs = list(meta_graph.asset_file_def)
@@ -744,89 +745,6 @@ def _asset_file_defs(meta_graph) -> list:
                 any_value.Unpack(asset)
                 defs.append(asset)
     return defs
-
-
-def _open_beneath(root: str, relative: str) -> int:
-    """An fd of the regular file ``root/relative``, reached without following a symlink
-    at any step (a path swapped for a link after the checks is refused, not followed)."""
-    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-    parts = relative.split("/")
-    fd = os.open(root, flags | os.O_DIRECTORY)
-    try:
-        for part in parts[:-1]:
-            inner = os.open(part, flags | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = inner
-        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
-    finally:
-        os.close(fd)
-
-
-def pin_assets(meta_graph, saved_model_dir: str, private_dir: str) -> dict[str, str]:
-    """Copies the MetaGraph's assets into ``private_dir`` and returns the loader's feeds
-    (asset tensor name -> the copy's path), so TensorFlow's C++ file layer opens the
-    bytes checked here, not whatever the model's path names when the init op runs.
-
-    Each asset is read as the C++ layer would read its name: a name with a NUL byte (C++
-    cuts the path there), an absolute one or one with ``..`` that leaves ``assets/``, or
-    one that reaches a symlink or a special file on its way, is refused (UnsafeModelFile).
-    """
-    feeds = {}
-    for asset in _asset_file_defs(meta_graph):
-        name = asset.filename
-        relative = os.path.normpath(name) if name and "\0" not in name else ""
-        if not relative or os.path.isabs(relative) or relative.split("/")[0] in ("..", "."):
-            raise UnsafeModelFile(
-                os.path.join(saved_model_dir, "assets"),
-                f"asset filename {name!r} of {saved_model_dir} does not name a file inside "
-                "its assets/ directory",
-                "re-export the model (assets are files inside assets/)")
-        target = os.path.join(private_dir, "assets", relative)
-        feeds[asset.tensor_info.name] = target
-        if os.path.exists(target):
-            continue  # one file, fed to more than one tensor
-        source = os.path.join(saved_model_dir, "assets", relative)
-        try:
-            fd = _open_beneath(saved_model_dir, "assets/" + relative)
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
-                raise _not_regular(source, "a symlink or special file on its path") from None
-            raise
-        try:
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                raise _not_regular(source, file_kind(mode))
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            with open(target, "xb") as out, os.fdopen(os.dup(fd), "rb") as src:
-                while chunk := src.read(1 << 20):
-                    out.write(chunk)
-        finally:
-            os.close(fd)
-    return feeds
-
-
-def load_checked_session(session, meta_graph, saved_model_dir: str, asset_dir: str):
-    """Builds ``session``'s graph from ``meta_graph`` (the MetaGraphDef that was read and
-    checked), restores its variables from ``saved_model_dir`` and runs its init op with
-    the assets pinned in ``asset_dir`` (:func:`pin_assets`): TF's own loader would read
-    ``saved_model.pb`` from disk again, and load whatever is there by then.
-
-    The steps and their order are TF's SavedModelLoader's (load_graph, restore_variables,
-    run_init_ops), which serve relied on before. Raises TensorFlow's errors.
-    """
-    import tensorflow as tf
-    from tensorflow.python.saved_model import loader_impl
-
-    with session.graph.as_default():
-        saver = tf.compat.v1.train.import_meta_graph(meta_graph)
-        if saver is not None:
-            # The version directory as resolved now: a link swapped for it later is moot.
-            saver.restore(session, os.path.join(os.path.realpath(saved_model_dir),
-                                                "variables", "variables"))
-        feeds = pin_assets(meta_graph, saved_model_dir, asset_dir)
-        init_op = loader_impl.get_init_op(meta_graph)
-        if init_op is not None:
-            session.run(fetches=[init_op], feed_dict=feeds)
 
 
 def load_session(saved_model_dir: str, tags: Iterable[str] = (SERVE_TAG,), config=None):

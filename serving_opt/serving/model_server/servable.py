@@ -9,10 +9,11 @@ Running mirrors ``Session::Run`` in C++: feeds go straight to the C API, so a wr
 fails in whatever kernel trips and a wrong dtype fails with TF's own
 "Expects arg[0] to be float but string is provided" - Python's ``Session.run`` would
 instead check placeholder shapes and cast values client-side, hiding what the real server
-answers. One exception: with oneDNN's kernels on (``TF_ENABLE_ONEDNN_OPTS=1``, the kernels
-of Intel's TF Serving build), a feed whose rank differs from its placeholder's is refused
-before the run, because oneDNN's convolution aborts the whole process on one (a failed
-CHECK in tensor_format.h) where TensorFlow's own kernels fail the request.
+answers. One exception: in a graph with a convolution (:data:`RANK_ABORTING_OPS`), a feed
+whose rank differs from its placeholder's is refused before the run, because oneDNN's
+convolution kernels (``TF_ENABLE_ONEDNN_OPTS``, TF's default on AVX-512 CPUs) abort the
+whole process on one (a failed CHECK in tensor_format.h) where Eigen's fail the request.
+The graph decides, not the CPU: every other graph gets such a feed, as TF Serving does.
 
 Example:
     >>> servable = Servable.load(ServableId("m", 1), "/models/m/1", LoadOptions())
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -292,6 +294,26 @@ def onednn_kernels_on() -> bool:
     return bool(_pywrap_util_port.IsMklEnabled())
 
 
+# Ops whose oneDNN kernels fail a CHECK (the process aborts) on an input of the wrong
+# rank: found by running each common op with a wrongly ranked input under
+# TF_ENABLE_ONEDNN_OPTS=1 (TF 2.21): Conv2D, Conv3D and DepthwiseConv2dNative abort;
+# pooling, batch norm, MatMul, BatchMatMul, Einsum, BiasAdd, element-wise ops, reductions,
+# Transpose, Concat and Conv2DBackpropInput fail the request. Fused, quantized and
+# oneDNN-rewritten forms of a convolution carry its name.
+RANK_ABORTING_OPS = re.compile(r"Conv[23]D|DepthwiseConv2d")
+
+
+def rank_aborting_op(graph_def) -> str | None:
+    """The first op of ``graph_def`` (its functions included) of
+    :data:`RANK_ABORTING_OPS`, or None."""
+    bodies = [graph_def.node, *(f.node_def for f in graph_def.library.function)]
+    for nodes in bodies:
+        for node in nodes:
+            if RANK_ABORTING_OPS.search(node.op):
+                return node.op
+    return None
+
+
 def _canonical_tensor_name(name: str) -> str:
     # C++ ParseTensorName reads "x" as "x:0"; Graph.get_tensor_by_name insists on the index.
     return name if ":" in name else f"{name}:0"
@@ -317,7 +339,7 @@ class Servable:
         self._outputs_lock = threading.Lock()
         self.batching = None  # a batching.BatchingSession once enable_batching ran
         self._asset_dir = ""  # the private copies of the assets (loader.pin_assets)
-        self._check_feed_ranks = onednn_kernels_on()
+        self._rank_aborting_op = rank_aborting_op(meta_graph_def.graph_def)
 
     def enable_batching(self, scheduler) -> None:
         """Wraps the session for batching (upstream ``WrapSessionForBatching``).
@@ -344,7 +366,7 @@ class Servable:
         """
         import tensorflow as tf
 
-        from serving_opt.savedmodel import loader
+        from serving_opt.savedmodel import checked_load, loader
 
         # Reading first gives the C++ loader's messages for the common failures; TF's
         # Python loader would raise OSError/RuntimeError with different wording.
@@ -365,7 +387,7 @@ class Servable:
             )
         asset_dir = tempfile.mkdtemp(prefix="serving-opt-assets-")
         try:
-            loader.load_checked_session(session, meta_graph_def, path, asset_dir)
+            checked_load.load_checked_session(session, meta_graph_def, path, asset_dir)
             # The loader built the graph after the session was created: push it to the C
             # session once, then freeze it so request threads never mutate it.
             session._extend_graph()  # the C-API path needs the full graph
@@ -411,7 +433,7 @@ class Servable:
             >>> [f.dtype for f in servable.run({"x:0": np.ones([1, 5], np.float32)}, ["y:0"])]
             [1]
         """
-        if self._check_feed_ranks:
+        if self._rank_aborting_op:
             self._check_ranks(feeds)
         if self.batching is not None:
             return self.batching.run(feeds, fetches, timeout_ms)
@@ -427,8 +449,8 @@ class Servable:
                 got = ",".join(str(d) for d in np.shape(value))
                 raise invalid_argument(
                     f"input {name} must be {rank}-dimensional, not [{got}]: refused before "
-                    "the run because oneDNN's kernels (TF_ENABLE_ONEDNN_OPTS) abort the "
-                    "server on a wrongly ranked input"
+                    f"the run because the model's {self._rank_aborting_op} aborts the "
+                    "server on a wrongly ranked input under oneDNN's kernels"
                 )
 
     def run_direct(
