@@ -200,7 +200,7 @@ class Watchdog:
                  writable: Sequence[str] = (), write_bytes: int | None = None) -> None:
         self.process = process
         self.max_tasks = max_tasks
-        self.writable = tuple(writable) if write_bytes is not None else ()
+        self.writable = _outermost(writable) if write_bytes is not None else ()
         self.write_bytes = write_bytes
         self.reason: str | None = None
         self._stop = threading.Event()
@@ -261,6 +261,12 @@ def _tasks(root: int, limit: int | None, processes_only: bool = False) -> list[i
             except (OSError, ValueError):
                 pass
     return found
+
+
+def _outermost(directories: Sequence[str]) -> tuple[str, ...]:
+    """Each directory once, none inside another: nothing is counted twice."""
+    real = sorted(dict.fromkeys(os.path.realpath(d) for d in directories))
+    return tuple(d for d in real if not any(d.startswith(o.rstrip("/") + "/") for o in real))
 
 
 def _over_written(directories: Sequence[str], limit: int) -> str | None:

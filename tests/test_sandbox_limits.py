@@ -90,6 +90,15 @@ def test_many_files_past_the_write_limit_stop_the_sandbox(tmp_path):
     assert process.returncode == 0 and sandbox.stopped_because(process) is None
 
 
+def test_a_directory_bound_twice_is_counted_once(tmp_path):
+    # A Worker's scratch is optimize's work directory: 6 MiB under an 8 MiB limit, seen
+    # by the watchdog for three seconds, is not 12.
+    policy = sandbox.Policy(writable=(str(tmp_path), str(tmp_path)), write_bytes=8 * MIB)
+    process, out = _run(_WRITE_FILES, policy, str(tmp_path), "6", str(MIB), "3")
+    assert "written" in out
+    assert process.returncode == 0 and sandbox.stopped_because(process) is None
+
+
 def _writes_then_blocks(target_dir: str, work_dirs: str) -> str:
     """The init op writes four 8 MiB files into each directory ``work_dirs`` matches (the
     run's own work directory), then blocks."""
