@@ -167,6 +167,15 @@ def _more_descriptors() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
+def _connection_limits(grpc_limit: int, rest_limit: int) -> tuple[int, int]:
+    """Connection limits for the gRPC and REST ports within this process's descriptors:
+    each port may take a quarter of them (a REST connection costs two), so neither runs
+    the other out of descriptors, whatever clients hold."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    share = (1 << 20) if soft == resource.RLIM_INFINITY else max(32, soft) // 4
+    return min(grpc_limit, share), min(rest_limit, share // 2)
+
+
 class _Child:
     """One sandboxed ``serving-opt serve`` and its private directory."""
 
@@ -292,8 +301,10 @@ class SandboxedServer:
             self._channels.append(channel)
             by_name[child.tenant.name] = channel
         order = [child.tenant.name for child in self._children]
+        grpc_limit, rest_limit = _connection_limits(grpc_router.MAX_CONNECTIONS,
+                                                    rest_front.MAX_CONNECTIONS)
         router = grpc_router.router_server(by_name, order, self._max_request_bytes,
-                                           self._grpc_threads)
+                                           self._grpc_threads, grpc_limit)
         host, port = self.endpoints.host, self.port
         assert self._grpc_hold is not None
         self._grpc_hold.close()  # the router binds the port it held
@@ -319,7 +330,8 @@ class SandboxedServer:
             paths = {child.tenant.name: child.rest_path for child in self._children}
             first = self._children[0].rest_path
             self._front = rest_front.RestFront(
-                self._rest, lambda name: paths.get(name, first), self._max_request_bytes)
+                self._rest, lambda name: paths.get(name, first), self._max_request_bytes,
+                rest_limit)
             self._front.start()
 
     def _ready_line(self) -> str:

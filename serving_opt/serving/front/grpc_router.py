@@ -32,11 +32,13 @@ RELOAD_REFUSED = (
     "HandleReloadConfigRequest is not available from the sandboxed serving-opt serve: each "
     "model runs in a sandbox of its own, made for the config given at start; restart serve "
     "with the new config, or pass --allow_unsandboxed for models you trust")
-# Bounds of what idle or half-open clients may hold (upstream's libevent front end has
-# its own): a TCP connection that never completes the HTTP/2 handshake, or that carries
-# no call for this long, is closed; keepalive pings find peers that vanished.
+# Bounds of what idle or half-open clients may hold: a connection past the limit is
+# closed at once; one that never completes the HTTP/2 handshake, or carries no call for
+# this long, is closed; keepalive pings find peers that vanished. grpc core's accept loop
+# outlives EMFILE (it retries), which the old relay's did not.
+MAX_CONNECTIONS = 1024
 SERVER_OPTIONS = (
-    ("grpc.server_handshake_timeout_ms", 20_000),
+    ("grpc.server_handshake_timeout_ms", 10_000),
     ("grpc.max_connection_idle_ms", 300_000),
     ("grpc.keepalive_time_ms", 120_000),
     ("grpc.keepalive_timeout_ms", 20_000),
@@ -113,7 +115,8 @@ def child_channel(socket_path: str) -> grpc.Channel:
 
 
 def router_server(channels: dict[str, grpc.Channel], order: Sequence[str],
-                  max_request_bytes: int, threads: int) -> grpc.Server:
+                  max_request_bytes: int, threads: int,
+                  max_connections: int = MAX_CONNECTIONS) -> grpc.Server:
     """A gRPC server (no port yet) routing to ``channels`` by model name; requests naming
     no model in ``channels`` go to ``channels[order[0]]``."""
     threads = max(1, threads)
@@ -123,6 +126,7 @@ def router_server(channels: dict[str, grpc.Channel], order: Sequence[str],
         options=[
             ("grpc.max_receive_message_length", min(max_request_bytes, 2**31 - 1)),
             ("grpc.max_send_message_length", _UNLIMITED),
+            ("grpc.max_allowed_incoming_connections", max_connections),
             *SERVER_OPTIONS,
         ],
         # Calls past this are RESOURCE_EXHAUSTED at once instead of queueing without end.

@@ -5,9 +5,10 @@ through that sandbox's REST listener, a unix socket in the private run directory
 
 Bounds, as upstream's libevent front end has them: at most ``max_connections`` client
 connections, a head must arrive within :data:`HEADER_TIMEOUT` of its first byte, a kept-
-alive connection may idle :data:`IDLE_TIMEOUT`. A connection past the limit, or an accept
-that finds no descriptor left, closes the oldest connection that waits on its client
-(else the oldest one): idle clients can delay a request, never lock the port. The body's
+alive connection may idle :data:`IDLE_TIMEOUT`. A connection past the limit closes the
+oldest idle connection (else the oldest that waits on its client, else the oldest);
+running out of descriptors closes the oldest idle one: idle clients can delay a request,
+never lock the port. The body's
 framing is read as the sandbox's ``rest.py`` reads it, so where that refuses a body
 (413 over ``--max_request_bytes``, 400, 501) the front stops passing bytes at the same
 point and relays the sandbox's own answer.
@@ -29,6 +30,9 @@ MAX_CONNECTIONS = 512
 HEADER_TIMEOUT = 20.0
 IDLE_TIMEOUT = 60.0
 WRITE_TIMEOUT = 60.0
+# How long a request waits for a descriptor to reach its sandbox before a 503: the gRPC
+# port's half-open connections give theirs back within its handshake timeout.
+UPSTREAM_WAIT = 30.0
 MAX_HEAD_BYTES = 64 << 10
 _PIECE = 1 << 18
 _BACKOFF_SECONDS = 0.05
@@ -58,9 +62,9 @@ class _Reader:
         self.buffer += data
         return bool(data)
 
-    def head(self, first_timeout: float | None, timeout: float | None) -> bytes | None:
+    def head(self, timeout: float | None) -> bytes | None:
         """The next head (up to its empty line); None at a clean end before one."""
-        if not self.buffer and not self.fill(first_timeout):
+        if not self.buffer and not self.fill(timeout):
             return None
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -108,6 +112,7 @@ class _Connection:
     def __init__(self, sock: socket.socket, order: int) -> None:
         self.sock = sock
         self.order = order
+        self.idle = True  # between requests: nothing of the next one has arrived
         self.waiting_on_client = True
         self.evicted = False
         self.upstreams: dict[str, _Reader] = {}
@@ -162,14 +167,14 @@ class RestFront:
                 if self._closed or e.errno in (errno.EBADF, errno.EINVAL):
                     return  # the listener was closed
                 if e.errno in _OUT_OF_RESOURCES:
-                    self._evict()  # frees a descriptor for the connection waiting
+                    self._evict(idle_only=True)  # a descriptor for the one waiting
                 time.sleep(_BACKOFF_SECONDS)  # ECONNABORTED, EPERM, ...: the next one
                 continue
             connection = _Connection(sock, next(self._order))
             with self._lock:
                 if sum(not c.evicted for c in self._connections.values()) >= \
                         self._max_connections:
-                    self._evict_locked()
+                    self._evict_locked(idle_only=False)
                 self._connections[connection.order] = connection
             try:
                 threading.Thread(target=self._serve, args=(connection,), daemon=True,
@@ -178,15 +183,17 @@ class RestFront:
                 self._forget(connection)
                 time.sleep(_BACKOFF_SECONDS)
 
-    def _evict(self) -> None:
+    def _evict(self, idle_only: bool) -> None:
         with self._lock:
-            self._evict_locked()
+            self._evict_locked(idle_only)
 
-    def _evict_locked(self) -> None:
+    def _evict_locked(self, idle_only: bool) -> None:
         live = [c for c in self._connections.values() if not c.evicted]
-        waiting = [c for c in live if c.waiting_on_client] or live
-        if waiting:
-            min(waiting, key=lambda c: c.order).evict()
+        candidates = [c for c in live if c.idle]
+        if not idle_only:
+            candidates = candidates or [c for c in live if c.waiting_on_client] or live
+        if candidates:
+            min(candidates, key=lambda c: c.order).evict()
 
     def _forget(self, connection: _Connection) -> None:
         with self._lock:
@@ -211,8 +218,11 @@ class RestFront:
 
     def _exchange(self, connection: _Connection, client: _Reader) -> bool:
         """One request and its answer; whether the connection stays open."""
-        connection.waiting_on_client = True
-        head = client.head(IDLE_TIMEOUT, HEADER_TIMEOUT)
+        connection.waiting_on_client = connection.idle = True
+        if not client.buffer and not client.fill(IDLE_TIMEOUT):
+            return False
+        connection.idle = False
+        head = client.head(HEADER_TIMEOUT)
         if head is None:
             return False
         lines = [line.rstrip(b"\r") for line in head.split(b"\n")][:-2]  # its empty line
@@ -243,23 +253,27 @@ class RestFront:
         reader = connection.upstreams.get(path)
         if reader is not None:
             return reader
-        for attempt in range(2):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        deadline = time.monotonic() + UPSTREAM_WAIT
+        while True:
             try:
-                # rest.py logs client_address[0]: an unnamed peer's address is "".
-                sock.bind("")
-                sock.connect(path)
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             except OSError as e:
-                sock.close()
-                if attempt or e.errno not in _OUT_OF_RESOURCES:
-                    _answer(connection.sock, 503, "the model's server is not reachable")
-                    raise _Gone() from None
-                self._evict()
-                time.sleep(_BACKOFF_SECONDS)
-                continue
-            connection.upstreams[path] = reader = _Reader(sock)
-            return reader
-        raise _Gone()
+                error = e
+            else:
+                try:
+                    # rest.py logs client_address[0]: an unnamed peer's address is "".
+                    sock.bind("")
+                    sock.connect(path)
+                    connection.upstreams[path] = reader = _Reader(sock)
+                    return reader
+                except OSError as e:
+                    sock.close()
+                    error = e
+            if error.errno not in _OUT_OF_RESOURCES or time.monotonic() > deadline:
+                _answer(connection.sock, 503, "the model's server is not reachable")
+                raise _Gone() from None
+            self._evict(idle_only=True)
+            time.sleep(_BACKOFF_SECONDS)
 
     def _pass_body(self, client: _Reader, upstream: socket.socket, framing) -> bool:
         """Passes the body as far as the sandbox will read it; whether it read it all."""
@@ -275,7 +289,7 @@ class RestFront:
         return True
 
     def _pass_answer(self, connection: _Connection, upstream: _Reader, head_only: bool) -> bool:
-        head = upstream.head(None, None)
+        head = upstream.head(None)
         if head is None:
             raise _Gone()
         lines = [line.rstrip(b"\r") for line in head.split(b"\n")]
