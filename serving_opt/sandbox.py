@@ -301,9 +301,10 @@ def popen(argv: Sequence[str], policy: Policy, env: dict | None = None,
     process.serving_opt_cgroup = cgroup  # type: ignore[attr-defined]
     # RLIMIT_NPROC inside holds where the host user is not root.
     unbounded = cgroup is None and os.geteuid() == 0
+    watched = policy.writable if policy.write_bytes is not None else ()
     process.serving_opt_watchdog = Watchdog(  # type: ignore[attr-defined]
-        process, policy.max_threads if unbounded else None, policy.writable,
-        policy.write_bytes)
+        process, policy.max_threads if unbounded else None, watched, policy.write_bytes) \
+        if unbounded or watched else None
     weakref.finalize(process, remove_cgroup, cgroup)
     return process
 
@@ -441,9 +442,10 @@ class Worker:
                                   "without the sandbox, for a model you trust")
         outcome = loads(_read_result(self.result_path))
         os.unlink(self.result_path)
-        if not isinstance(outcome, dict):
+        if not isinstance(outcome, dict) or not isinstance(outcome.get("error", {}), dict):
             raise ServingOptError("the sandboxed process returned something else than a result",
-                                  "report this")
+                                  "a model that writes files can forge its run's result: "
+                                  "rerun without --allow_file_ops")
         if "error" in outcome:
             raise _rebuild_error(outcome["error"])
         return outcome.get("result")
@@ -542,11 +544,15 @@ def _rebuild_error(error: dict) -> ServingOptError:
 
     cls_name = error.get("type")
     cls = getattr(errors, cls_name) if cls_name in _ERRORS else ServingOptError
-    rebuilt = cls(str(error.get("problem", "")), error.get("fix"))
-    for name, value in (error.get("attrs") or {}).items():
-        if isinstance(value, str):
+    fix = error.get("fix")
+    rebuilt = cls(str(error.get("problem", "")), fix if isinstance(fix, str) else None)
+    attrs = error.get("attrs")
+    for name, value in (attrs.items() if isinstance(attrs, dict) else ()):
+        # Text attributes only, never one of Python's own (a forged file could name them).
+        if isinstance(name, str) and name.isidentifier() and not name.startswith("_") \
+                and not hasattr(type(rebuilt), name) and isinstance(value, str):
             setattr(rebuilt, name, value)
-    if error.get("report") is not None:
+    if dataclasses.is_dataclass(error.get("report")):
         rebuilt.with_report(error["report"])
     return rebuilt
 

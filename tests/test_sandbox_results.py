@@ -126,3 +126,13 @@ def test_the_schema_holds_every_dataclass_the_reports_declare():
         module, _, qualname = name.partition(":")
         walk(getattr(importlib.import_module(module), qualname))
     assert seen <= sandbox_results.SCHEMA, seen - sandbox_results.SCHEMA
+
+
+def test_a_forged_error_sets_text_attributes_only():
+    forged = sandbox.loads(sandbox.dumps({"error": {
+        "type": "UsageError", "problem": "p", "fix": 3, "report": {"not": "a report"},
+        "attrs": {"__class__": "str", "with_report": "x", "flag": "--x"}}}))
+    error = sandbox._rebuild_error(forged["error"])
+    assert type(error).__name__ == "UsageError" and error.problem == "p"
+    assert error.flag == "--x" and callable(error.with_report) and error.report is None
+    assert error.fix is None
