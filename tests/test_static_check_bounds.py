@@ -13,7 +13,7 @@ import pytest
 from serving_opt import host_ops
 from serving_opt.cli import main as cli
 from serving_opt.errors import ServingOptError
-from serving_opt.savedmodel import untrusted
+from serving_opt.savedmodel import untrusted, untrusted_graph, untrusted_nodes, untrusted_saver
 
 STDERR = b"stderr"
 PLANTED = b"file:///tmp/serving_opt_planted.txt"
@@ -59,8 +59,8 @@ def _chain_model(ways: int, levels: int, top: list[bytes | None], hidden: bytes 
 
 def test_seven_ways_over_eight_levels_is_resolved_in_few_steps():
     meta_graph = _chain_model(7, 8, [STDERR, STDERR])
-    graph = untrusted._Graph(meta_graph.graph_def)
-    bindings = untrusted._bindings(graph, "f0", "stream")
+    graph = untrusted_graph._Graph(meta_graph.graph_def)
+    bindings = untrusted_nodes._bindings(graph, "f0", "stream")
     assert [value.s for value, _ in bindings] == [STDERR]
     # One step per (reference, distinct value) per function: 7 x 7 + 2, far from 7**8.
     assert graph.binding_work <= 7 * 8 + 2
@@ -70,7 +70,7 @@ def test_seven_ways_over_eight_levels_is_resolved_in_few_steps():
 def test_a_file_binding_among_millions_of_chains_is_found(monkeypatch):
     # The whole check, every (function, placeholder) of the graph, stays within 2,000
     # steps: 5.7 million chains would exhaust any limit.
-    monkeypatch.setattr(untrusted, "_MAX_BINDING_WORK", 2_000)
+    monkeypatch.setattr(untrusted_nodes, "_MAX_BINDING_WORK", 2_000)
     meta_graph = _chain_model(7, 8, [STDERR, STDERR, PLANTED])
     uses = untrusted.host_op_uses(meta_graph)
     assert [(u.op, u.function, u.kind) for u in uses] == [
@@ -81,17 +81,17 @@ def test_a_file_binding_among_millions_of_chains_is_found(monkeypatch):
 
 
 def test_an_unbound_chain_among_millions_is_refused(monkeypatch):
-    monkeypatch.setattr(untrusted, "_MAX_BINDING_WORK", 2_000)
+    monkeypatch.setattr(untrusted_nodes, "_MAX_BINDING_WORK", 2_000)
     uses = untrusted.host_op_uses(_chain_model(7, 8, [STDERR, None]))
     assert [u.op for u in uses] == ["PrintV2"]
     assert "top1" in uses[0].reason and "does not bind it" in uses[0].reason
 
 
 def test_twenty_levels_pass_the_binding_depth_and_are_refused_unresolved(monkeypatch):
-    monkeypatch.setattr(untrusted, "_MAX_BINDING_WORK", 2_000)
+    monkeypatch.setattr(untrusted_nodes, "_MAX_BINDING_WORK", 2_000)
     uses = untrusted.host_op_uses(_chain_model(7, 20, [STDERR]))
     assert [u.op for u in uses] == ["PrintV2"]
-    assert f"more than {untrusted._MAX_BINDING_DEPTH} calls up" in uses[0].reason
+    assert f"more than {untrusted_nodes._MAX_BINDING_DEPTH} calls up" in uses[0].reason
 
 
 def test_a_hostile_binding_on_one_of_many_paths_is_found():
@@ -105,7 +105,7 @@ def test_a_hostile_binding_on_one_of_many_paths_is_found():
 
 def test_past_the_work_limit_the_op_is_refused_naming_the_limit(monkeypatch):
     """The limit's control: the same benign model, refused rather than guessed."""
-    monkeypatch.setattr(untrusted, "_MAX_BINDING_WORK", 20)
+    monkeypatch.setattr(untrusted_nodes, "_MAX_BINDING_WORK", 20)
     with pytest.raises(ServingOptError) as e:
         untrusted.refuse_host_ops(_chain_model(7, 8, [STDERR]), ["serving_default"], "optimize")
     assert "more than 20 steps (the check's limit)" in str(e.value)
@@ -123,18 +123,18 @@ def test_a_dag_of_shared_name_inputs_is_judged_in_few_steps():
         body[f"p{level}"] = node_def_pb2.NodeDef(name=f"p{level}", op="Pack",
                                                  input=[below] * 8)
         below = f"p{level}"
-    names = untrusted._FileNames(body, "prefix")
+    names = untrusted_saver._FileNames(body, "prefix")
     assert names.from_prefix("p40") is False  # no such node
     assert names.from_prefix("p39") is False  # past the name depth, never the prefix
     assert names.from_prefix("p15") is True
-    assert len(names.memo) <= 2 * 41 * (untrusted._MAX_NAME_DEPTH + 2)
+    assert len(names.memo) <= 2 * 41 * (untrusted_graph._MAX_NAME_DEPTH + 2)
 
 
 def test_inspect_of_the_seven_by_eight_model_finishes_and_names_the_file(tmp_path, capsys,
                                                                           monkeypatch):
     from tensorflow.core.protobuf import saved_model_pb2
 
-    monkeypatch.setattr(untrusted, "_MAX_BINDING_WORK", 2_000)
+    monkeypatch.setattr(untrusted_nodes, "_MAX_BINDING_WORK", 2_000)
     model = tmp_path / "m" / "1"
     model.mkdir(parents=True)
     saved_model = saved_model_pb2.SavedModel(saved_model_schema_version=1)

@@ -1,0 +1,188 @@
+"""The static check's index of a graph: its nodes, its function library, who
+references which function (and with which attr bindings), and walks over it.
+
+Shared by the parts of :mod:`serving_opt.savedmodel.untrusted`: the saver's and the
+assets' exceptions, and what one node does.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from serving_opt.graph import CALL_OPS, node_name
+
+# How many nodes deep a file name is followed through the ops that build it.
+_MAX_NAME_DEPTH = 16
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """A reference to a library function: from ``node`` (in ``function``, None at the
+    top level), described by ``how``; ``call_arg`` when it is the ``f`` of a call op
+    (so the call's inputs are the function's arguments)."""
+
+    function: str | None
+    node: str
+    how: str
+    call_arg: bool
+    # The attrs the reference binds the function's attr placeholders with (the
+    # NameAttrList's attr map, or a call-as-op node's attrs); None when it binds none
+    # (a library.gradient entry).
+    binds: object = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class _Root:
+    """Something a loader or a request runs: a signature's outputs, the init op, the
+    saver's restore op or its save tensor."""
+
+    key: str  # signature key, INIT_OP, "restore" or "save"
+    kind: str  # "signature", "init", "restore", "save"
+    desc: str
+    start_desc: str
+    starts: tuple[str, ...]
+
+
+def _data_inputs(node) -> list[str]:
+    return [i for i in node.input if not i.startswith("^")]
+
+
+def _attr(node, name: str):
+    """``node.attr[name]`` without adding it: indexing a proto map inserts the key, and
+    the check must leave the MetaGraph exactly as it found it (inspect measures it)."""
+    from tensorflow.core.framework import attr_value_pb2
+
+    return node.attr[name] if name in node.attr else attr_value_pb2.AttrValue()
+
+
+class _Graph:
+    """The top-level nodes, the library, who references which function, and walks."""
+
+    def __init__(self, graph_def, embedded_cache: dict | None = None) -> None:
+        self.nodes = {n.name: n for n in graph_def.node}
+        # _embedded's findings per (graph bytes, depth), shared with the graphs embedded
+        # in this one: many ops naming one constant, a few deep, parse it once.
+        self.embedded_cache: dict = {} if embedded_cache is None else embedded_cache
+        self.library = {f.signature.name: f for f in graph_def.library.function}
+        self.gradients = {g.function_name: g.gradient_func for g in graph_def.library.gradient}
+        self.gradient_of = {g.gradient_func: g.function_name
+                            for g in graph_def.library.gradient}
+        self.refs: dict[str, list[_Ref]] = collections.defaultdict(list)
+        # _bindings' memo and step count (work done resolving attr placeholders).
+        self.binding_memo: dict[tuple[str, str, int], list[tuple[object, str]]] = {}
+        self.binding_work = 0
+        self.top_calls: dict[str, list[tuple[str, str]]] = {}
+        self.function_calls: dict[str, list[tuple[str, str]]] = {}
+        for node in graph_def.node:
+            calls = self._function_refs(node)
+            self.top_calls[node.name] = [(f, how) for f, how, *_ in calls]
+            self.refs_from(None, node, calls)
+        for function in graph_def.library.function:
+            found = []
+            for node in function.node_def:
+                calls = self._function_refs(node)
+                found += [(f, f"{how} in function {function.signature.name}")
+                          for f, how, *_ in calls]
+                self.refs_from(function.signature.name, node, calls)
+            self.function_calls[function.signature.name] = found
+        self.consumers: dict[str, list[str]] = collections.defaultdict(list)
+        for node in graph_def.node:
+            for i in node.input:
+                self.consumers[node_name(i)].append(node.name)
+
+    def refs_from(self, function: str | None, node, calls) -> None:
+        for fname, how, call_arg, binds in calls:
+            self.refs[fname].append(_Ref(function, node.name, how, call_arg, binds))
+
+    def _function_refs(self, node) -> list[tuple[str, str, bool, object]]:
+        """(function, how, is the f of a call op, the attrs it binds) for every
+        function ``node`` may run: func attrs and func lists at any depth (a func's own
+        attrs can hold funcs), its op type when that is a library function, and for a
+        SymbolicGradient the gradient function ``library.gradient`` registers for its
+        ``f``."""
+        out: list[tuple[str, str, bool, object]] = []
+
+        def visit(attr: str, name_attr_list) -> None:
+            name = name_attr_list.name
+            if name in self.library:
+                if attr == "f" and node.op in CALL_OPS:
+                    out.append((name, f"a call by {node.op} {node.name}", True,
+                                name_attr_list.attr))
+                else:
+                    out.append((name, f"{attr} of {node.op} {node.name}", False,
+                                name_attr_list.attr))
+            if node.op == "SymbolicGradient" and attr == "f" and name in self.gradients:
+                out.append((self.gradients[name],
+                            f"library.gradient of SymbolicGradient {node.name}", False,
+                            None))
+            for key, value in name_attr_list.attr.items():
+                from_value(f"{attr}.{key}", value)
+
+        def from_value(attr: str, value) -> None:
+            if value.HasField("func"):
+                visit(attr, value.func)
+            for func in value.list.func:
+                visit(attr, func)
+
+        for key, value in node.attr.items():
+            from_value(key, value)
+        if node.op in self.library:
+            out.append((node.op, f"a call as an op by {node.name}", False, node.attr))
+        return out
+
+    def walk(self, starts: Iterable[str]) -> dict[tuple[str, str], tuple]:
+        """Everything a run of ``starts`` may execute: place -> (parent place, how).
+
+        A place is ``("node", name)`` at the top level or ``("function", name)``; inputs
+        (data and control) are followed backwards, and a function counts whole: the
+        function runtime runs every stateful op of a body. Breadth first, so the
+        recorded route is a shortest one.
+        """
+        parents: dict[tuple[str, str], tuple] = {}
+        queue: collections.deque = collections.deque()
+        for start in starts:
+            place = ("node", start)
+            if start in self.nodes and place not in parents:
+                parents[place] = (None, "")
+                queue.append(place)
+        while queue:
+            place = queue.popleft()
+            kind, name = place
+            if kind == "node":
+                node = self.nodes[name]
+                for i in node.input:
+                    source = ("node", node_name(i))
+                    if source[1] in self.nodes and source not in parents:
+                        how = "control input" if i.startswith("^") else "input"
+                        parents[source] = (place, how)
+                        queue.append(source)
+                calls = self.top_calls[name]
+            else:
+                calls = self.function_calls[name]
+            for fname, how in calls:
+                target = ("function", fname)
+                if target not in parents:
+                    parents[target] = (place, how)
+                    queue.append(target)
+        return parents
+
+    def all_nodes(self) -> Iterable[tuple[str | None, object]]:
+        for node in self.nodes.values():
+            yield None, node
+        for name, function in self.library.items():
+            for node in function.node_def:
+                yield name, node
+
+
+
+def _follow_identity(body: dict, tensor: str) -> str:
+    """The node ``tensor`` comes from, through ``Identity`` only."""
+    name = node_name(tensor)
+    for _ in range(_MAX_NAME_DEPTH):
+        node = body.get(name)
+        if node is None or node.op != "Identity" or len(_data_inputs(node)) != 1:
+            break
+        name = node_name(_data_inputs(node)[0])
+    return name
