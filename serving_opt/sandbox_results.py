@@ -40,14 +40,12 @@ SCHEMA = frozenset({
     "serving_opt.stages.coldstart:ColdStart", "serving_opt.stages.coldstart:ColdStartReport",
     "serving_opt.stages.parity:OutputParity", "serving_opt.stages.parity:ParityReport",
     "serving_opt.stages.quantize:QuantizedTensor",
-    "serving_opt.tune.calibrate:Calibration", "serving_opt.tune.curve:ConcurrencyPoint",
-    "serving_opt.tune.curve:LatencyCurve", "serving_opt.tune.decide:Decision",
+    "serving_opt.tune.decide:Decision", "serving_opt.tune.grid:Objective",
     "serving_opt.tune.hardware:Hardware", "serving_opt.tune.load:LoadResult",
-    "serving_opt.tune.profile:ModelProfile", "serving_opt.tune.prove:ProvenPoint",
+    "serving_opt.tune.profile:LatencyCurve", "serving_opt.tune.profile:ModelProfile",
+    "serving_opt.tune.prove:ProvenPoint",
     "serving_opt.tune.report:Recommendation", "serving_opt.tune.report:TuneReport",
-    "serving_opt.tune.scheduler:Prediction", "serving_opt.tune.scheduler:ServiceModel",
-    "serving_opt.tune.search:Candidate", "serving_opt.tune.search:Objective",
-    "serving_opt.tune.search:SearchResult", "serving_opt.tune.settings:BatchingSettings",
+    "serving_opt.tune.settings:BatchingSettings",
     "serving_opt.tune.settings:ServingSettings", "serving_opt.tune.settings:ThreadSettings",
 })
 # Protobuf messages by full name: the module that defines each.

@@ -254,23 +254,24 @@ def test_bazel_action_defaults_are_the_options_defaults():
 
 # --- tune's tree ---------------------------------------------------------------------
 
-# Every keyword TuneOptions took when it was flat (29 fields), with a value that is not
-# the default: each must still be accepted and read back.
+# Every keyword TuneOptions took when it was flat, with a value that is not the default:
+# each must still be accepted and read back (calibration_seconds and prove went with
+# tune's scheduler model).
 OLD_TUNE_KEYWORDS = dict(
     slo_p99_ms=100.0, clients=16, rate=50.0, rows_per_request=2, model_name="m", version=3,
     signature_name="predict", saved_model_tags="serve,gpu", examples="x.jsonl",
     intra_op=(0, 1), inter_op=(2,), max_batch_size_bound=64, padding="pow2",
-    max_reject_fraction=0.01, profile_seconds=0.5, duration=3.0, warmup=1.0,
-    calibration_seconds=2.0, prove=1, recheck=False, protocols=("grpc",), server="local",
-    image="img:1", current_parameters_file="b.txt", load_deadline=10.0, request_timeout=5.0,
-    allow_file_ops=True, allow_unsandboxed=True, seed=4)
+    max_reject_fraction=0.01, profile_seconds=0.5, duration=3.0, warmup=1.0, recheck=False,
+    protocols=("grpc",), server="local", image="img:1", current_parameters_file="b.txt",
+    load_deadline=10.0, request_timeout=5.0, allow_file_ops=True, allow_unsandboxed=True,
+    seed=4)
 # The flags of serving-opt tune before they were made from the tree.
 OLD_TUNE_FLAGS = {
     "model_base_path", "output_dir", "slo_p99_ms", "clients", "rate", "rows_per_request",
     "model_name", "version", "signature_name", "saved_model_tags", "examples",
     "tensorflow_intra_op_parallelism", "tensorflow_inter_op_parallelism",
     "max_batch_size_bound", "allowed_batch_sizes", "max_reject_fraction", "profile_seconds",
-    "duration", "warmup", "calibration_seconds", "prove", "recheck", "protocols", "server",
+    "duration", "warmup", "recheck", "protocols", "server",
     "image", "current_parameters_file", "load_deadline", "allow_file_ops",
     "allow_unsandboxed", "json", "progress"}
 
@@ -323,7 +324,7 @@ def test_tune_flags_spelled_as_before_give_the_same_options():
         "--tensorflow_intra_op_parallelism=0,1", "--tensorflow_inter_op_parallelism=2",
         "--max_batch_size_bound=64", "--allowed_batch_sizes=pow2",
         "--max_reject_fraction=0.01", "--profile_seconds=0.5", "--duration=3",
-        "--warmup=1", "--calibration_seconds=2", "--prove=1", "--norecheck",
+        "--warmup=1", "--norecheck",
         "--protocols=GRPC", "--server=local", "--image=img:1",
         "--current_parameters_file=b.txt", "--load_deadline=10", "--allow_file_ops",
         "--allow_unsandboxed"])

@@ -5,8 +5,7 @@ The decision (upstream's batching defaults against the measured best, interleave
 rounds, an interval over them) and the files are made by the real functions on a
 report built from a synthetic profile (``tune_reports.synthetic_report``), with
 the rounds' figures given; the model config is parsed by TF Serving's own proto, the
-batching file by TF Serving's startup checks (the local server's reader). One real
-tune run at the end checks that the machine and the decision reach the report.
+batching file by TF Serving's startup checks (the local server's reader).
 """
 
 from __future__ import annotations
@@ -263,8 +262,8 @@ def test_upstream_measured_best_is_written_without_this_machines_thread_count():
 
 
 def test_tensorflows_default_threads_are_always_profiled():
-    # TF Serving's default and upstream's defaults run with them: a search asked only
-    # for intra 1 still needs their curve (it failed with "no curve measured" before).
+    # TF Serving's default and upstream's defaults run with them: asked only for intra 1,
+    # their curve is still measured and shown.
     from serving_opt.tune.options import TuneOptions
 
     threads = tuner.plan(TuneOptions(clients=4, intra_op=(1,)), 2).thread_settings

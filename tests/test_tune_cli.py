@@ -2,8 +2,8 @@
 
 The end-to-end run uses a tiny real model (the conv net sample), the real sandbox, a
 real local server with ``--enable_batching``, and real gRPC and REST load, with a
-budget of 0.2 s per point; it asserts that every file a deployment uses is
-written and agrees with the report, never on the figures themselves.
+budget of 0.2 s per point; it asserts which points were proven and that every file a
+deployment uses is written and agrees with the report, never on the figures themselves.
 """
 
 from __future__ import annotations
@@ -48,6 +48,11 @@ def run(capsys, *args: str) -> tuple[int, str, str]:
     (["--model_base_path=/m", "--output_dir=/tmp/x", "--slo_p99_ms=250", "--clients=4",
       "--server=docker", "--image=tensorflow/serving:2.19.0", "--serving_version=2.15.1"],
      "runs TF Serving 2.19.0, not --serving_version=2.15.1"),
+    # The scheduler model's flags went with it: unknown, not silently ignored.
+    (["--model_base_path=/m", "--output_dir=/tmp/x", "--slo_p99_ms=250", "--clients=4",
+      "--prove=2"], "Unknown command line flag 'prove'"),
+    (["--model_base_path=/m", "--output_dir=/tmp/x", "--slo_p99_ms=250", "--clients=4",
+      "--calibration_seconds=2"], "Unknown command line flag 'calibration_seconds'"),
 ])
 def test_usage_errors_are_one_line_with_the_fix_and_exit_2(capsys, args, message):
     code, out, err = run(capsys, *args)
@@ -79,27 +84,31 @@ def test_tune_end_to_end_writes_every_output(capsys, convnet_base, tmp_path):
         capsys, f"--model_base_path={convnet_base}", "--clients=4", "--rate=40",
         "--slo_p99_ms=2000", f"--output_dir={out_dir}", "--tensorflow_intra_op_parallelism=0",
         # Every budget at (or near) its floor: what is asserted is which points and files
-        # are written, never the figures. Batch sizes up to 4 (the clients' count) keep
-        # batching in the search while its grid stays small (the search is CPU bound).
+        # are written, never the figures. Batch sizes up to 4 (the clients' count).
         "--max_batch_size_bound=4", "--profile_seconds=0.01", "--duration=0.2", "--warmup=0",
-        "--calibration_seconds=0.1", "--prove=0", "--norecheck", "--protocols=grpc,rest")
+        "--rounds=1", "--norecheck", "--protocols=grpc,rest")
     assert code == 0, err
     # Progress showed while it measured, step by step.
-    for step in ("1/4 measuring", "2/4 calibrating", "3/4 searching", "4/4 proving"):
+    for step in ("1/3 measuring", "2/3 proving"):
         assert step in err
     report = json.loads((out_dir / "tune.json").read_text())
     assert report["ok"] is True
     labels = {(p["label"], p["workload"], p["protocol"]) for p in report["proven"]}
-    for label in ("TF Serving default (no batching)", "upstream batching defaults", "tuned"):
+    for label in ("TF Serving default (no batching)", "upstream batching defaults"):
         for workload in ("closed", "open"):
             assert (label, workload, "grpc") in labels
             assert (label, workload, "rest") in labels
+    # The grid read off the measured curve, each setting proven on a server of its own.
+    assert report["grid"] and "knee at batch" in report["grid"][0]
+    grid_points = {p["label"] for p in report["proven"] if p["label"].startswith("grid #")}
+    assert len(grid_points) >= 2
+    for label in grid_points:
+        assert {(label, w, "grpc") for w in ("closed", "open")} <= labels
     for point in report["proven"]:
         assert point["measured"]["ok"] > 0
-        assert point["predicted"] is not None
+        assert "predicted" not in point
     assert report["server"].startswith("local:serving-opt serve")
     assert "bubblewrap" in report["sandbox"]
-    assert [c["protocol"] for c in report["calibrations"]] == ["grpc", "rest"]
     # The session was profiled as the local server runs it: as this process started
     # (conftest turns oneDNN's kernels off for TF's own error texts).
     assert report["profile"]["env"] == [["TF_ENABLE_ONEDNN_OPTS", "0"]]
@@ -117,7 +126,7 @@ def test_tune_end_to_end_writes_every_output(capsys, convnet_base, tmp_path):
         assert values["max_batch_size"] == recommendation["settings"]["batching"][
             "max_batch_size"]
         assert "--enable_batching=true" in flags_line
-    assert "recommendation" in out and "model vs measurement" in out
+    assert "recommendation" in out and "grid:" in out and "pred rows/s" not in out
     # The hardware is part of the result: this machine's CPU, its cores and the kernels
     # the profile says ran, in the JSON and in the text with its warning.
     hardware = report["hardware"]

@@ -6,12 +6,13 @@ reader, batching.py, built from session_bundle_config.proto's fields since the
 tensorflow-serving-api wheel does not ship that proto; with upstream's generated
 module when it is importable); the flag line is accepted by the flags TF Serving
 defines (as the local server mirrors them); the docker files mount and pass what
-the server needs. The report is made by the real functions (scheduler model,
-search, recommend) on a synthetic profile, so no model runs here.
+the server needs. The report is made by the real functions (grid, recommend,
+findings) on a synthetic profile and given measurements, so no model runs here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -92,14 +93,24 @@ def report() -> TuneReport:
 
 
 def test_the_recommendation_is_the_measured_best_within_the_slo(report):
-    # The tuned point measured 1.3x its prediction, upstream's defaults 0.9x.
     rows = {p.label: p.measured.rows_per_second for p in report.proven}
     winner = max(rows, key=rows.get)
     assert report.recommendation.settings == next(p.settings for p in report.proven
                                                   if p.label == winner)
-    assert report.recommendation.settings == report.search.best.settings
-    assert report.proven[2].flagged  # measured 30% over its prediction
-    assert not report.proven[1].flagged
+    assert report.recommended_label == winner
+    # The fastest point over the SLO, or rejecting too many, is never recommended.
+    for bad in ({"p99_ms": 400.0}, {"rejected": 5}):
+        fast = dataclasses.replace(
+            report.proven[-1], label="fast", measured=dataclasses.replace(
+                report.proven[-1].measured, rows_per_second=10 * rows[winner],
+                ok=100 - bad.get("rejected", 0), **bad))
+        points = [*report.proven, fast]
+        assert tuner.recommend(points, report.objective, "grpc", "mnv2").settings == \
+            report.recommendation.settings
+        control = dataclasses.replace(fast, measured=dataclasses.replace(
+            fast.measured, p99_ms=45.0, rejected=0, ok=100))
+        assert tuner.recommend([*report.proven, control], report.objective, "grpc",
+                               "mnv2").settings == fast.settings
 
 
 def test_every_output_is_written_and_consistent(report, tmp_path):
@@ -146,7 +157,7 @@ def test_every_output_is_written_and_consistent(report, tmp_path):
     data = json.loads(open(out["json"]).read(), parse_constant=_refuse)
     assert data["ok"] is True
     assert [p["label"] for p in data["proven"]] == [p.label for p in report.proven]
-    assert all("throughput_error" in p and "flagged" in p for p in data["proven"])
+    assert data["grid"] == list(report.grid)
     table = open(out["table"]).read()
     assert "recommendation" in table and rec.command in table
     with open(out["chart"], "rb") as f:
@@ -158,10 +169,12 @@ def _refuse(name: str):
     raise AssertionError(f"{name} in the JSON report")
 
 
-def test_the_table_shows_prediction_next_to_measurement(report):
+def test_the_table_shows_the_grid_and_measurements_and_claims_no_prediction(report):
     table = format_report(report)
-    assert "pred rows/s" in table and "FLAG" in table
-    assert "model vs measurement" in table
+    assert "grid: threads intra default, inter default: knee at batch" in table
+    assert f"{report.recommended_label} " in table and "p99 ms" in table
+    for claim in ("pred ", "predict", "the model's", "model vs", "calibrat", ">25%"):
+        assert claim not in table.lower(), claim
 
 
 def test_the_project_override_passes_what_tune_writes():
@@ -174,8 +187,6 @@ def test_the_project_override_passes_what_tune_writes():
 
 
 def test_no_batching_recommended_writes_no_parameters_file(report, tmp_path):
-    import dataclasses
-
     plain = dataclasses.replace(
         report, recommendation=dataclasses.replace(
             report.recommendation, settings=ServingSettings(None, ThreadSettings(1, 0)),
@@ -189,8 +200,6 @@ def test_no_batching_recommended_writes_no_parameters_file(report, tmp_path):
 
 
 def test_upstream_is_compared_by_the_mean_of_its_first_and_last_measurement(report):
-    import dataclasses
-
     from serving_opt.tune import findings
     from serving_opt.tune.report import AGAIN_LABEL
 
@@ -206,3 +215,10 @@ def test_upstream_is_compared_by_the_mean_of_its_first_and_last_measurement(repo
     assert rows == 1.25 * first.measured.rows_per_second and how == "mean of first and last"
     comparison = findings.findings(drifted)[0]
     assert f"({rows:,.0f} rows/s, mean of first and last; p99" in comparison
+
+
+def test_the_report_crosses_the_sandbox_boundary_unchanged(report):
+    # tune's report comes back from its sandboxed worker as the boundary's JSON schema.
+    from serving_opt import sandbox_results
+
+    assert sandbox_results.loads(sandbox_results.dumps(report)) == report

@@ -1,19 +1,9 @@
-"""``serving-opt tune``: TF Serving's batching and thread settings, found and proven.
+"""``serving-opt tune``: TF Serving's batching and thread settings, measured and proven.
 
-One module per idea: ``settings`` (what is tuned, and the files TF Serving reads),
-``profile`` (the session alone, per batch size and thread setting), ``curve`` (those
-measurements, interpolated), ``scheduler`` (a discrete-event model of TF Serving's
-batch scheduler), ``calibrate`` (the server's own cost per request), ``search`` (the
-best settings and the throughput/p99 front), ``load`` (a gRPC/REST load generator,
-closed and open loop), ``payloads`` (its requests), ``prove`` (real servers under real
-load), ``findings`` and ``report`` (what it means), ``outputs`` (the files a deployment
-uses), ``tuner`` (the run, in order).
-
-Example:
-    >>> from serving_opt.tune import TuneOptions, tune
-    >>> report = tune("/models/mnv2", TuneOptions(clients=16, slo_p99_ms=250),
-    ...               output_dir="build/tune")
-    >>> print(report.recommendation.command)
+``profile`` measures the session alone, ``grid`` reads a few settings off it, ``prove``
+and ``load`` run each on a real server under real load, ``decide`` compares the best
+with upstream's defaults in interleaved rounds, ``report``/``findings``/``outputs`` say
+and write what to deploy, ``tuner`` is the run in order. See docs/tune.md.
 """
 
 from __future__ import annotations

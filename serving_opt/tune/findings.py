@@ -1,16 +1,8 @@
-"""The sentences of a tuning report: what was gained, what limits it, and how far to
-trust the model.
-
-Example:
-    >>> findings(report)[0]
-    'closed/grpc: tuned 612 rows/s (p99 88 ms): 1.79x TF Serving default ...'
-"""
+"""The sentences of a tuning report: what was gained, what limits it, how noisy."""
 
 from __future__ import annotations
 
-import math
-
-from serving_opt.tune.prove import FLAG_DIFFERENCE, ProvenPoint
+from serving_opt.tune.prove import ProvenPoint
 
 
 def _point(points, label: str, workload: str, protocol: str) -> ProvenPoint | None:
@@ -22,12 +14,7 @@ def _point(points, label: str, workload: str, protocol: str) -> ProvenPoint | No
 
 def upstream_rows_per_second(report, workload: str, protocol: str) -> tuple[float, str] | None:
     """Upstream's batching defaults as measured: the mean of the first and the last
-    measurement where both were made (the machine drifts between them), and how.
-
-    Example:
-        >>> upstream_rows_per_second(report, "closed", "grpc")
-        (189.0, 'mean of first and last')
-    """
+    measurement where both were made (the machine drifts between them), and how."""
     from serving_opt.tune.report import AGAIN_LABEL, UPSTREAM_LABEL
 
     first = _point(report.proven, UPSTREAM_LABEL, workload, protocol)
@@ -45,13 +32,12 @@ def _x(a: float, b: float) -> str:
 
 
 def findings(report) -> tuple[str, ...]:
-    """Comparisons per workload and protocol, the ceiling, the server's cost, the model."""
-    from serving_opt.tune.report import AGAIN_LABEL, DEFAULT_LABEL, TUNED_LABEL, UPSTREAM_LABEL
+    """Comparisons per workload and protocol, the ceiling, the drift, how close it came."""
+    from serving_opt.tune.report import AGAIN_LABEL, DEFAULT_LABEL, UPSTREAM_LABEL
 
     out = []
     points = report.proven
-    # The comparison is of what tune hands the user: the recommended (measured best)
-    # setting, which is the model's first choice unless a runner-up measured better.
+    # The comparison is of what tune hands the user: the recommended (measured best).
     chosen_label = report.recommended_label
     for workload in ("closed", "open"):
         for protocol in ("grpc", "rest"):
@@ -72,7 +58,7 @@ def findings(report) -> tuple[str, ...]:
             if workload == "open":
                 text += "; at a fixed rate rows/s only show what was answered"
             out.append(text)
-    if report.recommendation is not None and chosen_label != TUNED_LABEL:
+    if report.recommendation is not None and chosen_label:
         settings = report.recommendation.settings
         out.append(f"recommended: {chosen_label} ({settings.describe()}), "
                    f"the {report.recommendation.basis}")
@@ -80,39 +66,11 @@ def findings(report) -> tuple[str, ...]:
         best_measured = max((p.measured.rows_per_second for p in points
                              if p.workload == "closed"), default=0.0)
         how = report.ceiling_how or f"batch {report.ceiling_batch_size}"
-        scale = _ceiling_scale(report)
-        ceiling = report.ceiling_rows_per_second / scale
+        ceiling = report.ceiling_rows_per_second
         if best_measured:
-            text = f"in-process ceiling: the session alone does {ceiling:,.0f} rows/s ({how})"
-            if scale != 1.0:
-                text += (f" at the machine speed of its calibration ("
-                         f"{report.ceiling_rows_per_second:,.0f} as profiled)")
-            out.append(text + f"; the best proven closed-loop point reached "
+            out.append(f"in-process ceiling: one session run alone does {ceiling:,.0f} rows/s "
+                       f"({how}); the best proven closed-loop point reached "
                        f"{best_measured / ceiling:.0%} of it")
-    several = len({c.threads for c in report.calibrations}) > 1
-    for calibration in report.calibrations:
-        service = calibration.service
-        run_ms = calibration.run_s * service.run_scale * 1000
-        where = calibration.protocol
-        if several:
-            where += f", threads {calibration.threads.describe()}"
-        text = (f"server cost per request ({where}): {service.parallel_s * 1000:.2f} ms "
-                f"outside a {run_ms:.2f} ms session run")
-        rows = report.objective.rows_per_request
-        if service.cpu_s > 0:
-            text += (f", and {service.cpu_s * 1000:.2f} ms of processor time taken from the "
-                     "runs (the server's own work and the load generator's, on the same "
-                     f"{report.cores} cores): at most {report.cores / service.cpu_s * rows:,.0f}"
-                     " rows/s even if the runs cost nothing")
-        if service.serial_s > 0:
-            text += (f"; {service.serial_s * 1000:.2f} ms of it spent one request at a time: "
-                     f"at most {rows / service.serial_s:,.0f} rows/s")
-        if service.run_scale != 1.0:
-            text += (f"; in the server a session run took {service.run_scale:.2f}x its "
-                     "profiled time")
-        if service.parallel_s * 1000 > run_ms:
-            text += "; the server's own delay dominates the model's"
-        out.append(text)
     again = next((p for p in points if p.label == AGAIN_LABEL), None)
     first = next((p for p in points if again is not None and p.label == UPSTREAM_LABEL
                   and (p.workload, p.protocol) == (again.workload, again.protocol)), None)
@@ -122,46 +80,16 @@ def findings(report) -> tuple[str, ...]:
         out.append(f"machine drift: {UPSTREAM_LABEL} measured {a.rows_per_second:,.0f} rows/s "
                    f"(p99 {a.p99_ms:.0f} ms) first and {b.rows_per_second:,.0f} rows/s "
                    f"(p99 {b.p99_ms:.0f} ms) last, {drift:+.0%}: differences between "
-                   "settings, or between model and measurement, smaller than that are "
-                   "this machine's noise")
-    judged = [p for p in points if p.predicted is not None and not p.calibration]
-    close = [p for p in judged if not p.flagged]
-    if judged:
-        text = (f"model vs measurement: within {FLAG_DIFFERENCE:.0%} on rows/s and p99 at "
-                f"{len(close)} of {len(judged)} predicted points")
-        flagged = [p for p in judged if p.flagged]
-        if flagged:
-            text += "; off at " + "; ".join(
-                f"{p.label} {p.workload}/{p.protocol} (rows/s {_pct(p.throughput_error)}, "
-                f"p99 {_pct(p.p99_error)})" for p in flagged)
-        out.append(text)
-    search = report.search
-    if search.padding_cost:
-        out.append(search.padding_cost)
-    if search.best is not None and search.open_capacity > 0:
-        out.append(f"the model's best setting sustains up to {search.open_capacity:,.0f} "
-                   f"requests/s of open-loop (Poisson) traffic with p99 under "
-                   f"{report.objective.slo_p99_ms:g} ms")
-    if search.best is None:
-        closest = min((c for c in search.front), key=lambda c: c.primary().p99_ms,
+                   "settings smaller than that are this machine's noise")
+    if report.recommendation is None:
+        closest = min((p for p in points if p.measured.ok), key=lambda p: p.measured.p99_ms,
                       default=None)
         if closest is not None:
-            out.append(f"no setting meets the objective in the model; the lowest p99 is "
-                       f"{closest.primary().p99_ms:.0f} ms ({closest.settings.describe()}): "
-                       "raise --slo_p99_ms, or lower --clients/--rate")
+            out.append(f"no proven setting met the objective; the lowest p99 measured was "
+                       f"{closest.measured.p99_ms:.0f} ms ({closest.label}: "
+                       f"{closest.settings.describe()}): raise --slo_p99_ms, or lower "
+                       "--clients/--rate")
     return tuple(out)
-
-
-def _ceiling_scale(report) -> float:
-    """The run scale fitted for the ceiling's thread setting (else the first fit's)."""
-    for calibration in report.calibrations:
-        if calibration.threads == report.ceiling_threads:
-            return calibration.service.run_scale
-    return report.calibrations[0].service.run_scale if report.calibrations else 1.0
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None or not math.isfinite(value) else f"{value:+.0%}"
 
 
 def notes(report) -> tuple[str, ...]:
@@ -176,5 +104,5 @@ def notes(report) -> tuple[str, ...]:
     else:
         out.append(f"proven on {report.server}")
     out.append(f"{report.cores} cores; the load generator runs on the same machine and "
-               "takes CPU from the server, as the issue's measurements did")
+               "takes CPU from the server")
     return tuple(out)

@@ -2,7 +2,7 @@
 
 A tree of small frozen groups, like ``OptimizeOptions``: the load and its objective
 (``WorkloadOptions``), the model and how it is called (``ModelOptions``), the settings
-searched (``SearchOptions``), the time spent measuring (``BudgetOptions``), the server
+the grid is read from (``SearchOptions``), the time spent measuring (``BudgetOptions``), the server
 the proof runs on (``ServerOptions``, the group ``serving``) and what the model is trusted with
 (``TrustOptions``, optimize's own group). Flat names still work both ways
 (``TuneOptions(clients=16).clients``). Each field with ``help`` is a flag of
@@ -156,16 +156,13 @@ class ModelOptions:
 
 @dataclass(frozen=True)
 class SearchOptions:
-    """The settings searched.
+    """The settings the grid is read from.
 
     ``intra_op`` / ``inter_op``: the ``--tensorflow_*_op_parallelism`` values to measure
     (every pair of them; 0 is TensorFlow's default, one per core); None: intra {default,
     1} and inter {default}. ``max_batch_size_bound``: the largest batch measured (0:
     enough for the workload, at least 32 rows, at most 512). ``padding``: none, pow2 or
     a list of ``allowed_batch_sizes``.
-
-    Example:
-        >>> SearchOptions(intra_op=(0, 1), padding="pow2")
     """
 
     intra_op: tuple[int, ...] | None = _opt(
@@ -209,26 +206,19 @@ class SearchOptions:
 class BudgetOptions:
     """How long each thing is measured, and how many times.
 
-    ``prove``: tuned candidates proven besides the best (from the front). ``rounds``:
-    the interleaved repetitions of upstream's defaults against the tuned setting that
-    decide whether tuning beat them by more than the noise.
-
-    Example:
-        >>> BudgetOptions(duration=5, warmup=1, rounds=5)
+    ``rounds``: the interleaved repetitions of upstream's defaults against the measured
+    best that decide whether tuning beat them by more than the noise.
     """
 
     profile_seconds: float = _opt(1.0, "Seconds per measured batch size.")
     duration: float = _opt(15.0, "Seconds of each proven load point.")
     warmup: float = _opt(2.0, "Seconds of load before each point is measured.")
-    calibration_seconds: float = _opt(5.0, "Seconds of the one-client calibration point.")
-    prove: int = _opt(2, "Tuned runners-up proven besides the best.")
     rounds: int = _opt(
-        3, "Interleaved rounds of upstream's batching defaults against the tuned setting "
+        3, "Interleaved rounds of upstream's batching defaults against the measured best "
         "(each --duration long): tuning must beat upstream by more than their spread, "
         "else upstream's defaults are recommended.")
-    # Measure the calibration point again at the end: how far the machine drifted.
-    recheck: bool = _opt(True, "Measure the calibration point again at the end: how far the "
-                         "machine itself drifted during the run.")
+    recheck: bool = _opt(True, "Measure upstream's batching defaults again at the end: how "
+                         "far the machine itself drifted during the run.")
     request_timeout: float = 30.0
     seed: int = 0
 
@@ -236,11 +226,9 @@ class BudgetOptions:
         """UsageError for the first bad value."""
         defaults = BudgetOptions()
         for name, low in (("profile_seconds", 0.01), ("duration", 0.1),
-                          ("calibration_seconds", 0.1), ("request_timeout", 0.1)):
+                          ("request_timeout", 0.1)):
             _within(name, getattr(self, name), low, MAX_SECONDS, f"{getattr(defaults, name):g}")
         _within("warmup", self.warmup, 0, 3600, "2")
-        if not 0 <= self.prove <= 16:
-            raise UsageError(f"--prove={self.prove} must be within [0, 16]", "e.g. --prove=2")
         if not 1 <= self.rounds <= 100:
             raise UsageError(f"--rounds={self.rounds} must be within [1, 100]",
                              "e.g. --rounds=3 (1: no interval, upstream's defaults win ties)")
@@ -343,9 +331,9 @@ class TuneOptions(OptionTree):
         """UsageError for the first bad option, before any work.
 
         Example:
-            >>> TuneOptions(clients=4, prove=99).check()
+            >>> TuneOptions(clients=4, rounds=999).check()
             Traceback (most recent call last):
-            UsageError: --prove=99 must be within [0, 16]
+            UsageError: --rounds=999 must be within [1, 100]
         """
         self.workload.check()
         self.budget.check()

@@ -16,9 +16,8 @@ When the batching file was measured worse than upstream's defaults without the t
 flags next to it, ``batching_parameters.txt`` starts with a comment saying so and
 naming them (the report says so in its first lines too).
 * ``tune.json`` (the whole report), ``tune.txt`` (the table), and a chart: throughput
-  against p99 for TF Serving's default, upstream's batching defaults and the tuned
-  settings (measured and predicted), the model's front; and latency against batch size.
-  PNG with matplotlib (``pip install matplotlib``), else the same chart as SVG.
+  against p99 of every proven setting, as measured; and the session's latency against
+  batch size. PNG with matplotlib (``pip install matplotlib``), else the same as SVG.
 
 Every file is written whole and renamed into place.
 
@@ -310,43 +309,35 @@ def _docker(report: TuneReport, output_dir: str) -> dict[str, str]:
 # --------------------------------------------------------------------------- chart
 
 _COLORS = {"TF Serving default (no batching)": "#d62728",
-           "upstream batching defaults": "#ff7f0e", "tuned": "#2ca02c",
-           "tuned #2": "#17becf", "tuned #3": "#1f77b4",
+           "upstream batching defaults": "#ff7f0e",
            "upstream batching defaults, again": "#ffbb78",
            "your parameters file": "#9467bd"}
+RECOMMENDED_COLOR = "#2ca02c"
 
 
-def _color(label: str) -> str:
-    if label in _COLORS:
-        return _COLORS[label]
-    if label.startswith("tuned"):
-        return "#17becf"
-    # upstream's defaults at another thread setting (a calibration point)
-    return "#8c564b" if label.startswith("upstream batching defaults") else "#7f7f7f"
+def _color(label: str, recommended: str) -> str:
+    if label == recommended:
+        return RECOMMENDED_COLOR
+    return _COLORS.get(label, "#17becf")
 
 
 def _chart_data(report: TuneReport) -> dict:
     """What both renderers draw, from the report only."""
-    primary = "closed" if report.objective.clients else "open"
-    protocol = report.calibrations[0].protocol if report.calibrations else "grpc"
-    proven = []
-    for point in report.proven:
-        if point.workload != primary or point.protocol != protocol:
-            continue
-        p = point.predicted
-        proven.append({"label": point.label, "color": _color(point.label),
-                       "measured": (point.measured.p99_ms, point.measured.rows_per_second),
-                       "predicted": (p.p99_ms, p.rows_per_second) if p else None})
-    cloud = [(p99, rows) for _, rows, p99, _ in report.search.points if math.isfinite(p99)]
-    front = sorted((c.primary().p99_ms, c.primary().rows_per_second)
-                   for c in report.search.front)
+    primary = report.objective.workloads()[0]
+    protocol = report.proven[0].protocol if report.proven else "grpc"
+    recommended = report.recommended_label
+    proven = [{"label": point.label, "color": _color(point.label, recommended),
+               "measured": (point.measured.p99_ms, point.measured.rows_per_second)}
+              for point in report.proven
+              if (point.workload, point.protocol) == (primary, protocol)
+              and math.isfinite(point.measured.p99_ms)]
     curves = [{"label": c.threads.describe(), "sizes": list(c.batch_sizes),
                "ms": [m * 1000 for m in c.median_s],
                "rows": [c.rows_per_second(n) for n in c.batch_sizes]}
               for c in report.profile.curves]
     title = (f"{report.model_name}: {report.objective.clients} clients" if primary == "closed"
              else f"{report.model_name}: {report.objective.rate:g} requests/s")
-    return {"proven": proven, "cloud": cloud, "front": front, "curves": curves,
+    return {"proven": proven, "curves": curves,
             "slo": report.objective.slo_p99_ms, "title": f"{title} ({protocol}, {primary} loop)"}
 
 
@@ -361,23 +352,13 @@ def chart(report: TuneReport, output_dir: str) -> str:
     except ImportError:
         return _write(os.path.join(output_dir, "tune.svg"), _svg(data))
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2))
-    if data["cloud"]:
-        left.scatter(*zip(*data["cloud"]), s=8, color="#cccccc", label="settings searched")
-    if data["front"]:
-        left.plot(*zip(*data["front"]), color="#555555", lw=1, label="model's front")
     for point in data["proven"]:
         mx, my = point["measured"]
-        left.scatter([mx], [my], s=70, color=point["color"], label=f"{point['label']} (measured)",
-                     zorder=3)
-        if point["predicted"] and math.isfinite(point["predicted"][0]):
-            px, py = point["predicted"]
-            left.scatter([px], [py], s=70, facecolors="none", edgecolors=point["color"],
-                         zorder=3)
-            left.plot([px, mx], [py, my], color=point["color"], lw=0.8, ls=":")
+        left.scatter([mx], [my], s=70, color=point["color"], label=point["label"], zorder=3)
     left.axvline(data["slo"], color="#d62728", lw=0.8, ls="--", label="p99 SLO")
     left.set_xlabel("p99 latency (ms)")
     left.set_ylabel("throughput (rows/s)")
-    left.set_title(data["title"] + "\nfilled: measured, hollow: predicted")
+    left.set_title(data["title"] + "\nmeasured")
     left.set_xscale("log")
     left.grid(alpha=0.3)
     # Below the plot: inside it hid measured points.
@@ -447,24 +428,17 @@ def _svg(data: dict) -> str:
                          f'{v:,.3g}</text>')
         return sx, sy
 
-    xs = ([p for p, _ in data["cloud"]] + [pt["measured"][0] for pt in data["proven"]]
-          + [data["slo"]])
-    ys = [r for _, r in data["cloud"]] + [pt["measured"][1] for pt in data["proven"]]
+    xs = [pt["measured"][0] for pt in data["proven"]] + [data["slo"]]
+    ys = [pt["measured"][1] for pt in data["proven"]]
     sx, sy = axis(pad, xs, ys, "p99 latency (ms, log)", "throughput (rows/s)",
                   data["title"], True)
-    for x, y in data["cloud"]:
-        parts.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2" fill="#ccc"/>')
     parts.append(f'<line x1="{sx(data["slo"]):.1f}" y1="{pad}" x2="{sx(data["slo"]):.1f}" '
                  f'y2="{height - pad}" stroke="#d62728" stroke-dasharray="4"/>')
     for i, pt in enumerate(data["proven"]):
         mx, my = pt["measured"]
         parts.append(f'<circle cx="{sx(mx):.1f}" cy="{sy(my):.1f}" r="6" fill="{pt["color"]}"/>')
-        if pt["predicted"] and math.isfinite(pt["predicted"][0]):
-            px, py = pt["predicted"]
-            parts.append(f'<circle cx="{sx(px):.1f}" cy="{sy(py):.1f}" r="6" fill="none" '
-                         f'stroke="{pt["color"]}"/>')
         parts.append(f'<text x="{pad + 10}" y="{pad + 15 + 14 * i}" fill="{pt["color"]}">'
-                     f'{_esc(pt["label"])} (filled measured, hollow predicted)</text>')
+                     f'{_esc(pt["label"])}</text>')
     sizes = [n for c in data["curves"] for n in c["sizes"]]
     ms = [m for c in data["curves"] for m in c["ms"]]
     sx2, sy2 = axis(2 * pad + panel, sizes, ms, "batch size (rows, log)",

@@ -1,31 +1,12 @@
 """Measure the model as TF Serving runs it: latency per batch size, per thread setting.
 
-TF Serving loads a model with the session loader (Grappler on, at load and first run)
-into a session configured by ``--tensorflow_intra_op_parallelism`` /
-``--tensorflow_inter_op_parallelism``. TensorFlow sizes its thread pools once per
-process, from the first session's configuration, so each thread setting is measured
-in a **fresh process**: one helper process imports TensorFlow once and forks a child
-per setting before any session exists (as ``stages/coldstart`` does). Each child:
-
-1. loads the model like the server (timed);
-2. builds one request's worth of inputs per row from ``--examples`` when given, else
-   synthesized from the signature (``savedmodel.inputs``), grown to every batch size;
-3. runs the signature back to back at each batch size for ``seconds`` (after two
-   warmup runs): mean, p50, p99 and CPU time per run, and every run's time over the
-   mean (the jitter);
-4. runs k copies at once (k threads, one session, as concurrent requests or batch
-   threads do) at a few batch sizes: how much overlapping runs slow each other;
-5. times what the batching session adds per row: merging single-row inputs into one
-   batch and splitting the outputs back.
-
-Sizes whose single run already exceeds the latency objective are not measured further
-up (no batch that size can meet it).
-
-Example:
-    >>> result = profile("/models/mnv2/1", "serving_default", ProfilePlan(
-    ...     batch_sizes=(1, 2, 4, 8), thread_settings=(ThreadSettings(),)))
-    >>> result.curves[0].rows_per_second(8) > result.curves[0].rows_per_second(1)
-    True
+TF Serving sizes TensorFlow's thread pools once per process, so each thread setting is
+measured in a fresh process (a helper imports TensorFlow once and forks a child per
+setting). Each child loads the model as the server does, builds inputs from
+``--examples`` or the signature, and times the batch sizes in rounds (one run of each
+per round) so a stall of a shared machine hits every size alike. Sizes whose run
+already misses the latency bound are not measured further up. The curves feed the
+grid (``grid``): they choose which settings are worth a server; they predict nothing.
 """
 
 from __future__ import annotations
@@ -44,7 +25,6 @@ import numpy as np
 
 from serving_opt.errors import ServingOptError
 from serving_opt.savedmodel import loader
-from serving_opt.tune.curve import SPREAD_QUANTILES, ConcurrencyPoint, LatencyCurve
 from serving_opt.tune.settings import ThreadSettings
 
 if TYPE_CHECKING:  # the measuring child (maybe another TensorFlow's venv) imports less
@@ -57,16 +37,12 @@ _PROGRESS = "@@profile@@ "
 class ProfilePlan:
     """What to measure.
 
-    ``concurrency`` lists (batch_size, k) points; ``max_latency_s`` stops measuring
-    larger batches once one run takes longer (0: measure all).
-
-    Example:
-        >>> ProfilePlan(batch_sizes=(1, 2, 4), concurrency=((1, 2), (4, 2)))
+    ``max_latency_s`` stops measuring larger batches once one run takes longer (0:
+    measure all).
     """
 
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     thread_settings: tuple[ThreadSettings, ...] = (ThreadSettings(),)
-    concurrency: tuple[tuple[int, int], ...] = ()
     seconds: float = 1.0
     min_runs: int = 3
     max_runs: int = 2000
@@ -80,19 +56,31 @@ class ProfilePlan:
 
 
 @dataclass(frozen=True)
-class ModelProfile:
-    """The curves of every thread setting, and what the batcher adds per row.
+class LatencyCurve:
+    """One thread setting's measured session runs: the median seconds per batch size."""
 
-    Example:
-        >>> profile.best_curve(16).threads
-        ThreadSettings(intra_op=0, inter_op=0)
-    """
+    threads: ThreadSettings
+    batch_sizes: tuple[int, ...]
+    median_s: tuple[float, ...]
+    runs: tuple[int, ...] = ()
+    load_seconds: float = 0.0
+
+    def seconds(self, rows: int) -> float:
+        """The median run of ``rows`` rows (a measured size; KeyError otherwise)."""
+        if rows not in self.batch_sizes:
+            raise KeyError(f"batch size {rows} was not measured")
+        return self.median_s[self.batch_sizes.index(rows)]
+
+    def rows_per_second(self, rows: int) -> float:
+        return rows / max(self.seconds(rows), 1e-12)
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """The curves of every thread setting, and what they were measured with."""
 
     signature: str
     curves: tuple[LatencyCurve, ...]
-    merge_s_per_row: float = 0.0
-    input_bytes_per_row: int = 0
-    output_bytes_per_row: int = 0
     inputs_source: str = ""
     env: tuple[tuple[str, str | None], ...] = ()  # the server's environment, as measured with
     kernels: str = ""  # "oneDNN" or "Eigen": TensorFlow's CPU kernels, as measured with
@@ -103,9 +91,6 @@ class ModelProfile:
                 return curve
         raise KeyError(f"no curve measured for {threads}")
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 def profile(model_dir: str, signature: str, plan: ProfilePlan,
             progress: Callable[[str], None] | None = None,
@@ -115,10 +100,6 @@ def profile(model_dir: str, signature: str, plan: ProfilePlan,
 
     ``runtime``: the interpreter (and so the TensorFlow) the measuring process runs,
     the server's (``--serving_version``); None: this one.
-
-    Example:
-        >>> profile("/models/clf/1", "serving_default", ProfilePlan()).curves[0].batch_sizes
-        (1, 2, 4, 8, 16, 32)
     """
     say = progress or (lambda m: None)
     job = {"model": os.path.abspath(model_dir), "signature": signature,
@@ -138,14 +119,13 @@ def profile(model_dir: str, signature: str, plan: ProfilePlan,
             raise ServingOptError(f"measuring the model failed: {result['error']}",
                                   "check that the model serves (serving-opt validate), "
                                   "or pass inputs it accepts with --examples")
-    # Every thread setting on the first one's machine speed (see probe()).
-    reference = results[0].get("probe_s") or 0.0
-    curves = tuple(_curve(result, reference) for result in results)
+    curves = tuple(LatencyCurve(ThreadSettings(**r["threads"]),
+                                tuple(x["batch_size"] for x in r["sizes"]),
+                                tuple(x["p50_s"] for x in r["sizes"]),
+                                tuple(x["runs"] for x in r["sizes"]), r["load_seconds"])
+                   for r in results)
     first = results[0]
     return ModelProfile(signature=signature, curves=curves,
-                        merge_s_per_row=first.get("merge_s_per_row", 0.0),
-                        input_bytes_per_row=first.get("input_bytes_per_row", 0),
-                        output_bytes_per_row=first.get("output_bytes_per_row", 0),
                         inputs_source=first.get("inputs_source", ""),
                         env=tuple(tuple(pair) for pair in first.get("env", ())),
                         kernels=first.get("kernels", ""))
@@ -196,27 +176,6 @@ def _in_helper(job: dict, plan: ProfilePlan, say: Callable[[str], None],
     return results
 
 
-def _curve(result: dict, reference_probe_s: float = 0.0) -> LatencyCurve:
-    rows = result["sizes"]
-    probe_s = result.get("probe_s") or 0.0
-    f = reference_probe_s / probe_s if reference_probe_s > 0 and probe_s > 0 else 1.0
-    # The curve is the median run; the jitter (run time over median) gives the rest,
-    # stalls included, so the model's mean run is the measured mean.
-    return LatencyCurve(
-        threads=ThreadSettings(**result["threads"]),
-        batch_sizes=tuple(r["batch_size"] for r in rows),
-        median_s=tuple(f * r["p50_s"] for r in rows),
-        mean_s=tuple(f * r["mean_s"] for r in rows),
-        p99_s=tuple(f * r["p99_s"] for r in rows),
-        cpu_s=tuple(f * r["cpu_s"] for r in rows),
-        runs=tuple(r["runs"] for r in rows),
-        spread=tuple(result["spread"]),
-        concurrency=tuple(ConcurrencyPoint(c["batch_size"], c["concurrent"],
-                                           f * c["median_s"], tuple(c.get("spread", ())))
-                          for c in result["concurrency"]),
-        load_seconds=result["load_seconds"], probe_s=probe_s, speed_scale=f)
-
-
 # ------------------------------------------------------------- the measuring process
 
 
@@ -224,10 +183,6 @@ def feeds_for(model_dir: str, signature: str, rows: int, tags: Sequence[str],
               examples: str | None, seed: int) -> tuple[dict, str]:
     """One feed of ``rows`` rows (by input alias), from ``examples`` or synthesized; and
     where it came from. Shared with the request builder so both send the same data.
-
-    Example:
-        >>> feeds_for("/models/clf/1", "serving_default", 4, ("serve",), None, 0)[1]
-        'synthesized'
     """
     from serving_opt.savedmodel import examples as examples_lib
     from serving_opt.savedmodel import inputs as inputs_lib
@@ -253,32 +208,16 @@ def _say(message: str) -> None:
     print(_PROGRESS + message, flush=True)
 
 
-_PROBE = np.random.default_rng(0).random(50_000)
-
-
-def probe() -> float:
-    """Seconds of a fixed single-threaded piece of work (a sort): how fast this machine
-    runs us right now. Each thread setting is measured in a window of its own; on a
-    shared machine windows differ, and the probe puts them on one scale."""
-    start = time.perf_counter()
-    np.sort(_PROBE)
-    return time.perf_counter() - start
-
-
 def _interleaved(calls: dict[int, Callable[[], object]], seconds: float, min_runs: int,
-                 max_runs: int, max_latency_s: float
-                 ) -> tuple[dict[int, tuple[list[float], float]], float]:
-    """({size: (wall seconds of each run, CPU seconds per run)}, the probe's median):
-    sizes run in rounds, a probe in each round.
+                 max_runs: int, max_latency_s: float) -> dict[int, list[float]]:
+    """{size: wall seconds of each run}: sizes run in rounds.
 
     A shared machine's stalls come and go; one size after the other would hand a stall
     to whichever size was running, bending the curve. Round-robin (one run of each size
     per round, after two warmup runs each) spreads them over every size alike. A size
     whose first runs already exceed ``max_latency_s`` is dropped, with every larger one.
     """
-    probes: list[float] = []
     times: dict[int, list[float]] = {n: [] for n in calls}
-    cpu: dict[int, float] = {n: 0.0 for n in calls}
     for call in calls.values():
         call()
         call()
@@ -286,12 +225,10 @@ def _interleaved(calls: dict[int, Callable[[], object]], seconds: float, min_run
     budget = seconds * len(active)
     begin = time.perf_counter()
     while active:
-        probes.append(probe())
         for n in list(active):
-            c0, t0 = time.process_time(), time.perf_counter()
+            t0 = time.perf_counter()
             calls[n]()
             times[n].append(time.perf_counter() - t0)
-            cpu[n] += time.process_time() - c0
         if max_latency_s and len(times[active[0]]) == min_runs:
             over = [n for n in active if float(np.median(times[n])) > max_latency_s]
             if over:
@@ -302,56 +239,7 @@ def _interleaved(calls: dict[int, Callable[[], object]], seconds: float, min_run
         done = len(times[active[0]])
         if done >= max_runs or (done >= min_runs and time.perf_counter() - begin >= budget):
             break
-    return {n: (t, cpu[n] / len(t)) for n, t in times.items() if t}, float(np.median(probes))
-
-
-def _concurrent(call: Callable[[], object], k: int, seconds: float,
-                min_runs: int) -> list[float]:
-    """Seconds of each run when ``k`` threads run back to back at once."""
-    times: list[list[float]] = [[] for _ in range(k)]
-    start_line = threading.Barrier(k)
-    stop_at: list[float] = []
-
-    def worker(i: int) -> None:
-        start_line.wait()
-        if i == 0:
-            stop_at.append(time.perf_counter() + seconds)
-        while not stop_at:
-            time.sleep(0)
-        while len(times[i]) < min_runs or time.perf_counter() < stop_at[0]:
-            begin = time.perf_counter()
-            call()
-            times[i].append(time.perf_counter() - begin)
-
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(k)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return [x for row in times for x in row]
-
-
-def _slowdown(call: Callable[[], object], k: int, seconds: float, min_runs: int,
-              rounds: int = 3) -> tuple[float, list[float]]:
-    """How much longer a run takes with ``k`` at once than alone: the median ratio of
-    alternating slices (alone, k at once, alone, ...), so a stall hits both sides; and
-    the spread of the runs at once (run time over their slice's median, at
-    SPREAD_QUANTILES)."""
-    ratios, spread = [], []
-    for _ in range(rounds):
-        alone = [_one(call) for _ in range(max(2, min_runs))]
-        together = _concurrent(call, k, seconds / rounds, min_runs)
-        middle = max(float(np.median(together)), 1e-9)
-        ratios.append(middle / max(float(np.median(alone)), 1e-9))
-        spread += [t / middle for t in together]
-    return float(np.median(ratios)), [float(np.percentile(spread, q))
-                                      for q in SPREAD_QUANTILES]
-
-
-def _one(call: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
+    return {n: t for n, t in times.items() if t}
 
 
 def _measure(job: dict, _say: Callable[[str], None]) -> dict:
@@ -363,8 +251,7 @@ def _measure(job: dict, _say: Callable[[str], None]) -> dict:
     threads = ThreadSettings(**job["threads"])
     label = threads.describe()
     sizes = sorted(set(plan["batch_sizes"]))
-    largest = max([sizes[-1], *[n for n, _ in plan["concurrency"]]])
-    feed, source = feeds_for(job["model"], job["signature"], largest, plan["tags"],
+    feed, source = feeds_for(job["model"], job["signature"], sizes[-1], plan["tags"],
                              plan["examples"], plan["seed"])
     graph = tf.Graph()
     session = tf.compat.v1.Session(graph=graph, config=threads.session_config())
@@ -385,67 +272,20 @@ def _measure(job: dict, _say: Callable[[str], None]) -> dict:
 
     _say(f"  [{label}] loaded in {load_seconds:.2f} s; timing batch sizes "
          f"{', '.join(map(str, sizes))} in rounds")
-    timed, probe_s = _interleaved({n: runner(n) for n in sizes}, plan["seconds"],
-                                  plan["min_runs"], plan["max_runs"], plan["max_latency_s"])
-    _say(f"  [{label}] machine-speed probe: {probe_s * 1000:.2f} ms")
-    measured, ratios = [], []
+    timed = _interleaved({n: runner(n) for n in sizes}, plan["seconds"], plan["min_runs"],
+                         plan["max_runs"], plan["max_latency_s"])
+    measured = []
     for n in sorted(timed):
-        times, cpu = timed[n]
-        median = float(np.median(times))
-        measured.append({"batch_size": n, "mean_s": float(np.mean(times)), "p50_s": median,
-                         "p99_s": float(np.percentile(times, 99)), "cpu_s": cpu,
-                         "runs": len(times)})
-        ratios += [t / median for t in times]
-        _say(f"  [{label}] batch {n}: {median * 1000:.2f} ms (median of {len(times)}), "
+        median = float(np.median(timed[n]))
+        measured.append({"batch_size": n, "p50_s": median, "runs": len(timed[n])})
+        _say(f"  [{label}] batch {n}: {median * 1000:.2f} ms (median of {len(timed[n])}), "
              f"{n / median:,.0f} rows/s")
-    concurrency = []
-    for n, k in plan["concurrency"]:
-        if n not in timed:
-            continue
-        factor, together = _slowdown(runner(n), k, plan["seconds"], plan["min_runs"])
-        concurrency.append({"batch_size": n, "concurrent": k,
-                            "median_s": factor * float(np.median(timed[n][0])),
-                            "spread": together})
-        _say(f"  [{label}] {k} runs of batch {n} at once: {factor:.2f}x as long each")
-    merge = _merge_cost(session, fetches, feed_tensors, aliases, feed, measured[-1]["batch_size"])
-    spread = [float(np.percentile(ratios, q)) for q in SPREAD_QUANTILES]
     session.close()
     return {"threads": asdict(threads), "load_seconds": load_seconds, "sizes": measured,
-            "concurrency": concurrency, "spread": spread, "inputs_source": source,
-            "probe_s": probe_s, **merge,
+            "inputs_source": source,
             # What the measuring process ran TensorFlow with, for the report to show.
             "env": [[name, os.environ.get(name)] for name, _ in plan["env"]],
             "kernels": "oneDNN" if onednn_kernels_on() else "Eigen"}
-
-
-def _merge_cost(session, fetches, feed_tensors, aliases, feed: dict, rows: int) -> dict:
-    """Seconds per row the batching session spends merging one-row inputs and splitting
-    outputs (numpy concatenate and split, as both servers copy), and bytes per row."""
-    rows = max(1, min(rows, 64))
-    singles = [_rows(feed, i, 1) for i in range(rows)]
-    outputs = session.run(fetches, dict(zip(feed_tensors, [_rows(feed, 0, rows)[a]
-                                                           for a in aliases])))
-    begin = time.perf_counter()
-    repeats = 5
-    for _ in range(repeats):
-        for alias in aliases:
-            if np.ndim(singles[0][alias]):
-                np.concatenate([s[alias] for s in singles])
-        for value in outputs:
-            if np.ndim(value):
-                np.split(np.asarray(value), rows)
-    per_row = (time.perf_counter() - begin) / repeats / rows
-    in_bytes = sum(_nbytes(singles[0][a]) for a in aliases)
-    out_bytes = sum(_nbytes(np.asarray(v)) // max(1, rows) for v in outputs)
-    return {"merge_s_per_row": per_row, "input_bytes_per_row": int(in_bytes),
-            "output_bytes_per_row": int(out_bytes)}
-
-
-def _nbytes(value) -> int:
-    value = np.asarray(value)
-    if value.dtype == object:
-        return int(sum(len(v) for v in value.ravel()))
-    return int(value.nbytes)
 
 
 def _fork_and_measure(job: dict, say: Callable[[str], None]) -> dict:

@@ -1,20 +1,11 @@
-"""Prove settings on a real server under real load, next to the model's prediction.
+"""Prove settings on a real server under real load.
 
 Each ``ServingSettings`` gets a server of its own, started the way a deployment starts
 it: ``--enable_batching --batching_parameters_file=<the text proto>`` and the thread
 flags, on the backend ``serving/backends`` resolves (a Docker image or the
-``tensorflow_model_server`` binary where present, else this project's local server,
-whose ``--enable_batching`` batches like upstream's BatchingSession). Once the version
-is AVAILABLE, the load generator (``load``) runs each load point against it; the
-server is always stopped, on failure and Ctrl-C too.
-
-Each measured point is paired with the prediction made before it was measured, and
-the relative differences are kept: ``measured / predicted - 1`` for rows/s and p99;
-more than 25% either way is flagged.
-
-Example:
-    >>> with running(backend, spec, settings) as server:
-    ...     result = load.run(targets(server)["grpc"], Load("closed", clients=16))
+``tensorflow_model_server`` binary where present, else this project's local server).
+Once the version is AVAILABLE, the load generator (``load``) runs each load point
+against it; the server is always stopped, on failure and Ctrl-C too.
 """
 
 from __future__ import annotations
@@ -27,59 +18,23 @@ from dataclasses import asdict, dataclass
 from serving_opt.errors import ServingOptError
 from serving_opt.serving import backends, client
 from serving_opt.tune.load import LoadResult
-from serving_opt.tune.scheduler import Prediction
 from serving_opt.tune.settings import PARAMETERS_FILENAME, ServingSettings
-
-FLAG_DIFFERENCE = 0.25
 
 
 @dataclass(frozen=True)
 class ProvenPoint:
-    """One measured load point with the model's prediction for it.
-
-    ``label`` says which settings ("TF Serving default (no batching)", "tuned", ...);
-    ``calibration`` marks a point the model was fitted to (not a prediction).
-
-    Example:
-        >>> point.throughput_error, point.flagged
-        (-0.08, False)
-    """
+    """One measured load point: which settings (``label``), the workload ("closed" or
+    "open"), the protocol and what the load generator measured."""
 
     label: str
     settings: ServingSettings
-    workload: str  # "closed" or "open"
+    workload: str
     protocol: str
     measured: LoadResult
-    predicted: Prediction | None
-    calibration: bool = False
-
-    @property
-    def throughput_error(self) -> float | None:
-        """measured rows/s over predicted, minus one."""
-        if self.predicted is None or self.predicted.rows_per_second <= 0:
-            return None
-        return self.measured.rows_per_second / self.predicted.rows_per_second - 1
-
-    @property
-    def p99_error(self) -> float | None:
-        """measured p99 over predicted, minus one."""
-        p = self.predicted
-        if p is None or not (0 < p.p99_ms < float("inf")) or not self.measured.ok:
-            return None
-        return self.measured.p99_ms / p.p99_ms - 1
-
-    @property
-    def flagged(self) -> bool:
-        """The model and the measurement differ by more than 25% on rows/s or p99."""
-        errors = [e for e in (self.throughput_error, self.p99_error) if e is not None]
-        return any(abs(e) > FLAG_DIFFERENCE for e in errors)
 
     def to_dict(self) -> dict:
         out = asdict(self)
         out["describe"] = self.settings.describe()
-        out["throughput_error"] = self.throughput_error
-        out["p99_error"] = self.p99_error
-        out["flagged"] = self.flagged
         return out
 
 

@@ -1,10 +1,4 @@
-"""``TuneReport``: everything a tuning run found, measured and recommends; and its table.
-
-Example:
-    >>> print(format_report(report))
-    >>> report.recommendation.settings.batching.max_batch_size
-    16
-"""
+"""``TuneReport``: everything a tuning run measured and recommends; and its table."""
 
 from __future__ import annotations
 
@@ -12,12 +6,11 @@ import math
 from dataclasses import dataclass, field
 
 from serving_opt import report as report_lib
-from serving_opt.tune.calibrate import Calibration
 from serving_opt.tune.decide import Decision
+from serving_opt.tune.grid import Objective
 from serving_opt.tune.hardware import Hardware
 from serving_opt.tune.profile import ModelProfile
 from serving_opt.tune.prove import ProvenPoint
-from serving_opt.tune.search import Objective, SearchResult
 from serving_opt.tune.settings import ServingSettings, ThreadSettings
 
 # The configurations every tune run measures, by the names the report and chart use.
@@ -25,7 +18,7 @@ DEFAULT_LABEL = "TF Serving default (no batching)"
 UPSTREAM_LABEL = "upstream batching defaults"
 CURRENT_LABEL = "your parameters file"
 AGAIN_LABEL = "upstream batching defaults, again"
-TUNED_LABEL = "tuned"
+GRID_LABEL = "grid"  # the grid's settings are "grid #1", "grid #2", ...
 
 
 @dataclass(frozen=True)
@@ -53,14 +46,10 @@ class Recommendation:
 
 @dataclass(frozen=True)
 class TuneReport:
-    """One tuning run: the profile, the calibration, the search, the proof, the verdict.
+    """One tuning run: the profile, the grid read off it, the proof, the verdict.
 
-    ``findings`` are the sentences a reader needs (comparisons, ceiling, agreement of
-    model and measurement); ``notes`` say how it was measured (which server, noise).
-
-    Example:
-        >>> report.proven[0].label
-        'TF Serving default (no batching)'
+    ``grid`` says how the grid was read off each curve; ``findings`` are the sentences a
+    reader needs (comparisons, ceiling, drift); ``notes`` say how it was measured.
     """
 
     model_base: str
@@ -75,8 +64,7 @@ class TuneReport:
     tensorflow_version: str  # the server's TensorFlow (local: the --serving_version runtime's)
     cores: int
     profile: ModelProfile
-    calibrations: tuple[Calibration, ...]
-    search: SearchResult
+    grid: tuple[str, ...]
     proven: tuple[ProvenPoint, ...]
     recommendation: Recommendation | None
     ceiling_rows_per_second: float
@@ -97,18 +85,12 @@ class TuneReport:
 
     @property
     def recommended_label(self) -> str:
-        """The label of the proven point tune recommends: the model's first choice
-        (TUNED_LABEL) unless another setting measured better.
-
-        Example:
-            >>> report.recommended_label
-            'tuned #3'
-        """
+        """The label of the proven point tune recommends ('' for none)."""
         if self.recommendation is None:
-            return TUNED_LABEL
+            return ""
         return next((p.label for p in self.proven
                      if p.settings == self.recommendation.settings
-                     and p.label != AGAIN_LABEL), TUNED_LABEL)
+                     and p.label != AGAIN_LABEL), "")
 
     def to_dict(self) -> dict:
         """JSON-ready: derived figures of each point included, infinities as null."""
@@ -138,10 +120,6 @@ def _ms(value: float | None) -> str:
     if value is None or not math.isfinite(value):
         return "-"
     return f"{value:.1f}"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:+.0%}"
 
 
 GENERATOR_SHARE_LIMIT = 0.10  # of the cores: more, and the generator competes with the server
@@ -199,7 +177,7 @@ def generator_share(report: TuneReport) -> float:
 
 
 def format_report(report: TuneReport) -> str:
-    """The human table: profile, proof (prediction next to measurement), verdict."""
+    """The human table: profile, grid, proof, decision, verdict."""
     objective = report.objective
     load = []
     if objective.clients:
@@ -232,27 +210,17 @@ def format_report(report: TuneReport) -> str:
                      *[f"{curve.rows_per_second(n):,.0f}" if n in curve.batch_sizes else "-"
                        for n in sizes]])
     lines.append(report_lib.table(["threads", *[f"b{n}" for n in sizes]], rows, indent="  "))
+    lines += [f"  grid: {line}" for line in report.grid]
     lines.append("")
-    lines.append("server overhead (calibration against upstream's batching defaults):")
-    for calibration in report.calibrations:
-        lines.append(f"  {calibration.protocol}, threads {calibration.threads.describe()}: "
-                     f"{calibration.note}")
-    lines.append("")
-    lines.append("proven (measured on the server; predicted by the model before measuring):")
+    lines.append("proven (each on a server of its own, under the load):")
     rows = []
     for point in report.proven:
-        p, m = point.predicted, point.measured
-        what = f"{point.workload}/{point.protocol}"
-        rows.append([
-            point.label + (" *" if point.calibration else ""), what,
-            f"{m.rows_per_second:,.0f}", _ms(m.p99_ms),
-            f"{p.rows_per_second:,.0f}" if p else "-", _ms(p.p99_ms) if p else "-",
-            _pct(point.throughput_error), _pct(point.p99_error),
-            f"{m.rejected}" if m.rejected else "", "FLAG" if point.flagged else ""])
-    lines.append(report_lib.table(
-        ["settings", "load", "rows/s", "p99 ms", "pred rows/s", "pred p99", "d rows/s",
-         "d p99", "rejected", ">25%"], rows, indent="  "))
-    lines.append("  (* the model was fitted to this point; d = measured / predicted - 1)")
+        m = point.measured
+        rows.append([point.label, f"{point.workload}/{point.protocol}",
+                     f"{m.rows_per_second:,.0f}", _ms(m.p50_ms), _ms(m.p99_ms),
+                     f"{m.rejected}" if m.rejected else ""])
+    lines.append(report_lib.table(["settings", "load", "rows/s", "p50 ms", "p99 ms",
+                                   "rejected"], rows, indent="  "))
     lines.append("")
     decision = report.decision
     if decision is not None:

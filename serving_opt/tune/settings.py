@@ -59,8 +59,8 @@ class BatchingSettings:
     :meth:`resolved`.
 
     Example:
-        >>> BatchingSettings(max_batch_size=8, allowed_batch_sizes=(4, 8)).padded(5)
-        8
+        >>> BatchingSettings(max_batch_size=8, allowed_batch_sizes=(4, 8)).problems()
+        []
     """
 
     max_batch_size: int = UPSTREAM_MAX_BATCH_SIZE
@@ -75,18 +75,6 @@ class BatchingSettings:
         if self.num_batch_threads > 0:
             return self
         return replace(self, num_batch_threads=cpus or cores())
-
-    def padded(self, rows: int) -> int:
-        """The batch size a batch of ``rows`` runs at (upstream RoundToLowestAllowedBatchSize).
-
-        Example:
-            >>> BatchingSettings(max_batch_size=8, allowed_batch_sizes=(2, 4, 8)).padded(3)
-            4
-        """
-        for size in self.allowed_batch_sizes:
-            if size >= rows:
-                return size
-        return rows
 
     def problems(self) -> list[str]:
         """What TF Serving would refuse at startup (its own checks), as sentences.

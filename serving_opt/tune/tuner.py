@@ -1,34 +1,20 @@
-"""``tune()``: measure the model, model the batcher, search, prove, recommend.
-
-The run, in order (each step says what it does while it works):
+"""``tune()``: measure the session, propose a small grid, prove on a real server, decide.
 
 0. **check** (here, before anything runs): options, the version, the signature, the
    static check of the graph (a SavedModel is code), ``--examples``,
    ``--current_parameters_file``, the output directory;
-1. **profile** the session alone, one fresh process per thread setting (``profile``);
-2. **calibrate** the server's own cost per request against upstream's batching
-   defaults with one client and with N (``calibrate``); these also are upstream's
-   proven points;
-3. **search** the settings with the scheduler model (``search``);
-4. **prove** TF Serving's default (no batching), the best few and the user's current
-   file on the real server under real load, each point next to its prediction
-   (``prove``);
-5. **decide**: TF Serving's default, upstream's batching defaults and the measured best
+1. **measure** the session alone, per batch size and thread setting (``profile``), and
+   read the grid off its curves (``grid``);
+2. **prove** TF Serving's default, upstream's batching defaults, every grid setting and
+   the user's current file, each on a server of its own under every workload;
+3. **decide**: TF Serving's default, upstream's batching defaults and the measured best
    (started from its deployment set exactly; its batching file alone too when it needs
    thread flags) in ``--rounds`` interleaved rounds (``decide``); the measured best is
    recommended only when it beats upstream's defaults by more than the interval over
    the rounds, else upstream's defaults are.
 
-Steps 1-5 run the model, so they run in one sandboxed worker (``serving_opt.sandbox``:
-read-only model and Python, no network but its own loopback, where the server and
-the load generator talk); what comes back is the report, as data. ``outputs.write``
-then writes what a deployment uses.
-
-Example:
-    >>> report = tune("/models/mnv2", TuneOptions(clients=16, slo_p99_ms=250),
-    ...               output_dir="build/tune")
-    >>> report.recommendation.command
-    'tensorflow_model_server --port=8500 ... --enable_batching=true ...'
+Steps 1-3 run the model, so they run in one sandboxed worker (``serving_opt.sandbox``);
+what comes back is the report, as data. ``outputs.write`` then writes the files.
 """
 
 from __future__ import annotations
@@ -45,20 +31,19 @@ from serving_opt.errors import UsageError
 from serving_opt.savedmodel import loader
 from serving_opt.serving import backends
 from serving_opt.serving import runtime as runtime_lib
-from serving_opt.tune import calibrate, decide, hardware, load, payloads, prove, search
+from serving_opt.tune import decide, grid, hardware, load, payloads, prove
 from serving_opt.tune import profile as profile_lib
 from serving_opt.tune.options import TuneOptions, check_options
 from serving_opt.tune.prove import ProvenPoint
-from serving_opt.tune.report import (  # noqa: F401 - the labels' old home
+from serving_opt.tune.report import (
     AGAIN_LABEL,
     CURRENT_LABEL,
     DEFAULT_LABEL,
-    TUNED_LABEL,
+    GRID_LABEL,
     UPSTREAM_LABEL,
     Recommendation,
     TuneReport,
 )
-from serving_opt.tune.scheduler import ServiceModel
 from serving_opt.tune.settings import (
     PARAMETERS_FILENAME,
     BatchingSettings,
@@ -82,10 +67,6 @@ def tune(model_base: str, options: TuneOptions | None = None,
     cannot run; otherwise returns the report (``report.ok`` False when no setting met
     the objective). With ``output_dir``, also writes the deployment files there
     (``report.outputs`` names them).
-
-    Example:
-        >>> tune("/models/mnv2", TuneOptions(clients=16, slo_p99_ms=250)).ok
-        True
     """
     say = progress or (lambda m: None)
     options = options or TuneOptions()
@@ -160,10 +141,6 @@ def local_runtime(options: TuneOptions, say: Callable[[str], None] = lambda m: N
     ``--serving_version`` is resolved (installed once when missing; call it outside the
     sandbox, which has no network); without it, the default target's runtime is used
     only when it is already here.
-
-    Example:
-        >>> local_runtime(TuneOptions(clients=4, serving_version="2.21"))[0].source
-        'current interpreter'
     """
     return runtime_lib.stand_in_runtime(options.serving_version,
                                         options.serving_runtime_python, options.image, say)
@@ -209,12 +186,9 @@ def _binary_dirs(backend: str) -> list[str]:
 
 
 def plan(options: TuneOptions, cpus: int) -> profile_lib.ProfilePlan:
-    """What the profile measures for ``options`` on ``cpus`` cores.
-
-    Example:
-        >>> plan(TuneOptions(clients=16), 2).batch_sizes
-        (1, 2, 4, 8, 16, 32)
-    """
+    """What the profile measures for ``options``: one request's rows times 1, 2, 4, ...
+    and the clients' rows and half of them, up to the bound; TensorFlow's default threads
+    and ``--tensorflow_*_op_parallelism``'s."""
     r = options.rows_per_request
     n = options.clients
     if options.max_batch_size_bound:
@@ -231,23 +205,14 @@ def plan(options: TuneOptions, cpus: int) -> profile_lib.ProfilePlan:
     sizes.add(bound)
     intra = options.intra_op if options.intra_op is not None else ((0, 1) if cpus > 1 else (0,))
     inter = options.inter_op if options.inter_op is not None else (0,)
-    threads = tuple(ThreadSettings(a, b) for a in intra for b in inter)
+    threads = tuple(dict.fromkeys(ThreadSettings(a, b) for a in intra for b in inter))
     if DEFAULT_THREADS not in threads:
         # TF Serving's default and upstream's batching defaults run with TensorFlow's own
-        # threads; their predictions (and the search's comparisons) need that curve.
+        # threads: the report's curves show them beside the rest.
         threads = (DEFAULT_THREADS, *threads)
-    # Overlapping runs: no batching runs one per request in the server at once; batch
-    # threads run up to one per core.
-    most = max(n, 2 * cpus) if n else 4 * cpus
-    ks = sorted({k for k in (2, 4, 8, 16, 32, 64) if k <= min(most, 64)} | {min(most, 64)})
-    concurrency = [(r, k) for k in ks if k > 1]
-    middle = n * r if n and n * r <= bound else sorted(sizes)[len(sizes) // 2]
-    for size in sorted({middle, bound}):
-        concurrency += [(size, k) for k in range(2, min(cpus, 4) + 1)]
     return profile_lib.ProfilePlan(
         batch_sizes=tuple(sorted(sizes)), thread_settings=threads,
-        concurrency=tuple(dict.fromkeys(concurrency)), seconds=options.profile_seconds,
-        max_latency_s=options.slo_p99_ms / 1000.0,
+        seconds=options.profile_seconds, max_latency_s=options.slo_p99_ms / 1000.0,
         tags=tuple(sorted(loader.parse_tags(options.saved_model_tags))),
         examples=options.examples, seed=options.seed)
 
@@ -274,10 +239,10 @@ class _Run:
         return prove.launch(self.backend, self.spec, settings, self.runtime, self.say,
                             deployed)
 
-    def load_for(self, workload: str, clients: int | None = None) -> load.Load:
+    def load_for(self, workload: str) -> load.Load:
         o = self.options
         if workload == "closed":
-            return load.Load("closed", clients=clients or o.clients, duration=o.duration,
+            return load.Load("closed", clients=o.clients, duration=o.duration,
                              warmup=o.warmup, timeout=o.request_timeout, seed=o.seed)
         return load.Load("open", rate=o.rate, duration=o.duration, warmup=o.warmup,
                          timeout=o.request_timeout, seed=o.seed)
@@ -309,15 +274,15 @@ class _Run:
                                 self.payloads, self.options.rows_per_request)
 
 
-# (label, settings, workload, protocol, measured, the model was fitted to it)
-_Measured = tuple[str, ServingSettings, str, str, load.LoadResult, bool]
+DEFAULT_THREADS = ThreadSettings()
+ALONE_LABEL = "measured best's batching file alone (default threads)"
 
 
 def execute(model_base: str, version: int, options: TuneOptions, backend: str,
             current: BatchingSettings | None = None,
             progress: Callable[[str], None] | None = None,
             runtime: runtime_lib.Runtime | None = None) -> TuneReport:
-    """Steps 1-5 (see the module doc), where the model may run (the sandbox); ``runtime``:
+    """Steps 1-3 (see the module doc), where the model may run (the sandbox); ``runtime``:
     the TensorFlow the local stand-in and the profile run under (None: this one)."""
     say = progress or sandbox_lib.say
     from serving_opt.serving import validate
@@ -326,18 +291,21 @@ def execute(model_base: str, version: int, options: TuneOptions, backend: str,
     name = options.model_name or os.path.basename(model_base.rstrip("/")) or "model"
     cpus = cores()
     protocols = tuple(p for p in ("grpc", "rest") if p in options.protocols)
-    objective = search.Objective(options.slo_p99_ms, options.clients, options.rate,
-                                 options.rows_per_request, options.max_reject_fraction,
-                                 options.padding, options.seed)
+    objective = grid.Objective(options.slo_p99_ms, options.clients, options.rate,
+                               options.rows_per_request, options.max_reject_fraction,
+                               options.padding, options.seed)
     the_plan = dataclasses.replace(plan(options, cpus),
                                    env=tuple(sorted(backends.runtime_env(backend).items())))
-    say(f"1/4 measuring {model_dir} as TF Serving runs it: batch sizes "
+    say(f"1/3 measuring {model_dir} as TF Serving runs it: batch sizes "
         f"{', '.join(map(str, the_plan.batch_sizes))}, threads "
         f"{'; '.join(t.describe() for t in the_plan.thread_settings)} "
         f"({options.profile_seconds:g} s per point, a fresh process per thread setting)")
-    # Profiled under the server's TensorFlow: the curves predict that server.
+    # Profiled under the server's TensorFlow: the curves are that server's.
     model_profile = profile_lib.profile(model_dir, options.signature_name, the_plan, say,
                                         runtime=runtime)
+    candidates, grid_notes = grid.candidates(model_profile, objective, cpus)
+    for note in grid_notes:
+        say(f"  {note}")
     built = payloads.build(model_dir, name, version, options.signature_name,
                            options.rows_per_request, the_plan.tags, options.examples,
                            options.seed)
@@ -348,45 +316,18 @@ def execute(model_base: str, version: int, options: TuneOptions, backend: str,
     with load.Generator() as generator:  # one process for every load point
         run = _Run(model_base, version, options, backend, say, name, spec, protocols, built,
                    generator, runtime)
-        say(f"2/4 calibrating: the server's own cost per request, against {UPSTREAM_LABEL}")
-        calibrations, measured, server = _calibrate(run, model_profile, cpus)
-        service = services(calibrations, protocols[0])
-        # TF Serving's default does not depend on the search: its server starts (imports,
-        # loads, warms up) while the model searches, when nothing is being measured.
-        default = run.launch(tf_serving_default(DEFAULT_THREADS))
-        try:
-            say("3/4 searching the settings with a model of TF Serving's batch scheduler")
-            result = search.search(model_profile, objective, service, progress=say,
-                                   cpus=cpus, default_threads=DEFAULT_THREADS)
-            if result.best is not None:
-                say(f"  best predicted: {result.best.settings.describe()} "
-                    f"({_summary(result.best.primary())})")
-            else:
-                say("  no setting meets the objective in the model; proving the closest")
-        except BaseException:
-            default.stop()
-            raise
-        measured += _prove(run, result, objective, current, default)
-        workloads = objective.workloads()
-        profiled = {curve.threads for curve in model_profile.curves}
-        points = [ProvenPoint(label, settings, workload, protocol, m,
-                              search.predict(model_profile, settings, workloads[workload],
-                                             services(calibrations, protocol))
-                              if settings.threads in profiled else None, fitted)
-                  for label, settings, workload, protocol, m, fitted in measured]
-        measured_best = recommend(points, objective, protocols[0], name, result)
-        decision = _decide(run, measured_best, points, objective, cpus)
+        points, server = prove_all(run, candidates, objective, current)
+        measured_best = recommend(points, objective, protocols[0], name)
+        decision = decide_rounds(run, measured_best, points, objective, cpus)
     recommendation = final_recommendation(measured_best, decision, points, objective, name)
-    ceiling_batch, ceiling, ceiling_how, ceiling_threads = _ceiling(model_profile, cpus)
+    ceiling_batch, ceiling, ceiling_how, ceiling_threads = _ceiling(model_profile)
     report = TuneReport(
         model_base=model_base, model_dir=model_dir, model_name=name, version=version,
         signature=options.signature_name, objective=objective, backend=backend,
         backend_note=backends.BACKEND_NOTES[backend], server=server[0],
         tensorflow_version=server[1], cores=cpus, profile=model_profile,
-        calibrations=tuple(calibrations.values()), search=result,
-        proven=tuple(points),
-        recommendation=recommendation, decision=decision,
-        ceiling_rows_per_second=ceiling, ceiling_batch_size=ceiling_batch,
+        grid=tuple(grid_notes), proven=tuple(points), recommendation=recommendation,
+        decision=decision, ceiling_rows_per_second=ceiling, ceiling_batch_size=ceiling_batch,
         ceiling_how=ceiling_how, ceiling_threads=ceiling_threads,
         # Measured here, in the environment the server ran TensorFlow with.
         hardware=hardware.here(model_profile.kernels, model_profile.env))
@@ -396,130 +337,46 @@ def execute(model_base: str, version: int, options: TuneOptions, backend: str,
                                notes=findings.notes(report))
 
 
-DEFAULT_THREADS = ThreadSettings()
-
-
-def _calibrate(run: _Run, model_profile, cpus: int):
-    """Step 2: upstream's batching defaults under 1 and N clients, per protocol and per
-    profiled thread setting (and the open loop at TF Serving's default threads); the
-    fitted ServiceModels by (protocol, threads), their measured points, and what
-    answered.
-
-    Upstream's defaults (timeout 0, a batch thread per core) run at most a few sessions
-    at once, as the profile ran them, so what N clients miss there is the server's own
-    cost; TF Serving's default (a session per request, all at once) is then a prediction.
-    Each thread setting gets a fit of its own: inside a busy server TensorFlow's default
-    intra-op pool (a thread per core) competes with the request threads, and a run can
-    take twice what it took alone, where one intra-op thread per run loses nothing. One
-    fit for both would blame that on the server and cap every setting with it.
-    """
-    o = run.options
-    calibrations: dict[tuple[str, ThreadSettings], calibrate.Calibration] = {}
-    measured: list[_Measured] = []
-    answered = ("", "")
-    threads_list = sorted((c.threads for c in model_profile.curves),
-                          key=lambda t: t != DEFAULT_THREADS)
-    for threads in threads_list:
-        curve = model_profile.curve(threads)
-        upstream = upstream_batching(threads)
-        label = calibration_label(threads)
-        with run.serve(upstream) as server:
-            targets = run.targets(server)
-            for protocol in run.protocols:
-                run.say(f"  {protocol}, {threads.describe()}: 1 client for "
-                        f"{o.calibration_seconds:g} s")
-                one = run.measure(targets[protocol],
-                                  load.Load("closed", clients=1,
-                                            duration=o.calibration_seconds,
-                                            warmup=min(1.0, o.warmup),
-                                            timeout=o.request_timeout), label)
-                many_n = o.clients or max(2, 2 * cpus)
-                run.say(f"  {protocol}, {threads.describe()}: {many_n} clients for "
-                        f"{o.duration:g} s")
-                many = run.measure(targets[protocol], run.load_for("closed", many_n), label)
-                fitted = calibrate.fit(curve, o.rows_per_request, one, many,
-                                       calibrate.FitSetting(
-                                           protocol, model_profile.merge_s_per_row, o.seed,
-                                           upstream.batching,
-                                           python_server=run.backend == "local"))
-                calibrations[(protocol, threads)] = fitted
-                run.say(f"  {protocol}, {threads.describe()}: {fitted.note}")
-                if o.clients:
-                    measured.append((label, upstream, "closed", protocol, many, True))
-                if o.rate and threads == threads_list[0]:
-                    run.say(f"  {protocol}: {o.rate:g} requests/s for {o.duration:g} s")
-                    result = run.measure(targets[protocol], run.load_for("open"), label)
-                    measured.append((label, upstream, "open", protocol, result, False))
-            answered = (server.description, server.tf_version)
-    return calibrations, measured, answered
-
-
-def calibration_label(threads: ThreadSettings) -> str:
-    """The label of upstream's batching defaults run with ``threads``.
-
-    Example:
-        >>> calibration_label(ThreadSettings(1, 0))
-        'upstream batching defaults, intra 1, inter default'
-    """
-    if threads == DEFAULT_THREADS:
-        return UPSTREAM_LABEL
-    return f"{UPSTREAM_LABEL}, {threads.describe()}"
-
-
-def services(calibrations: dict, protocol: str) -> dict[ThreadSettings, ServiceModel]:
-    """The fitted ServiceModels of ``protocol``, by thread setting."""
-    return {threads: c.service for (p, threads), c in calibrations.items() if p == protocol}
-
-
-def _prove(run: _Run, result: search.SearchResult, objective: search.Objective,
-           current: BatchingSettings | None, default) -> list[_Measured]:
-    """Step 4: TF Serving's default, the best (and ``--prove`` runners-up from the front),
-    the user's current file, each on a server of its own under every workload."""
+def prove_all(run, candidates: list[ServingSettings], objective: grid.Objective,
+              current: BatchingSettings | None = None,
+              ) -> tuple[list[ProvenPoint], tuple[str, str]]:
+    """Step 2: TF Serving's default, upstream's batching defaults and the user's current
+    file on every protocol, each grid setting on the primary one, every workload; then
+    (``--recheck``) upstream's defaults again. The points, and what answered."""
     o = run.options
     primary = run.protocols[0]
     to_prove: list[tuple[str, ServingSettings, tuple[str, ...]]] = [
-        (DEFAULT_LABEL, tf_serving_default(DEFAULT_THREADS), run.protocols)]
-    chosen = [result.best] if result.best is not None else list(result.front[:1])
-    for candidate in (*result.runners_up, *result.front):
-        if len(chosen) >= 1 + o.prove:
-            break
-        if all(candidate.settings != c.settings for c in chosen):
-            chosen.append(candidate)
-    for i, candidate in enumerate(chosen):
-        label = TUNED_LABEL if i == 0 else f"{TUNED_LABEL} #{i + 1}"
-        to_prove.append((label, candidate.settings, run.protocols if i == 0 else (primary,)))
+        (DEFAULT_LABEL, tf_serving_default(DEFAULT_THREADS), run.protocols),
+        (UPSTREAM_LABEL, upstream_batching(DEFAULT_THREADS), run.protocols)]
+    to_prove += [(f"{GRID_LABEL} #{i + 1}", settings, (primary,))
+                 for i, settings in enumerate(candidates)]
     if current is not None:
         to_prove.append((CURRENT_LABEL, ServingSettings(current, DEFAULT_THREADS),
                          run.protocols))
-    run.say(f"4/4 proving {len(to_prove)} more settings on the server, {o.duration:g} s per "
-            "load point" + (", then the calibration point again" if o.recheck else ""))
-    measured: list[_Measured] = []
+    if o.recheck:
+        # Upstream's defaults once more, last: how far the machine itself moved while
+        # everything above was measured (a difference below that is noise).
+        to_prove.append((AGAIN_LABEL, upstream_batching(DEFAULT_THREADS), (primary,)))
+    run.say(f"2/3 proving {len(to_prove)} settings on the server, {o.duration:g} s per load "
+            "point")
+    points: list[ProvenPoint] = []
+    answered = ("", "")
     for label, settings, protocols in to_prove:
-        with run.serve(settings, default if label == DEFAULT_LABEL else None) as server:
+        with run.serve(settings) as server:
             targets = run.targets(server)
             for workload in objective.workloads():
                 for protocol in protocols:
                     m = run.measure(targets[protocol], run.load_for(workload), label)
-                    measured.append((label, settings, workload, protocol, m, False))
-                    run.say(f"  {label} {workload}/{protocol}: {_measured(m)}")
-    if o.recheck:
-        # The calibration point once more, last: how far the machine itself moved while
-        # everything above was measured (a difference below that is noise).
-        workload = "closed" if o.clients else "open"
-        settings = upstream_batching(DEFAULT_THREADS)
-        with run.serve(settings) as server:
-            m = run.measure(run.targets(server)[primary], run.load_for(workload), AGAIN_LABEL)
-        measured.append((AGAIN_LABEL, settings, workload, primary, m, True))
-        run.say(f"  {AGAIN_LABEL} {workload}/{primary}: {_measured(m)}")
-    return measured
+                    points.append(ProvenPoint(label, settings, workload, protocol, m))
+                    run.say(f"  {label} ({settings.describe()}) {workload}/{protocol}: "
+                            f"{_measured(m)}")
+            answered = (server.description, server.tf_version)
+    return points, answered
 
 
-ALONE_LABEL = "tuned batching file alone (default threads)"
-
-
-def _decide(run: _Run, best: Recommendation | None, points: list[ProvenPoint],
-            objective: search.Objective, cpus: int) -> decide.Decision | None:
-    """Step 4, last: TF Serving's default and upstream's batching defaults against the
+def decide_rounds(run, best: Recommendation | None, points: list[ProvenPoint],
+                  objective: grid.Objective, cpus: int) -> decide.Decision | None:
+    """Step 3: TF Serving's default and upstream's batching defaults against the
     measured best, started from its deployment set exactly (the batching file's text
     and the flags tune writes), and its batching file alone when the best needs thread
     flags; all servers up at once and measured in ``--rounds`` interleaved rounds on the
@@ -530,7 +387,7 @@ def _decide(run: _Run, best: Recommendation | None, points: list[ProvenPoint],
     if best is None or best.settings == upstream or o.rounds < 1:
         return None
     winner = next((p.label for p in points if p.settings == best.settings
-                   and p.label != AGAIN_LABEL), TUNED_LABEL)
+                   and p.label != AGAIN_LABEL), GRID_LABEL)
     as_written = prove.Deployed(best.parameters_text, best.flags)
     contenders = [(DEFAULT_LABEL, tf_serving_default(DEFAULT_THREADS), None),
                   (UPSTREAM_LABEL, upstream, None), (winner, best.settings, as_written)]
@@ -545,9 +402,9 @@ def _decide(run: _Run, best: Recommendation | None, points: list[ProvenPoint],
                            prove.Deployed(best.parameters_text, tuple(
                                f for f in best.flags
                                if not f.startswith("--tensorflow_")))))
-    workload = "closed" if objective.clients else "open"
+    workload = objective.workloads()[0]
     protocol = run.protocols[0]
-    run.say(f"  deciding: {', '.join(label for label, _, _ in contenders)} in {o.rounds} "
+    run.say(f"3/3 deciding: {', '.join(label for label, _, _ in contenders)} in {o.rounds} "
             f"interleaved rounds of {o.duration:g} s ({workload}/{protocol})")
     rows: dict[str, list[float]] = {label: [] for label, _, _ in contenders}
     p99: dict[str, list[float]] = {label: [] for label, _, _ in contenders}
@@ -579,15 +436,10 @@ def _decide(run: _Run, best: Recommendation | None, points: list[ProvenPoint],
 
 
 def final_recommendation(best: Recommendation | None, decision: decide.Decision | None,
-                         points: list[ProvenPoint], objective: search.Objective,
+                         points: list[ProvenPoint], objective: grid.Objective,
                          model_name: str) -> Recommendation | None:
     """The measured best when it beat upstream's defaults by more than the noise (the
-    decision's interval above 1), else upstream's defaults when they met the SLO.
-
-    Example:
-        >>> final_recommendation(best, decision, points, objective, "clf").basis
-        "upstream's batching defaults: tuning found nothing better on this hardware ..."
-    """
+    decision's interval above 1), else upstream's defaults when they met the SLO."""
     if best is not None and best.settings.batching == BatchingSettings():
         # Upstream's defaults measured best: their file leaves num_batch_threads to the
         # server (a thread per core of whatever machine serves), not this machine's count.
@@ -626,10 +478,6 @@ def upstream_parameters_text() -> str:
                       "a file (num_batch_threads: the server's, one per core)", *lines]) + "\n"
 
 
-def _summary(p) -> str:
-    return f"{p.rows_per_second:,.0f} rows/s, p99 {p.p99_ms:.1f} ms"
-
-
 def _measured(m: load.LoadResult) -> str:
     text = f"{m.rows_per_second:,.0f} rows/s, p99 {m.p99_ms:.1f} ms"
     if m.errors:
@@ -637,32 +485,23 @@ def _measured(m: load.LoadResult) -> str:
     return text
 
 
-def _ceiling(model_profile, cpus: int) -> tuple[int, float, str, ThreadSettings | None]:
-    """The most rows/s the session alone did: (batch size, rows/s, how, thread setting),
-    over every profiled thread setting, batch size and number of runs at once (up to a
-    run per core, from the measured slowdowns)."""
+def _ceiling(model_profile) -> tuple[int, float, str, ThreadSettings | None]:
+    """The most rows/s one session run alone did: (batch size, rows/s, how, threads)."""
     best: tuple[int, float, str, ThreadSettings | None] = (1, 0.0, "", None)
     for curve in model_profile.curves:
         for n in curve.batch_sizes:
-            for k in range(1, max(1, cpus) + 1):
-                rows = k * curve.rows_per_second(n) / curve.slowdown(n, k)
-                if rows > best[1] * (1 + 1e-9):
-                    how = (f"{k} runs of batch {n} at once" if k > 1 else f"batch {n}")
-                    best = (n, rows, f"{how}, threads {curve.threads.describe()}",
-                            curve.threads)
+            rows = curve.rows_per_second(n)
+            if rows > best[1]:
+                best = (n, rows, f"batch {n}, threads {curve.threads.describe()}",
+                        curve.threads)
     return best
 
 
-def recommend(points: list[ProvenPoint], objective: search.Objective, protocol: str,
-              model_name: str, result: search.SearchResult) -> Recommendation | None:
-    """The proven setting that measured best within the SLO (primary workload and
-    protocol); None when none did.
-
-    Example:
-        >>> recommend(points, objective, "grpc", "clf", result).basis
-        'measured best of 5 proven settings within the p99 SLO'
-    """
-    workload = "closed" if objective.clients else "open"
+def recommend(points: list[ProvenPoint], objective: grid.Objective, protocol: str,
+              model_name: str) -> Recommendation | None:
+    """The proven setting that measured best within the SLO on every workload (ranked on
+    the primary workload and protocol); None when none did."""
+    workload = objective.workloads()[0]
     meets: dict[str, ProvenPoint] = {}
     labels = []
     for point in points:
@@ -684,10 +523,7 @@ def recommend(points: list[ProvenPoint], objective: search.Objective, protocol: 
         return (m.p99_ms, -m.rows_per_second)
 
     winner = min(meets.values(), key=key)
-    predicted_best = result.best.settings if result.best is not None else None
     basis = f"measured best of {len(labels)} proven settings within the p99 SLO"
-    if predicted_best is not None and winner.settings != predicted_best:
-        basis += " (not the model's first choice)"
     settings = winner.settings
     parameters = settings.batching.text_proto() if settings.batching is not None else ""
     flags = settings.flags(f"/models/{model_name}", model_name,
@@ -695,7 +531,7 @@ def recommend(points: list[ProvenPoint], objective: search.Objective, protocol: 
     return Recommendation(settings, parameters, flags, basis)
 
 
-def _meets(point: ProvenPoint, objective: search.Objective) -> bool:
+def _meets(point: ProvenPoint, objective: grid.Objective) -> bool:
     m = point.measured
     if m.requests == 0 or m.ok == 0:
         return False

@@ -1,11 +1,11 @@
 """Find TF Serving's batching and thread settings for a model and a load, and prove them.
 
 Measures the model as TF Serving runs it (batch sizes, thread settings, each in a
-fresh process), fits the server's own cost per request, searches TF Serving's
-batching parameters with a model of its batch scheduler for the most throughput with
-p99 under --slo_p99_ms, then proves TF Serving's default (no batching), upstream's
-batching defaults and the best settings on a real server under real gRPC/REST load,
-each measurement next to the model's prediction. Writes into --output_dir:
+fresh process), reads a small grid of batching settings off that curve (max_batch_size
+at its knee, timeouts 0, 1 ms and half a request's run, 1 or a batch thread per core),
+then proves TF Serving's default (no batching), upstream's batching defaults and each
+grid setting on a real server under real gRPC/REST load; the measured best within
+p99 --slo_p99_ms is recommended. Writes into --output_dir:
 batching_parameters.txt, tensorflow_model_server.flags, models.config (a
 --model_config_file snippet), docker/ (Dockerfile, compose.yaml, docker.env),
 docker.diff, tune.json, tune.txt and a chart (tune.png; tune.svg without matplotlib).
