@@ -23,6 +23,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+from independent_check import assert_outputs_match, example
 
 from serving_opt.errors import ServingOptError
 from serving_opt.optimizer import OptimizeOptions, optimize
@@ -198,7 +199,8 @@ def test_optimize_end_to_end_with_cold_start(tmp_path):
     src = scalar_model(str(tmp_path / "src" / "1"))
     report = optimize(src, str(tmp_path / "out"),
                       OptimizeOptions(benchmark_runs=0, cold_start=True))
-    assert report.parity.ok
+    assert_outputs_match(report.output_dir, src, {KEY: {"threshold": np.float32(-2.5)}},
+                         rtol=1e-6, atol=1e-6)
     assert report.parity.input_sources == {KEY: "synthesized (scalars)"}
     assert report.cold_start is not None
     assert os.path.isfile(os.path.join(report.output_dir, "saved_model.pb"))
@@ -208,7 +210,10 @@ def test_optimize_end_to_end_one_value_per_feature(tmp_path):
     src = one_value_model(str(tmp_path / "src" / "1"))
     report = optimize(src, str(tmp_path / "out"),
                       OptimizeOptions(benchmark_runs=0, cold_start=False))
-    assert report.parity.ok
+    examples = np.array([example(word="cat", age=41.0), example(word="dog"),
+                         example(age=7.5)], dtype=object)
+    assert_outputs_match(report.output_dir, src, {KEY: {"examples": examples}},
+                         rtol=1e-6, atol=1e-6)
     assert report.parity.input_sources == {KEY: "synthesized (one value per feature)"}
 
 

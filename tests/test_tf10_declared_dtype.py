@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+from independent_check import assert_outputs_match, example
 
 from serving_opt import OptimizeOptions, optimize
 from serving_opt.savedmodel import inputs
@@ -61,7 +62,11 @@ def test_optimize_publishes_it_with_its_declaration_unchanged(tmp_path):
 
     src = half_plus_three_shape(str(tmp_path / "m" / "1"))
     report = optimize(src, str(tmp_path / "out"), OptimizeOptions(**NOT_MEASURED))
-    assert report.parity.ok
+    xs = [-2.0, 0.0, 1.5, 40.0]
+    # tf.Examples, as TF Serving's Regress API feeds them whatever the declaration says.
+    feeds = {KEY: {"inputs": np.array([example(x=x) for x in xs], dtype=object)}}
+    original = assert_outputs_match(report.output_dir, src, feeds, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(original[KEY]["outputs"][:, 0], [0.5 * x + 3 for x in xs])
     from serving_opt.savedmodel import loader
 
     published = loader.find_meta_graph(loader.read_saved_model(report.output_dir),
