@@ -1,0 +1,166 @@
+"""The host side of the sandboxed ``serve``, in process: the model name read from a
+request's wire bytes (against protobuf's own parse), and the REST front end's accept loop
+and connection limit (against a stand-in sandbox on a unix socket)."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import threading
+
+import pytest
+
+from serving_opt.serving.front import rest_front, wire
+
+
+def _spec(message, name: str, version: int | None = None):
+    message.model_spec.name = name
+    if version is not None:
+        message.model_spec.version.value = version
+    return message
+
+
+def test_the_model_name_is_read_from_every_routed_request():
+    from tensorflow_serving.apis import (
+        classification_pb2,
+        get_model_metadata_pb2,
+        get_model_status_pb2,
+        inference_pb2,
+        predict_pb2,
+        regression_pb2,
+    )
+
+    predict = _spec(predict_pb2.PredictRequest(), "a", 3)
+    predict.inputs["x"].string_val.append(b"\x0a\x03\x0a\x01b" * 50)  # looks like a spec
+    predict.output_filter.append("y")
+    for message in (predict, _spec(classification_pb2.ClassificationRequest(), "a"),
+                    _spec(regression_pb2.RegressionRequest(), "a"),
+                    _spec(get_model_metadata_pb2.GetModelMetadataRequest(), "a"),
+                    _spec(get_model_status_pb2.GetModelStatusRequest(), "a")):
+        assert wire.model_name(message.SerializeToString()) == "a"
+    # Fields merge as a parse merges them: the last name wins.
+    later = _spec(predict_pb2.PredictRequest(), "b")
+    twice = predict.SerializeToString() + later.SerializeToString()
+    assert predict_pb2.PredictRequest.FromString(twice).model_spec.name == "b"
+    assert wire.model_name(twice) == "b"
+    assert wire.model_name(predict_pb2.PredictRequest().SerializeToString()) is None
+    assert wire.model_name(b"\x0a\xff\xff\xff\xff\x0f") is None  # a length past the end
+
+    multi = inference_pb2.MultiInferenceRequest()
+    for name in ("a", "a"):
+        _spec(multi.tasks.add(), name)
+    assert wire.model_name(multi.SerializeToString(), multi_inference=True) == "a"
+    _spec(multi.tasks.add(), "b")
+    assert wire.model_name(multi.SerializeToString(), multi_inference=True) is None
+
+
+class _Sandbox:
+    """A stand-in for a sandbox's REST listener: answers every request with its path."""
+
+    def __init__(self, path: str) -> None:
+        self.listener = socket.socket(socket.AF_UNIX)
+        self.listener.bind(path)
+        self.listener.listen(64)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                piece = conn.recv(4096)
+                if not piece:
+                    return
+                data += piece
+            body = data.split(b" ")[1]
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def _exchange(sock: socket.socket, path: bytes) -> bytes:
+    sock.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = b""
+    while not answer.endswith(path):
+        piece = sock.recv(4096)
+        if not piece:
+            break
+        answer += piece
+    return answer
+
+
+def _ask(address, path: bytes = b"/v1/models/m") -> bytes:
+    with socket.create_connection(address, timeout=30) as sock:
+        return _exchange(sock, path)
+
+
+@pytest.fixture
+def sandbox_socket(tmp_path):
+    path = str(tmp_path / "rest.sock")
+    sandbox = _Sandbox(path)
+    yield path
+    sandbox.listener.close()
+
+
+class _FailingListener:
+    """A listener whose accept fails with ``errors`` first (each a per-connection error
+    the kernel reports), then accepts from a real one."""
+
+    def __init__(self, real: socket.socket, errors: list[int]) -> None:
+        self.real = real
+        self.errors = list(errors)
+        self.raised = 0
+
+    def listen(self, backlog: int) -> None:
+        self.real.listen(backlog)
+
+    def accept(self):
+        if self.errors:
+            self.raised += 1
+            raise OSError(self.errors.pop(0), "injected")
+        return self.real.accept()
+
+    def shutdown(self, how: int) -> None:
+        self.real.shutdown(how)
+
+    def close(self) -> None:
+        self.real.close()
+
+
+def test_the_accept_loop_outlives_every_per_connection_error(sandbox_socket):
+    real = socket.socket()
+    real.bind(("127.0.0.1", 0))
+    errors = [errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED,
+              errno.EPROTO, errno.EPERM]
+    listener = _FailingListener(real, errors)
+    front = rest_front.RestFront(listener, lambda name: sandbox_socket, 1 << 20)
+    front.start()
+    try:
+        assert _ask(real.getsockname()).endswith(b"\r\n\r\n/v1/models/m")
+        assert listener.raised == len(errors)  # control: every error was raised first
+    finally:
+        front.close()
+
+
+def test_past_the_connection_limit_the_oldest_idle_connection_is_closed(sandbox_socket):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    address = listener.getsockname()
+    front = rest_front.RestFront(listener, lambda name: sandbox_socket, 1 << 20,
+                                 max_connections=4)
+    front.start()
+    idle = [socket.create_connection(address, timeout=30) for _ in range(12)]
+    try:
+        assert _ask(address).endswith(b"/v1/models/m")
+        # Control: the limit was reached: the oldest idle connections were closed.
+        assert idle[0].recv(1) == b""
+        assert _exchange(idle[-1], b"/v1/models/last").endswith(b"/v1/models/last")
+    finally:
+        for sock in idle:
+            sock.close()
+        front.close()
