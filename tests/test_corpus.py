@@ -42,7 +42,7 @@ def test_inspect_exits_0_unless_its_error_is_true(entry):
         from serving_opt import inspection
 
         codes = {r.code for r in inspection.inspect_saved_model(
-            entry["abs_path"], frozenset({"serve"})).risks
+            entry["abs_path"], frozenset(corpus_check.tags(entry))).risks
             if r.severity == inspection.SEVERITY_ERROR}
         assert codes == {expected}
 
@@ -53,7 +53,8 @@ def test_the_static_check_finds_no_host_op(entry):
     from serving_opt.savedmodel.untrusted import host_op_uses
 
     saved_model = loader.read_saved_model(entry["abs_path"])
-    meta_graph = loader.find_meta_graph(saved_model, [loader.SERVE_TAG], entry["abs_path"])
+    meta_graph = loader.find_meta_graph(saved_model, corpus_check.tags(entry),
+                                        entry["abs_path"])
     assert [u.describe() for u in host_op_uses(meta_graph)] == []
 
 

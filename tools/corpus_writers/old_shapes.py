@@ -18,6 +18,8 @@ Models:
                      collection instead of MetaGraphDef.asset_file_def.
   absent_asset       TF1 graph declaring an asset (asset_file_def) whose file is not in
                      assets/ and that no op reads.
+  tf1_tagless        TF1 graph whose MetaGraph has no tags, as old TF Hub exports have
+                     (the Builder insists on tags: the list is emptied in the proto).
 """
 
 import argparse
@@ -338,12 +340,31 @@ def absent_asset(path):
                      "file is not in assets/ and no op consumes the tensor"}
 
 
+def tf1_tagless(path):
+    graph = tf.Graph()
+    with graph.as_default():
+        x, y, z = _tf1_graph(rng(17))
+        with v1.Session(graph=graph) as sess:
+            sess.run(v1.global_variables_initializer())
+            builder = v1.saved_model.Builder(path)
+            builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={
+                "serving_default": _predict_sig({"x": x}, {"y": y, "z": z})})
+            builder.save()
+    sm = read_sm(path)
+    del sm.meta_graphs[0].meta_info_def.tags[:]
+    write_sm(path, sm)
+    return {"writer": "tf.compat.v1.saved_model.Builder, tags emptied in the proto",
+            "notes": "one MetaGraph with an empty tag set (old TF Hub exports): selected by "
+                     "--saved_model_tags='' as saved_model_cli's --tag_set ''"}
+
+
 KINDS = {
     "tf24_keras": tf24_keras,
     "tf1_saver_v1": tf1_saver_v1,
     "tf1_sharded_saver": tf1_sharded_saver,
     "tf10_noshape": tf10_noshape,
     "absent_asset": absent_asset,
+    "tf1_tagless": tf1_tagless,
 }
 
 

@@ -22,6 +22,9 @@ Kinds (each a SavedModel directory under --out):
                    BatchNormalization model, tf.saved_model.save.
   keras2_model_save  the same model through Keras 2's model.save(path, save_format="tf").
   keras3           Keras 3 (bundled from 2.16) Dense + BatchNormalization, model.export(path).
+  keras3_saved_model_save  the same Keras 3 model through tf.saved_model.save(model, path):
+                   the session loader (TF Serving's) loads it and fails every request
+                   (keras-team/keras#19274); tf.saved_model.load answers.
   module_table     tf.Module: StaticHashTable from a TextFileInitializer over an asset
                    vocabulary, a variable, signature strings -> ids + float score.
   transform_layer  tf.Transform-style preprocessing: serialized tf.Example -> VarLenFeature
@@ -216,6 +219,18 @@ def keras3(path, tmp):
     return f"keras {keras.__version__} functional model, model.export"
 
 
+def keras3_saved_model_save(path, tmp):
+    import keras
+    if not keras.__version__.startswith("3."):
+        raise RuntimeError(
+            f"keras is {keras.__version__}, not Keras 3 (Keras 3 ships with TF >= 2.16)")
+    keras.utils.set_random_seed(SEED)
+    model = dense_bn_model(keras)
+    set_weights(model, 3)
+    tf.saved_model.save(model, path)
+    return f"keras {keras.__version__} functional model, tf.saved_model.save"
+
+
 # --------------------------------------------------------------------------- tf.Module tables
 
 
@@ -297,6 +312,7 @@ KINDS = {
     "keras2": keras2,
     "keras2_model_save": keras2_model_save,
     "keras3": keras3,
+    "keras3_saved_model_save": keras3_saved_model_save,
     "module_table": module_table,
     "transform_layer": transform_layer,
 }
