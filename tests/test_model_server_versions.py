@@ -191,6 +191,29 @@ def test_a_broken_new_version_ends_with_its_error_and_the_old_one_keeps_serving(
     assert reply.model_spec.version.value == 1
 
 
+def test_a_new_version_linked_to_dev_zero_ends_with_its_error_and_the_old_one_serves(
+    serving, model_copy, counter_base
+):
+    # The warmup file as a link to /dev/zero: read until std::bad_alloc aborts the server
+    # unless the version's files are checked as optimize checks them.
+    base = model_copy(counter_base)
+    server, client = serving(model_name="m", model_base_path=base)
+    staging = os.path.join(base, ".staging")
+    shutil.copytree(os.path.join(base, "1"), staging)
+    os.makedirs(os.path.join(staging, "assets.extra"), exist_ok=True)
+    os.symlink("/dev/zero", os.path.join(staging, "assets.extra", "tf_serving_warmup_requests"))
+    os.rename(staging, os.path.join(base, "2"))
+
+    status = client.wait_for(lambda s: s.get(2, (0,))[0] == State.END)
+
+    state, code, message = status[2]
+    assert code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+    assert "tf_serving_warmup_requests is a symlink" in message and "/dev/zero" in message
+    assert status[1][0] == State.AVAILABLE
+    reply = client.predictions.Predict(counter_request(), timeout=30)
+    assert reply.model_spec.version.value == 1
+
+
 def test_a_model_that_does_not_load_fails_the_start(model_copy, counter_base):
     base = model_copy(counter_base)
     os.remove(os.path.join(base, "1", "saved_model.pb"))

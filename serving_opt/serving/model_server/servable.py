@@ -1,8 +1,11 @@
 """One loaded model version: a TF session over the SavedModel's serving MetaGraph.
 
-Loading mirrors TF Serving's SavedModelBundle: the session loader with the configured tag
-set (it reads TF1 and TF2 SavedModels alike), which restores variables, feeds asset paths
-and runs the init op. Reading errors use the C++ loader's codes and texts, since
+Loading mirrors TF Serving's SavedModelBundle: the MetaGraph of the configured tag set
+(TF1 and TF2 SavedModels alike) is imported, its variables restored, its asset paths fed
+and its init op run. A SavedModel is code: the version first gets every file check that
+``optimize`` runs (loader.check_model_files), and the graph is imported from the
+saved_model.pb bytes that the static check read (savedmodel.checked_load), never from a
+second read of the path. Reading errors use the C++ loader's codes and texts, since
 GetModelStatus shows them to users.
 
 Running mirrors ``Session::Run`` in C++: feeds go straight to the C API, so a wrong shape
