@@ -80,9 +80,9 @@ def test_open_loop_sends_the_seeded_poisson_arrivals(targets):
 
 
 def test_the_generator_reports_its_own_processor_time_per_request(targets):
-    # The calibration takes the generator's share of each request's processor time
-    # from this: its CPU time over every request it got an answer to, warmup included
-    # (more answers than the measured window's).
+    # The report's load-generator warning (over 10% of the cores) is made from this: its
+    # CPU time over every request it got an answer to, warmup included (more answers
+    # than the measured window's).
     result = load.run(targets["grpc"], load.Load("closed", clients=2, duration=1.0,
                                                  warmup=0.3))
     answered = result.client_cpu_seconds / result.client_cpu_per_request

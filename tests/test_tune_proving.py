@@ -79,7 +79,7 @@ class FakeRun:
 
 
 def _options(**extra):
-    return TuneOptions(clients=8, slo_p99_ms=100, **{"rounds": 3, **extra})
+    return TuneOptions(slo_p99_ms=100, **{"clients": 8, "rounds": 3, **extra})
 
 
 def test_every_setting_gets_a_server_of_its_own_and_the_references_every_protocol():
@@ -121,6 +121,21 @@ def test_the_measured_best_within_the_slo_on_every_workload_is_recommended():
                                                           upstream_batching())})
     assert tuner.recommend(tuner.prove_all(run, [FAST, SLOW], objective)[0], objective,
                            "grpc", "m") is None
+
+
+def test_an_open_loop_alone_recommends_the_lowest_p99_that_keeps_up():
+    objective = grid.Objective(100, rate=50)
+    figures = {FAST: (50.0, 30.0), SLOW: (50.0, 20.0), THREADED: (50.0, 10.0)}
+    run = FakeRun(_options(clients=0, rate=50), figures)
+    points, _ = tuner.prove_all(run, [FAST, SLOW, THREADED], objective)
+    assert {p.workload for p in points} == {"open"}
+    assert tuner.recommend(points, objective, "grpc", "m").settings == THREADED
+    # One that rejects more than --max_reject_fraction does not keep up, however fast.
+    rejecting = [p if p.settings != THREADED else
+                 tuner.ProvenPoint(p.label, p.settings, p.workload, p.protocol,
+                                   measured(50.0, 10.0, "open", rejected=5))
+                 for p in points]
+    assert tuner.recommend(rejecting, objective, "grpc", "m").settings == SLOW
 
 
 def _decided(figures, candidates, rounds=3):
