@@ -1,7 +1,8 @@
 """The local model server under hostile requests: it answers an error, allocates nothing the
 request did not carry, and keeps serving.
 
-Each server is a real ``serving-opt serve`` subprocess under an RLIMIT_DATA of a few GB
+Each server is a real ``serving-opt serve`` subprocess (run in that process, as inside its
+sandbox, so that its memory is the one measured) under an RLIMIT_DATA of a few GB
 (so a bug that allocates a declared 12 GB tensor fails in the child instead of taking the
 machine's memory), spoken to over real loopback gRPC and raw HTTP sockets. "Nothing was
 allocated" is measured, not assumed: the child's VmHWM (peak resident memory) must not
@@ -20,6 +21,7 @@ import re  # noqa: E402
 import resource  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
+import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 import grpc  # noqa: E402
@@ -30,10 +32,14 @@ from saved_model_io import save_tf1  # noqa: E402
 from tensorflow.core.framework import types_pb2  # noqa: E402
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 
+from serving_opt import sandbox  # noqa: E402
+from serving_opt.serving.model_server import request_cost, tensors  # noqa: E402
+
 # Far below the 12 GB the issue's request declared, far above what the server needs
 # (~0.4 GB of data segment for this model, plus up to 128 gRPC thread stacks).
 DATA_LIMIT_BYTES = 4 * 2**30
 SMALL_LIMIT = 16 * 2**20  # --max_request_bytes of the "small" server
+QUARTER_GB = 256 * 2**20
 MIB = 2**20
 READY = re.compile(r"AVAILABLE on 127\.0\.0\.1:(\d+), REST on 127\.0\.0\.1:(\d+) ")
 
@@ -70,6 +76,13 @@ class Server:
                     return int(line.split()[1]) * 1024
         raise AssertionError("no VmHWM in /proc/<pid>/status")
 
+    def rss_bytes(self) -> int:
+        with open(f"/proc/{self.process.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS in /proc/<pid>/status")
+
     def assert_still_serving(self) -> None:
         assert self.process.poll() is None, "the server process died"
         reply = self.stub.Predict(request([1, 3], [1.0, 2.0, 3.0]), timeout=60)
@@ -80,7 +93,7 @@ def _start(base: str, log_path: str, *flags: str):
     log = open(log_path, "w")  # noqa: SIM115 - closed with the process
     process = start_serve("--port=0", "--rest_api_port=-1", "--model_name=m",
                           f"--model_base_path={base}", "--grpc_max_threads=8", *flags,
-                          stderr=log)
+                          stderr=log, env={sandbox.INSIDE_ENV: "1"})
     # Set on the child right away (no preexec_fn in a threaded pytest); the server
     # allocates its first tensor long after this.
     resource.prlimit(process.pid, resource.RLIMIT_DATA, (DATA_LIMIT_BYTES, DATA_LIMIT_BYTES))
@@ -125,6 +138,15 @@ def small_server(model_base, tmp_path_factory):
     """A server with --max_request_bytes=16 MiB."""
     log = str(tmp_path_factory.mktemp("hostile_logs") / "small.log")
     running, channel, handle = _start(model_base, log, f"--max_request_bytes={SMALL_LIMIT}")
+    yield running
+    _stop(running.process, channel, handle)
+
+
+@pytest.fixture(scope="module")
+def quarter_gb_server(model_base, tmp_path_factory):
+    """A server with --max_request_bytes=256 MiB, the bound of the issue's 10M strings."""
+    log = str(tmp_path_factory.mktemp("hostile_logs") / "quarter.log")
+    running, channel, handle = _start(model_base, log, f"--max_request_bytes={QUARTER_GB}")
     yield running
     _stop(running.process, channel, handle)
 
@@ -197,10 +219,66 @@ def test_a_repeated_string_counts_every_copy_against_the_bound(small_server):
     error = predict_error(small_server, message)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.details().startswith(
-        f"tensor parsing error: s: shape [64] of DT_STRING holds {64 * MIB + 64 * 24} bytes"
-    ), error.details()
+        "tensor parsing error: s: shape [64] of DT_STRING holds "), error.details()
+    held = int(error.details().split(" holds ")[1].split()[0])
+    assert held >= 64 * (MIB + tensors.STRING_ELEMENT_BYTES)
     assert small_server.peak_rss_bytes() - peak_before < 32 * MIB
     small_server.assert_still_serving()
+
+
+def strings_request(values: list[bytes]) -> predict_pb2.PredictRequest:
+    message = predict_pb2.PredictRequest()
+    message.model_spec.name = "m"
+    message.model_spec.signature_name = "text"
+    tensor = message.inputs["s"]
+    tensor.dtype = types_pb2.DT_STRING
+    tensor.tensor_shape.dim.add(size=len(values))
+    tensor.string_val.extend(values)
+    return message
+
+
+def test_ten_million_empty_strings_are_refused_before_they_are_parsed(quarter_gb_server):
+    hostile = strings_request([b""] * 10_000_000)
+    wire = hostile.ByteSize()
+    assert wire < 20 * MIB
+    # Control: counted as tstrings alone (24 bytes each) they fit the bound, as the old
+    # check counted them; parsed and decoded they took 1.2 GB.
+    assert 10_000_000 * 24 < QUARTER_GB
+    peak_before = quarter_gb_server.peak_rss_bytes()
+    error = predict_error(quarter_gb_server, hostile)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert f"would hold more than {QUARTER_GB} bytes once parsed" in error.details()
+    assert "--max_request_bytes" in error.details()
+    # The message as received, in gRPC's buffers and copies: nothing parsed or decoded
+    # (1.2 GB before).
+    assert quarter_gb_server.peak_rss_bytes() - peak_before < 4 * wire + 16 * MIB
+    quarter_gb_server.assert_still_serving()
+
+
+def test_many_strings_under_the_bound_are_served_within_it_and_released(quarter_gb_server):
+    count = 1_500_000
+    message = strings_request([b"ab"] * count)
+    assert request_cost.parse_cost(message.SerializeToString(), message.DESCRIPTOR,
+                                   QUARTER_GB) <= QUARTER_GB
+    rss_before = quarter_gb_server.rss_bytes()
+    peak_before = quarter_gb_server.peak_rss_bytes()
+    reply = quarter_gb_server.stub.Predict(message, timeout=300)
+    assert reply.outputs["length"].int_val == [2 * count]
+    growth = quarter_gb_server.peak_rss_bytes() - peak_before
+    # Control: served, such a request really costs several times its tstrings' 24 bytes
+    # an element (parsed form, object array, the session's copy) ...
+    assert growth > count * 2 * 24
+    # ... and stays within what the bound documents: parsed and decoded, each at most
+    # --max_request_bytes, beside the message itself.
+    assert growth < 3 * QUARTER_GB
+    # Freed memory goes back to the system (glibc kept it pooled before).
+    deadline = time.monotonic() + 60
+    while quarter_gb_server.rss_bytes() - rss_before > growth // 2:
+        assert time.monotonic() < deadline, (
+            f"{(quarter_gb_server.rss_bytes() - rss_before) // MIB} MiB still held after "
+            f"a request that grew the peak by {growth // MIB} MiB")
+        time.sleep(0.2)
+    quarter_gb_server.assert_still_serving()
 
 
 @pytest.mark.parametrize(

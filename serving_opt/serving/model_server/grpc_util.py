@@ -13,6 +13,7 @@ from typing import TypeVar
 
 import grpc
 
+from serving_opt.serving.model_server import request_cost
 from serving_opt.serving.model_server.status import ServingStatusError
 
 log = logging.getLogger("serving_opt.model_server")
@@ -74,3 +75,74 @@ def deadline_to_timeout_ms(context: grpc.ServicerContext) -> int | None:
     if remaining is None or remaining > _NO_DEADLINE_SECONDS:
         return None
     return max(1, int(remaining * 1000))
+
+
+class _Refused:
+    """What a bounded deserializer returns for a request too costly to parse."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _bounded_method(handler, budget: int):
+    deserializer = handler.request_deserializer
+    message_class = getattr(deserializer, "__self__", None)
+    descriptor = getattr(message_class, "DESCRIPTOR", None)
+    if descriptor is None or handler.unary_unary is None:
+        return handler
+    behaviour = handler.unary_unary
+
+    def deserialize(data: bytes):
+        try:
+            request_cost.parse_cost(data, descriptor, budget)
+        except request_cost.RequestTooCostly as e:
+            return _Refused(
+                f"a {len(data)}-byte {descriptor.name} would hold more than {e.budget} bytes "
+                f"once parsed (at least {e.cost}: many small elements cost ~40 bytes each); "
+                "the limit is --max_request_bytes: send fewer, larger elements or raise it"
+            )
+        return deserializer(data)
+
+    def bounded(request, context):
+        if isinstance(request, _Refused):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, request.message)
+        try:
+            return behaviour(request, context)
+        finally:
+            request_cost.release_memory_soon(request.ByteSize())
+
+    return handler._replace(request_deserializer=deserialize, unary_unary=bounded)
+
+
+class _BoundedHandler(grpc.GenericRpcHandler):
+    def __init__(self, inner: grpc.GenericRpcHandler, budget: int) -> None:
+        self._inner = inner
+        self._budget = budget
+        self._methods: dict[str, object] = {}
+
+    def service(self, handler_call_details):
+        method = handler_call_details.method
+        if method not in self._methods:
+            handler = self._inner.service(handler_call_details)
+            if handler is None:
+                return None
+            self._methods[method] = _bounded_method(handler, self._budget)
+        return self._methods[method]
+
+
+class BoundedServer:
+    """A gRPC server as the generated ``add_*Servicer_to_server`` functions see it: every
+    unary method parses its request only once :func:`request_cost.parse_cost` says it fits
+    ``budget`` bytes parsed; a costlier one is RESOURCE_EXHAUSTED, unparsed.
+
+    Example:
+        >>> add_PredictionServiceServicer_to_server(service, BoundedServer(server, 1 << 30))
+    """
+
+    def __init__(self, server: grpc.Server, budget: int) -> None:
+        self._server = server
+        self._budget = budget
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        self._server.add_generic_rpc_handlers(
+            tuple(_BoundedHandler(h, self._budget) for h in handlers))

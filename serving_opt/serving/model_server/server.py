@@ -434,6 +434,7 @@ def serve(
     import grpc
     from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
+    from serving_opt.serving.model_server.grpc_util import BoundedServer
     from serving_opt.serving.model_server.model_service import ModelService
     from serving_opt.serving.model_server.prediction_service import PredictionService
 
@@ -495,6 +496,8 @@ def serve(
             *channel_arguments,
         ],
     )
+    # Requests are parsed only once their parsed size fits --max_request_bytes.
+    bounded = BoundedServer(grpc_server, options.max_request_bytes)
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
         PredictionService(
             core,
@@ -505,9 +508,9 @@ def serve(
             ),
             enforce_session_run_timeout=options.enforce_session_run_timeout,
         ),
-        grpc_server,
+        bounded,
     )
-    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core), grpc_server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core), bounded)
     extra = []
     if options.enable_profiler:
         from serving_opt.serving.model_server.extra_services import profiler_handler
@@ -519,7 +522,7 @@ def serve(
 
         extra.append(health_handler(["ModelService", "PredictionService"]))
     if extra:
-        grpc_server.add_generic_rpc_handlers(extra)
+        bounded.add_generic_rpc_handlers(extra)
     address = _bind_address(options.host, options.port)
     try:
         port = grpc_server.add_insecure_port(address)
