@@ -117,6 +117,9 @@ _KIND_ORDER = {RUNS_CODE: 0, WRITES_FILES: 1, TOUCHES_HOST: 2, RUNS_GRAPH: 3,
 ESCAPING_ASSET = "asset"
 # The op of the finding for an entry of the assets collection the check cannot read.
 UNREADABLE_ASSET = "asset declaration"
+# How many places the walks naming findings' routes may visit in all; past it a route
+# names only its root (which roots reach what is computed in linear time regardless).
+_MAX_ROUTE_WORK = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -226,11 +229,42 @@ def _declared_init_ops(meta_graph) -> list[tuple[str, str]]:
     return out
 
 
-def _route(graph: _Graph, place: tuple[str, str], walks: list[tuple[_Root, dict]]) -> str:
-    """How ``place`` runs, through the first root (in the order of ``walks``) reaching it."""
-    for root, parents in walks:
-        if place not in parents:
-            continue
+class _Walks:
+    """Which roots reach each place (all roots at once: :meth:`_Graph.reach`), and a
+    finding's route through the first of them (a breadth-first walk of that root, made
+    on demand while the walks made stay under :data:`_MAX_ROUTE_WORK` places)."""
+
+    def __init__(self, graph: _Graph, roots: list[_Root]) -> None:
+        self.graph = graph
+        self.roots = roots
+        self.mask = graph.reach([root.starts for root in roots])
+        self.parents: dict[int, dict | None] = {}
+        self.work = 0
+
+    def reaching(self, place: tuple[str, str]) -> list[_Root]:
+        bits = self.mask.get(place, 0)
+        out = []
+        while bits:
+            low = bits & -bits
+            out.append(self.roots[low.bit_length() - 1])
+            bits ^= low
+        return out
+
+    def route(self, place: tuple[str, str]) -> str:
+        """How ``place`` runs, through the first root (in the order of the roots)
+        reaching it."""
+        bits = self.mask.get(place, 0)
+        if not bits:
+            return _unreached(self.graph, place)
+        index = (bits & -bits).bit_length() - 1
+        root = self.roots[index]
+        if index not in self.parents:
+            within = self.work < _MAX_ROUTE_WORK
+            self.parents[index] = self.graph.walk(root.starts) if within else None
+            self.work += len(self.parents[index] or ())
+        parents = self.parents[index]
+        if parents is None:
+            return f"reached from {root.desc}"
         parent, how = parents[place]
         if place[0] == "node":
             if parent is None:
@@ -239,6 +273,9 @@ def _route(graph: _Graph, place: tuple[str, str], walks: list[tuple[_Root, dict]
                 return f"{how} of {parent[1]} ({root.start_desc})"
             return f"{how} of {parent[1]}, reached from {root.desc}"
         return f"via {how}, reached from {root.desc}"
+
+
+def _unreached(graph: _Graph, place: tuple[str, str]) -> str:
     # Nothing the loaders or a request runs reaches it: still checked, since "nothing
     # runs it" is exactly what a crafted model would like us to believe.
     if place[0] == "node":
@@ -256,7 +293,7 @@ def _route(graph: _Graph, place: tuple[str, str], walks: list[tuple[_Root, dict]
 # ---------------------------------------------------------------------------- assets
 
 
-def _escaping_assets(meta_graph, graph: _Graph, walks) -> list[tuple[tuple, HostOpUse]]:
+def _escaping_assets(meta_graph, walks: _Walks) -> list[tuple[tuple, HostOpUse]]:
     """An asset whose filename, as TensorFlow's C++ file layer reads it
     (asset_paths.asset_path_problem: a NUL byte, an absolute name, ``..``), is not a
     file inside ``assets/``: the loaders feed ``<model>/assets/<filename>`` to whatever
@@ -277,7 +314,7 @@ def _escaping_assets(meta_graph, graph: _Graph, walks) -> list[tuple[tuple, Host
             continue
         name = node_name(asset.tensor_info.name)
         place = ("node", name)
-        reaching = [root for root, parents in walks if place in parents]
+        reaching = walks.reaching(place)
         keys = tuple(r.key for r in reaching if r.kind in ("signature", "init"))
         use = HostOpUse(
             ESCAPING_ASSET, name, None, READS_FILES, keys,
@@ -305,16 +342,16 @@ def host_op_uses(meta_graph, signature_keys: Sequence[str] | None = None) -> lis
     """
     graph = _Graph(meta_graph.graph_def)
     roots = _roots(meta_graph, graph, list(signature_keys or ()))
-    walks = [(root, graph.walk(root.starts)) for root in roots]
+    walks = _Walks(graph, roots)
     saver = _Saver(meta_graph, graph)
     assets = _Assets(meta_graph, graph)
-    found = _escaping_assets(meta_graph, graph, walks)
+    found = _escaping_assets(meta_graph, walks)
     for function, node in graph.all_nodes():
         findings = _node_findings(graph, function, node)
         if not findings:
             continue
         place = ("function", function) if function else ("node", node.name)
-        reaching = [root for root, parents in walks if place in parents]
+        reaching = walks.reaching(place)
         keys = tuple(r.key for r in reaching if r.kind in ("signature", "init"))
         for finding in findings:
             reason: str | None = finding.reason
@@ -327,7 +364,7 @@ def host_op_uses(meta_graph, signature_keys: Sequence[str] | None = None) -> lis
             if reason is None:  # the loader's own use of a file
                 continue
             use = HostOpUse(finding.op, node.name, function, finding.kind, keys,
-                            _route(graph, place, walks), reason, finding.inside,
+                            walks.route(place), reason, finding.inside,
                             finding.inside_label)
             found.append(((not reaching, _KIND_ORDER.get(finding.kind, 9), use.label), use))
     return [use for _, use in sorted(found, key=lambda item: item[0])]
@@ -345,14 +382,14 @@ def asset_reads(meta_graph) -> dict[str, list[str]]:
         __inference__initializer_30"]}
     """
     graph = _Graph(meta_graph.graph_def)
-    walks = [(root, graph.walk(root.starts)) for root in _roots(meta_graph, graph, ())]
+    walks = _Walks(graph, _roots(meta_graph, graph, ()))
     assets = _Assets(meta_graph, graph)
     found: dict[str, list[str]] = collections.defaultdict(list)
     for function, node in graph.all_nodes():
         if node.op not in ASSET_READ_OPS:
             continue
         place = ("function", function) if function else ("node", node.name)
-        reaching = [root for root, parents in walks if place in parents]
+        reaching = walks.reaching(place)
         if not any(r.kind in ("signature", "init") for r in reaching):
             continue
         if assets.problem(function, node, reaching) is None:
