@@ -379,8 +379,11 @@ _FAKE_SERVER = """\
     signal.signal(signal.SIGTERM, term)
     with open(out + ".argv", "w") as f:
         json.dump(sys.argv, f)
-    with open(out + ".pid", "w") as f:
+    # Written whole, then renamed: the test reads it as soon as it exists, and the
+    # SIGTERM it then causes must not find it half-written.
+    with open(out + ".pid.tmp", "w") as f:
         f.write(str(os.getpid()))
+    os.rename(out + ".pid.tmp", out + ".pid")
     while True:
         time.sleep(0.1)
 """
