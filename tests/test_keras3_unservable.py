@@ -42,6 +42,35 @@ def two_input_export(path: str) -> str:
     return path
 
 
+def module_wrapped_export(path: str) -> str:
+    """The reports' other recipe: the Keras 3 model inside a tf.Module, two signatures
+    sharing its variables."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    spec = [tf.TensorSpec([None, 4], tf.float32, name="x")]
+
+    class Wrapper(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        @tf.function(input_signature=spec)
+        def serve(self, x):
+            return {"y": self.model(x)}
+
+        @tf.function(input_signature=spec)
+        def doubled(self, x):
+            return {"y2": 2.0 * self.model(x)}
+
+    wrapper = Wrapper()
+    tf.saved_model.save(wrapper, path, signatures={"serving_default": wrapper.serve,
+                                                   "doubled": wrapper.doubled})
+    return path
+
+
 def _requests(signature) -> dict:
     """One batch of 5 rows per input, as the signature declares them."""
     rng = np.random.default_rng(7)
@@ -79,9 +108,10 @@ def _signature(model_dir: str):
             session, ["serve"], model_dir).signature_def["serving_default"]
 
 
-@pytest.fixture(scope="module", params=["sequential", "two_inputs"])
+@pytest.fixture(scope="module", params=["sequential", "two_inputs", "module_wrapped"])
 def export(request, tmp_path_factory) -> str:
-    build = {"sequential": sequential_export, "two_inputs": two_input_export}[request.param]
+    build = {"sequential": sequential_export, "two_inputs": two_input_export,
+             "module_wrapped": module_wrapped_export}[request.param]
     return build(str(tmp_path_factory.mktemp(request.param) / "1"))
 
 
