@@ -432,3 +432,49 @@ def test_rest_a_chunked_body_over_the_bound_is_413(small_server):
     assert status == 413
     assert "over the 16777216-byte limit (--max_request_bytes)" in json.loads(answer)["error"]
     small_server.assert_still_serving()
+
+
+def test_rest_strings_are_charged_their_decoded_cost(small_server):
+    text = "/v1/models/m:predict"
+
+    def strings(count: int) -> bytes:
+        return ('{"signature_name": "text", "inputs": [' + ",".join(['"a"'] * count)
+                + "]}").encode()
+
+    # 300k strings, 1.2 MB of body (13 times under the bound), 48 MB once decoded.
+    hostile = strings(300_000)
+    assert len(hostile) < SMALL_LIMIT // 13
+    peak_before = small_server.peak_rss_bytes()
+    status, _, answer = raw_http(small_server.rest_port, post(text, hostile))
+    assert status == 400, answer
+    assert f"over the {SMALL_LIMIT}-byte limit (--max_request_bytes)" in \
+        json.loads(answer)["error"]
+    assert small_server.peak_rss_bytes() - peak_before < 16 * MIB
+    # Control: a tenth of them is served, and counted.
+    status, _, answer = raw_http(small_server.rest_port, post(text, strings(30_000)))
+    assert status == 200, answer
+    assert json.loads(answer) == {"outputs": 30_000}
+    small_server.assert_still_serving()
+
+
+def test_examples_are_charged_their_serialized_batch_before_it_is_built():
+    from tensorflow.core.example import example_pb2
+    from tensorflow_serving.apis import input_pb2
+
+    from serving_opt.serving.model_server.example_input import serialized_examples
+    from serving_opt.serving.model_server.status import ServingStatusError
+
+    context = example_pb2.Example()
+    context.features.feature["shared"].bytes_list.value.append(b"c" * 1000)
+    batch = input_pb2.Input()
+    batch.example_list_with_context.context.CopyFrom(context)
+    batch.example_list_with_context.examples.extend([example_pb2.Example()] * 10_000)
+    # 10k empty examples, 20 KB sent: each one a copy of the 1 KB context once batched.
+    assert batch.ByteSize() < 32 * 1024
+    with pytest.raises(ServingStatusError) as refused:
+        serialized_examples(batch, max_bytes=MIB)
+    assert "10000 examples would hold about" in refused.value.message
+    assert "(--max_request_bytes)" in refused.value.message
+    # Control: unbounded, the batch really is that large.
+    built = serialized_examples(batch, max_bytes=2**31 - 1)
+    assert sum(len(e) for e in built) > 10_000_000

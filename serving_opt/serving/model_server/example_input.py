@@ -21,12 +21,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serving_opt.serving.model_server.request_options import RequestOptions, fill_model_spec
+from serving_opt.serving.model_server.request_options import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    RequestOptions,
+    fill_model_spec,
+)
 from serving_opt.serving.model_server.status import invalid_argument
+from serving_opt.serving.model_server.tensors import STRING_CHARACTER_COPIES, STRING_ELEMENT_BYTES
 
 
-def serialized_examples(input_proto) -> np.ndarray:
+def serialized_examples(input_proto, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> np.ndarray:
     """The [N] object array of serialized examples; INVALID_ARGUMENT "Input is empty." if N=0.
+
+    Refused first (INVALID_ARGUMENT) where the batch would hold more than ``max_bytes``:
+    each example costs a string element (tensors.STRING_ELEMENT_BYTES) and its serialized
+    bytes twice, with the context copied into every one.
 
     Example:
         >>> serialized_examples(input_pb2.Input())
@@ -34,6 +43,7 @@ def serialized_examples(input_proto) -> np.ndarray:
         ServingStatusError: INVALID_ARGUMENT: Input is empty.
     """
     kind = input_proto.WhichOneof("kind")
+    _check_batch_size(input_proto, kind, max_bytes)
     if kind == "example_list":
         values = [e.SerializeToString() for e in input_proto.example_list.examples]
     elif kind == "example_list_with_context":
@@ -47,6 +57,27 @@ def serialized_examples(input_proto) -> np.ndarray:
     batch = np.empty(len(values), dtype=object)
     batch[:] = values
     return batch
+
+
+def _check_batch_size(input_proto, kind: str | None, max_bytes: int) -> None:
+    if kind == "example_list":
+        examples = input_proto.example_list.examples
+        context = 0
+    elif kind == "example_list_with_context":
+        examples = input_proto.example_list_with_context.examples
+        context = input_proto.example_list_with_context.context.ByteSize()
+    else:
+        return
+    count = len(examples)
+    # ByteSize (computed in C) bounds the examples' serialized bytes from above.
+    size = count * (STRING_ELEMENT_BYTES + STRING_CHARACTER_COPIES * context) + \
+        STRING_CHARACTER_COPIES * input_proto.ByteSize()
+    if size > max_bytes:
+        raise invalid_argument(
+            f"{count} examples would hold about {size} bytes once serialized for the model, "
+            f"over the {max_bytes}-byte limit (--max_request_bytes); send fewer examples "
+            "or raise the limit"
+        )
 
 
 @dataclass(frozen=True)
@@ -78,7 +109,7 @@ class ExampleApi:
             version,
         )
         input_name, output_names = self.tensor_names(signature, options)
-        examples = serialized_examples(request.input)
+        examples = serialized_examples(request.input, options.max_request_bytes)
         fetched = servable.run({input_name: examples}, output_names, options.timeout_ms)
         self.fill_result(signature, len(examples), output_names, fetched, response.result)
         return response

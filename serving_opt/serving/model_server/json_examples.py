@@ -19,18 +19,21 @@ from __future__ import annotations
 from serving_opt.serving.model_server.json_dtypes import decode_b64, is_b64
 from serving_opt.serving.model_server.json_read import (
     INT64,
+    check_object_tree,
     json_type,
     parse_json,
     signature_name,
 )
 from serving_opt.serving.model_server.json_write import SingleLine, debug_string, decimal, dumps
+from serving_opt.serving.model_server.request_options import DEFAULT_MAX_REQUEST_BYTES
 from serving_opt.serving.model_server.status import invalid_argument
 
 # A feature list's field -> the type name upstream's errors give it.
 _KIND_NAMES = {"bytes_list": "bytes", "float_list": "float", "int64_list": "int64"}
 
 
-def parse_classify_regress_request(request, body: bytes) -> None:
+def parse_classify_regress_request(request, body: bytes,
+                                   max_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
     """``FillClassificationRequestFromJson`` / ``FillRegressionRequestFromJson``.
 
     Example:
@@ -38,6 +41,7 @@ def parse_classify_regress_request(request, body: bytes) -> None:
         >>> request.input.example_list.examples[0].features.feature["x"].int64_list.value
         [1, 2]
     """
+    check_object_tree(body, max_bytes)
     doc = parse_json(body)
     signature = signature_name(doc)
     if signature is not None:

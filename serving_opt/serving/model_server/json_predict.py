@@ -34,6 +34,7 @@ from serving_opt.serving.model_server.json_dtypes import (
     json_values,
 )
 from serving_opt.serving.model_server.json_read import (
+    check_object_tree,
     fill_model_spec,
     parse_json,
     signature_name,
@@ -45,6 +46,7 @@ from serving_opt.serving.model_server.json_write import (
     dumps,
     single_lines,
 )
+from serving_opt.serving.model_server.request_options import DEFAULT_MAX_REQUEST_BYTES
 from serving_opt.serving.model_server.status import ServingStatusError, invalid_argument
 from serving_opt.serving.model_server.tensors import MAX_DIMENSIONS
 
@@ -64,11 +66,13 @@ def parse_predict_request(
     version: int | None,
     label: str | None,
     input_infos: Callable[[str], object],
+    max_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ):
     """``FillPredictRequestFromJson``: (PredictRequest, ROW or COLUMNAR).
 
     ``input_infos(signature_name)`` returns the signature's inputs map (it raises for an
-    unknown model or signature, like the C++ ``GetInfoMap``).
+    unknown model or signature, like the C++ ``GetInfoMap``). A body decoded as Python
+    objects is refused first where its values would cost more than ``max_bytes``.
 
     Example:
         >>> request, fmt = parse_predict_request(b'{"inputs": {"x": [1.0]}}', "m", None,
@@ -88,7 +92,7 @@ def parse_predict_request(
         for alias, (values, dims, dtype) in tensors.items():
             fill_tensor(request.inputs[alias], values, dims, dtype)
         return request, fmt
-    _check_object_tree_size(body)
+    _check_object_tree_size(body, max_bytes)
     doc = parse_json(body)
     signature = signature_name(doc)
     if signature is not None:
@@ -124,17 +128,9 @@ def parse_predict_request(
     return request, fmt
 
 
-def _check_object_tree_size(body: bytes) -> None:
-    if len(body) <= MAX_OBJECT_TREE_VALUES:
-        return
-    values = body.count(b",") + 1
-    if values > MAX_OBJECT_TREE_VALUES:
-        raise invalid_argument(
-            f"JSON body has about {values} values, over the {MAX_OBJECT_TREE_VALUES} "
-            "(json_predict.MAX_OBJECT_TREE_VALUES) this server decodes as Python objects; "
-            "only tensors sent as plain nested lists of numbers are decoded without it, "
-            "up to --max_request_bytes"
-        )
+def _check_object_tree_size(body: bytes, max_bytes: int) -> None:
+    check_object_tree(body, max_bytes, MAX_OBJECT_TREE_VALUES,
+                      "json_predict.MAX_OBJECT_TREE_VALUES")
 
 
 def predict_response_json(outputs, fmt: str) -> bytes:

@@ -49,6 +49,35 @@ class _NumberTooBig(Exception):
         self.literal = literal
 
 
+# What one JSON value decoded as Python objects costs while a request is served: its list
+# slot and object (~50 bytes), its proto element (~40) and its decoded tensor element
+# (up to 72 for a string): a body's values times this must fit --max_request_bytes.
+JSON_VALUE_BYTES = 160
+# The Python-object path's own ceiling, whatever the budget.
+MAX_OBJECT_TREE_VALUES = 1 << 22
+
+
+def check_object_tree(body: bytes, max_bytes: int, max_values: int = MAX_OBJECT_TREE_VALUES,
+                      name: str = "json_read.MAX_OBJECT_TREE_VALUES") -> None:
+    """Refuses, before decoding, a body whose values (about its commas) would cost more
+    than ``max_bytes`` as Python objects, or number more than ``max_values``."""
+    if len(body) * JSON_VALUE_BYTES // 2 <= max_bytes and len(body) <= max_values:
+        return  # a value takes at least 2 bytes ("0,"): nothing to count
+    values = body.count(b",") + 1
+    if values > max_values:
+        raise invalid_argument(
+            f"JSON body has about {values} values, over the {max_values} ({name}) this "
+            "server decodes as Python objects; only tensors sent as plain nested lists of "
+            "numbers are decoded without it, up to --max_request_bytes"
+        )
+    if values * JSON_VALUE_BYTES > max_bytes:
+        raise invalid_argument(
+            f"JSON body has about {values} values, ~{JSON_VALUE_BYTES} bytes each once "
+            f"decoded: over the {max_bytes}-byte limit (--max_request_bytes); send fewer "
+            "values, tensors of numbers as plain nested lists, or raise the limit"
+        )
+
+
 def parse_json(body: bytes) -> dict:
     """``ParseJson``: the body's first JSON value, which must be an object.
 

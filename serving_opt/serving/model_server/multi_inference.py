@@ -70,7 +70,7 @@ def run_multi_inference(
 
     # C++ keeps the names in std::set: sorted, deduplicated.
     fetch_names = sorted(output_names)
-    examples = serialized_examples(request.input)
+    examples = serialized_examples(request.input, options.max_request_bytes)
     fetched = servable.run(
         {name: examples for name in sorted(input_names)}, fetch_names, options.timeout_ms
     )

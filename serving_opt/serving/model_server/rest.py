@@ -313,7 +313,8 @@ class RestApiHandler:
         from serving_opt.serving.model_server.predict import run_predict
 
         request, fmt = json_tensor.parse_predict_request(
-            body, name, version, label, self._input_infos(self._spec(name, version, label))
+            body, name, version, label, self._input_infos(self._spec(name, version, label)),
+            self._options.max_request_bytes,
         )
         with self._core.servable_handle(request.model_spec) as handle:
             response = run_predict(handle.servable, request, self._options, handle.id.version)
@@ -330,7 +331,8 @@ class RestApiHandler:
         else:
             request = regression_pb2.RegressionRequest()
         json_tensor.fill_model_spec(request.model_spec, name, version, label)
-        json_tensor.parse_classify_regress_request(request, body)
+        json_tensor.parse_classify_regress_request(request, body,
+                                                   self._options.max_request_bytes)
         runner = run_classify if classify else run_regress
         with self._core.servable_handle(request.model_spec) as handle:
             response = runner(handle.servable, request, self._options, handle.id.version)
