@@ -16,6 +16,7 @@ import shutil
 import numpy as np
 import pytest
 from conftest import COLORS, FRUITS, HOURS, KERAS_APPLICATIONS, TEXT_VOCABULARY, fruit_examples
+from independent_check import assert_outputs_match
 
 from serving_opt.errors import ParityError, ServingOptError
 from serving_opt.graph import ServingGraph
@@ -121,7 +122,14 @@ def _run_tf2(path: str, key: str, feed: dict) -> dict:
 
 @functools.lru_cache(maxsize=16)
 def _session(path: str):
-    return loader.load_session(path)  # a ResNet50 session costs seconds: load it once
+    """The published model as TF Serving loads it, by TensorFlow's own session loader
+    (a ResNet50 session costs seconds: loaded once)."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as graph:
+        sess = v1.Session(graph=graph)
+        return sess, v1.saved_model.loader.load(sess, ["serve"], path)
 
 
 def _run_session(path: str, key: str, feed: dict) -> dict:
@@ -170,7 +178,6 @@ def test_outputs_match_the_source_through_both_loaders(model, request):
 def test_variables_are_frozen_and_calls_inlined(model, request):
     src, report = request.getfixturevalue(f"optimized_{model}")
     assert report.frozen, report.freeze_note
-    assert report.parity.ok
     out = _meta_graph(report.output_dir)
     ops = _ops(out.graph_def, with_functions=True)
     assert not set(_ops(out.graph_def)) & CALL_OPS  # the signature functions were inlined
@@ -378,8 +385,10 @@ def test_a_parity_failure_of_the_frozen_graph_falls_back(tf_module_dir, tmp_path
                         _freeze_with_a_wrong_weight(freeze_lib.freeze_session_model))
     report = optimize(tf_module_dir, str(tmp_path / "auto"),
                       dataclasses.replace(FAST, **unsandboxed))
-    assert report.published and not report.frozen and report.parity.ok
+    assert report.published and not report.frozen
     assert "parity failed" in report.freeze_note
+    assert_outputs_match(report.output_dir, tf_module_dir, _feeds("tf_module"), rtol=1e-4,
+                         atol=1e-5)
     with pytest.raises(ParityError):
         optimize(tf_module_dir, str(tmp_path / "always"),
                  OptimizeOptions(freeze="always", benchmark_runs=0, **unsandboxed))
@@ -389,15 +398,16 @@ def test_a_parity_failure_of_the_frozen_graph_falls_back(tf_module_dir, tmp_path
 def test_freeze_never_keeps_the_functions_and_variables(text_lstm_dir, tmp_path):
     report = optimize(text_lstm_dir, str(tmp_path / "out"),
                       OptimizeOptions(freeze="never", benchmark_runs=0, cold_start=False))
-    assert report.published and not report.frozen and report.parity.ok
+    assert report.published and not report.frozen
     assert [s.name for s in report.stages][:3] == ["read", "freeze", "transforms"]
     out = _meta_graph(report.output_dir)
     assert set(_ops(out.graph_def)) & CALL_OPS and out.HasField("saver_def")
     assert _signature_map(report.output_dir) == _signature_map(text_lstm_dir)
-    feed = _feeds("text_lstm")["serving_default"]
-    expected = _run_tf2(text_lstm_dir, "serving_default", feed)
-    _assert_same(_run_session(report.output_dir, "serving_default", feed), expected)
-    _assert_same(_run_tf2(report.output_dir, "serving_default", feed), expected)
+    feeds = _feeds("text_lstm")
+    expected = assert_outputs_match(report.output_dir, text_lstm_dir, feeds, rtol=1e-4,
+                                    atol=1e-5)["serving_default"]
+    _assert_same(_run_tf2(report.output_dir, "serving_default", feeds["serving_default"]),
+                 expected)
 
 
 def test_a_lossy_transform_still_fails_the_gate_on_tf2(tf_module_dir, tmp_path):
