@@ -183,3 +183,43 @@ def test_many_signatures_over_many_nodes_are_walked_once(monkeypatch, cycle):
     assert "reached from signature s0000" in uses[0].route
     # Two passes for the masks, one walk for the route: 3 x 2,001 places, not 4 million.
     assert len(calls) <= 3 * 2_001
+
+
+def _spare_restores(restores: int, chain: int):
+    """``restores`` RestoreV2 ops outside any saver_def, each reading the file name
+    placeholder and running (by control input) the end of a ``chain`` of NoOps."""
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    meta_graph = meta_graph_pb2.MetaGraphDef()
+    graph_def = meta_graph.graph_def
+    graph_def.node.add(name="prefix", op="Placeholder").attr["dtype"].type = 7
+    below = "prefix"
+    for index in range(chain):
+        graph_def.node.add(name=f"c{index}", op="NoOp", input=[f"^{below}"])
+        below = f"c{index}"
+    for index in range(restores):
+        graph_def.node.add(name=f"r{index:04d}", op="RestoreV2",
+                           input=["prefix", "prefix", "prefix", f"^{below}"])
+    return meta_graph
+
+
+def test_a_spare_saver_of_tfs_shape_is_still_tolerated():
+    """The control: the limit leaves a training script's extra saver alone."""
+    assert untrusted.host_op_uses(_spare_restores(2, 10)) == []
+
+
+def test_thousands_of_spare_savers_over_a_long_chain_are_refused_past_the_limit(monkeypatch):
+    read = []
+    closure = untrusted_saver._Saver._closure
+
+    def counted(self, root, prefix):
+        nodes = closure(self, root, prefix)
+        read.append(len(nodes))
+        return nodes
+
+    monkeypatch.setattr(untrusted_saver._Saver, "_closure", counted)
+    monkeypatch.setattr(untrusted_saver, "_MAX_SPARE_WORK", 10_000)
+    uses = untrusted.host_op_uses(_spare_restores(1_000, 1_000))
+    assert sum(read) <= 10_000 + 1_003  # the limit, and the one read that crossed it
+    assert len(uses) == 1_000 - len(read)
+    assert "the check's limit of 10000 nodes read for savers" in uses[0].reason

@@ -62,7 +62,7 @@ class _Assets:
         self.object_nodes = list(objects.nodes)
         self.bound = {name: list(f.bound_inputs)
                       for name, f in objects.concrete_functions.items()}
-        self.argument_memo: dict[tuple[str, str, int], tuple[str | None, frozenset]] = {}
+        self.memo: dict[tuple, tuple[str | None, frozenset]] = {}
         self.read: set[str] = set()
 
     def problem(self, function: str | None, node, reaching: list[_Root]) -> str | None:
@@ -99,10 +99,11 @@ class _Assets:
         if name in self.asset_nodes:
             return self._asset_node(name)
         if node.op == "ReadVariableOp" and _data_inputs(node):
-            return self._asset_variable(node_name(_data_inputs(node)[0]), name)
+            handle = node_name(_data_inputs(node)[0])
+            return self._remember(("variable", handle), lambda: self._asset_variable(handle))
         return f"its file name comes from {node.op} {name!r}, which is no asset the loader feeds"
 
-    def _asset_variable(self, handle: str, read: str) -> str | None:
+    def _asset_variable(self, handle: str) -> str | None:
         """TF2: tf.saved_model.save assigns the asset placeholder to a variable the init
         op reads: accepted when nothing else writes it or hands it on."""
         variable = self.graph.nodes.get(handle)
@@ -132,17 +133,21 @@ class _Assets:
         one, :data:`_MAX_CALL_DEPTH` calls deep at most), and the object graph, when it
         binds the argument, binds it to an asset.
 
-        Memoized with the asset nodes it read: k callers per level are k**depth chains.
+        Memoized: k callers per level are k**depth chains.
         """
-        key = (fname, tensor, depth)
-        if key not in self.argument_memo:
+        return self._remember(("argument", fname, tensor, depth),
+                              lambda: self._judge_argument(fname, tensor, depth))
+
+    def _remember(self, key: tuple, judge) -> str | None:
+        """``judge()`` once per key, with the asset nodes it read: many reads of one
+        variable, or the same argument reached along many call chains, are judged once."""
+        if key not in self.memo:
             outer, self.read = self.read, set()
             try:
-                self.argument_memo[key] = (self._judge_argument(fname, tensor, depth),
-                                           frozenset(self.read))
+                self.memo[key] = (judge(), frozenset(self.read))
             finally:
                 self.read = outer | self.read
-        problem, read = self.argument_memo[key]
+        problem, read = self.memo[key]
         self.read |= read
         return problem
 

@@ -61,6 +61,10 @@ _FILE_INPUTS = {"SaveV2": (0,), "Save": (0,), "SaveSlices": (0,), "RestoreV2": (
 # What TF appends to the prefix for sharded saves: ".part" (s3), "_temp/part" (TF 2),
 # "_temp_<uuid hex>/part" (TF 1.x).
 _SHARD_SUFFIX = re.compile(r"\.part|_temp(_[0-9a-f]{32})?/part")
+# How many nodes the checks of savers saver_def does not name may read in all (each
+# reads what its checkpoint op runs): a TF saver's ops run a few nodes each, while a
+# crafted model's thousands of checkpoint ops over one long chain would be quadratic.
+_MAX_SPARE_WORK = 100_000
 
 
 def _const_string(node) -> str | None:
@@ -180,6 +184,8 @@ class _Saver:
     def __init__(self, meta_graph, graph: _Graph) -> None:
         self.graph = graph
         self.sides: list[_Side] = []
+        self.spare_work = 0  # nodes _spare_saver has read, up to _MAX_SPARE_WORK
+        self.body_problems: dict[tuple[str, frozenset], list[str]] = {}
         self.concrete_functions = set(meta_graph.object_graph_def.concrete_functions)
         if not meta_graph.HasField("saver_def"):
             return
@@ -267,9 +273,13 @@ class _Saver:
         prefix = node_name(prefix)
         problems = self._prefix_problems(prefix, prefix) if prefix in self.graph.nodes \
             else ["its file name comes from no saver's file name placeholder"]
+        if not problems and self.spare_work > _MAX_SPARE_WORK:
+            problems = [f"the check's limit of {_MAX_SPARE_WORK} nodes read for savers "
+                        "saver_def does not name is spent, so it is refused unjudged"]
         if not problems:
             allowed = _RESTORE_OPS if node.op.startswith("Restore") else _SAVE_OPS
             nodes = self._closure(node.name, prefix)
+            self.spare_work += len(nodes)
             problems = [f"it also runs {op}" for op in
                         _bad_ops(self.graph.nodes, nodes, allowed, prefix)]
             problems += _file_name_problems(self.graph.nodes, nodes, prefix, repr(prefix))
@@ -318,7 +328,14 @@ class _Saver:
 
     def _body_problems(self, fname: str, allowed: frozenset) -> list[str]:
         """A traced save or restore function: no call, only the ops ``allowed``, every
-        file name derived from its first argument."""
+        file name derived from its first argument. Once per function: each of its
+        checkpoint ops asks."""
+        key = (fname, allowed)
+        if key not in self.body_problems:
+            self.body_problems[key] = self._judge_body(fname, allowed)
+        return self.body_problems[key]
+
+    def _judge_body(self, fname: str, allowed: frozenset) -> list[str]:
         function = self.graph.library[fname]
         body = {n.name: n for n in function.node_def}
         problems = []
