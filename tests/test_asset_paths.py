@@ -124,3 +124,34 @@ def test_an_asset_declaration_that_is_not_utf8_is_refused(tmp_path, capsys):
     out = capsys.readouterr()
     assert code == 1 and "no AssetFileDef the check can read" in out.out
     assert "internal error" not in out.err
+
+
+@pytest.mark.parametrize("op, value", [
+    ("DecodeProtoV2", b"local://\0/etc/passwd"),  # C++ compares the whole string
+    ("DecodeProtoV2", b"\0bytes://"),
+    ("FixedUnigramCandidateSampler", b"\0/etc/passwd"),
+    ("FixedUnigramCandidateSampler", b"\xff/etc/passwd"),
+    ("PrintV2", b"file:///tmp/x\0.txt"),
+])
+def test_a_path_attr_with_a_nul_or_bad_bytes_counts_as_a_file(op, value):
+    """The other strings C++ hands to open(2): judged on their bytes, never cleared
+    by what Python's comparison of the decoded text would say about a prefix."""
+    from tensorflow.core.framework import attr_value_pb2
+
+    from serving_opt import host_ops
+
+    assert host_ops.conditional_kind(op, attr_value_pb2.AttrValue(s=value)) is not None
+
+
+@pytest.mark.parametrize("op, value", [
+    ("DecodeProtoV2", b"local://"), ("PrintV2", b"stderr"), ("PrintV2", b"stderr\0x"),
+    ("FixedUnigramCandidateSampler", b""),
+])
+def test_a_path_attr_cpp_never_opens_is_harmless(op, value):
+    """The control: the same check clears values C++ never opens as a file (a stream
+    name with a NUL is no stream C++ knows, and no "file://")."""
+    from tensorflow.core.framework import attr_value_pb2
+
+    from serving_opt import host_ops
+
+    assert host_ops.conditional_kind(op, attr_value_pb2.AttrValue(s=value)) is None
