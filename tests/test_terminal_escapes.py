@@ -96,3 +96,19 @@ def test_an_error_line_naming_the_models_tags_is_escaped(hostile_model, capsys):
     out = capsys.readouterr()
     assert code == 1 and "has no MetaGraph tagged gpu" in out.err
     assert _controls(out.err) == [] and "tag\\x1b]0;pwned" in out.err
+
+
+def test_inspect_of_a_frozen_graph_prints_no_control_character(tmp_path, capsys):
+    from tensorflow.core.framework import graph_pb2
+
+    graph_def = graph_pb2.GraphDef()
+    x = graph_def.node.add(name=NODE, op="Placeholder")
+    x.attr["dtype"].type = 1
+    graph_def.node.add(name="out" + NASTY, op=OP, input=[NODE])
+    graph_def.node.add(name="w" + NASTY, op="WriteFile", input=[NODE, NODE])
+    path = tmp_path / "frozen.pb"
+    path.write_bytes(graph_def.SerializeToString())
+    cli.main(["serving-opt", "inspect", f"--saved_model_dir={path}"])
+    out = capsys.readouterr()
+    assert "node\\x1b]0;pwned" in out.out  # the candidate input, named, escaped
+    assert _controls(out.out) == [] and _controls(out.err) == []
