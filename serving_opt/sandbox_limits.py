@@ -194,7 +194,8 @@ class Watchdog:
     which, once it has.
 
     Polling lets a model overshoot by what it does in one period (:data:`WATCH_SECONDS`
-    for tasks, ten for bytes); RLIMIT_FSIZE and the memory limit bound that."""
+    for tasks, ten for bytes); RLIMIT_FSIZE and the memory limit bound that. Files
+    removed but held open count; a removed file only mapped (no descriptor) does not."""
 
     def __init__(self, process: subprocess.Popen, max_tasks: int | None,
                  writable: Sequence[str] = (), write_bytes: int | None = None) -> None:
@@ -222,7 +223,8 @@ class Watchdog:
                     reason = (f"the sandboxed run started more than {self.max_tasks} threads "
                               f"and processes (the sandbox's limit, sandbox.MAX_THREADS)")
             if reason is None and self.writable and tick % 10 == 0:
-                reason = _over_written(self.writable, self.write_bytes)
+                reason = _over_written(self.writable, self.write_bytes,
+                                       _unlinked_bytes(self.process.pid, self.writable))
             if reason is not None:
                 self.reason = reason
                 self._kill()
@@ -269,10 +271,33 @@ def _outermost(directories: Sequence[str]) -> tuple[str, ...]:
     return tuple(d for d in real if not any(d.startswith(o.rstrip("/") + "/") for o in real))
 
 
-def _over_written(directories: Sequence[str], limit: int) -> str | None:
-    """Why what lies under ``directories`` is past ``limit`` disk bytes (or
-    :data:`MAX_WRITTEN_FILES` entries), else None."""
-    used = entries = 0
+def _unlinked_bytes(root: int, directories: Sequence[str]) -> int:
+    """The disk blocks of files under ``directories`` that the sandbox's processes hold
+    open after removing them: still on the disk, in no directory listing."""
+    held: dict[tuple[int, int], int] = {}
+    for pid in _tasks(root, None, processes_only=True):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if not target.endswith(" (deleted)") or not any(
+                        target.startswith(d.rstrip("/") + "/") for d in directories):
+                    continue
+                info = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            held[(info.st_dev, info.st_ino)] = info.st_blocks * 512
+    return sum(held.values())
+
+
+def _over_written(directories: Sequence[str], limit: int, unlinked: int = 0) -> str | None:
+    """Why what lies under ``directories`` (with ``unlinked`` bytes removed but held
+    open) is past ``limit`` disk bytes (or :data:`MAX_WRITTEN_FILES` entries), else
+    None."""
+    used, entries = unlinked, 0
     todo = list(directories)
     while todo:
         try:

@@ -197,3 +197,32 @@ def test_compare_without_a_time_limit_gets_the_default(tmp_path, monkeypatch):
     assert CompareOptions().sandbox_timeout_seconds is None
     with pytest.raises(ServingOptError, match="--sandbox_timeout_seconds=20"):
         compare(model, model, str(examples), CompareOptions(allow_file_ops=True))
+
+
+_WRITE_UNLINKED = """
+    import os, sys, time
+    directory, count, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    held = []
+    for i in range(count):
+        path = os.path.join(directory, f"f{i}")
+        f = open(path, "wb")
+        f.write(b"x" * size)
+        f.flush()
+        os.unlink(path)  # on the disk still, in no listing
+        held.append(f)
+    print("written", flush=True)
+    time.sleep(float(sys.argv[4]))
+"""
+
+
+def test_files_removed_but_held_open_count_against_the_write_limit(tmp_path, monkeypatch):
+    from serving_opt import sandbox_limits
+
+    policy = sandbox.Policy(writable=(str(tmp_path),), write_bytes=8 * MIB)
+    process, out = _run(_WRITE_UNLINKED, policy, str(tmp_path), "24", str(MIB), "300")
+    assert "written" in out and os.listdir(tmp_path) == []
+    assert "wrote more than 8 MiB" in sandbox.stopped_because(process)
+    # CONTROL: counting the directories alone, the same 24 MiB run to their end.
+    monkeypatch.setattr(sandbox_limits, "_unlinked_bytes", lambda *a: 0)
+    process, out = _run(_WRITE_UNLINKED, policy, str(tmp_path), "24", str(MIB), "2")
+    assert process.returncode == 0 and sandbox.stopped_because(process) is None
