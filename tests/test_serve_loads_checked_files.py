@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 
 import numpy as np
 import pytest
@@ -17,7 +18,9 @@ from tensorflow.core.protobuf import meta_graph_pb2
 
 from serving_opt.savedmodel import checked_load, loader
 from serving_opt.serving.model_server import servable as servable_lib
+from serving_opt.serving.model_server.request_options import RequestOptions
 from serving_opt.serving.model_server.servable import LoadOptions, Servable, ServableId
+from serving_opt.serving.model_server.warmup import replay_warmup
 
 v1 = tf.compat.v1
 SECRET_WORD = b"other-models-secret"
@@ -171,3 +174,30 @@ def test_saved_model_pb_swapped_after_the_check_is_not_what_loads(tmp_path, monk
     assert swapped == [version] and on_disk_at_load == [hostile_pb]  # the swap was real
     assert answer[0].value.item() == b"checked:" + str(secret).encode()
     assert not any(n.op == "ReadFile" for n in servable.meta_graph_def.graph_def.node)
+
+
+@pytest.mark.parametrize("swapped_in", ["fifo", "symlink"])
+def test_a_warmup_file_swapped_after_the_checks_is_refused_not_read(two_models, swapped_in):
+    secret, mine = two_models
+    servable = _load(mine)
+    extra = os.path.join(mine, "assets.extra")
+    os.makedirs(extra)
+    warmup = os.path.join(extra, "tf_serving_warmup_requests")
+    # After the load's checks, before the warmup reads it: a FIFO blocks a reader forever.
+    os.mkfifo(warmup) if swapped_in == "fifo" else os.symlink(secret, warmup)
+    assert os.path.exists(warmup)  # control: the replay's "is there a file" test passes
+    previous = signal.signal(signal.SIGALRM, _hung)
+    signal.alarm(120)  # a replay that opened the FIFO would hang: fail, don't hang
+    try:
+        with pytest.raises(servable_lib.ServingStatusError) as info:
+            replay_warmup(servable, RequestOptions())
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        servable.close()
+    assert info.value.code.name == "DATA_LOSS"
+    assert "tf_serving_warmup_requests" in info.value.message
+
+
+def _hung(signum, frame):
+    raise TimeoutError("the warmup replay blocked on the swapped-in file")

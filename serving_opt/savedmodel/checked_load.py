@@ -33,8 +33,32 @@ def _open_beneath(root: str, relative: str) -> int:
 
 def _not_regular(path: str, what: str) -> loader.UnsafeModelFile:
     return loader.UnsafeModelFile(
-        path, f"asset {path} {what}, not a regular file inside the version",
+        path, f"{path} {what}, not a regular file inside the version",
         "replace it with the file itself (copy the model again or re-export it)")
+
+
+def copy_beneath(root: str, relative: str, target: str) -> None:
+    """Copies the regular file ``root/relative`` to ``target`` (a new file), reached
+    without following a symlink at any step and opened without blocking; raises
+    loader.UnsafeModelFile for a link or a special file, FileNotFoundError when absent."""
+    source = os.path.join(root, relative)
+    try:
+        fd = _open_beneath(root, relative)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
+            raise _not_regular(source, "is reached through a symlink or is a special "
+                                       "file") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(source, f"is {loader.file_kind(mode)}")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "xb") as out, os.fdopen(os.dup(fd), "rb") as src:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+    finally:
+        os.close(fd)
 
 
 def pin_assets(meta_graph, saved_model_dir: str, private_dir: str) -> dict[str, str]:
@@ -61,26 +85,10 @@ def pin_assets(meta_graph, saved_model_dir: str, private_dir: str) -> dict[str, 
         feeds[asset.tensor_info.name] = target
         if os.path.exists(target):
             continue  # one file, fed to more than one tensor
-        source = os.path.join(saved_model_dir, "assets", relative)
         try:
-            fd = _open_beneath(saved_model_dir, "assets/" + relative)
-        except OSError as e:
-            if e.errno == errno.ENOENT:
-                continue  # TF's restore fails on the missing copy, with TF's own NOT_FOUND
-            if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
-                raise _not_regular(source, "reached through a symlink or is a special file") \
-                    from None
-            raise
-        try:
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                raise _not_regular(source, f"is {loader.file_kind(mode)}")
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            with open(target, "xb") as out, os.fdopen(os.dup(fd), "rb") as src:
-                while chunk := src.read(1 << 20):
-                    out.write(chunk)
-        finally:
-            os.close(fd)
+            copy_beneath(saved_model_dir, "assets/" + relative, target)
+        except FileNotFoundError:
+            continue  # TF's init op fails on the missing copy, with TF's own NOT_FOUND
     return feeds
 
 

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import os
+import tempfile
 
 from serving_opt.serving.model_server.classifier import run_classify
 from serving_opt.serving.model_server.multi_inference import run_multi_inference
@@ -72,16 +73,34 @@ def replay_warmup(servable: Servable, options: RequestOptions, iterations: int =
         >>> replay_warmup(servable_without_warmup_file, RequestOptions())
         0
     """
+    import grpc
+
+    from serving_opt.savedmodel import checked_load, loader
+
+    path = warmup_path(servable.path)
+    with tempfile.TemporaryDirectory(prefix="serving-opt-warmup-") as private:
+        # A private copy, read without following links: the version's file checks ran
+        # before the load, and a FIFO or a link swapped in since is refused, not read.
+        copy = os.path.join(private, WARMUP_FILENAME)
+        try:
+            checked_load.copy_beneath(servable.path, f"{ASSETS_EXTRA}/{WARMUP_FILENAME}",
+                                      copy)
+        except FileNotFoundError:
+            return 0  # warmup data is optional
+        except loader.UnsafeModelFile as e:
+            raise ServingStatusError(grpc.StatusCode.DATA_LOSS, e.reason) from None
+        return _replay_file(servable, options, iterations, copy, path)
+
+
+def _replay_file(servable, options: RequestOptions, iterations: int, copy: str,
+                 path: str) -> int:
     import tensorflow as tf
     from tensorflow.python.lib.io import tf_record
     from tensorflow_serving.apis import prediction_log_pb2
 
-    path = warmup_path(servable.path)
-    if not os.path.exists(path):
-        return 0  # warmup data is optional
     count = 0
     try:
-        for record in tf_record.tf_record_iterator(path):
+        for record in tf_record.tf_record_iterator(copy):
             log = prediction_log_pb2.PredictionLog()
             try:
                 log.ParseFromString(record)
