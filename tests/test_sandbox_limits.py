@@ -226,3 +226,14 @@ def test_files_removed_but_held_open_count_against_the_write_limit(tmp_path, mon
     monkeypatch.setattr(sandbox_limits, "_unlinked_bytes", lambda *a: 0)
     process, out = _run(_WRITE_UNLINKED, policy, str(tmp_path), "24", str(MIB), "2")
     assert process.returncode == 0 and sandbox.stopped_because(process) is None
+
+
+@pytest.mark.parametrize("command", ["optimize", "validate", "compare", "tune"])
+def test_every_command_that_runs_a_model_takes_the_time_limit_flag(command):
+    import importlib
+
+    from absl import flags
+
+    fv = flags.FlagValues()
+    importlib.import_module(f"serving_opt.cli.commands.{command}").define_flags(fv)
+    assert "sandbox_timeout_seconds" in fv

@@ -299,8 +299,8 @@ class ServerOptions:
                              f"{', '.join(backends.BACKENDS)}", "e.g. --server=auto")
 
 
-# TrustOptions' flags tune has: its sandbox has no limits of its own yet.
-TRUST_FLAGS_SKIPPED = ("sandbox_memory_bytes", "sandbox_timeout_seconds")
+# TrustOptions' flags tune has not: its sandbox takes the wall-clock limit, not memory.
+TRUST_FLAGS_SKIPPED = ("sandbox_memory_bytes",)
 
 
 @dataclass(frozen=True, init=False)

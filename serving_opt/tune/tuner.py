@@ -115,7 +115,9 @@ def tune(model_base: str, options: TuneOptions | None = None,
                      *sandbox_lib.interpreter_dirs(runtime.python if runtime else None)]
         report = sandbox_lib.call(
             "serving_opt.tune.tuner:execute", model_base, version, options, backend, current,
-            policy=sandbox_lib.Policy(read_only=tuple(read_only)), progress=say,
+            policy=sandbox_lib.Policy(read_only=tuple(read_only),
+                                      timeout_seconds=options.sandbox_timeout_seconds),
+            progress=say,
             # The worker imports TensorFlow as it starts and forks a process per thread
             # setting to profile: the server's environment must be its own from the start.
             env={**sandbox_lib.search_path(*binaries), **backends.runtime_env(backend)},
