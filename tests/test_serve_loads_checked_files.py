@@ -201,3 +201,15 @@ def test_a_warmup_file_swapped_after_the_checks_is_refused_not_read(two_models, 
 
 def _hung(signum, frame):
     raise TimeoutError("the warmup replay blocked on the swapped-in file")
+
+
+def test_a_version_directory_linked_to_another_models_version_fails_the_load(two_models):
+    secret, mine = two_models
+    other_version = os.path.dirname(os.path.dirname(secret))
+    linked = os.path.join(os.path.dirname(mine), "2")
+    os.symlink(other_version, linked)
+    assert _lookup_with_tensorflow(linked, SECRET_WORD) == 0  # control: it is the other's
+    with pytest.raises(servable_lib.ServingStatusError) as info:
+        _load(linked)
+    assert info.value.code.name == "FAILED_PRECONDITION"
+    assert "outside its model base" in info.value.message

@@ -226,14 +226,21 @@ def check_model_files(export_dir: str) -> None:
     """optimize's file checks (loader.check_model_files), with the model base as the
     version's parent: a FIFO, device or socket (or a link to one) that TensorFlow's
     restore or the init op would block on fails the load with DATA_LOSS; a symlink out of
-    the version (another model's files, /dev/zero) or an asset hard-linked outside the
-    model base with FAILED_PRECONDITION.
+    the version (another model's files, /dev/zero), a version directory linked out of its
+    base, or an asset hard-linked outside the model base with FAILED_PRECONDITION.
     """
     from serving_opt.errors import ServingOptError
     from serving_opt.savedmodel import loader
 
+    base = os.path.dirname(os.path.abspath(export_dir))
+    real_base, real = os.path.realpath(base), os.path.realpath(export_dir)
+    if os.path.commonpath([real_base, real]) != real_base:
+        # A version linked to another model's version would load that model's files.
+        raise failed_precondition(
+            f"{export_dir} is a symlink to {real}, outside its model base {base}; symlinks "
+            "out of a model are never followed; replace the link with a copy of the version")
     try:
-        loader.check_model_files(export_dir, base=os.path.dirname(os.path.abspath(export_dir)))
+        loader.check_model_files(export_dir, base=base)
     except loader.UnsafeModelFile as e:
         raise _unsafe_file_status(e) from None
     except ServingOptError as e:
