@@ -57,6 +57,10 @@ PROTOS = {
 # an object, void or structured dtype.
 _DTYPE = re.compile(r"[<>|=][biufcSU]\d{1,4}")
 _MAX_DIMS = 32
+# Values in one result: each becomes a Python object of up to ~100 bytes whatever its
+# few bytes of JSON, so a forged file of small values would cost the host many times its
+# size. Arrays and bytes travel as base64, one value each; a real report has thousands.
+MAX_VALUES = 1 << 21
 
 
 def dumps(value) -> bytes:
@@ -104,13 +108,22 @@ def _encode(value):
 def loads(data: bytes):
     """A result written by :func:`dumps`: builds only the schema's types, imports nothing
     else; ServingOptError for anything else (a forged or damaged file)."""
+    # Every value but the first of an array or object follows a comma; each array or
+    # object opens with a bracket: together, a bound on the values before any is built.
+    values = data.count(b",") + data.count(b"[") + data.count(b"{")
+    if values > MAX_VALUES:
+        raise _not_a_result(f"over {MAX_VALUES} values")
     try:
         return _decode(json.loads(data))
     except (ValueError, TypeError, KeyError, IndexError, RecursionError) as e:
-        raise ServingOptError(f"the sandboxed process returned something that is not a "
-                              f"result ({str(e)[:200]}); nothing of it was used",
-                              "a model that writes files can forge its run's result: "
-                              "rerun without --allow_file_ops") from None
+        raise _not_a_result(str(e)[:200]) from None
+
+
+def _not_a_result(why: str) -> ServingOptError:
+    return ServingOptError(f"the sandboxed process returned something that is not a result "
+                           f"({why}); nothing of it was used",
+                           "a model that writes files can forge its run's result: rerun "
+                           "without --allow_file_ops")
 
 
 def _decode(value):

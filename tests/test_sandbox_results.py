@@ -136,3 +136,13 @@ def test_a_forged_error_sets_text_attributes_only():
     assert type(error).__name__ == "UsageError" and error.problem == "p"
     assert error.flag == "--x" and callable(error.with_report) and error.report is None
     assert error.fix is None
+
+
+def test_a_result_of_too_many_small_values_is_refused_before_it_is_built():
+    many = sandbox_results.MAX_VALUES + 10
+    forged = b'{"list":[' + b",".join([b"0.5"] * many) + b"]}"
+    with pytest.raises(ServingOptError, match="not a result"):
+        sandbox.loads(forged)
+    # CONTROL: the same values, fewer of them, are a result.
+    fewer = b'{"list":[' + b",".join([b"0.5"] * 1000) + b"]}"
+    assert sandbox.loads(fewer) == [0.5] * 1000
