@@ -56,8 +56,16 @@ def _resolve(python: str) -> tuple[str, ...]:
         _check_prefix(python, prefix, lib)
         if prefix in _SYSTEM:
             continue
-        binds += [os.path.join(prefix, name) for name in ("bin", "lib", "lib64", "pyvenv.cfg")
-                  if os.path.lexists(os.path.join(prefix, name))]
+        for name in ("bin", "lib", "lib64", "pyvenv.cfg"):
+            path = os.path.join(prefix, name)
+            if not os.path.lexists(path):
+                continue
+            # Bound at its real path: a link out of the installation (lib -> ~) is not it.
+            if not any(_within(os.path.realpath(path), p) for p in prefixes):
+                raise UsageError(f"{_FLAG}={python}: {path} leads out of its installation "
+                                 f"(to {os.path.realpath(path)}); nothing was run",
+                                 "point it at a venv or an installation of its own")
+            binds.append(path)
     for path in where["paths"]:
         real = os.path.realpath(path)
         if os.path.exists(real) and not any(_within(real, p) for p in prefixes):

@@ -118,3 +118,19 @@ def test_a_prefix_that_is_not_an_installation_is_refused(tmp_path, layout, why):
                                         "paths": [str(install / "lib" / "python3.11")],
                                         "executable": "/bin/sh", "version": "3.11"})
     assert str(install / "lib") in sandbox.interpreter_dirs(good)
+
+
+def test_a_library_directory_linked_out_of_the_installation_is_refused(tmp_path, home):
+    install = tmp_path / "install"
+    install.mkdir()
+    (home / "python3.11").mkdir()
+    (install / "lib").symlink_to(home)  # lib/python3.11 exists: through the link, in ~
+    where = {"prefixes": [str(install)] * 4, "venv": None,
+             "paths": [str(install / "lib" / "python3.11")], "executable": "/bin/sh",
+             "version": "3.11"}
+    with pytest.raises(UsageError, match="leads out of its installation"):
+        sandbox.interpreter_dirs(_fake_interpreter(tmp_path, where))
+    # CONTROL: a real directory there is bound.
+    (install / "lib").unlink()
+    (install / "lib" / "python3.11").mkdir(parents=True)
+    assert str(install / "lib") in sandbox.interpreter_dirs(_fake_interpreter(tmp_path, where))
