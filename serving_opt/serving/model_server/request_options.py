@@ -48,6 +48,37 @@ class RequestOptions:
         return dataclasses.replace(self, timeout_ms=timeout_ms)
 
 
+@dataclass(frozen=True)
+class RestLimits:
+    """How many REST connections may be open and how long each may wait (seconds).
+
+    ``max_connections`` 0 picks ``min(1024, RLIMIT_NOFILE / 4)``: each connection holds a
+    thread and a descriptor, and the sandbox's threads and descriptors must stay enough
+    for gRPC and the model. Timeouts: ``idle`` for a keep-alive connection's next request
+    to start, ``header`` for a whole request head once started, ``body`` for each read of
+    a body; all three default to libevent's HTTP timeout (50 s), which upstream's
+    evhttp front end applies to its reads and idle connections.
+    """
+
+    max_connections: int = 0
+    idle_timeout_seconds: float = 50.0
+    header_timeout_seconds: float = 50.0
+    body_timeout_seconds: float = 50.0
+
+    def connection_limit(self) -> int:
+        if self.max_connections > 0:
+            return self.max_connections
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            return 1024
+        return max(16, min(1024, soft // 4))
+
+
+DEFAULT_REST_LIMITS = RestLimits()
+
+
 def resolve_signature_name(name: str) -> str:
     """Empty means ``serving_default``, as in every TF Serving API.
 

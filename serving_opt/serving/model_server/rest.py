@@ -17,7 +17,8 @@ FAILED_PRECONDITION -> 400, NOT_FOUND -> 404, DEADLINE_EXCEEDED -> 504, ...); an
 ``/v1/...`` path is "Malformed request: GET /v1/..." (400); a path outside ``/v1/`` is a
 bare 404. ``rest_api_timeout_in_ms`` becomes the session run timeout of every request;
 ``rest_api_num_threads`` bounds the requests running at once (connections each get a
-thread; HTTP/1.1 keep-alive is supported).
+thread, their number and waits bounded by http_connections.py; HTTP/1.1 keep-alive is
+supported).
 
 Bodies are framed by ``Content-Length`` or ``Transfer-Encoding: chunked`` (decoded), and
 bounded by ``max_request_bytes``: over it the answer is 413 before the rest is read, a
@@ -34,20 +35,26 @@ Example:
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 import socket
 import threading
 import time
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import grpc
 
-from serving_opt.serving.model_server import json_tensor
+from serving_opt.serving.model_server import json_tensor, request_cost
 from serving_opt.serving.model_server.core import ServerCore
+from serving_opt.serving.model_server.http_connections import BoundedHTTPServer, DeadlineReader
 from serving_opt.serving.model_server.monitoring import METRICS
-from serving_opt.serving.model_server.request_options import RequestOptions
+from serving_opt.serving.model_server.request_options import (
+    DEFAULT_REST_LIMITS,
+    RequestOptions,
+    RestLimits,
+)
 from serving_opt.serving.model_server.status import (
     ServingStatusError,
     failed_precondition,
@@ -360,12 +367,6 @@ class RestApiHandler:
         return json_tensor.metadata_response_json(self._prediction_service._metadata(request))
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
-
-
 def _model_and_verb(method: str, path: str) -> tuple[str, str]:
     """The model name and API verb upstream's handler reports for a request's metrics."""
     match = (_PREDICTION if method == "POST" else _STATUS).fullmatch(path)
@@ -382,11 +383,41 @@ def _make_handler_class(
     enable_cors: bool,
     max_body_bytes: int,
     prometheus_path: str | None = None,
+    limits: RestLimits = DEFAULT_REST_LIMITS,
 ):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as evhttp
         server_version = "serving-opt"
         sys_version = ""
+
+        def setup(self) -> None:
+            # Reads go through a deadline (http_connections); writes get the body timeout.
+            self.connection = self.request
+            self.reader = DeadlineReader(self.connection, limits.body_timeout_seconds)
+            self.rfile = io.BufferedReader(self.reader, 65536)
+            self.wfile = self.connection.makefile("wb", 0)
+
+        def handle(self) -> None:
+            try:
+                super().handle()
+            except OSError:  # reset, closed for a newer connection, timed out writing
+                self.close_connection = True
+
+        def handle_one_request(self) -> None:
+            connections = self.server.connections
+            if not connections.waiting(self.connection):
+                self.close_connection = True
+                return
+            self.reader.deadline = time.monotonic() + limits.idle_timeout_seconds
+            try:
+                started = self.rfile.peek(1)
+            except OSError:  # the idle timeout, or closed for a newer connection
+                started = b""
+            if not started:
+                self.close_connection = True
+                return
+            self.reader.deadline = time.monotonic() + limits.header_timeout_seconds
+            super().handle_one_request()
 
         def log_message(self, format, *args):  # noqa: A002 - BaseHTTPRequestHandler API
             log.debug("REST %s - %s", self.address_string(), format % args)
@@ -441,9 +472,14 @@ def _make_handler_class(
                 pass
 
         def _handle(self) -> None:
+            if not self.server.connections.busy(self.connection):
+                self.close_connection = True
+                return
+            self.reader.deadline = None  # the body: each read within the body timeout
+            self.connection.settimeout(limits.body_timeout_seconds)
             try:
                 body = read_body(self.headers, self.rfile, max_body_bytes)
-            except _ClientGone:
+            except (_ClientGone, TimeoutError):
                 self.close_connection = True
                 return
             except HttpError as e:
@@ -469,7 +505,9 @@ def _make_handler_class(
                 return
             with slots:
                 status, output = handler.process(self.command, path, body)
+            self.connection.settimeout(limits.body_timeout_seconds)
             self._reply(status, output, "application/json")
+            request_cost.release_memory_soon(len(body))
 
         do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _handle  # noqa: N815
 
@@ -479,10 +517,15 @@ def _make_handler_class(
 class RestServer:
     """A running REST server: ``port``, ``stop()``."""
 
-    def __init__(self, server: _Server, thread: threading.Thread) -> None:
+    def __init__(self, server: BoundedHTTPServer, thread: threading.Thread) -> None:
         self._server = server
         self._thread = thread
         self.port = server.server_address[1]
+
+    @property
+    def connections(self):
+        """The open connections (``len``, ``limit``, ``most_open``)."""
+        return self._server.connections
 
     def stop(self) -> None:
         """Stops accepting connections; idempotent."""
@@ -492,12 +535,12 @@ class RestServer:
         self._server.server_close()
 
 
-def _adopt(fd: int, handler_class) -> _Server:
+def _adopt(fd: int, handler_class, server_class) -> BoundedHTTPServer:
     """A server on the bound socket ``fd`` (inherited: the host's port, given to a
     sandboxed server that has no network of its own); it starts listening now, once the
     models are loaded, as a port of its own would open."""
     sock = socket.socket(fileno=fd)
-    server_class = type("_Adopted", (_Server,), {"address_family": sock.family})
+    server_class = type("_Adopted", (server_class,), {"address_family": sock.family})
     server = server_class(sock.getsockname()[:2], handler_class, bind_and_activate=False)
     server.socket.close()
     server.socket = sock
@@ -516,6 +559,7 @@ def start_rest_server(
     enable_cors: bool = False,
     listen_fd: int = -1,
     prometheus_path: str | None = None,
+    limits: RestLimits = DEFAULT_REST_LIMITS,
 ) -> RestServer:
     """Opens the REST port (0 picks a free one) and serves it from a background thread.
 
@@ -523,7 +567,8 @@ def start_rest_server(
     bounds request bodies; ``num_threads`` (0: 4 per CPU, like upstream's auto setting)
     bounds the requests running at once. Raises OSError if
     the port cannot be opened. ``prometheus_path``: serve the request metrics there
-    (monitoring.py), as upstream with ``prometheus_config { enable: true }``.
+    (monitoring.py), as upstream with ``prometheus_config { enable: true }``. ``limits``
+    bound the open connections and their timeouts (http_connections.py).
     """
     import os
 
@@ -532,14 +577,15 @@ def start_rest_server(
     handler = RestApiHandler(core, options)
     cls = _make_handler_class(
         handler, threading.BoundedSemaphore(num_threads), enable_cors, options.max_request_bytes,
-        prometheus_path,
+        prometheus_path, limits,
     )
+    base = type("_Server", (BoundedHTTPServer,), {"limits": limits})
     if listen_fd >= 0:
-        server = _adopt(listen_fd, cls)
+        server = _adopt(listen_fd, cls, base)
     else:
-        server_class = _Server
+        server_class = base
         if ":" in host:
-            server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
+            server_class = type("_Server6", (base,), {"address_family": socket.AF_INET6})
         server = server_class((host.strip("[]"), port), cls)
     thread = threading.Thread(
         target=server.serve_forever, name="serving-opt-rest", daemon=True

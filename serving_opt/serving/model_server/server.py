@@ -27,7 +27,9 @@ from serving_opt.serving.model_server import model_config
 from serving_opt.serving.model_server.core import CoreOptions, ServerCore, State
 from serving_opt.serving.model_server.request_options import (
     DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_REST_LIMITS,
     RequestOptions,
+    RestLimits,
 )
 from serving_opt.serving.model_server.servable import LoadOptions
 from serving_opt.serving.model_server.status import ServingStatusError, invalid_argument
@@ -120,6 +122,8 @@ class ServerOptions:
     force_allow_any_version_labels_for_unavailable_models: bool = False
     # "bfloat16": oneDNN's bfloat16 auto mixed precision rewrite (as upstream); "": none.
     mixed_precision: str = ""
+    # Not TF Serving flags: the REST port's connection bound and timeouts.
+    rest_limits: RestLimits = DEFAULT_REST_LIMITS
 
 
 def build_model_server_config(options: ServerOptions):
@@ -395,6 +399,7 @@ def _start_rest(options: ServerOptions, core: ServerCore, grpc_port: int, grpc_s
             enable_cors=options.rest_api_enable_cors_support,
             listen_fd=options.rest_api_fd,
             prometheus_path=prometheus_path,
+            limits=options.rest_limits,
         )
     except OSError as e:
         grpc_server.stop(None)
