@@ -17,12 +17,19 @@ SANDBOX_UID = 65534  # "nobody": the sandbox's uid and gid, with no capabilities
 HOSTNAME = "sandbox"
 
 
-def _python_binds() -> list[str]:
-    """The interpreter's prefixes and the real directory of the serving_opt package."""
-    package = _package_dir()
-    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, package,
-             os.path.dirname(os.path.realpath(sys.executable))]
-    return [p for p in dict.fromkeys(os.path.realpath(p) for p in paths) if os.path.exists(p)]
+def _python_binds() -> list[tuple[str, str]]:
+    """(source, target): what an installation is made of of each of the interpreter's
+    prefixes (``bin``, ``lib``, ``lib64``, a venv's ``pyvenv.cfg``; never the whole
+    prefix, which may hold anything), and the real directory of the serving_opt
+    package."""
+    prefixes = dict.fromkeys(os.path.realpath(p) for p in (
+        sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix))
+    paths = [os.path.join(p, name) for p in prefixes if p != "/usr"
+             for name in ("bin", "lib", "lib64", "pyvenv.cfg")]
+    paths += [_package_dir(), os.path.dirname(os.path.realpath(sys.executable))]
+    # A link inside a prefix (a venv's lib64 -> lib) is bound at its own path too.
+    pairs = {(os.path.realpath(p), p): None for p in paths if os.path.exists(p)}
+    return list(pairs)
 
 
 def _package_dir() -> str:
@@ -77,8 +84,8 @@ def bwrap_args(bwrap: str, policy, seccomp_fd: int | None = None,
     args += [*_proc_args(program, sized), "--dev", "/dev",
              *(["--size", str(SHM_BYTES)] if sized else []), "--tmpfs", "/dev/shm",
              *(["--size", str(policy.tmp_bytes)] if sized else []), "--tmpfs", "/tmp"]
-    for path in _python_binds():
-        args += ["--ro-bind", path, path]
+    for source, target in _python_binds():
+        args += ["--ro-bind", source, target]
     for option, paths in (("--ro-bind", policy.read_only), ("--bind", policy.writable)):
         for source, target in _bind_pairs(paths):
             if option == "--bind" or os.path.exists(source):

@@ -134,3 +134,24 @@ def test_a_library_directory_linked_out_of_the_installation_is_refused(tmp_path,
     (install / "lib").unlink()
     (install / "lib" / "python3.11").mkdir(parents=True)
     assert str(install / "lib") in sandbox.interpreter_dirs(_fake_interpreter(tmp_path, where))
+
+
+def test_serving_opts_own_interpreter_shows_its_installation_not_its_whole_prefix():
+    # The prefix of the interpreter running serving_opt holds what its owner put there
+    # (a venv beside notes, a --prefix=$HOME build): only bin, lib and pyvenv.cfg count.
+    probe = os.path.join(sys.prefix, f"probe-{os.getpid()}.txt")
+    try:
+        with open(probe, "w") as f:
+            f.write(SECRET)
+    except OSError:
+        pytest.skip(f"{sys.prefix} is not writable here")
+    try:
+        inside = os.path.join(os.path.dirname(os.__file__), "os.py")
+        seen = _probe(sys.executable, sandbox.Policy(), probe, inside)
+        assert seen["secret"] == "FileNotFoundError"
+        assert seen["inside"].startswith('r"""OS routines')  # CONTROL: its lib is there
+        # CONTROL: the probe reads it where the prefix is bound.
+        assert _probe(sys.executable, sandbox.Policy(read_only=(sys.prefix,)), probe,
+                      inside)["secret"] == SECRET
+    finally:
+        os.unlink(probe)
