@@ -108,6 +108,16 @@ def assert_outputs_match(published_dir: str, original_dir: str, feeds: dict, *,
     return expected
 
 
+def example_feeds(saved_model_dir: str, serialized) -> dict:
+    """The same serialized tf.Examples for every signature, each of which takes them as
+    its one input (an Estimator export's classify, regress and predict signatures)."""
+    feeds = {}
+    for key in signature_keys(saved_model_dir):
+        (alias,) = _meta_graph(saved_model_dir).signature_def[key].inputs
+        feeds[key] = {alias: np.array(serialized, dtype=object)}
+    return feeds
+
+
 def example(**features) -> bytes:
     """A serialized tf.Example: str/bytes values as bytes_list, ints int64_list, floats
     float_list; a scalar or a list per feature."""

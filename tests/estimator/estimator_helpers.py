@@ -149,18 +149,14 @@ def examples(words=WORDS + (OOV_WORD,), ages=(20.0, 45.0, 70.0)) -> list[bytes]:
     return out
 
 
-def run_examples(export_dir: str, signature_key: str, serialized: list[bytes]) -> dict:
-    """Runs one tf.Example signature the way TF Serving does (session loader, init op)."""
-    from serving_opt.savedmodel import loader
+def assert_answers_like_the_plain_export(published: str, raw: str, *, rtol: float = 1e-4,
+                                         atol: float = 1e-5) -> None:
+    """Every signature of the plain export, on known and out-of-vocabulary words, answers
+    the same from the published one: both run by plain TensorFlow, as TF Serving loads
+    them (tests/independent_check.py), not by the optimizer's parity gate."""
+    from independent_check import assert_outputs_match, example_feeds
 
-    sess, meta_graph = loader.load_session(export_dir, SERVE)
-    try:
-        sig = meta_graph.signature_def[signature_key]
-        (input_info,) = sig.inputs.values()
-        fetches = {alias: info.name for alias, info in sig.outputs.items()}
-        return sess.run(fetches, {input_info.name: serialized})
-    finally:
-        sess.close()
+    assert_outputs_match(published, raw, example_feeds(raw, examples()), rtol=rtol, atol=atol)
 
 
 def saved_model_pb(export_dir: str):

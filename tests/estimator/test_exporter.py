@@ -27,13 +27,12 @@ from .estimator_helpers import (
     FAST,
     PREDICT,
     REGRESS,
+    assert_answers_like_the_plain_export,
     dnn_classifier,
     dnn_linear_classifier,
     entries,
-    examples,
     linear_regressor,
     method_names,
-    run_examples,
     signatures,
     train_and_evaluate,
     tree,
@@ -51,6 +50,7 @@ def _check_published(base: str, raw_base: str) -> None:
         # Frozen: the variables live in the graph now, not in a checkpoint.
         assert not os.path.exists(os.path.join(published, "variables", "variables.index"))
         assert os.path.exists(os.path.join(raw, "variables", "variables.index"))
+        assert_answers_like_the_plain_export(published, raw)
 
 
 def test_dnn_classifier_vocab_embedding_latest_by_name(tmp_path, vocab_path):
@@ -74,17 +74,11 @@ def test_dnn_classifier_vocab_embedding_latest_by_name(tmp_path, vocab_path):
     result = exporter.last_export
     assert result.optimized and result.error is None
     assert result.raw_export_dir == os.path.join(raw_base, newest)
-    assert result.report.parity.ok and result.report.frozen, result.report.freeze_note
+    assert result.report.frozen, result.report.freeze_note
     assert result.report.size_after.total < result.report.size_before.total
     _check_published(base, raw_base)
     assert method_names(os.path.join(base, newest)) == {
         "classification": CLASSIFY, "serving_default": CLASSIFY, "predict": PREDICT}
-
-    # Independently of the parity gate: known and out-of-vocabulary words answer the same.
-    served = run_examples(os.path.join(base, newest), "classification", examples())
-    plain = run_examples(result.raw_export_dir, "classification", examples())
-    assert served["classes"].tolist() == plain["classes"].tolist()
-    assert served["scores"] == pytest.approx(plain["scores"], abs=1e-5)
 
 
 def test_linear_regressor_wrapped_latest_exporter(tmp_path, vocab_path):
@@ -98,7 +92,7 @@ def test_linear_regressor_wrapped_latest_exporter(tmp_path, vocab_path):
     base = str(tmp_path / "model" / "export" / "reg")
     assert len(versions(base)) == 1 and entries(base) == versions(base)
     assert versions(raw_export_base(base)) == versions(base)
-    assert exporter.last_export.optimized and exporter.last_export.report.parity.ok
+    assert exporter.last_export.optimized
     _check_published(base, raw_export_base(base))
     assert method_names(os.path.join(base, versions(base)[0])) == {
         "regression": REGRESS, "serving_default": REGRESS, "predict": PREDICT}
@@ -126,7 +120,7 @@ def test_dnn_linear_combined_best_and_final_exporters(tmp_path, vocab_path):
     _check_published(final_base, raw_export_base(final_base))
     assert method_names(final.last_export.export_dir) == {
         "classification": CLASSIFY, "serving_default": CLASSIFY, "predict": PREDICT}
-    assert final.last_export.report.parity.ok
+    assert final.last_export.optimized
 
 
 def test_failed_optimization_publishes_plain_export_and_logs(tmp_path, vocab_path, caplog):

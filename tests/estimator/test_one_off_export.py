@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+from independent_check import assert_outputs_match, example_feeds
 
 from serving_opt import OptimizeOptions
 from serving_opt.errors import UsageError
@@ -15,7 +16,16 @@ from serving_opt.integrations.estimator import (
     raw_export_base,
 )
 
-from .estimator_helpers import CLASSIFY, FAST, PREDICT, entries, method_names, signatures, versions
+from .estimator_helpers import (
+    CLASSIFY,
+    FAST,
+    PREDICT,
+    entries,
+    examples,
+    method_names,
+    signatures,
+    versions,
+)
 
 OPTIONS = OptimizeOptions(**FAST)
 
@@ -26,7 +36,11 @@ def test_one_off_export_publishes_the_optimized_model(trained_classifier, tmp_pa
 
     result = export_optimized_saved_model(estimator, base, receiver, OPTIONS)
 
-    assert result.optimized and result.report.parity.ok and result.report.frozen
+    assert result.optimized and result.report.frozen
+    # Against the plain export, by plain TensorFlow: every word, an unknown one, 3 ages.
+    assert_outputs_match(result.export_dir, result.raw_export_dir,
+                         example_feeds(result.raw_export_dir, examples()),
+                         rtol=1e-4, atol=1e-5)
     assert result.export_dir == os.path.join(base, str(result.version))
     assert entries(base) == [str(result.version)]
     # The plain export sits outside the served base, under the same version number.
@@ -81,7 +95,11 @@ def test_one_off_export_int8_gathers_the_real_estimators_table_quantized(trained
 
     result = export_optimized_saved_model(estimator, base, receiver, options)
 
-    assert result.optimized and result.report.parity.ok
+    assert result.optimized
+    # int8 weights: measured, logits move by 0.005 and probabilities by 0.001 (classes
+    # not at all); a weight dequantized wrong moves them by far more.
+    assert_outputs_match(result.export_dir, result.raw_export_dir,
+                         example_feeds(result.raw_export_dir, examples()), rtol=0, atol=0.02)
     where = {q.name.rsplit("/", 1)[-1]: q.dequantized for q in result.report.quantized}
     assert where.get("embedding_weights") == "per request, gathered rows only"
     assert "at load (init op)" in where.values()  # the DNN's kernels
