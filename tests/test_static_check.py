@@ -234,12 +234,19 @@ def test_the_small_model_is_clean(small_model):
     assert _uses(small_model) == []
 
 
-def test_a_function_no_node_calls_is_checked(small_model, model_copy):
+def test_a_function_nothing_calls_is_dead_and_one_an_orphan_node_calls_is_checked(
+        small_model, model_copy):
+    """Nothing can run a function no node, function or loader names (more shapes in
+    test_dead_functions.py); a node no signature reaches still counts: anyone may fetch it."""
     model = model_copy(small_model)
     edit_saved_model(model, lambda mg: _add_function(mg, "never_called"))
+    assert _uses(model) == []
+    assert not inspection.inspect_saved_model(model).risks
+    edit_saved_model(model, lambda mg: mg.graph_def.node.add(name="orphan", op="never_called"))
     (use,) = _uses(model)
     assert (use.op, use.function, use.signatures) == ("PyFunc", "never_called", ())
-    assert "a library function no node calls" in use.route
+    assert use.route == ("via a call as an op by orphan, on no path of a signature or of "
+                         "the loader (every node is checked)")
     (risk,) = inspection.inspect_saved_model(model).risks
     assert (risk.code, risk.subject) == ("code_execution_op", "never_called/inner")
 

@@ -201,6 +201,16 @@ def _roots(meta_graph, graph: _Graph, first_keys: Sequence[str]) -> list[_Root]:
         if init_op is None or name != init_op.name:
             desc = f"the {source} (run by loaders that prefer it)"
             roots.append(_Root(INIT_OP, "init", desc, desc, (name,)))
+    named = _named_outside_graph(meta_graph, graph)
+    if named:
+        desc = ("a function the MetaGraph names outside its graph (its object graph's, "
+                 "which tf.saved_model.load restores and may run)")
+        roots.append(_Root("named", "named", desc, desc, (), tuple(named)))
+    gradients = [g.gradient_func for g in meta_graph.graph_def.library.registered_gradients]
+    if gradients:
+        desc = ("a registered gradient (library.registered_gradients, which "
+                "tf.saved_model.load registers for differentiation)")
+        roots.append(_Root("gradient", "gradient", desc, desc, (), tuple(gradients)))
     if meta_graph.HasField("saver_def"):
         saver = meta_graph.saver_def
         if saver.restore_op_name:
@@ -211,6 +221,36 @@ def _roots(meta_graph, graph: _Graph, first_keys: Sequence[str]) -> list[_Root]:
             roots.append(_Root("save", "save", "saver_def.save_tensor_name",
                                "saver_def.save_tensor_name", (node_name(saver.save_tensor_name),)))
     return roots
+
+
+def _named_outside_graph(meta_graph, graph: _Graph) -> list[str]:
+    """The library functions some string of the MetaGraph outside its graph_def names:
+    the object graph's concrete functions (a tf.function's, a resource's
+    ``_create_resource``/``_initialize``/``_destroy_resource``, a saveable's save and
+    restore functions, a captured tensor's), which tf.saved_model.load wraps and runs by
+    name, and whatever a later field names: every string is read, not a list of fields."""
+    from google.protobuf.descriptor import FieldDescriptor
+
+    strings = (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES)
+    found: dict[str, None] = {}
+    pending = [field_value for field_value in meta_graph.ListFields()
+               if field_value[0].name != "graph_def"]
+    while pending:
+        field, value = pending.pop()
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            entry = field.message_type.fields_by_name
+            for k, v in value.items():
+                pending += [(entry["key"], k), (entry["value"], v)]
+            continue
+        for item in value if field.is_repeated else [value]:
+            if field.type == FieldDescriptor.TYPE_MESSAGE:
+                pending += item.ListFields()
+            elif field.type in strings:
+                text = item.decode("utf-8", "replace") if isinstance(item, bytes) else item
+                for name in (text, node_name(text)):
+                    if name in graph.library:
+                        found[name] = None
+    return list(found)
 
 
 def _declared_init_ops(meta_graph) -> list[tuple[str, str]]:
@@ -237,7 +277,12 @@ class _Walks:
     def __init__(self, graph: _Graph, roots: list[_Root]) -> None:
         self.graph = graph
         self.roots = roots
-        self.mask = graph.reach([root.starts for root in roots])
+        self.mask = graph.reach([root.starts for root in roots],
+                                [root.functions for root in roots])
+        # What may run at all: every top-level node (nothing says none will be fetched),
+        # the roots' functions and what they run. A function outside it is dead: no
+        # node, function or loader can call it, so it cannot touch anything.
+        self.live = graph.walk(graph.nodes, [f for r in roots for f in r.functions])
         self.parents: dict[int, dict | None] = {}
         self.work = 0
 
@@ -255,17 +300,20 @@ class _Walks:
         reaching it."""
         bits = self.mask.get(place, 0)
         if not bits:
-            return _unreached(self.graph, place)
+            return _unreached(self.live, place)
         index = (bits & -bits).bit_length() - 1
         root = self.roots[index]
         if index not in self.parents:
             within = self.work < _MAX_ROUTE_WORK
-            self.parents[index] = self.graph.walk(root.starts) if within else None
+            self.parents[index] = self.graph.walk(root.starts, root.functions) \
+                if within else None
             self.work += len(self.parents[index] or ())
         parents = self.parents[index]
         if parents is None:
             return f"reached from {root.desc}"
         parent, how = parents[place]
+        if parent is None and place[0] == "function":
+            return f"({root.start_desc})"
         if place[0] == "node":
             if parent is None:
                 return f"{root.start_desc}"
@@ -275,19 +323,13 @@ class _Walks:
         return f"via {how}, reached from {root.desc}"
 
 
-def _unreached(graph: _Graph, place: tuple[str, str]) -> str:
-    # Nothing the loaders or a request runs reaches it: still checked, since "nothing
-    # runs it" is exactly what a crafted model would like us to believe.
-    if place[0] == "node":
+def _unreached(live: dict, place: tuple[str, str]) -> str:
+    # Only a node no loader fetches runs it: still checked, since "nothing runs it" is
+    # what a crafted model would like us to believe of a node anyone may fetch.
+    parent, how = live.get(place, (None, ""))
+    if place[0] == "node" or parent is None:
         return "on no path of a signature or of the loader (every node is checked)"
-    refs = graph.refs.get(place[1])
-    if refs:
-        where = f" in function {refs[0].function}" if refs[0].function else ""
-        return f"via {refs[0].how}{where}, on no path of a signature or of the loader"
-    if place[1] in graph.gradient_of:
-        return (f"(library.gradient of {graph.gradient_of[place[1]]}), which no "
-                "SymbolicGradient runs")
-    return "(a library function no node calls; every function is checked)"
+    return f"via {how}, on no path of a signature or of the loader (every node is checked)"
 
 
 # ---------------------------------------------------------------------------- assets
@@ -351,6 +393,8 @@ def host_op_uses(meta_graph, signature_keys: Sequence[str] | None = None) -> lis
         if not findings:
             continue
         place = ("function", function) if function else ("node", node.name)
+        if place not in walks.live:
+            continue  # a dead function: nothing can call it
         reaching = walks.reaching(place)
         keys = tuple(r.key for r in reaching if r.kind in ("signature", "init"))
         for finding in findings:

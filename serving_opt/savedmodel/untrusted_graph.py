@@ -36,13 +36,15 @@ class _Ref:
 @dataclass(frozen=True)
 class _Root:
     """Something a loader or a request runs: a signature's outputs, the init op, the
-    saver's restore op or its save tensor."""
+    saver's restore op or its save tensor, the functions the MetaGraph names outside
+    its graph (the object graph's) or registers as gradients."""
 
-    key: str  # signature key, INIT_OP, "restore" or "save"
-    kind: str  # "signature", "init", "restore", "save"
+    key: str  # signature key, INIT_OP, "restore", "save", "named" or "gradient"
+    kind: str  # "signature", "init", "restore", "save", "named", "gradient"
     desc: str
     start_desc: str
-    starts: tuple[str, ...]
+    starts: tuple[str, ...]  # nodes
+    functions: tuple[str, ...] = ()  # library functions it runs by name
 
 
 def _data_inputs(node) -> list[str]:
@@ -87,10 +89,52 @@ class _Graph:
                           for f, how, *_ in calls]
                 self.refs_from(function.signature.name, node, calls)
             self.function_calls[function.signature.name] = found
+        # What else runs a function, found by its name rather than a call: a string attr
+        # naming it (a node's, or a FunctionDef attr such as backward_function_name), its
+        # library.gradient, and the functions sharing its api_implements, which
+        # Grappler's implementation selector swaps in for it (Keras' LSTM/GRU carry a
+        # CPU and a cuDNN body, one of them called by nothing).
+        self.links: dict[tuple[str, str], list[tuple[tuple[str, str], str]]] = \
+            collections.defaultdict(list)
+        for node in graph_def.node:
+            self.links[("node", node.name)] += self._named(node.attr, f"{node.op} {node.name}")
+        for function in graph_def.library.function:
+            fname = function.signature.name
+            place = ("function", fname)
+            self.links[place] += self._named(function.attr, f"function {fname}")
+            for node in function.node_def:
+                self.links[place] += self._named(
+                    node.attr, f"{node.op} {node.name} in function {fname}")
+            if fname in self.gradients:
+                self.links[place].append((("function", self.gradients[fname]),
+                                          f"library.gradient of {fname}"))
+            implements = _attr(function, "api_implements").s
+            if implements:
+                group = ("implements", implements.decode("utf-8", "replace"))
+                self.links[place].append((group, f"api_implements of {fname}"))
+                self.links[group].append((place, f"api_implements {group[1]!r} shared with "
+                                                 "a function that runs (Grappler's "
+                                                 "implementation selector may swap it in)"))
         self.consumers: dict[str, list[str]] = collections.defaultdict(list)
         for node in graph_def.node:
             for i in node.input:
                 self.consumers[node_name(i)].append(node.name)
+
+    def _named(self, attrs, owner: str) -> list[tuple[tuple[str, str], str]]:
+        """(function place, how) for every string of ``attrs`` (at any depth of func
+        attrs' own attrs) that is the name of a library function: no op of TF's is known
+        to run a function named by a string, but a reachable name is the cheap doubt."""
+        out = []
+        pending = [(key, value) for key, value in attrs.items()]
+        while pending:
+            key, value = pending.pop()
+            for text in (value.s, *value.list.s):
+                name = text.decode("utf-8", "replace")
+                if name in self.library:
+                    out.append((("function", name), f"string attr {key} of {owner}"))
+            for func in (*([value.func] if value.HasField("func") else []), *value.list.func):
+                pending += [(f"{key}.{k}", v) for k, v in func.attr.items()]
+        return out
 
     def refs_from(self, function: str | None, node, calls) -> None:
         for fname, how, call_arg, binds in calls:
@@ -136,26 +180,35 @@ class _Graph:
         """(place, how) for what running ``place`` runs too: a node's inputs (data and
         control, followed backwards) and the functions it references; a function's
         references (a function counts whole: the runtime runs every stateful op of a
-        body). A place is ``("node", name)`` at the top level or ``("function", name)``."""
+        body), and what :attr:`links` names. A place is ``("node", name)`` at the top
+        level, ``("function", name)``, or ``("implements", api)`` (the functions sharing
+        an api_implements)."""
         kind, name = place
+        calls: Iterable[tuple[str, str]] = ()
         if kind == "node":
             for i in self.nodes[name].input:
                 if node_name(i) in self.nodes:
                     yield ("node", node_name(i)), "control input" if i.startswith("^") else "input"
             calls = self.top_calls[name]
-        else:
+        elif kind == "function":
             calls = self.function_calls.get(name, ())  # a gradient no library holds
         for fname, how in calls:
             yield ("function", fname), how
+        yield from self.links.get(place, ())
 
-    def walk(self, starts: Iterable[str]) -> dict[tuple[str, str], tuple]:
-        """Everything a run of ``starts`` may execute: place -> (parent place, how).
-        Breadth first, so the recorded route is a shortest one."""
+    def _places(self, starts: Iterable[str],
+                functions: Iterable[str] = ()) -> list[tuple[str, str]]:
+        return [*(("node", n) for n in starts if n in self.nodes),
+                *(("function", f) for f in functions if f in self.library)]
+
+    def walk(self, starts: Iterable[str],
+             functions: Iterable[str] = ()) -> dict[tuple[str, str], tuple]:
+        """Everything a run of ``starts`` (nodes) and ``functions`` may execute: place
+        -> (parent place, how). Breadth first, so the recorded route is a shortest one."""
         parents: dict[tuple[str, str], tuple] = {}
         queue: collections.deque = collections.deque()
-        for start in starts:
-            place = ("node", start)
-            if start in self.nodes and place not in parents:
+        for place in self._places(starts, functions):
+            if place not in parents:
                 parents[place] = (None, "")
                 queue.append(place)
         while queue:
@@ -166,16 +219,18 @@ class _Graph:
                     queue.append(target)
         return parents
 
-    def reach(self, starts: Sequence[Iterable[str]]) -> dict[tuple[str, str], int]:
-        """place -> the bit mask of the start sets (by index) whose run may execute it:
-        what ``walk`` of each would give, in time and memory linear in the graph (a
-        walk per signature is signatures x nodes: 1,000 of each in a 48 KB model held
-        500 MB). Places that run each other (a loop, a recursion) share one mask."""
+    def reach(self, starts: Sequence[Iterable[str]],
+              functions: Sequence[Iterable[str]] = ()) -> dict[tuple[str, str], int]:
+        """place -> the bit mask of the start sets (by index: nodes ``starts[i]`` and
+        functions ``functions[i]``) whose run may execute it: what ``walk`` of each would
+        give, in time and memory linear in the graph (a walk per signature is signatures
+        x nodes: 1,000 of each in a 48 KB model held 500 MB). Places that run each other
+        (a loop, a recursion) share one mask."""
         mask: dict[tuple[str, str], int] = collections.defaultdict(int)
         for bit, names in enumerate(starts):
-            for name in names:
-                if name in self.nodes:
-                    mask[("node", name)] |= 1 << bit
+            extra = functions[bit] if bit < len(functions) else ()
+            for place in self._places(names, extra):
+                mask[place] |= 1 << bit
         components = self._components(list(mask))
         component_of = {place: i for i, scc in enumerate(components) for place in scc}
         for i in reversed(range(len(components))):  # callers before what they run
