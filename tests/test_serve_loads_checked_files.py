@@ -213,3 +213,15 @@ def test_a_version_directory_linked_to_another_models_version_fails_the_load(two
         _load(linked)
     assert info.value.code.name == "FAILED_PRECONDITION"
     assert "outside its model base" in info.value.message
+
+
+def test_a_saved_model_pb_over_protobufs_limit_fails_the_load_unread(two_models):
+    _, mine = two_models
+    pb = os.path.join(mine, "saved_model.pb")
+    with open(pb, "r+b") as f:  # sparse: nothing is written, nothing may be read
+        f.truncate(loader.MAX_SAVED_MODEL_BYTES + 1)
+    assert os.path.getsize(pb) > loader.MAX_SAVED_MODEL_BYTES  # control
+    with pytest.raises(servable_lib.ServingStatusError) as info:
+        _load(mine)
+    assert info.value.code.name == "DATA_LOSS"
+    assert "over protobuf's 2 GiB limit" in info.value.message
