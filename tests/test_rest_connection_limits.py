@@ -10,6 +10,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import contextlib  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
+import resource  # noqa: E402
 import selectors  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
@@ -22,7 +24,7 @@ import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from local_server import running  # noqa: E402
+from local_server import read_line, running, start_serve, stop_process  # noqa: E402
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 
 from serving_opt.serving.model_server.request_options import RestLimits  # noqa: E402
@@ -215,3 +217,31 @@ def test_the_accept_loop_outlives_running_out_of_descriptors(model_base):
     finally:
         process.kill()
         process.wait(timeout=PATIENCE_SECONDS)
+
+
+def test_sandboxed_serve_answers_both_protocols_through_2500_idle_connections(model_base):
+    # The flood, on `serving-opt serve` as users run it (sandboxed, default flags).
+    wanted = 2500
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < wanted + 200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, wanted + 200), hard))
+    process = start_serve("--port=0", "--rest_api_port=-1", "--model_name=m",
+                          f"--model_base_path={model_base}")
+    try:
+        line = read_line(process, 180)
+        match = re.search(r"AVAILABLE on (127\.0\.0\.1:\d+), REST on 127\.0\.0\.1:(\d+) ",
+                          line)
+        assert match, line
+        address, port = match.group(1), int(match.group(2))
+        with contextlib.ExitStack() as stack:
+            socks = [stack.enter_context(socket.create_connection(
+                ("127.0.0.1", port), timeout=PATIENCE_SECONDS)) for _ in range(wanted)]
+            assert rest_predict(port) == [3.0]
+            assert grpc_predict(address) == [3.0]
+            # Control: past its bound, the server closed connections of the flood.
+            assert any_closed_by_server(socks[:100])
+        assert rest_predict(port) == [3.0]
+        assert grpc_predict(address) == [3.0]
+    finally:
+        stop_process(process)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
