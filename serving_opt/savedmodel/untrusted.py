@@ -223,6 +223,15 @@ def _roots(meta_graph, graph: _Graph, first_keys: Sequence[str]) -> list[_Root]:
     return roots
 
 
+def _repeated(field) -> bool:
+    # FieldDescriptor.is_repeated is protobuf 5+; the TF 2.15 runtime's protobuf has only
+    # the label (deprecated, not yet gone, in later releases).
+    is_repeated = getattr(field, "is_repeated", None)
+    if is_repeated is not None:
+        return bool(is_repeated)
+    return field.label == field.LABEL_REPEATED
+
+
 def _named_outside_graph(meta_graph, graph: _Graph) -> list[str]:
     """The library functions some string of the MetaGraph outside its graph_def names:
     the object graph's concrete functions (a tf.function's, a resource's
@@ -242,7 +251,7 @@ def _named_outside_graph(meta_graph, graph: _Graph) -> list[str]:
             for k, v in value.items():
                 pending += [(entry["key"], k), (entry["value"], v)]
             continue
-        for item in value if field.is_repeated else [value]:
+        for item in value if _repeated(field) else [value]:
             if field.type == FieldDescriptor.TYPE_MESSAGE:
                 pending += item.ListFields()
             elif field.type in strings:
