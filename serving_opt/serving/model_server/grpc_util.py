@@ -88,9 +88,10 @@ def _bounded_method(handler, budget: int):
     deserializer = handler.request_deserializer
     message_class = getattr(deserializer, "__self__", None)
     descriptor = getattr(message_class, "DESCRIPTOR", None)
-    if descriptor is None or handler.unary_unary is None:
+    kind = "unary_unary" if handler.unary_unary is not None else "unary_stream"
+    behaviour = getattr(handler, kind)
+    if descriptor is None or behaviour is None:
         return handler
-    behaviour = handler.unary_unary
 
     def deserialize(data: bytes):
         try:
@@ -111,7 +112,7 @@ def _bounded_method(handler, budget: int):
         finally:
             request_cost.release_memory_soon(request.ByteSize())
 
-    return handler._replace(request_deserializer=deserialize, unary_unary=bounded)
+    return handler._replace(request_deserializer=deserialize, **{kind: bounded})
 
 
 class _BoundedHandler(grpc.GenericRpcHandler):
@@ -133,11 +134,7 @@ class _BoundedHandler(grpc.GenericRpcHandler):
 class BoundedServer:
     """A gRPC server as the generated ``add_*Servicer_to_server`` functions see it: every
     unary method parses its request only once :func:`request_cost.parse_cost` says it fits
-    ``budget`` bytes parsed; a costlier one is RESOURCE_EXHAUSTED, unparsed.
-
-    Example:
-        >>> add_PredictionServiceServicer_to_server(service, BoundedServer(server, 1 << 30))
-    """
+    ``budget`` bytes parsed; a costlier one is RESOURCE_EXHAUSTED, unparsed."""
 
     def __init__(self, server: grpc.Server, budget: int) -> None:
         self._server = server

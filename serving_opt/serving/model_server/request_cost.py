@@ -7,13 +7,7 @@ string view in an array that grows by doubling), a map entry ~12 bytes sent and 
 10M empty strings held 400 MB before the server could refuse it. :func:`parse_cost`
 walks the wire format with the message's descriptor and charges every field at least
 what upb allocates for it, stopping as soon as the total passes the budget; the gRPC
-services' deserializers (:func:`bounded_deserializer`) refuse such a request unparsed.
-
-Example:
-    >>> from tensorflow.core.framework import tensor_pb2
-    >>> proto = tensor_pb2.TensorProto(string_val=[b""] * 1000)
-    >>> parse_cost(proto.SerializeToString(), tensor_pb2.TensorProto.DESCRIPTOR, 1 << 20)
-    48064
+services' deserializers (grpc_util.BoundedServer) refuse such a request unparsed.
 """
 
 from __future__ import annotations
