@@ -11,9 +11,12 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from saved_model_io import save_tf1, serving_default
+
+from serving_opt.serving.model_server.servable import LoadOptions, Servable, ServableId
 
 v1 = tf.compat.v1
 
@@ -42,10 +45,13 @@ def models(tmp_path_factory) -> dict[str, str]:
         y = tf.identity(0.5 * x + 2.0, name="y")
         half_plus_two = save_tf1(graph, str(root / "half_plus_two" / "1"),
                                  serving_default({"x": x}, {"y": y}))
-    with tf.Graph().as_default() as graph:
+    with tf.Graph().as_default() as graph:  # and a side input that reaches no convolution
         x = v1.placeholder(tf.float32, [None, 4, 4, 3], name="x")
         y = tf.identity(tf.nn.conv2d(x, tf.ones([1, 1, 3, 2]), 1, "SAME"), name="y")
-        conv = save_tf1(graph, str(root / "conv" / "1"), serving_default({"x": x}, {"y": y}))
+        side = v1.placeholder(tf.float32, [None, 1], name="side")
+        z = tf.identity(0.5 * side + 2.0, name="z")
+        conv = save_tf1(graph, str(root / "conv" / "1"),
+                        serving_default({"x": x, "side": side}, {"y": y, "z": z}))
     return {"half_plus_two": half_plus_two, "conv": conv}
 
 
@@ -72,3 +78,12 @@ def test_a_convolution_refuses_a_wrongly_ranked_input_with_onednn_on_and_off(mod
     assert outcomes["1"]["refused"] == "INVALID_ARGUMENT"
     assert "x:0 must be 4-dimensional, not [4,4,3]" in outcomes["1"]["message"]
     assert "Conv2D" in outcomes["1"]["message"]
+
+
+def test_a_side_input_that_reaches_no_convolution_is_run_as_fed(models):
+    servable = Servable.load(ServableId("m", 1), models["conv"], LoadOptions())
+    try:
+        out = servable.run({"side:0": np.ones([3], np.float32)}, ["z:0"])
+    finally:
+        servable.close()
+    assert out[0].value.tolist() == [2.5, 2.5, 2.5]

@@ -12,11 +12,11 @@ Running mirrors ``Session::Run`` in C++: feeds go straight to the C API, so a wr
 fails in whatever kernel trips and a wrong dtype fails with TF's own
 "Expects arg[0] to be float but string is provided" - Python's ``Session.run`` would
 instead check placeholder shapes and cast values client-side, hiding what the real server
-answers. One exception: in a graph with a convolution (:data:`RANK_ABORTING_OPS`), a feed
+answers. One exception: a feed that reaches a convolution (:data:`RANK_ABORTING_OPS`)
 whose rank differs from its placeholder's is refused before the run, because oneDNN's
 convolution kernels (``TF_ENABLE_ONEDNN_OPTS``, TF's default on AVX-512 CPUs) abort the
 whole process on one (a failed CHECK in tensor_format.h) where Eigen's fail the request.
-The graph decides, not the CPU: every other graph gets such a feed, as TF Serving does.
+The graph decides, not the CPU: every other feed runs, as TF Serving runs it.
 
 Example:
     >>> servable = Servable.load(ServableId("m", 1), "/models/m/1", LoadOptions())
@@ -313,15 +313,51 @@ def onednn_kernels_on() -> bool:
 RANK_ABORTING_OPS = re.compile(r"Conv[23]D|DepthwiseConv2d")
 
 
-def rank_aborting_op(graph_def) -> str | None:
-    """The first op of ``graph_def`` (its functions included) of
-    :data:`RANK_ABORTING_OPS`, or None."""
-    bodies = [graph_def.node, *(f.node_def for f in graph_def.library.function)]
-    for nodes in bodies:
-        for node in nodes:
+class RankAbortingOps:
+    """Which op of :data:`RANK_ABORTING_OPS` a fed tensor's value can reach: through the
+    graph's edges, or into a function call when a function of the library holds one (a
+    call is not followed inside)."""
+
+    def __init__(self, graph_def) -> None:
+        self._nodes = {node.name: node for node in graph_def.node}
+        self._consumers: dict[str, list] = {}
+        for node in graph_def.node:
+            for name in node.input:
+                if not name.startswith("^"):
+                    self._consumers.setdefault(name.split(":")[0], []).append(node)
+        self._functions = {f.signature.name for f in graph_def.library.function}
+        self._in_functions = next(
+            (n.op for f in graph_def.library.function for n in f.node_def
+             if RANK_ABORTING_OPS.search(n.op)), None)
+        self._any = self._in_functions or next(
+            (n.op for n in graph_def.node if RANK_ABORTING_OPS.search(n.op)), None)
+        self._reached: dict[str, str | None] = {}
+
+    def reached_from(self, tensor: str) -> str | None:
+        """The op a value fed to ``tensor`` ("x:0") can reach, or None."""
+        start = tensor.split(":")[0]
+        if not self._any:
+            return None
+        if start not in self._reached:  # racing threads compute the same answer
+            self._reached[start] = self._search(start)
+        return self._reached[start]
+
+    def _search(self, start: str) -> str | None:
+        seen, todo = {start}, [start]
+        while todo:
+            node = self._nodes.get(todo.pop())
+            if node is None:
+                continue
             if RANK_ABORTING_OPS.search(node.op):
                 return node.op
-    return None
+            if self._in_functions and (node.op in self._functions or any(
+                    value.func.name or value.list.func for value in node.attr.values())):
+                return self._in_functions
+            for consumer in self._consumers.get(node.name, ()):
+                if consumer.name not in seen:
+                    seen.add(consumer.name)
+                    todo.append(consumer.name)
+        return None
 
 
 def _canonical_tensor_name(name: str) -> str:
@@ -349,7 +385,7 @@ class Servable:
         self._outputs_lock = threading.Lock()
         self.batching = None  # a batching.BatchingSession once enable_batching ran
         self._asset_dir = ""  # the private copies of the assets (loader.pin_assets)
-        self._rank_aborting_op = rank_aborting_op(meta_graph_def.graph_def)
+        self._rank_aborting = RankAbortingOps(meta_graph_def.graph_def)
 
     def enable_batching(self, scheduler) -> None:
         """Wraps the session for batching (upstream ``WrapSessionForBatching``).
@@ -443,14 +479,16 @@ class Servable:
             >>> [f.dtype for f in servable.run({"x:0": np.ones([1, 5], np.float32)}, ["y:0"])]
             [1]
         """
-        if self._rank_aborting_op:
-            self._check_ranks(feeds)
+        self._check_ranks(feeds)
         if self.batching is not None:
             return self.batching.run(feeds, fetches, timeout_ms)
         return self.run_direct(feeds, fetches, timeout_ms)
 
     def _check_ranks(self, feeds: Mapping[str, np.ndarray]) -> None:
         for name, value in feeds.items():
+            op = self._rank_aborting.reached_from(name)
+            if op is None:
+                continue
             try:
                 rank = self._tf_output(name, True)[2]
             except ServingStatusError:
@@ -459,8 +497,8 @@ class Servable:
                 got = ",".join(str(d) for d in np.shape(value))
                 raise invalid_argument(
                     f"input {name} must be {rank}-dimensional, not [{got}]: refused before "
-                    f"the run because the model's {self._rank_aborting_op} aborts the "
-                    "server on a wrongly ranked input under oneDNN's kernels"
+                    f"the run because the model's {op} aborts the server on a wrongly "
+                    "ranked input under oneDNN's kernels"
                 )
 
     def run_direct(
