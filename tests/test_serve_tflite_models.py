@@ -72,6 +72,25 @@ def test_a_flex_host_op_fails_the_load_unless_file_ops_are_allowed(read_file_mod
     TfLiteServable.load(ServableId("m", 1), read_file_model, allow_file_ops=True).close()
 
 
+def test_a_flex_op_that_is_not_a_host_op_loads(tmp_path):
+    class Length(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([1], tf.string, name="s")])
+        def serve(self, s):
+            return {"y": tf.strings.length(s)}
+
+    module = Length()
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(
+        [module.serve.get_concrete_function()], module)
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS,
+                                           tf.lite.OpsSet.SELECT_TF_OPS]
+    content = converter.convert()
+    assert "StringLength" in [n.op for n in flex_nodes(content)]  # a flex op is there
+    version = _write(str(tmp_path / "m" / "1"), content)
+    servable = TfLiteServable.load(ServableId("m", 1), version)
+    assert sorted(servable.signature_defs) == ["serving_default"]
+    servable.close()
+
+
 def test_control_a_runtime_with_the_flex_delegate_runs_the_host_op(read_file_model,
                                                                    tmp_path):
     if not os.path.exists(TF215_PYTHON):
