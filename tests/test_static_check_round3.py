@@ -235,7 +235,9 @@ def test_every_call_site_of_a_placeholder_is_judged(tmp_path):
     assert "second_call" in uses[0].reason and "file:///tmp" in uses[0].reason
 
 
-def test_a_placeholder_in_a_function_nothing_calls_is_refused(tmp_path):
+def test_a_placeholder_in_a_function_only_a_gradient_registration_names_is_refused(tmp_path):
+    """Dead, the copy cannot run; registered as a gradient (tf.saved_model.load registers
+    it, and nothing binds its placeholder) it is refused."""
     model = build_print_placeholder(str(tmp_path / "m" / "1"), "stderr")
     meta_graph = _meta_graph(model)
     function = next(f for f in meta_graph.graph_def.library.function
@@ -243,6 +245,9 @@ def test_a_placeholder_in_a_function_nothing_calls_is_refused(tmp_path):
     copy = meta_graph.graph_def.library.function.add()
     copy.CopyFrom(function)
     copy.signature.name = "uncalled_printer"
+    assert untrusted.host_op_uses(meta_graph) == []
+    meta_graph.graph_def.library.registered_gradients.add(
+        gradient_func="uncalled_printer", registered_op_type="CustomGradient-7")
     uses = untrusted.host_op_uses(meta_graph)
     assert [(u.op, u.function) for u in uses] == [("PrintV2", "uncalled_printer")]
     assert "no node references function uncalled_printer" in uses[0].reason

@@ -20,6 +20,10 @@ Models:
                      assets/ and that no op reads.
   tf1_tagless        TF1 graph whose MetaGraph has no tags, as old TF Hub exports have
                      (the Builder insists on tags: the list is emptied in the proto).
+  tfx_dead_initializer
+                     TF1 Estimator-style graph with an asset vocabulary table, plus what
+                     TFX's Trainer (TF 2.9) left in its library: a TF2 table initializer
+                     `__inference_<lambda>_N` (InitializeTableFromTextFileV2) nothing calls.
 """
 
 import argparse
@@ -358,6 +362,63 @@ def tf1_tagless(path):
                      "--saved_model_tags='' as saved_model_cli's --tag_set ''"}
 
 
+def _lambda_table_initializer():
+    """What TF 2.3-2.9's tf.saved_model.save traced for a table (``lambda:
+    _wrap_initializer(obj)``), the table and the asset path as arguments."""
+
+    def init(table, path):
+        tf.raw_ops.InitializeTableFromTextFileV2(
+            table_handle=table, filename=path, key_index=-2, value_index=-1)
+        return tf.constant(1)
+
+    traced = tf.function(lambda table, path: init(table, path))
+    return traced.get_concrete_function(
+        tf.TensorSpec([], tf.resource), tf.TensorSpec([], tf.string)).function_def
+
+
+def tfx_dead_initializer(path):
+    """TFX's Trainer loads the Transform graph (a TF2 SavedModel) into the Estimator's
+    TF1 graph: its whole function library comes along, the traced table initializer
+    included, though the graph initializes its tables its own way. Written with the
+    Builder, then that function appended to the library, called by nothing."""
+    tmp = tempfile.mkdtemp()
+    vocab = os.path.join(tmp, "words.txt")
+    with open(vocab, "w") as f:
+        f.write("red\ngreen\nblue\n")
+    graph = tf.Graph()
+    with graph.as_default():
+        words = v1.placeholder(tf.string, [None], name="words")
+        table = tf.lookup.StaticHashTable(
+            tf.lookup.TextFileInitializer(vocab, tf.string, tf.lookup.TextFileIndex.WHOLE_LINE,
+                                          tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER),
+            default_value=-1)
+        ids = tf.identity(table.lookup(words), name="ids")
+        w = v1.get_variable("w", initializer=np.float32(0.25))
+        score = tf.identity(tf.cast(ids, tf.float32) * w, name="score")
+        with v1.Session(graph=graph) as sess:
+            sess.run(v1.global_variables_initializer())
+            builder = v1.saved_model.Builder(path)
+            builder.add_meta_graph_and_variables(
+                sess, ["serve"], signature_def_map={
+                    "serving_default": _predict_sig({"words": words},
+                                                    {"ids": ids, "score": score})},
+                assets_collection=v1.get_collection(v1.GraphKeys.ASSET_FILEPATHS),
+                main_op=v1.tables_initializer(), strip_default_attrs=True)
+            builder.save()
+    shutil.rmtree(tmp)
+    sm = read_sm(path)
+    function_def = _lambda_table_initializer()
+    sm.meta_graphs[0].graph_def.library.function.add().CopyFrom(function_def)
+    write_sm(path, sm)
+    return {"writer": "tf.compat.v1.saved_model.Builder, an uncalled traced table "
+                      "initializer appended to the library",
+            "notes": f"library function {function_def.signature.name} "
+                     "(InitializeTableFromTextFileV2 on its arguments) is called by no node, "
+                     "function or object graph, as in a TF 2.9 Estimator export by TFX's "
+                     "Trainer: dead, not a host op; the graph's own table reads asset "
+                     "words.txt from the main op"}
+
+
 KINDS = {
     "tf24_keras": tf24_keras,
     "tf1_saver_v1": tf1_saver_v1,
@@ -365,6 +426,7 @@ KINDS = {
     "tf10_noshape": tf10_noshape,
     "absent_asset": absent_asset,
     "tf1_tagless": tf1_tagless,
+    "tfx_dead_initializer": tfx_dead_initializer,
 }
 
 
