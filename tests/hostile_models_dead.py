@@ -139,6 +139,15 @@ def _string_attr_of_called_function(meta_graph, fname: str) -> None:
         s=fname.encode()))
 
 
+def _func_attr_of_called_function(meta_graph, fname: str) -> None:
+    _function(meta_graph, "forward", some_func=_func(fname))
+
+
+def _string_attr_of_node(meta_graph, fname: str) -> None:
+    _call(meta_graph.graph_def.node, "twin/node", "NoOp", [],
+          function_name=attr_value_pb2.AttrValue(s=fname.encode()))
+
+
 def _same_api_implements(meta_graph, fname: str) -> None:
     api = attr_value_pb2.AttrValue(s=b"lstm_0f1e")
     _function(meta_graph, "standard_lstm", api_implements=api)
@@ -176,6 +185,8 @@ TWINS = {
     "resource _initialize of the object graph": _object_graph_function,
     "key of the object graph's concrete_functions": _object_graph_key_only,
     "string attr of a called function": _string_attr_of_called_function,
+    "func attr of a called function": _func_attr_of_called_function,
+    "string attr of a node": _string_attr_of_node,
     "api_implements of a called function": _same_api_implements,
     "library.gradient of a called function": _gradient_of_called_function,
     "registered gradient": _registered_gradient,

@@ -1,13 +1,22 @@
 """The untrusted-model stance: a SavedModel is code, and nothing of it runs on the
 build host that touches files or the host, unless the user says so.
 
-The check is static and covers the whole model: every node of the graph and of every
-library function (called or not, reached through a call, a function-valued attr of any
-depth, an ``If``/``While`` branch or the ``library.gradient`` of a ``SymbolicGradient``)
-whose op is in :mod:`serving_opt.host_ops`. Reachability decides only how a finding is
-described (its *route*: which signature or loader op runs it, and through what) and
-whether one of the loader's own two uses of files applies, each accepted only in the
-exact shape TensorFlow's exporters write and the loaders run:
+The check is static and covers everything that can run: every node of the graph
+(reached by a signature or not: anyone may fetch a node) and of every library function
+that can run, whose op is in :mod:`serving_opt.host_ops`. A function can run when a
+node or function that can run references it (a call's ``f``, a function-valued attr of
+any depth, ``If``/``While``/``Case`` branches, dataset functions, an op whose type is
+its name, a string attr naming it), when it is the ``library.gradient`` of one that
+can, when it shares an ``api_implements`` with one that can (Grappler's implementation
+selector swaps it in), when any string of the MetaGraph outside its graph names it (the
+object graph's functions, a resource's ``_create_resource``/``_initialize``, which
+tf.saved_model.load runs), or when ``library.registered_gradients`` holds it. Any
+other function is dead: nothing can call it, so it cannot touch anything (TFX's Trainer
+leaves such a table initializer in TF 2.9 Estimator exports). Reachability from the
+signatures and the loader's roots decides how a finding is described (its *route*:
+which signature or loader op runs it, and through what) and whether one of the loader's
+own two uses of files applies, each accepted only in the exact shape TensorFlow's
+exporters write and the loaders run:
 
 * **The saver** named by ``saver_def``: its checkpoint ops, when the restore op and the
   save tensor are built like ``tf.compat.v1.train.Saver`` (TF1: ``RestoreV2`` /
@@ -21,8 +30,8 @@ exact shape TensorFlow's exporters write and the loaders run:
   never reached from a signature or the init op. A second TF1 saver of that shape which
   saver_def does not name (a training script's own ``Saver``, next to the one the
   SavedModel builder adds) is tolerated while nothing a loader or a request runs
-  reaches it; likewise a ``_traced_save``/``_traced_restore`` function of that shape
-  that nothing references (a TF2 model loaded into a TF1 graph brings its own).
+  reaches it (a TF2 model loaded into a TF1 graph brings ``_traced_save`` and
+  ``_traced_restore`` functions nothing calls: dead).
 * **Reading an asset** (``InitializeTableFromTextFile*``, ``ReadFile``): the file name
   comes, through ``Identity`` only, from a node of the MetaGraph's asset_file_def (or
   the ``saved_model_assets`` collection of TF1 exports, as the loaders read it) that is

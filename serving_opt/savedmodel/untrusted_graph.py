@@ -101,7 +101,7 @@ class _Graph:
         for function in graph_def.library.function:
             fname = function.signature.name
             place = ("function", fname)
-            self.links[place] += self._named(function.attr, f"function {fname}")
+            self.links[place] += self._named(function.attr, f"function {fname}", funcs=True)
             for node in function.node_def:
                 self.links[place] += self._named(
                     node.attr, f"{node.op} {node.name} in function {fname}")
@@ -120,20 +120,22 @@ class _Graph:
             for i in node.input:
                 self.consumers[node_name(i)].append(node.name)
 
-    def _named(self, attrs, owner: str) -> list[tuple[tuple[str, str], str]]:
+    def _named(self, attrs, owner: str,
+               funcs: bool = False) -> list[tuple[tuple[str, str], str]]:
         """(function place, how) for every string of ``attrs`` (at any depth of func
-        attrs' own attrs) that is the name of a library function: no op of TF's is known
-        to run a function named by a string, but a reachable name is the cheap doubt."""
+        attrs' own attrs) that is the name of a library function, and with ``funcs``
+        every function-valued attr (a FunctionDef's own attrs: a node's are calls): no op
+        of TF's is known to run a function named by a string, but a name is cheap doubt."""
         out = []
         pending = [(key, value) for key, value in attrs.items()]
         while pending:
             key, value = pending.pop()
-            for text in (value.s, *value.list.s):
-                name = text.decode("utf-8", "replace")
-                if name in self.library:
-                    out.append((("function", name), f"string attr {key} of {owner}"))
+            named = [text.decode("utf-8", "replace") for text in (value.s, *value.list.s)]
             for func in (*([value.func] if value.HasField("func") else []), *value.list.func):
                 pending += [(f"{key}.{k}", v) for k, v in func.attr.items()]
+                named += [func.name] if funcs else []
+            out += [(("function", name), f"attr {key} of {owner}")
+                    for name in named if name in self.library]
         return out
 
     def refs_from(self, function: str | None, node, calls) -> None:
