@@ -27,6 +27,7 @@ import tensorflow as tf  # noqa: E402
 from local_server import read_line, running, start_serve, stop_process  # noqa: E402
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 
+from serving_opt.serving.model_server import http_connections  # noqa: E402
 from serving_opt.serving.model_server.request_options import RestLimits  # noqa: E402
 
 LIMIT = 24
@@ -245,3 +246,34 @@ def test_sandboxed_serve_answers_both_protocols_through_2500_idle_connections(mo
     finally:
         stop_process(process)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_request_head_over_its_bound_is_closed_unread(model_base):
+    def head(headers: int) -> bytes:
+        lines = [b"GET /v1/models/m HTTP/1.1", b"Host: x"]
+        lines += [b"X-%d: %s" % (i, b"v" * 2000) for i in range(headers)]
+        return b"\r\n".join(lines) + b"\r\n\r\n"
+
+    with running(model_name="m", model_base_path=model_base, port=0,
+                 rest_api_port=-1) as server:
+        # Control: a head of 20 KB is read and answered.
+        with socket.create_connection(("127.0.0.1", server.rest_port),
+                                      timeout=PATIENCE_SECONDS) as sock:
+            sock.sendall(head(10))
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200 ")
+        # 98 lines of 2 KB: within http.server's own limits (100 lines of 64 KiB), over
+        # what a connection may hold.
+        big = head(98)
+        assert len(big) > http_connections.MAX_HEAD_BYTES
+        with socket.create_connection(("127.0.0.1", server.rest_port),
+                                      timeout=PATIENCE_SECONDS) as sock:
+            try:
+                sock.sendall(big)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # closed while it was still sending: what is wanted
+            try:
+                answer = sock.recv(4096)
+            except ConnectionResetError:
+                answer = b""
+            assert answer == b""
+        assert rest_predict(server.rest_port) == [3.0]

@@ -9,7 +9,8 @@ idle keep-alive connection, or a head still arriving): HTTP lets a server close 
 any time. When every connection is busy with a request, the new one is answered 503 and
 closed by the accepting thread, which never starts a thread for it. Time bounds: the
 wait for a request's first byte (idle), the whole head once it started (so a head sent a
-byte at a time cannot hold a thread), and each read of the body (no progress). Running
+byte at a time cannot hold a thread; at most MAX_HEAD_BYTES of it), and each read of
+the body (no progress). Running
 out of descriptors (EMFILE) lowers the bound for good, to leave some to the model and
 gRPC, and the accept loop goes on after a short back-off.
 """
@@ -36,17 +37,27 @@ assert len(_BUSY.split(b"\r\n\r\n", 1)[1]) == 65
 _SCARCE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _ACCEPT_BACKOFF_SECONDS = 0.05
 _DESCRIPTOR_HEADROOM = 16  # left to the rest of the process after running out
+# What a connection may hold of a request head (with what the read buffer takes of the
+# body behind it): http.server alone allows 100 lines of 64 KiB, 6.5 MB a connection.
+MAX_HEAD_BYTES = 128 << 10
+READ_BUFFER_BYTES = 16 << 10
+
+
+class HeadTooLarge(OSError):
+    """More than MAX_HEAD_BYTES arrived without a complete request head."""
 
 
 class DeadlineReader(io.RawIOBase):
     """The connection's reads, each bounded by a deadline for the whole phase (a request
-    head) or, with ``deadline`` None, by ``idle`` seconds without data (a body)."""
+    head, also bounded to MAX_HEAD_BYTES) or, with ``deadline`` None, by ``idle`` seconds
+    without data (a body)."""
 
     def __init__(self, sock: socket.socket, idle: float) -> None:
         super().__init__()
         self._sock = sock
         self.idle = idle
         self.deadline: float | None = None
+        self.head_bytes = 0
 
     def readable(self) -> bool:
         return True
@@ -59,7 +70,12 @@ class DeadlineReader(io.RawIOBase):
             if left <= 0:
                 raise TimeoutError("the request head did not arrive in time")
             self._sock.settimeout(left)
-        return self._sock.recv_into(buffer)
+        count = self._sock.recv_into(buffer)
+        if self.deadline is not None:
+            self.head_bytes += count
+            if self.head_bytes > MAX_HEAD_BYTES:
+                raise HeadTooLarge(f"no complete request head in {MAX_HEAD_BYTES} bytes")
+        return count
 
 
 class Connections:

@@ -59,11 +59,12 @@ MAX_OBJECT_TREE_VALUES = 1 << 22
 
 def check_object_tree(body: bytes, max_bytes: int, max_values: int = MAX_OBJECT_TREE_VALUES,
                       name: str = "json_read.MAX_OBJECT_TREE_VALUES") -> None:
-    """Refuses, before decoding, a body whose values (about its commas) would cost more
-    than ``max_bytes`` as Python objects, or number more than ``max_values``."""
+    """Refuses, before decoding, a body whose values (about its commas and colons: an
+    object member costs a value more) would cost more than ``max_bytes`` as Python
+    objects, or number more than ``max_values``."""
     if len(body) * JSON_VALUE_BYTES // 2 <= max_bytes and len(body) <= max_values:
         return  # a value takes at least 2 bytes ("0,"): nothing to count
-    values = body.count(b",") + 1
+    values = body.count(b",") + body.count(b":") + 1
     if values > max_values:
         raise invalid_argument(
             f"JSON body has about {values} values, over the {max_values} ({name}) this "

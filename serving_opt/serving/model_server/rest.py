@@ -48,7 +48,11 @@ import grpc
 
 from serving_opt.serving.model_server import json_tensor, request_cost
 from serving_opt.serving.model_server.core import ServerCore
-from serving_opt.serving.model_server.http_connections import BoundedHTTPServer, DeadlineReader
+from serving_opt.serving.model_server.http_connections import (
+    READ_BUFFER_BYTES,
+    BoundedHTTPServer,
+    DeadlineReader,
+)
 from serving_opt.serving.model_server.monitoring import METRICS
 from serving_opt.serving.model_server.request_options import (
     DEFAULT_REST_LIMITS,
@@ -394,7 +398,7 @@ def _make_handler_class(
             # Reads go through a deadline (http_connections); writes get the body timeout.
             self.connection = self.request
             self.reader = DeadlineReader(self.connection, limits.body_timeout_seconds)
-            self.rfile = io.BufferedReader(self.reader, 65536)
+            self.rfile = io.BufferedReader(self.reader, READ_BUFFER_BYTES)
             self.wfile = self.connection.makefile("wb", 0)
 
         def handle(self) -> None:
@@ -409,6 +413,7 @@ def _make_handler_class(
                 self.close_connection = True
                 return
             self.reader.deadline = time.monotonic() + limits.idle_timeout_seconds
+            self.reader.head_bytes = 0
             try:
                 started = self.rfile.peek(1)
             except OSError:  # the idle timeout, or closed for a newer connection
