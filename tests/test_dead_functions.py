@@ -106,3 +106,20 @@ def test_the_functions_op_reads_the_file_it_is_given_once_called(tmp_path):
         with v1.Session(graph=graph) as sess:
             sess.run("init", {"path:0": str(canary)})
             assert sess.run(found).tolist() == [2, 0, -1]
+
+
+@pytest.mark.parametrize("freeze", ["auto", "never"])
+def test_optimize_publishes_the_dead_shape_and_nothing_can_call_it_there(
+        freeze, small_model, model_copy, tmp_path):
+    """What the output holds is what TF Serving loads: the function may be pruned or
+    kept, but never published where something would call it."""
+    from serving_opt.optimizer import OptimizeOptions, optimize
+
+    model = model_copy(small_model)
+    _with_dead_function(model, DEAD["alone"])
+    report = optimize(model, str(tmp_path / "out"), OptimizeOptions(
+        allow_unsandboxed=True, benchmark_runs=0, cold_start=False, freeze=freeze))
+    assert report.parity.ok
+    published = _meta_graph(report.output_dir)
+    assert untrusted.host_op_uses(published) == []
+    assert not untrusted.host_op_uses(_meta_graph(model))
