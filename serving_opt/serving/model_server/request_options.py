@@ -27,10 +27,14 @@ class RequestOptions:
     """``signature_method_name_check`` is ``--enable_signature_method_name_check`` (off in
     TF Serving, so Predict runs classify/regress signatures); ``timeout_ms`` is the session
     run timeout derived from the client's gRPC deadline (None: no timeout);
-    ``max_request_bytes`` (``--max_request_bytes``, not a TF Serving flag) bounds a REST
-    body and the decoded size of a request's input tensors together, checked before any
-    of them is decoded: a short typed field is padded to its declared shape, so a few
-    bytes on the wire can declare gigabytes.
+    ``max_request_bytes`` (``--max_request_bytes``, not a TF Serving flag) bounds, each
+    checked before it is allocated: the message or REST body as received; its parsed form
+    (gRPC: request_cost.parse_cost from the wire; REST JSON decoded as Python objects:
+    ~160 bytes a value); and the decoded input tensors together (a short typed field is
+    padded to its declared shape, so a few bytes can declare gigabytes; a string costs
+    tensors.STRING_ELEMENT_BYTES plus its characters twice; an example batch likewise).
+    So a request holds at most about 4x ``max_request_bytes`` (the session's copy of
+    numeric feeds included), beside what the model itself allocates.
 
     Example:
         >>> RequestOptions(signature_method_name_check=True).signature_method_name_check
