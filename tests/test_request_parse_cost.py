@@ -78,3 +78,17 @@ def test_the_charged_parse_cost_covers_what_parsing_takes(shape):
     # Control: the measurement sees the parse (each shape costs more than it sent).
     assert growth > wire_size, (shape, growth, wire_size)
     assert charged >= growth, (shape, charged, growth)
+
+
+def test_an_unknown_group_does_not_hide_what_follows_it():
+    from tensorflow.core.framework import tensor_pb2
+
+    strings = tensor_pb2.TensorProto(string_val=[b""] * 100_000).SerializeToString()
+    # Field 1000, wire type 3 (start group) then 4 (end group): upb keeps it as an unknown
+    # field and goes on to parse the strings after it.
+    group = bytes([0xC3, 0x3E, 0xC4, 0x3E])
+    hidden = group + strings
+    assert len(tensor_pb2.TensorProto.FromString(hidden).string_val) == 100_000
+    budget = request_cost.parse_cost(strings, tensor_pb2.TensorProto.DESCRIPTOR, 2**62)
+    with pytest.raises(request_cost.RequestTooCostly):
+        request_cost.parse_cost(hidden, tensor_pb2.TensorProto.DESCRIPTOR, budget)

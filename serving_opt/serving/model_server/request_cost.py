@@ -117,7 +117,11 @@ def _walk(data: bytes, pos: int, end: int, descriptor, budget: int, cost: int,
         elif wire_type == 5:
             pos += 4
         else:
-            return cost  # groups and invalid wire types: the parser refuses them
+            # A group (kept as an unknown field: its contents are not walked) or an
+            # invalid wire type: no API message has either, so charge the rest at the
+            # costliest rate rather than trust what follows.
+            cost += (end - pos) * _MAX_COST_PER_WIRE_BYTE
+            pos = end
         if cost > budget:
             raise RequestTooCostly(cost, budget)
     return cost
