@@ -97,7 +97,9 @@ class _Graph:
         self.links: dict[tuple[str, str], list[tuple[tuple[str, str], str]]] = \
             collections.defaultdict(list)
         for node in graph_def.node:
-            self.links[("node", node.name)] += self._named(node.attr, f"{node.op} {node.name}")
+            named = self._named(node.attr, f"{node.op} {node.name}")
+            if named:  # most nodes name none: no empty list per node
+                self.links[("node", node.name)] += named
         for function in graph_def.library.function:
             fname = function.signature.name
             place = ("function", fname)
