@@ -92,3 +92,27 @@ def test_an_unknown_group_does_not_hide_what_follows_it():
     budget = request_cost.parse_cost(strings, tensor_pb2.TensorProto.DESCRIPTOR, 2**62)
     with pytest.raises(request_cost.RequestTooCostly):
         request_cost.parse_cost(hidden, tensor_pb2.TensorProto.DESCRIPTOR, budget)
+
+
+def test_repeated_identical_elements_cost_what_distinct_ones_do():
+    from tensorflow.core.example import example_pb2, feature_pb2
+    from tensorflow.core.framework import tensor_pb2
+    from tensorflow_serving.apis import input_pb2
+
+    def cost(message) -> int:
+        wire = message.SerializeToString()
+        # A budget low enough that the wire is walked, high enough not to refuse it.
+        return request_cost.parse_cost(wire, message.DESCRIPTOR, 180 * len(wire))
+
+    same = tensor_pb2.TensorProto(string_val=[b"a"] * 50_000)
+    mixed = tensor_pb2.TensorProto(string_val=[b"a", b"b"] * 25_000)
+    assert cost(same) == cost(mixed)
+    one = example_pb2.Example()
+    one.features.feature["k"].CopyFrom(feature_pb2.Feature())
+    other = example_pb2.Example()
+    other.features.feature["j"].CopyFrom(feature_pb2.Feature())
+    same = input_pb2.Input()
+    same.example_list.examples.extend([one] * 20_000)
+    mixed = input_pb2.Input()
+    mixed.example_list.examples.extend([one, other] * 10_000)
+    assert cost(same) == cost(mixed)

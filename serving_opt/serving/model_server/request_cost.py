@@ -60,10 +60,11 @@ def parse_cost(data: bytes, descriptor, budget: int) -> int:
 
 def _walk(data: bytes, pos: int, end: int, descriptor, budget: int, cost: int,
           depth: int) -> int:
-    fields = descriptor.fields_by_number
+    fields = _fields(descriptor)
     cost += MESSAGE_BYTES
     while pos < end:
         start = pos
+        before = cost
         tag = data[pos]
         pos += 1
         if tag >= 0x80:
@@ -77,37 +78,34 @@ def _walk(data: bytes, pos: int, end: int, descriptor, budget: int, cost: int,
                 length, pos = _varint(data, pos, end, length)
             if length > end - pos:
                 return cost  # truncated: the parser refuses it
-            field = fields.get(tag >> 3)
-            kind = _FD.TYPE_BYTES if field is None else field.type
-            if kind == _FD.TYPE_STRING or kind == _FD.TYPE_BYTES:
+            kind, sub = fields.get(tag >> 3, _UNKNOWN)
+            if kind == _BYTES:
                 cost += length
-                # A run of the same element repeated (the cheapest way to send many) is
-                # skipped at C speed, a thousand elements a step.
-                element = pos + length - start
-                if element <= 16:
-                    run = data[start:pos + length] * 1024
-                    while data.startswith(run, pos + length, end):
-                        pos += len(run)
-                        cost += 1024 * (FIELD_BYTES + length)
-                        if cost > budget:
-                            raise RequestTooCostly(cost, budget)
-                    # Other short elements of the same field, in the loop with the fewest
-                    # steps per element (most of a hostile request's time is here).
-                    if data[start] < 0x80:
-                        pos, cost = _short_run(data, pos + length, end, data[start], cost,
-                                               budget)
-                        continue
-            elif kind == _FD.TYPE_MESSAGE:
-                sub = field.message_type
-                if sub.GetOptions().map_entry:
+            elif kind == _MESSAGE or kind == _MAP_ENTRY:
+                if kind == _MAP_ENTRY:
                     cost += MAP_ENTRY_BYTES
                 if depth < _MAX_DEPTH:  # deeper, upb refuses to parse it
                     cost = _walk(data, pos, pos + length, sub, budget, cost, depth + 1)
-            elif kind in _FIXED_TYPES:
+            elif kind == _FIXED:
                 cost += length * _PACKED_FIXED_FACTOR
             else:
                 cost += length * _PACKED_VARINT_FACTOR
             pos += length
+            if pos - start <= 16:
+                # The same short element repeated (the cheapest way to send many) costs
+                # the same each time: skipped at C speed, a thousand a step.
+                run = data[start:pos] * 1024
+                each = cost - before
+                while data.startswith(run, pos, end):
+                    pos += len(run)
+                    cost += 1024 * each
+                    if cost > budget:
+                        raise RequestTooCostly(cost, budget)
+                if kind == _BYTES and data[start] < 0x80:
+                    # Other short strings of the field, in the loop with the fewest steps
+                    # an element (most of a hostile request's time is here).
+                    pos, cost = _short_run(data, pos, end, data[start], cost, budget)
+                    continue
         elif wire_type == 0:
             while pos < end and data[pos] >= 0x80:
                 pos += 1
@@ -125,6 +123,27 @@ def _walk(data: bytes, pos: int, end: int, descriptor, budget: int, cost: int,
         if cost > budget:
             raise RequestTooCostly(cost, budget)
     return cost
+
+
+_BYTES, _MESSAGE, _MAP_ENTRY, _FIXED, _VARINT = range(5)
+_UNKNOWN = (_BYTES, None)  # upb keeps an unknown field's bytes as they came
+
+
+@functools.cache
+def _fields(descriptor) -> dict[int, tuple[int, object]]:
+    """Field number -> (how its length-delimited form is charged, message descriptor)."""
+    fields = {}
+    for number, field in descriptor.fields_by_number.items():
+        if field.type in (_FD.TYPE_STRING, _FD.TYPE_BYTES):
+            fields[number] = (_BYTES, None)
+        elif field.type == _FD.TYPE_MESSAGE:
+            sub = field.message_type
+            fields[number] = (_MAP_ENTRY if sub.GetOptions().map_entry else _MESSAGE, sub)
+        elif field.type in _FIXED_TYPES:
+            fields[number] = (_FIXED, None)
+        else:
+            fields[number] = (_VARINT, None)
+    return fields
 
 
 def _short_run(data: bytes, pos: int, end: int, tag: int, cost: int, budget: int):
