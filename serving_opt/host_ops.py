@@ -385,6 +385,16 @@ REVIEWED_NOT_HOST: tuple[tuple[str, str], ...] = (
      "variable reads and handles (debug_name is a label)"),
     (r"TensorArray(Read|Write)(V2|V3)?", "tensor array element access"),
     (r"(Static)?Regex(FullMatch|Replace)", "regular expressions on strings"),
+    # TensorFlow Text, which `serve` loads as TF Serving links it: its models (SentencePiece,
+    # fast WordPiece, phrase, BERT normalizer) come as a string attr or a uint8 tensor and
+    # its vocabularies as lookup-table resources; no kernel of it opens a file.
+    (r"RegexSplitWithOffsets|Sentencepiece(Op|DetokenizeOp|IdToStringOp|StringToIdOp|"
+     r"TokenizeOp|TokenizeWithOffsetsOp|VocabSizeOp)|WordpieceTokenizeWithOffsets|"
+     r"TFText>(BoiseTagsToOffsets|ByteSplitByOffsets|ByteSplitWithOffsets|"
+     r"FastSentencepieceDetokenize|FastSentencepieceTokenize|FastWordpieceDetokenize|"
+     r"NgramsStringJoin|OffsetsToBoiseTags|PhraseDetokenize|RoundRobinGenerateMasks|"
+     r"RoundRobinTrim|Utf8Binarize|WhitespaceTokenizeWithOffsetsV2)",
+     "TensorFlow Text: models and vocabularies arrive as tensors, attrs or tables"),
     (r"ShardedFilename|ShardedFilespec", "format a file name string; open nothing"),
     (r"(Scalar|Histogram|Image|Audio|Tensor|Merge)Summary(V2)?|"
      r"(Experimental)?StatsAggregatorSummary",
