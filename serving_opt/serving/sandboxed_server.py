@@ -267,7 +267,6 @@ class SandboxedServer:
         self._grpc_threads = grpc_threads
         self._events: queue.Queue = queue.Queue()
         self._router = None
-        self._channels: list = []
         self._front = None
         self._watch_read, self._watch_write = os.pipe()
         self._stop_lock = threading.Lock()
@@ -295,16 +294,15 @@ class SandboxedServer:
     def _open(self) -> None:
         from serving_opt.serving.front import grpc_router, rest_front
 
-        by_name = {}
-        for child in self._children:
-            channel = grpc_router.child_channel(child.grpc_path)
-            self._channels.append(channel)
-            by_name[child.tenant.name] = channel
-        order = [child.tenant.name for child in self._children]
         grpc_limit, rest_limit = _connection_limits(grpc_router.MAX_CONNECTIONS,
                                                     rest_front.MAX_CONNECTIONS)
-        router = grpc_router.router_server(by_name, order, self._max_request_bytes,
-                                           self._grpc_threads, grpc_limit)
+        router = grpc_router.Router(
+            {child.tenant.name: child.grpc_path for child in self._children},
+            [child.tenant.name for child in self._children], self._max_request_bytes,
+            # --grpc_max_threads bounds the calls the sandboxed servers run at once;
+            # past 4x that, a call is RESOURCE_EXHAUSTED instead of queueing without end.
+            4 * self._grpc_threads, grpc_limit)
+        self._router = router
         host, port = self.endpoints.host, self.port
         assert self._grpc_hold is not None
         self._grpc_hold.close()  # the router binds the port it held
@@ -325,7 +323,6 @@ class SandboxedServer:
                                       "loaded: another process took it",
                                       "pick another port (0 chooses a free one)")
         router.start()
-        self._router = router
         if self._rest is not None:
             paths = {child.tenant.name: child.rest_path for child in self._children}
             first = self._children[0].rest_path
@@ -362,11 +359,8 @@ class SandboxedServer:
             self._front.close()
             self._front = None
         if self._router is not None:
-            self._router.stop(_ROUTER_GRACE_SECONDS).wait()
+            self._router.stop(_ROUTER_GRACE_SECONDS)
             self._router = None
-        for channel in self._channels:
-            channel.close()
-        self._channels = []
         for sock in (self._grpc_hold, self._rest, self._unix_hold):
             if sock is not None:
                 sock.close()

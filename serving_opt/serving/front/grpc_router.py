@@ -11,8 +11,10 @@ sandbox was made for the models of the config given at start.
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import threading
 from collections.abc import Sequence
-from concurrent import futures
 
 import grpc
 
@@ -49,7 +51,7 @@ _DROPPED_METADATA = ("grpc-", ":")
 
 
 class _Router(grpc.GenericRpcHandler):
-    def __init__(self, channels: dict[str, grpc.Channel], default: grpc.Channel) -> None:
+    def __init__(self, channels: dict[str, grpc.aio.Channel], default: grpc.aio.Channel) -> None:
         self._channels = channels
         self._default = default
 
@@ -58,78 +60,103 @@ class _Router(grpc.GenericRpcHandler):
         if method == _RELOAD:
             return grpc.unary_unary_rpc_method_handler(_refuse_reload)
         if method in _STREAMING:
-            return grpc.unary_stream_rpc_method_handler(
-                lambda request, context: self._stream(method, request, context))
-        return grpc.unary_unary_rpc_method_handler(
-            lambda request, context: self._unary(method, request, context))
+            # partial, not a lambda: grpc.aio runs what looks like a coroutine function.
+            return grpc.unary_stream_rpc_method_handler(functools.partial(self._stream, method))
+        return grpc.unary_unary_rpc_method_handler(functools.partial(self._unary, method))
 
-    def _channel(self, method: str, request: bytes) -> grpc.Channel:
+    def _channel(self, method: str, request: bytes) -> grpc.aio.Channel:
         if method in _ROUTED or method == _MULTI_INFERENCE:
             name = wire.model_name(request, multi_inference=method == _MULTI_INFERENCE)
             return self._channels.get(name, self._default)
         return self._default
 
-    def _unary(self, method: str, request: bytes, context: grpc.ServicerContext) -> bytes:
-        call = self._channel(method, request).unary_unary(method).future(
+    async def _unary(self, method: str, request: bytes, context) -> bytes:
+        call = self._channel(method, request).unary_unary(method)(
             request, timeout=context.time_remaining(), metadata=_metadata(context))
-        context.add_callback(call.cancel)  # the client left: so does the sandbox's call
         try:
-            reply = call.result()
-        except grpc.RpcError as e:
-            _fail(context, e)
-        except grpc.FutureCancelledError:
-            context.abort(grpc.StatusCode.CANCELLED, "Cancelled")
-        context.set_trailing_metadata(call.trailing_metadata() or ())
+            reply = await call
+        except grpc.aio.AioRpcError as e:
+            await _fail(context, e)
+        context.set_trailing_metadata(tuple(await call.trailing_metadata() or ()))
         return reply
 
-    def _stream(self, method: str, request: bytes, context: grpc.ServicerContext):
+    async def _stream(self, method: str, request: bytes, context):
         replies = self._channel(method, request).unary_stream(method)(
             request, timeout=context.time_remaining(), metadata=_metadata(context))
-        context.add_callback(replies.cancel)
         try:
-            yield from replies
-        except grpc.RpcError as e:
-            _fail(context, e)
+            async for reply in replies:
+                yield reply
+        except grpc.aio.AioRpcError as e:
+            await _fail(context, e)
 
 
-def _metadata(context: grpc.ServicerContext) -> list[tuple[str, str | bytes]]:
-    return [(k, v) for k, v in context.invocation_metadata()
+def _metadata(context) -> list[tuple[str, str | bytes]]:
+    return [(k, v) for k, v in context.invocation_metadata() or ()
             if not k.startswith(_DROPPED_METADATA) and k != "user-agent"]
 
 
-def _fail(context: grpc.ServicerContext, error: grpc.RpcError):
-    context.set_trailing_metadata(error.trailing_metadata() or ())
-    context.abort(error.code(), error.details() or "")
+async def _fail(context, error: grpc.aio.AioRpcError):
+    context.set_trailing_metadata(tuple(error.trailing_metadata() or ()))
+    await context.abort(error.code(), error.details() or "")
 
 
-def _refuse_reload(_request: bytes, context: grpc.ServicerContext):
-    context.abort(grpc.StatusCode.FAILED_PRECONDITION, RELOAD_REFUSED)
+async def _refuse_reload(_request: bytes, context):
+    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, RELOAD_REFUSED)
 
 
-def child_channel(socket_path: str) -> grpc.Channel:
-    """A channel to a sandbox's gRPC unix socket; the sandbox bounds its own messages."""
-    return grpc.insecure_channel(f"unix:{socket_path}", options=[
-        ("grpc.max_receive_message_length", _UNLIMITED),
-        ("grpc.max_send_message_length", _UNLIMITED),
-    ])
+class Router:
+    """The host's gRPC server on an event loop of its own (no thread hand-off per call):
+    routes to the sandboxes' unix sockets ``paths`` by model name; a request naming no
+    model in ``paths`` goes to ``paths[order[0]]``."""
 
+    def __init__(self, paths: dict[str | None, str], order: Sequence[str | None],
+                 max_request_bytes: int, max_concurrent_rpcs: int,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="serving-opt-route")
+        self._thread.start()
+        self._server = self._run(self._make(paths, order, max_request_bytes,
+                                            max(1, max_concurrent_rpcs), max_connections))
 
-def router_server(channels: dict[str, grpc.Channel], order: Sequence[str],
-                  max_request_bytes: int, threads: int,
-                  max_connections: int = MAX_CONNECTIONS) -> grpc.Server:
-    """A gRPC server (no port yet) routing to ``channels`` by model name; requests naming
-    no model in ``channels`` go to ``channels[order[0]]``."""
-    threads = max(1, threads)
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="serving-opt-route"),
-        handlers=[_Router(channels, channels[order[0]])],
-        options=[
-            ("grpc.max_receive_message_length", min(max_request_bytes, 2**31 - 1)),
+    def _run(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    async def _make(self, paths, order, max_request_bytes, max_concurrent_rpcs,
+                    max_connections) -> grpc.aio.Server:
+        self._channels = {name: grpc.aio.insecure_channel(f"unix:{path}", options=[
+            ("grpc.max_receive_message_length", _UNLIMITED),
             ("grpc.max_send_message_length", _UNLIMITED),
-            ("grpc.max_allowed_incoming_connections", max_connections),
-            *SERVER_OPTIONS,
-        ],
-        # Calls past this are RESOURCE_EXHAUSTED at once instead of queueing without end.
-        maximum_concurrent_rpcs=4 * threads,
-    )
-    return server
+        ]) for name, path in paths.items()}
+        return grpc.aio.server(
+            handlers=[_Router(self._channels, self._channels[order[0]])],
+            options=[
+                ("grpc.max_receive_message_length", min(max_request_bytes, 2**31 - 1)),
+                ("grpc.max_send_message_length", _UNLIMITED),
+                ("grpc.max_allowed_incoming_connections", max_connections),
+                *SERVER_OPTIONS,
+            ],
+            # Calls past this are RESOURCE_EXHAUSTED at once instead of queueing without end.
+            maximum_concurrent_rpcs=max_concurrent_rpcs,
+        )
+
+    def add_insecure_port(self, address: str) -> int:
+        async def add() -> int:
+            return self._server.add_insecure_port(address)
+
+        return self._run(add())
+
+    def start(self) -> None:
+        self._run(self._server.start())
+
+    def stop(self, grace: float) -> None:
+        async def stop() -> None:
+            await self._server.stop(grace)
+            for channel in self._channels.values():
+                await channel.close()
+
+        try:
+            self._run(stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=grace + 5)
