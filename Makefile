@@ -10,7 +10,7 @@ VENV215 := .venv-tf215
 PY215 := $(VENV215)/bin/python
 STAMP215 := $(VENV215)/.installed
 
-.PHONY: demo demo-detection bench test test-skips venv lint pytest pytest-bazel bazel-setup bazel-test clean sandbox
+.PHONY: demo demo-detection bench check test test-skips venv lint pytest pytest-bazel bazel-setup bazel-test clean sandbox
 
 venv: $(STAMP)
 
@@ -81,6 +81,20 @@ bench: $(BENCH_STAMP) $(SANDBOX_STAMP)
 	$(PY) benchmarks/compare.py
 	$(PY) benchmarks/tune.py
 	$(PY) benchmarks/int8_memory.py --rounds=5
+
+# The unit tier: in-process tests of the logic (options, gates, graph rewrites, the static
+# check's rules, result decoding, batching and tune decisions, with fakes for servers and
+# load), lint first; about a minute on 2 cores. `make test` runs these and everything else.
+UNIT_TESTS := $(addprefix tests/test_,$(addsuffix .py, \
+  options entry_points gates gate_early_decision lossy_interval detection_matching \
+  detection_parity detection_graphdef detection_graph_analysis tune_outputs \
+  tune_serving_version tune_fast_decode tune_grid tune_proving model_server_batching \
+  model_server_concurrency sandbox_results static_check static_check_bounds \
+  static_check_round3 asset_paths dead_functions terminal_escapes inspect load_errors \
+  freeze independent_check))
+
+check: $(STAMP) lint
+	$(PY) -m pytest -q -p no:cacheprovider $(UNIT_TESTS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check serving_opt tests examples benchmarks tools
