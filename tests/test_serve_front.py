@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import socket
 import threading
+from concurrent import futures
 
 import pytest
 
@@ -164,3 +165,65 @@ def test_past_the_connection_limit_the_oldest_idle_connection_is_closed(sandbox_
         for sock in idle:
             sock.close()
         front.close()
+
+
+class _Child:
+    """A stand-in sandbox's gRPC server on a unix socket: Predict answers its tag and
+    the request's bytes, the remaining deadline in trailing metadata; a request carrying
+    b"fail" is aborted with DATA_LOSS and trailing metadata of its own."""
+
+    def __init__(self, path: str, tag: bytes) -> None:
+        import grpc
+
+        def predict(request: bytes, context) -> bytes:
+            if b"fail" in request:
+                context.set_trailing_metadata((("why", "asked to"),))
+                context.abort(grpc.StatusCode.DATA_LOSS, f"{tag.decode()} failed")
+            context.set_trailing_metadata((("left", f"{context.time_remaining():.3f}"),))
+            return tag + b":" + request
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(4), handlers=[
+            grpc.method_handlers_generic_handler("tensorflow.serving.PredictionService", {
+                "Predict": grpc.unary_unary_rpc_method_handler(predict)})])
+        self.server.add_insecure_port(f"unix:{path}")
+        self.server.start()
+
+
+def test_the_router_sends_each_call_to_its_models_sandbox_and_relays_the_outcome(tmp_path):
+    import grpc
+    from tensorflow_serving.apis import predict_pb2
+
+    from serving_opt.serving.front import grpc_router
+
+    paths = {name: str(tmp_path / f"{name}.sock") for name in ("a", "b")}
+    children = [_Child(path, name.encode()) for name, path in paths.items()]
+    router = grpc_router.Router(paths, ["a", "b"], 1000, 8,
+                                channel_arguments="grpc.max_receive_message_length=500")
+    port = router.add_insecure_port("127.0.0.1:0")
+    router.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            predict = channel.unary_unary("/tensorflow.serving.PredictionService/Predict")
+
+            def ask(name: str, extra: bytes = b"", timeout: float = 60):
+                request = predict_pb2.PredictRequest()
+                request.model_spec.name = name
+                return predict.with_call(request.SerializeToString() + extra, timeout=timeout)
+
+            reply, call = ask("b")
+            assert reply.startswith(b"b:")
+            assert 0 < float(dict(call.trailing_metadata())["left"]) <= 60  # the deadline
+            assert ask("nope")[0].startswith(b"a:")  # no such model: the first sandbox
+            with pytest.raises(grpc.RpcError) as failed:
+                ask("b", b"\x1a\x04fail")  # an output_filter "fail"
+            assert failed.value.code() == grpc.StatusCode.DATA_LOSS
+            assert failed.value.details() == "b failed"
+            assert ("why", "asked to") in tuple(failed.value.trailing_metadata())
+            # The user's --grpc_channel_arguments apply to the port clients reach.
+            with pytest.raises(grpc.RpcError) as large:
+                ask("b", b"\x1a\x82\x05" + b"x" * 642)
+            assert large.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        router.stop(1)
+        for child in children:
+            child.server.stop(None)

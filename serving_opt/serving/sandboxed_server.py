@@ -246,7 +246,8 @@ class SandboxedServer:
 
     def __init__(self, endpoints: Endpoints, tenant_list: Sequence[Tenant],
                  child_flags: Sequence[str], policy: sandbox.Policy,
-                 max_request_bytes: int = 2**31 - 1, grpc_threads: int = 128) -> None:
+                 max_request_bytes: int = 2**31 - 1, grpc_threads: int = 128,
+                 grpc_channel_arguments: str = "") -> None:
         # Held (bound, not listening) until every model is AVAILABLE; then the router
         # takes the port, and the REST front end listens on this very socket.
         self._grpc_hold: socket.socket | None = _bind(endpoints.host, endpoints.port)
@@ -265,6 +266,7 @@ class SandboxedServer:
         self._policy = policy
         self._max_request_bytes = max_request_bytes
         self._grpc_threads = grpc_threads
+        self._grpc_channel_arguments = grpc_channel_arguments
         self._events: queue.Queue = queue.Queue()
         self._router = None
         self._front = None
@@ -301,7 +303,7 @@ class SandboxedServer:
             [child.tenant.name for child in self._children], self._max_request_bytes,
             # --grpc_max_threads bounds the calls the sandboxed servers run at once;
             # past 4x that, a call is RESOURCE_EXHAUSTED instead of queueing without end.
-            4 * self._grpc_threads, grpc_limit)
+            4 * self._grpc_threads, grpc_limit, self._grpc_channel_arguments)
         self._router = router
         host, port = self.endpoints.host, self.port
         assert self._grpc_hold is not None
@@ -390,13 +392,14 @@ def _drain(stream) -> None:
 
 def serve_sandboxed(endpoints: Endpoints, tenant_list: Sequence[Tenant],
                     child_flags: Sequence[str], policy: sandbox.Policy,
-                    max_request_bytes: int = 2**31 - 1, grpc_threads: int = 128) -> int:
+                    max_request_bytes: int = 2**31 - 1, grpc_threads: int = 128,
+                    grpc_channel_arguments: str = "") -> int:
     """Runs a :class:`SandboxedServer` until SIGTERM/SIGINT or until a sandboxed server
     exits; the exit code ``serving-opt serve`` returns (128 + the signal on a stop before
     the models were loaded, as the in-process server)."""
     _more_descriptors()
     server = SandboxedServer(endpoints, tenant_list, child_flags, policy,
-                             max_request_bytes, grpc_threads)
+                             max_request_bytes, grpc_threads, grpc_channel_arguments)
     received: list[int] = []
     ready = threading.Event()
 

@@ -445,7 +445,8 @@ def _serve_sandboxed(fv: flags.FlagValues, options) -> int:
                             memory_bytes=fv.sandbox_memory_bytes or None)
     return sandboxed_server.serve_sandboxed(endpoints, tenants, _child_flags(fv), policy,
                                             max_request_bytes=fv.max_request_bytes,
-                                            grpc_threads=fv.grpc_max_threads)
+                                            grpc_threads=fv.grpc_max_threads,
+                                            grpc_channel_arguments=fv.grpc_channel_arguments)
 
 
 def main(fv: flags.FlagValues) -> int:

@@ -90,6 +90,20 @@ class _Router(grpc.GenericRpcHandler):
             await _fail(context, e)
 
 
+def _channel_arguments(text: str) -> list[tuple[str, int | str]]:
+    """"k=v,k=v" as the sandboxed servers read it (they refused a malformed one before
+    this runs): ints where they parse."""
+    options: list[tuple[str, int | str]] = []
+    for key, _, value in (item.partition("=") for item in text.split(",") if item):
+        try:
+            number = int(value)
+        except ValueError:
+            number = None
+        fits = number is not None and -2**31 <= number < 2**31
+        options.append((key, number if fits else value))
+    return options
+
+
 def _metadata(context) -> list[tuple[str, str | bytes]]:
     return [(k, v) for k, v in context.invocation_metadata() or ()
             if not k.startswith(_DROPPED_METADATA) and k != "user-agent"]
@@ -111,19 +125,20 @@ class Router:
 
     def __init__(self, paths: dict[str | None, str], order: Sequence[str | None],
                  max_request_bytes: int, max_concurrent_rpcs: int,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_connections: int = MAX_CONNECTIONS, channel_arguments: str = "") -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name="serving-opt-route")
         self._thread.start()
         self._server = self._run(self._make(paths, order, max_request_bytes,
-                                            max(1, max_concurrent_rpcs), max_connections))
+                                            max(1, max_concurrent_rpcs), max_connections,
+                                            _channel_arguments(channel_arguments)))
 
     def _run(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     async def _make(self, paths, order, max_request_bytes, max_concurrent_rpcs,
-                    max_connections) -> grpc.aio.Server:
+                    max_connections, user_options) -> grpc.aio.Server:
         self._channels = {name: grpc.aio.insecure_channel(f"unix:{path}", options=[
             ("grpc.max_receive_message_length", _UNLIMITED),
             ("grpc.max_send_message_length", _UNLIMITED),
@@ -131,6 +146,9 @@ class Router:
         return grpc.aio.server(
             handlers=[_Router(self._channels, self._channels[order[0]])],
             options=[
+                # --grpc_channel_arguments: this is the server clients reach. First: where
+                # a key repeats, gRPC takes its first value.
+                *user_options,
                 ("grpc.max_receive_message_length", min(max_request_bytes, 2**31 - 1)),
                 ("grpc.max_send_message_length", _UNLIMITED),
                 ("grpc.max_allowed_incoming_connections", max_connections),
