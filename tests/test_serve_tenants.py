@@ -14,6 +14,7 @@ import json
 import os
 import resource
 import select
+import signal
 import socket
 import stat
 import subprocess
@@ -227,3 +228,25 @@ def test_a_regular_file_at_the_socket_path_is_refused(classifier_base, tmp_path)
     assert f"could not listen on the unix socket {path}: Address already in use" in done.stderr
     assert path.read_text() == "keep me"
     assert "TensorFlow" not in done.stderr  # refused before anything loads
+
+
+def test_when_one_sandbox_dies_serve_stops_with_its_code(reader_base, classifier_base,
+                                                         tmp_path):
+    config = write_model_config(str(tmp_path / "models.config"),
+                                {"reader": reader_base, "m": classifier_base})
+    process = subprocess.Popen(
+        serve_command(f"--model_config_file={config}", "--port=0", "--allow_file_ops",
+                      "--max_num_load_retries=0", "--file_system_poll_wait_seconds=0"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=serve_env())
+    try:
+        assert "AVAILABLE on" in read_line(process, timeout=300)
+        with open(f"/proc/{process.pid}/task/{process.pid}/children") as f:
+            sandboxes = [int(pid) for pid in f.read().split()]
+        assert len(sandboxes) == 2  # one per model
+        os.kill(sandboxes[1], signal.SIGKILL)
+        code = process.wait(timeout=120)
+        stderr = process.stderr.read()
+    finally:
+        stop_process(process)
+    assert code == 128 + signal.SIGKILL
+    assert "a sandboxed server was killed (SIGKILL" in stderr
