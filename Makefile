@@ -87,7 +87,7 @@ bench: $(BENCH_STAMP) $(SANDBOX_STAMP)
 # load), lint first; about a minute on 2 cores. `make test` runs these and everything else.
 UNIT_TESTS := $(addprefix tests/test_,$(addsuffix .py, \
   options entry_points gates gate_early_decision lossy_interval detection_matching \
-  detection_parity detection_graphdef detection_graph_analysis tune_outputs \
+  detection_parity detection_frozen_graph detection_graph_analysis tune_outputs \
   tune_serving_version tune_fast_decode tune_grid tune_proving model_server_batching \
   model_server_concurrency sandbox_results static_check static_check_bounds \
   static_check_round3 asset_paths dead_functions terminal_escapes inspect load_errors \

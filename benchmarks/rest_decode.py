@@ -2,7 +2,7 @@
 
 Decodes each body with ``parse_predict_request`` (JSON text to a PredictRequest) three
 ways, side by side in one run: ``object`` (json.loads and Python lists, the fast paths
-off), ``numpy`` (json_tensors.numpy_predict_tensors, the regex + vectorised numpy reader
+off), ``numpy`` (json_numeric.numpy_predict_tensors, the regex + vectorised numpy reader
 that was the fast path before simdjson) and ``simd`` (json_simd.simd_predict_tensors).
 Times are medians (and minima) of interleaved rounds, so a busy machine slows all three
 alike. Peak memory is the rise of the resident set (VmHWM over VmRSS before, which sees
@@ -28,8 +28,8 @@ import numpy as np
 from tensorflow.core.framework import types_pb2
 
 from serving_opt.serving.model_server import json_predict
+from serving_opt.serving.model_server.json_numeric import numpy_predict_tensors
 from serving_opt.serving.model_server.json_simd import simd_predict_tensors
-from serving_opt.serving.model_server.json_tensors import numpy_predict_tensors
 from serving_opt.tune.hardware import here
 
 PATHS = {

@@ -111,7 +111,7 @@ class Kind(str, enum.Enum):
     DISCRETE = "discrete"  # integers, booleans, strings (class ids, names): share equal
     VALUES = "values"  # other floats (logits, embeddings, regressions): reported
     # A detection model's outputs (boxes, scores, classes, count behind NMS), judged as
-    # detections by serving_opt.detection.gate.
+    # detections by serving_opt.detection.parity_rule.
     DETECTIONS = "detections"
 
 

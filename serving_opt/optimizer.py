@@ -285,11 +285,11 @@ def saved_model_from_graph_def(run: Run) -> str:
     """A frozen GraphDef input as a SavedModel (one ``serving_default`` predict signature,
     no variables) in the work directory: what every stage then reads, and the reference
     the candidate is proven against. The static check runs on it before it is written."""
-    from serving_opt.savedmodel import graphdef
+    from serving_opt.savedmodel import frozen_graph
 
     options = run.plan.options.graph_def
     export_dir = os.path.join(run.work_subdir("graphdef-"), "1")
-    converted = graphdef.convert(
+    converted = frozen_graph.convert(
         run.input_dir, export_dir, options.graph_inputs or None,
         options.graph_outputs or None, options.signature_keys or None,
         allow_file_ops=run.plan.trust.allow_file_ops)
@@ -308,9 +308,9 @@ def write_graph_def(run: Run, staging: str) -> None:
     """``--output_format=graphdef``: the proven candidate's graph also as a frozen
     GraphDef inside its version directory (published with it, atomically)."""
     from serving_opt.options import GRAPH_DEF_NAME
-    from serving_opt.savedmodel import graphdef
+    from serving_opt.savedmodel import frozen_graph
 
-    written = graphdef.write_graph_def(graphdef.saved_model_graph(staging, run.plan.tags),
+    written = frozen_graph.write_graph_def(frozen_graph.saved_model_graph(staging, run.plan.tags),
                                        os.path.join(staging, GRAPH_DEF_NAME))
     run.graph_def["output"] = {"file": GRAPH_DEF_NAME, "size_bytes": written.size_bytes,
                                "inputs": dict(written.inputs),

@@ -29,7 +29,7 @@ from serving_opt.options import (
     ValidateOptions,
 )
 from serving_opt.savedmodel import examples as examples_lib
-from serving_opt.savedmodel import graphdef, loader, writer
+from serving_opt.savedmodel import frozen_graph, loader, writer
 from serving_opt.savedmodel import shapes as shapes_lib
 from serving_opt.stages import grappler as grappler_lib
 from serving_opt.stages import transforms as transforms_lib
@@ -146,7 +146,7 @@ def plan(input_dir: str, output_base: str, options: OptimizeOptions) -> Plan:
 def _check_graph_def_input(input_dir: str, options: OptimizeOptions) -> bool:
     """Whether the input is a frozen GraphDef; the .pb-only flags are usage errors
     without one. (Its tensors are resolved when the worker reads it.)"""
-    is_pb = graphdef.is_graph_def_path(input_dir)
+    is_pb = frozen_graph.is_graph_def_path(input_dir)
     given = options.graph_def.given()
     if not is_pb:
         if given:

@@ -11,7 +11,7 @@ import pytest
 from serving_opt import graph_diff
 from serving_opt.detection import discontinuous, matching
 from serving_opt.detection import sample as detection_sample
-from serving_opt.savedmodel import graphdef, loader
+from serving_opt.savedmodel import frozen_graph, loader
 
 OUTPUTS = list(detection_sample.OUTPUT_NODES)
 ATOL, RTOL = 1e-5, 1e-4
@@ -24,12 +24,12 @@ def sample(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def frozen(sample):
-    return graphdef.read_graph_def(sample.frozen_graph)
+    return frozen_graph.read_graph_def(sample.frozen_graph)
 
 
 @pytest.fixture(scope="module")
 def signature(frozen):
-    return graphdef.to_serving_graph(frozen, outputs=OUTPUTS).signature_defs["serving_default"]
+    return frozen_graph.to_serving_graph(frozen, outputs=OUTPUTS).signature_defs["serving_default"]
 
 
 def _frames() -> np.ndarray:

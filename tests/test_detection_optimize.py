@@ -27,7 +27,7 @@ from serving_opt.detection import sample as detection_sample
 from serving_opt.errors import UsageError
 from serving_opt.options import GRAPH_DEF_NAME, ServingCheck
 from serving_opt.savedmodel import examples as examples_lib
-from serving_opt.savedmodel import graphdef, loader
+from serving_opt.savedmodel import frozen_graph, loader
 from serving_opt.stages.parity import ParityInputs, check_parity
 
 OUTPUTS = tuple(detection_sample.OUTPUT_NODES)
@@ -81,7 +81,7 @@ def _run_both(frozen_graph: str, published_dir: str, images: np.ndarray) -> tupl
 def original(sample, tmp_path_factory) -> str:
     """The original frozen graph wrapped as a SavedModel by the project's converter, for
     the test of the project's own detection gate: converted once."""
-    return graphdef.convert(sample.frozen_graph,
+    return frozen_graph.convert(sample.frozen_graph,
                             str(tmp_path_factory.mktemp("original") / "export"),
                             outputs=OUTPUTS).export_dir
 
@@ -101,7 +101,7 @@ def test_a_pb_is_published_as_a_servable_version(published):
 
 
 def test_no_batch_norm_is_left_in_the_served_graph(sample, published):
-    before = {n.op for n in graphdef.read_graph_def(sample.frozen_graph).node}
+    before = {n.op for n in frozen_graph.read_graph_def(sample.frozen_graph).node}
     assert before & BATCH_NORM_OPS  # the sample has both kinds
     assert not _ops(published.output_dir) & BATCH_NORM_OPS
 
@@ -116,7 +116,7 @@ def test_the_local_server_served_it_over_grpc_and_rest(published):
 def test_the_optimized_pb_is_written_beside_it_and_answers_the_same(published):
     written = os.path.join(published.output_dir, GRAPH_DEF_NAME)
     assert published.graph_def["output"]["file"] == GRAPH_DEF_NAME
-    assert not {n.op for n in graphdef.read_graph_def(written).node} & BATCH_NORM_OPS
+    assert not {n.op for n in frozen_graph.read_graph_def(written).node} & BATCH_NORM_OPS
     image = detection_sample.frame(480, 640, seed=3)
     from_pb = detection_sample.run_frozen_graph(written, image)
     served = run_detector_saved_model(published.output_dir, "serving_default",
@@ -175,14 +175,14 @@ def test_a_folded_graph_with_a_corrupted_weight_fails_the_detection_gate(sample,
                                                                        tmp_path):
     from tensorflow.python.framework import tensor_util
 
-    frozen = graphdef.read_graph_def(sample.frozen_graph)
+    frozen = frozen_graph.read_graph_def(sample.frozen_graph)
     node = next(n for n in frozen.node if n.name == "FeatureExtractor/Conv2d_3/weights")
     weights = tensor_util.MakeNdarray(node.attr["value"].tensor).copy()
     weights[0, 0, 0, :] *= 1.05  # one input channel's taps at one position, 5% off
     node.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(weights))
     corrupted_pb = tmp_path / "corrupted.pb"
     corrupted_pb.write_bytes(frozen.SerializeToString())
-    corrupted = graphdef.convert(str(corrupted_pb), str(tmp_path / "corrupted"),
+    corrupted = frozen_graph.convert(str(corrupted_pb), str(tmp_path / "corrupted"),
                                  outputs=OUTPUTS).export_dir
     frames = examples_lib.read_examples_file(
         _frames_file(tmp_path / "frames.jsonl", 480, 640))

@@ -1,4 +1,4 @@
-"""The parity gate on outputs behind NMS and ArgMax (serving_opt.detection.gate), through
+"""The parity gate on outputs behind NMS and ArgMax (serving_opt.detection.parity_rule), through
 stages.parity.check_parity on real SavedModels.
 
 The models are built so that a near-tie is decided by the last bits: an original and a

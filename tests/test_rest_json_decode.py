@@ -1,4 +1,4 @@
-"""json_tensors' fast decode against the Python-object path: same tensors, same errors."""
+"""json_numeric' fast decode against the Python-object path: same tensors, same errors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tensorflow.core.framework import types_pb2
 
-from serving_opt.serving.model_server import json_predict, json_simd, json_tensors
+from serving_opt.serving.model_server import json_numeric, json_predict, json_simd
 from serving_opt.serving.model_server.status import ServingStatusError
 from serving_opt.serving.model_server.tensors import from_proto
 
@@ -24,8 +24,8 @@ def _infos(names, dtype):
 
 PATHS = {
     "object": lambda body, infos: None,
-    "fast": lambda body, infos: json_tensors.fast_predict_tensors(body, infos, min_bytes=0),
-    "numpy": json_tensors.numpy_predict_tensors,
+    "fast": lambda body, infos: json_numeric.fast_predict_tensors(body, infos, min_bytes=0),
+    "numpy": json_numeric.numpy_predict_tensors,
     "simd": json_simd.simd_predict_tensors,
 }
 
@@ -130,7 +130,7 @@ def test_image_is_decoded_fast_path():
     body = json.dumps({"instances": image.tolist()}).encode()
     infos = _infos(["x"], types_pb2.DT_FLOAT)
     assert json_simd.simd_predict_tensors(body, infos) is not None
-    assert json_tensors.fast_predict_tensors(body, infos) is not None
+    assert json_numeric.fast_predict_tensors(body, infos) is not None
     request, fmt = json_predict.parse_predict_request(body, "m", None, None, infos)
     assert fmt == "row"
     np.testing.assert_array_equal(from_proto(request.inputs["x"]), image)
@@ -152,7 +152,7 @@ def _long_decimals_match(paths):
     for dtype in (types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE):
         infos = _infos(["x"], dtype)
         assert json_simd.simd_predict_tensors(body, infos) is not None
-        assert json_tensors.numpy_predict_tensors(body, infos) is not None
+        assert json_numeric.numpy_predict_tensors(body, infos) is not None
         _same_as_object_path(body, infos, paths)
 
 
@@ -188,15 +188,15 @@ def test_typical_bodies_take_the_fast_path(dtype, layout):
     body = json.dumps(doc, indent=rng.choice([0, 2])).encode()
     infos = _infos(names, dtype)
     assert json_simd.simd_predict_tensors(body, infos) is not None
-    assert json_tensors.numpy_predict_tensors(body, infos) is not None
+    assert json_numeric.numpy_predict_tensors(body, infos) is not None
     _same_as_object_path(body, infos)
 
 
 @pytest.mark.parametrize("seed", range(60, 75))
 def test_fast_decode_matches_in_small_chunks(seed, monkeypatch):
     # chunk boundaries everywhere: the chunked loops must not change a value
-    monkeypatch.setattr(json_tensors, "_GROUP_ROWS", 7)
-    monkeypatch.setattr(json_tensors, "_GROUP_CHARS", 50)
+    monkeypatch.setattr(json_numeric, "_GROUP_ROWS", 7)
+    monkeypatch.setattr(json_numeric, "_GROUP_CHARS", 50)
     _random_bodies_match(seed, ("numpy",))
     _long_decimals_match(("numpy",))
 
@@ -330,16 +330,16 @@ def test_simdjson_decodes_named_inputs_and_ignores_what_the_object_path_ignores(
 
 def test_dense_short_numbers_use_the_numpy_reader(monkeypatch):
     # simdjson's tape would take ~10 bytes a body byte: past SIMD_ANY_BYTES, numpy reads
-    monkeypatch.setattr(json_tensors, "SIMD_ANY_BYTES", 0)
+    monkeypatch.setattr(json_numeric, "SIMD_ANY_BYTES", 0)
     calls = []
-    monkeypatch.setattr(json_tensors, "simd_predict_tensors",
+    monkeypatch.setattr(json_numeric, "simd_predict_tensors",
                         lambda *a: calls.append(a) or json_simd.simd_predict_tensors(*a))
     infos = _infos(["x"], types_pb2.DT_UINT8)
     dense = ('{"inputs": [' + ",".join(["1"] * 5000) + "]}").encode()
-    assert json_tensors.fast_predict_tensors(dense, infos, min_bytes=0) is not None
+    assert json_numeric.fast_predict_tensors(dense, infos, min_bytes=0) is not None
     assert not calls
     floats = ('{"inputs": [' + ", ".join(["0.123456789012345"] * 500) + "]}").encode()
-    assert json_tensors.fast_predict_tensors(floats, _infos(["x"], types_pb2.DT_FLOAT),
+    assert json_numeric.fast_predict_tensors(floats, _infos(["x"], types_pb2.DT_FLOAT),
                                              min_bytes=0) is not None
     assert len(calls) == 1
 
@@ -358,11 +358,11 @@ def test_without_simdjson_the_numpy_reader_decodes_alone():
         import json
         import numpy as np
         from tensorflow.core.framework import types_pb2
-        from serving_opt.serving.model_server import json_simd, json_tensors
+        from serving_opt.serving.model_server import json_simd, json_numeric
         image = np.random.default_rng(0).random((1, 40, 40, 3)).tolist()
         body = json.dumps({"instances": image}).encode()
         infos = {"x": SimpleNamespace(dtype=types_pb2.DT_FLOAT)}
-        _, tensors, fmt = json_tensors.fast_predict_tensors(body, lambda s: infos)
+        _, tensors, fmt = json_numeric.fast_predict_tensors(body, lambda s: infos)
         values, shape, _ = tensors["x"]
         expected = np.asarray(image, np.float32).ravel()
         print(json_simd.simdjson, fmt, shape, bool((values == expected).all()))

@@ -2,7 +2,7 @@
 
 TFX's ``infra_validator/model_server_clients/base_client``. A client is made for one
 endpoint of a running server (``runner.endpoints[protocol]``) and one model version;
-``client.GrpcClient`` and ``rest_client.RestClient`` implement it, and the executor
+``grpc_grpc_client.GrpcClient`` and ``rest_client.RestClient`` implement it, and the executor
 (``validate``) holds a list of them and never asks which protocol one speaks. What a
 protocol cannot do is the client's to say: :meth:`ModelServerClient.prepare` returns the
 probes it can send, in the form it sends them (REST has no MultiInference endpoint).

@@ -58,8 +58,8 @@ from serving_opt.options import (  # noqa: F401
 from serving_opt.savedmodel import loader, writer
 from serving_opt.serving import backends, requests, warmup
 from serving_opt.serving import runtime as runtime_lib
-from serving_opt.serving.client import GrpcClient
 from serving_opt.serving.clients import ModelServerClient
+from serving_opt.serving.grpc_client import GrpcClient
 from serving_opt.serving.markers import MARKER_FAILED, MARKER_OK, write_marker
 from serving_opt.serving.process import ServerProcess
 from serving_opt.serving.rest_client import RestClient

@@ -19,7 +19,7 @@ When the original rejects every batch of a signature, the inputs are wrong (a us
 error again): there would be no answer left to compare.
 
 Outputs behind discontinuous ops (NMS, TopK, ArgMax, comparisons) are measured
-elementwise too, but judged by :mod:`serving_opt.detection.gate`: in lossless work a
+elementwise too, but judged by :mod:`serving_opt.detection.parity_rule`: in lossless work a
 changed answer passes only where the tensors feeding the op (fetched in both runs)
 agree within the tolerance, a near-tie rounding decided the other way; detections are
 matched by class and IoU. Under ``--quantize`` a detection model is judged by
@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from serving_opt import gates
-from serving_opt.detection import gate as discrete_gate
+from serving_opt.detection import parity_rule as discrete_gate
 from serving_opt.errors import ServingOptError, first_line
 from serving_opt.gates import DEFAULT_ATOL, DEFAULT_RTOL, LossyGate, ToleranceGate
 from serving_opt.savedmodel import inputs as inputs_lib

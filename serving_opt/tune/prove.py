@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from serving_opt.errors import ServingOptError
-from serving_opt.serving import backends, client
+from serving_opt.serving import backends, grpc_client
 from serving_opt.tune.load import LoadResult
 from serving_opt.tune.settings import PARAMETERS_FILENAME, ServingSettings
 
@@ -134,7 +134,7 @@ def launch(backend: str, spec: backends.ServerSpec, settings: ServingSettings,
 def ready(server: backends.ServerProcess, spec: backends.ServerSpec,
           load_deadline: float = 300.0, say: Callable[[str], None] = lambda m: None) -> None:
     """Waits until the version is AVAILABLE (raises with the server's reason if not)."""
-    waiting = client.GrpcClient(server.address, spec.model_name, spec.version, timeout=30.0)
+    waiting = grpc_client.GrpcClient(server.address, spec.model_name, spec.version, timeout=30.0)
     try:
         waiting.wait_until_available(server, load_deadline)
     finally:

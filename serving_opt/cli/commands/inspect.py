@@ -22,7 +22,7 @@ from serving_opt import inspection
 from serving_opt.cli import main as cli
 from serving_opt.errors import EXIT_FAILURE, UsageError
 from serving_opt.report import printable
-from serving_opt.savedmodel import graphdef, loader
+from serving_opt.savedmodel import frozen_graph, loader
 
 SUMMARY = "show signatures, variables, ops, size on disk and serving risks of a SavedModel"
 FAIL_ON = ["error", "warning", "never"]
@@ -66,8 +66,8 @@ def main(fv: flags.FlagValues) -> int:
         raise UsageError("--saved_model_dir is empty", "pass the SavedModel directory")
     if fv.verbosity <= 0:
         loader.quiet_tensorflow_import()
-    if graphdef.is_graph_def_path(fv.saved_model_dir):
-        from serving_opt.inspection.graph_def import inspect_graph_def
+    if frozen_graph.is_graph_def_path(fv.saved_model_dir):
+        from serving_opt.inspection.frozen_graph_report import inspect_graph_def
 
         report = inspect_graph_def(fv.saved_model_dir)
     else:

@@ -8,7 +8,7 @@ Modules mirror tensorflow_serving/: ``servable`` (one loaded version), ``predict
 ``classifier``, ``regressor``, ``multi_inference``, ``warmup`` (servables/tensorflow),
 ``storage_path`` (sources/storage_path), ``core`` (ServerCore + manager),
 ``prediction_service`` / ``model_service`` (gRPC), ``rest`` (the HTTP API) with
-``json_tensor`` (util/json_tensor, split into ``json_read``, ``json_write``,
+``json_codec`` (util/json_tensor, split into ``json_read``, ``json_write``,
 ``json_dtypes``, ``json_predict`` and ``json_examples``), ``server`` (start/stop),
 ``tflite`` (--prefer_tflite_model), ``monitoring`` (Prometheus metrics), ``extra_services``
 (profiler and health services) with ``extra_protos``.

@@ -33,13 +33,13 @@ from serving_opt.serving.model_server.json_dtypes import (
     is_b64,
     json_values,
 )
+from serving_opt.serving.model_server.json_numeric import fast_predict_tensors, fill_tensor
 from serving_opt.serving.model_server.json_read import (
     check_object_tree,
     fill_model_spec,
     parse_json,
     signature_name,
 )
-from serving_opt.serving.model_server.json_tensors import fast_predict_tensors, fill_tensor
 from serving_opt.serving.model_server.json_write import (
     SingleLine,
     debug_string,
@@ -55,7 +55,7 @@ COLUMNAR = "columnar"
 
 # The Python-object path (json.loads and lists of Python numbers) takes ~50 bytes of
 # memory per value: a body it must decode is refused past this many values (commas),
-# about 200 MiB of objects. Nested lists of numbers do not count: json_tensors decodes
+# about 200 MiB of objects. Nested lists of numbers do not count: json_numeric decodes
 # them straight to numpy at a few bytes per body byte.
 MAX_OBJECT_TREE_VALUES = 1 << 22
 

@@ -39,7 +39,7 @@ from tensorflow.core.framework import types_pb2
 try:
     import simdjson
 except ImportError:  # a --serving_version runtime venv made before serving-opt needed it
-    simdjson = None  # the numpy reader (json_tensors.py) decodes alone, as fast as it can
+    simdjson = None  # the numpy reader (json_numeric.py) decodes alone, as fast as it can
 
 from serving_opt.serving.model_server.status import ServingStatusError
 from serving_opt.serving.model_server.tensors import MAX_DIMENSIONS

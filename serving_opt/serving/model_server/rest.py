@@ -1,7 +1,7 @@
 """TF Serving's HTTP/REST API (model_servers/http_server.cc + http_rest_api_handler.cc).
 
 Served from the same process and the same ServerCore as gRPC: a REST request becomes the
-proto request gRPC would receive (json_tensor.py) and runs through the same
+proto request gRPC would receive (json_codec.py) and runs through the same
 ``run_predict`` / ``run_classify`` / ``run_regress`` and the same status and metadata code,
 so both protocols answer alike.
 
@@ -46,7 +46,7 @@ from http.server import BaseHTTPRequestHandler
 
 import grpc
 
-from serving_opt.serving.model_server import json_tensor, request_cost
+from serving_opt.serving.model_server import json_codec, request_cost
 from serving_opt.serving.model_server.core import ServerCore
 from serving_opt.serving.model_server.http_connections import (
     READ_BUFFER_BYTES,
@@ -250,15 +250,15 @@ class RestApiHandler:
             output = self._dispatch(method, path, body)
         except ServingStatusError as e:
             status = e.code.name
-            return http_status(e.code), json_tensor.error_json(e.message)
+            return http_status(e.code), json_codec.error_json(e.message)
         except RecursionError:
             # A JSON value nested deeper than a check caught: the client's doing, not ours.
             status = "INVALID_ARGUMENT"
-            return 400, json_tensor.error_json("JSON value nested too deeply")
+            return 400, json_codec.error_json("JSON value nested too deeply")
         except Exception as e:  # noqa: BLE001 - a server must answer, not die
             status = "INTERNAL"
             log.exception("REST request failed unexpectedly")
-            return 500, json_tensor.error_json(f"{type(e).__name__}: {e}")
+            return 500, json_codec.error_json(f"{type(e).__name__}: {e}")
         finally:
             # http_server.cc: every API request counts; latency of successful ones.
             name, verb = _model_and_verb(method, path)
@@ -304,7 +304,7 @@ class RestApiHandler:
         from tensorflow_serving.apis import model_pb2
 
         spec = model_pb2.ModelSpec()
-        json_tensor.fill_model_spec(spec, name, version, label)
+        json_codec.fill_model_spec(spec, name, version, label)
         return spec
 
     def _input_infos(self, spec):
@@ -323,13 +323,13 @@ class RestApiHandler:
     def _predict(self, name, version, label, body: bytes) -> bytes:
         from serving_opt.serving.model_server.predict import run_predict
 
-        request, fmt = json_tensor.parse_predict_request(
+        request, fmt = json_codec.parse_predict_request(
             body, name, version, label, self._input_infos(self._spec(name, version, label)),
             self._options.max_request_bytes,
         )
         with self._core.servable_handle(request.model_spec) as handle:
             response = run_predict(handle.servable, request, self._options, handle.id.version)
-        return json_tensor.predict_response_json(response.outputs, fmt)
+        return json_codec.predict_response_json(response.outputs, fmt)
 
     def _classify_or_regress(self, name, version, label, body: bytes, classify: bool) -> bytes:
         from tensorflow_serving.apis import classification_pb2, regression_pb2
@@ -341,15 +341,15 @@ class RestApiHandler:
             request = classification_pb2.ClassificationRequest()
         else:
             request = regression_pb2.RegressionRequest()
-        json_tensor.fill_model_spec(request.model_spec, name, version, label)
-        json_tensor.parse_classify_regress_request(request, body,
+        json_codec.fill_model_spec(request.model_spec, name, version, label)
+        json_codec.parse_classify_regress_request(request, body,
                                                    self._options.max_request_bytes)
         runner = run_classify if classify else run_regress
         with self._core.servable_handle(request.model_spec) as handle:
             response = runner(handle.servable, request, self._options, handle.id.version)
         if classify:
-            return json_tensor.classify_response_json(response.result)
-        return json_tensor.regress_response_json(response.result)
+            return json_codec.classify_response_json(response.result)
+        return json_codec.regress_response_json(response.result)
 
     def _status(self, name, version, label) -> bytes:
         from tensorflow_serving.apis import get_model_status_pb2
@@ -357,8 +357,8 @@ class RestApiHandler:
         if not name:
             raise invalid_argument("Missing model name in request.")
         request = get_model_status_pb2.GetModelStatusRequest()
-        json_tensor.fill_model_spec(request.model_spec, name, version, label)
-        return json_tensor.status_response_json(self._model_service._status(request))
+        json_codec.fill_model_spec(request.model_spec, name, version, label)
+        return json_codec.status_response_json(self._model_service._status(request))
 
     def _metadata(self, name, version, label) -> bytes:
         from tensorflow_serving.apis import get_model_metadata_pb2
@@ -367,8 +367,8 @@ class RestApiHandler:
             raise invalid_argument("Missing model name in request.")
         request = get_model_metadata_pb2.GetModelMetadataRequest()
         request.metadata_field.append("signature_def")
-        json_tensor.fill_model_spec(request.model_spec, name, version, label)
-        return json_tensor.metadata_response_json(self._prediction_service._metadata(request))
+        json_codec.fill_model_spec(request.model_spec, name, version, label)
+        return json_codec.metadata_response_json(self._prediction_service._metadata(request))
 
 
 def _model_and_verb(method: str, path: str) -> tuple[str, str]:
@@ -488,7 +488,7 @@ def _make_handler_class(
                 self.close_connection = True
                 return
             except HttpError as e:
-                self._reply(e.status, json_tensor.error_json(e.message), "application/json",
+                self._reply(e.status, json_codec.error_json(e.message), "application/json",
                             close=True)
                 self._linger()
                 return

@@ -26,7 +26,7 @@ from serving_opt.host_ops import host_op_kind
 from serving_opt.inspection.report import Risk
 from serving_opt.inspection.risks import SEVERITY_ERROR
 from serving_opt.report import printable
-from serving_opt.savedmodel import graphdef
+from serving_opt.savedmodel import frozen_graph
 
 
 @dataclass(frozen=True)
@@ -79,8 +79,8 @@ def inspect_graph_def(path: str) -> GraphDefReport:
         >>> inspect_graph_def("frozen_inference_graph.pb").inputs
         ('image_tensor:0 (uint8 [?,?,?,3])',)
     """
-    graph_def = graphdef.read_graph_def(path)
-    found = graphdef.interface(graph_def)
+    graph_def = frozen_graph.read_graph_def(path)
+    found = frozen_graph.interface(graph_def)
     nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
     risks = []
     for node in nodes:
@@ -101,14 +101,14 @@ def inspect_graph_def(path: str) -> GraphDefReport:
                         "NaN/Inf; serving-opt keeps them on the output path)")
     discontinuous = ""
     try:
-        graph = graphdef.to_serving_graph(graph_def, outputs=[c.name for c in found.outputs],
+        graph = frozen_graph.to_serving_graph(graph_def, outputs=[c.name for c in found.outputs],
                                           path=path)
     except Exception:  # noqa: BLE001 - no single input: the candidates say so
         graph = None
     if graph is not None:
         from serving_opt.detection import discontinuous as discontinuous_lib
 
-        signature = graph.signature_defs[graphdef.SIGNATURE_KEY]
+        signature = graph.signature_defs[frozen_graph.SIGNATURE_KEY]
         discontinuous = discontinuous_lib.analyze(graph.graph_def, signature).summary()
     return GraphDefReport(
         path=path, size_bytes=os.path.getsize(path), nodes=len(graph_def.node),

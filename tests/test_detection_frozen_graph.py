@@ -11,7 +11,7 @@ import pytest
 from serving_opt.detection import sample as detection_sample
 from serving_opt.errors import ServingOptError, UsageError
 from serving_opt.graph import ServingGraph
-from serving_opt.savedmodel import graphdef, loader
+from serving_opt.savedmodel import frozen_graph, loader
 
 OUTPUTS = list(detection_sample.OUTPUT_NODES)
 
@@ -23,13 +23,13 @@ def sample(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def frozen(sample):
-    return graphdef.read_graph_def(sample.frozen_graph)
+    return frozen_graph.read_graph_def(sample.frozen_graph)
 
 
 @pytest.fixture(scope="module")
 def converted(sample, tmp_path_factory):
     export_dir = str(tmp_path_factory.mktemp("converted") / "1")
-    return graphdef.convert(sample.frozen_graph, export_dir, outputs=OUTPUTS)
+    return frozen_graph.convert(sample.frozen_graph, export_dir, outputs=OUTPUTS)
 
 
 def _run_saved_model(export_dir: str, images) -> dict:
@@ -111,7 +111,7 @@ def test_frames_are_deterministic_and_scale():
 
 
 def test_interface_lists_candidates(frozen):
-    found = graphdef.interface(frozen)
+    found = frozen_graph.interface(frozen)
     assert [c.describe() for c in found.inputs] == ["image_tensor:0 (uint8 [?,?,?,3])"]
     assert sorted(c.name for c in found.outputs) == sorted(f"{n}:0" for n in OUTPUTS)
     boxes = next(c for c in found.outputs if c.name == "detection_boxes:0")
@@ -120,14 +120,14 @@ def test_interface_lists_candidates(frozen):
 
 
 def test_names_resolve_with_or_without_index(frozen):
-    ins, outs = graphdef.resolve(frozen, None, "detection_boxes, num_detections:0")
+    ins, outs = frozen_graph.resolve(frozen, None, "detection_boxes, num_detections:0")
     assert ins == ["image_tensor:0"]
     assert outs == ["detection_boxes:0", "num_detections:0"]
-    assert graphdef.resolve(frozen, "image_tensor:0", ["detection_scores"])[0] == \
+    assert frozen_graph.resolve(frozen, "image_tensor:0", ["detection_scores"])[0] == \
         ["image_tensor:0"]
     # A node's second output.
     nms = next(n.name for n in frozen.node if n.op == "CombinedNonMaxSuppression")
-    assert graphdef.resolve(frozen, None, f"{nms}:1")[1] == [f"{nms}:1"]
+    assert frozen_graph.resolve(frozen, None, f"{nms}:1")[1] == [f"{nms}:1"]
 
 
 @pytest.mark.parametrize("inputs,outputs,message", [
@@ -144,14 +144,14 @@ def test_names_resolve_with_or_without_index(frozen):
 ])
 def test_resolution_errors_list_the_candidates(frozen, inputs, outputs, message):
     with pytest.raises(UsageError) as raised:
-        graphdef.resolve(frozen, inputs, outputs, "x.pb")
+        frozen_graph.resolve(frozen, inputs, outputs, "x.pb")
     assert message in str(raised.value)
     assert "\n" not in str(raised.value)
 
 
 def test_missing_outputs_suggest_every_candidate(frozen):
     with pytest.raises(UsageError, match="pass --outputs, e.g. --outputs=detection_boxes,"):
-        graphdef.resolve(frozen)
+        frozen_graph.resolve(frozen)
 
 
 def test_several_placeholders_need_inputs():
@@ -164,20 +164,20 @@ def test_several_placeholders_need_inputs():
     add.attr["T"].type = 1
     with pytest.raises(UsageError, match=r"has 2 Placeholders \(a:0 \(float32 \[...\]\), "
                                          r"b:0 .*pass --inputs"):
-        graphdef.resolve(graph_def)
+        frozen_graph.resolve(graph_def)
     # The only node nothing consumes is the output.
-    assert graphdef.resolve(graph_def, "a,b") == (["a:0", "b:0"], ["sum:0"])
-    keys_in, keys_out = graphdef.signature_keys(["a:0", "b:0"], ["sum:0"])
+    assert frozen_graph.resolve(graph_def, "a,b") == (["a:0", "b:0"], ["sum:0"])
+    keys_in, keys_out = frozen_graph.signature_keys(["a:0", "b:0"], ["sum:0"])
     assert keys_in == {"a": "a:0", "b": "b:0"} and keys_out == {"sum": "sum:0"}
 
 
 def test_signature_keys():
-    assert graphdef.signature_keys(["image_tensor:0"], ["detection_boxes:0", "x:1"]) == (
+    assert frozen_graph.signature_keys(["image_tensor:0"], ["detection_boxes:0", "x:1"]) == (
         {"inputs": "image_tensor:0"}, {"detection_boxes": "detection_boxes:0", "x:1": "x:1"})
-    assert graphdef.signature_keys(["image_tensor:0"], ["y:0"], "images")[0] == \
+    assert frozen_graph.signature_keys(["image_tensor:0"], ["y:0"], "images")[0] == \
         {"images": "image_tensor:0"}
     with pytest.raises(UsageError, match="one distinct key per input"):
-        graphdef.signature_keys(["a:0", "b:0"], ["y:0"], "x,x")
+        frozen_graph.signature_keys(["a:0", "b:0"], ["y:0"], "x,x")
 
 
 def test_converted_saved_model_answers_like_the_graph_def(sample, converted):
@@ -207,7 +207,7 @@ def test_converted_signature(converted):
 
 
 def test_unused_nodes_are_dropped(sample, tmp_path):
-    export = graphdef.convert(sample.frozen_graph, str(tmp_path / "1"),
+    export = frozen_graph.convert(sample.frozen_graph, str(tmp_path / "1"),
                               outputs="num_detections", input_keys="images")
     assert export.inputs == {"images": "image_tensor:0"}
     assert export.dropped > 0 and export.nodes > 0
@@ -239,7 +239,7 @@ def test_a_graph_def_with_a_host_op_is_refused(tmp_path):
     path = tmp_path / "frozen.pb"
     path.write_bytes(_graph_with_write_file().SerializeToString())
     with pytest.raises(ServingOptError, match="WriteFile node 'write_it'.*refusing to convert"):
-        graphdef.convert(str(path), str(tmp_path / "1"))
+        frozen_graph.convert(str(path), str(tmp_path / "1"))
     assert not (tmp_path / "1").exists()
     assert not os.path.exists("/tmp/serving_opt_never_written")
 
@@ -253,7 +253,7 @@ def test_an_unfrozen_graph_is_refused():
         w = v1.Variable(np.ones((2, 1), np.float32), name="w", use_resource=False)
         tf.matmul(x, w, name="y")
     with pytest.raises(ServingOptError, match="is not frozen: its outputs read variable w"):
-        graphdef.to_serving_graph(graph.as_graph_def(), "x", "y", path="g.pb")
+        frozen_graph.to_serving_graph(graph.as_graph_def(), "x", "y", path="g.pb")
 
 
 @pytest.mark.parametrize("make,message", [
@@ -268,7 +268,7 @@ def test_an_unfrozen_graph_is_refused():
 def test_files_that_are_no_graph_def_are_refused(tmp_path, make, message):
     path = make(tmp_path)
     with pytest.raises(ServingOptError) as raised:
-        graphdef.read_graph_def(path)
+        frozen_graph.read_graph_def(path)
     assert message in str(raised.value) and "\n" not in str(raised.value)
     assert raised.value.fix
 
@@ -284,9 +284,9 @@ def _fifo(path) -> str:
 
 
 def test_is_graph_def_path(tmp_path, sample):
-    assert graphdef.is_graph_def_path(sample.frozen_graph)
-    assert not graphdef.is_graph_def_path(sample.saved_model_dir)
-    assert not graphdef.is_graph_def_path(os.path.join(sample.saved_model_dir,
+    assert frozen_graph.is_graph_def_path(sample.frozen_graph)
+    assert not frozen_graph.is_graph_def_path(sample.saved_model_dir)
+    assert not frozen_graph.is_graph_def_path(os.path.join(sample.saved_model_dir,
                                                        "saved_model.pb"))
 
 
@@ -294,7 +294,7 @@ def test_is_graph_def_path(tmp_path, sample):
 
 
 def test_write_graph_def_from_a_frozen_saved_model(converted, sample, tmp_path):
-    written = graphdef.write_graph_def(graphdef.saved_model_graph(converted.export_dir),
+    written = frozen_graph.write_graph_def(frozen_graph.saved_model_graph(converted.export_dir),
                                        str(tmp_path / "out" / "model.pb"))
     assert written.inputs == {"inputs": "image_tensor:0"}
     assert set(written.outputs.values()) == {f"{n}:0" for n in OUTPUTS}
@@ -308,18 +308,18 @@ def test_write_graph_def_from_a_frozen_saved_model(converted, sample, tmp_path):
 
 
 def test_write_graph_def_refuses_kept_variables(sample, tmp_path):
-    kept = graphdef.saved_model_graph(sample.saved_model_dir)
+    kept = frozen_graph.saved_model_graph(sample.saved_model_dir)
     assert kept.variables_dir
     with pytest.raises(ServingOptError, match="needs a frozen model, and this one keeps its "
                                               "variables.*--freeze=always"):
-        graphdef.write_graph_def(kept, str(tmp_path / "model.pb"))
+        frozen_graph.write_graph_def(kept, str(tmp_path / "model.pb"))
     assert not os.path.exists(tmp_path / "model.pb")
 
 
 def test_write_graph_def_refuses_an_init_op(frozen, tmp_path):
-    graph = graphdef.to_serving_graph(frozen, outputs=OUTPUTS)
+    graph = frozen_graph.to_serving_graph(frozen, outputs=OUTPUTS)
     with_init = ServingGraph(graph.graph_def, graph.signature_defs, graph.tags,
                              init_op="init_all_tables", init_op_source="main_op")
     with pytest.raises(ServingOptError, match="cannot carry the model's init op "
                                               "init_all_tables"):
-        graphdef.write_graph_def(with_init, str(tmp_path / "model.pb"))
+        frozen_graph.write_graph_def(with_init, str(tmp_path / "model.pb"))

@@ -20,10 +20,10 @@ This module is the API rest.py uses; the work is done, one idea a module, by:
 Errors are ``{"error": "<message>"}``.
 
 Example:
-    >>> from serving_opt.serving.model_server import json_tensor
-    >>> json_tensor.parse_json(b'{"inputs": [1, 2]}')
+    >>> from serving_opt.serving.model_server import json_codec
+    >>> json_codec.parse_json(b'{"inputs": [1, 2]}')
     {'inputs': [1, 2]}
-    >>> json_tensor.error_json("Missing 'inputs' or 'instances' key")[:14]
+    >>> json_codec.error_json("Missing 'inputs' or 'instances' key")[:14]
     b'{\\n    "error"'
 """
 
