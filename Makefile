@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@if command -v bazel >/dev/null 2>&1 && [ -f .bazelrc.offline ]; then \
 	  bazel sync --only=serving_opt_venv_python --noshow_progress >/dev/null 2>&1 || true; fi
 
-# bubblewrap: every process that runs a model runs in its sandbox (serving_opt/sandbox.py).
+# bubblewrap: every process that runs a model runs in its sandbox (serving_opt/sandbox/).
 SANDBOX_STAMP := $(VENV)/.installed-bwrap
 $(SANDBOX_STAMP): $(STAMP)
 	@command -v bwrap >/dev/null 2>&1 || { \

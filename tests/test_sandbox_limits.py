@@ -216,7 +216,7 @@ _WRITE_UNLINKED = """
 
 
 def test_files_removed_but_held_open_count_against_the_write_limit(tmp_path, monkeypatch):
-    from serving_opt import sandbox_limits
+    from serving_opt.sandbox import limits as sandbox_limits
 
     policy = sandbox.Policy(writable=(str(tmp_path),), write_bytes=8 * MIB)
     process, out = _run(_WRITE_UNLINKED, policy, str(tmp_path), "24", str(MIB), "300")

@@ -11,8 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from serving_opt import sandbox, sandbox_results
+from serving_opt import sandbox
 from serving_opt.errors import ServingOptError
+from serving_opt.sandbox import results as sandbox_results
 from serving_opt.serving.results import Check, LoadTest, ValidationReport
 
 

@@ -219,6 +219,6 @@ def test_upstream_is_compared_by_the_mean_of_its_first_and_last_measurement(repo
 
 def test_the_report_crosses_the_sandbox_boundary_unchanged(report):
     # tune's report comes back from its sandboxed worker as the boundary's JSON schema.
-    from serving_opt import sandbox_results
+    from serving_opt.sandbox import results as sandbox_results
 
     assert sandbox_results.loads(sandbox_results.dumps(report)) == report

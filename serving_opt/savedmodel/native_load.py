@@ -54,7 +54,7 @@ bytes): the measured process does not import numpy either.
 
 Trust: this runs a model's graph, unsandboxed. It is for our own benchmark models
 (``benchmarks/int8_memory.py``, the tests); running a user's, untrusted model with it
-would need the project's sandbox (``serving_opt/sandbox.py``), as every other path that
+would need the project's sandbox (``serving_opt/sandbox/``), as every other path that
 runs a model has.
 
     result = measure("build/bench/int8_memory/text_1000000x256/int8/1",

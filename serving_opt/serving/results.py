@@ -2,7 +2,7 @@
 
 The report types live apart from the executor that fills them (``validate``) and the
 code that reads them (``markers``, ``report``), so that neither imports the other. They
-travel out of the sandbox as JSON of an explicit schema (``serving_opt.sandbox_results``
+travel out of the sandbox as JSON of an explicit schema (``serving_opt.sandbox.results``
 lists them), so they hold data only.
 """
 

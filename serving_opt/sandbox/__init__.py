@@ -19,7 +19,7 @@ local server under ``validate``, ``compare``'s workers) run under bubblewrap
   capabilities and no nested user namespace, hostname ``sandbox``, the environment
   reduced to the settings TensorFlow and its libraries read (by name); a seccomp
   filter denies the system calls no model needs (:func:`seccomp_program`);
-* limits (:mod:`serving_opt.sandbox_limits`): memory (``RLIMIT_DATA``, every process
+* limits (:mod:`serving_opt.sandbox.limits`): memory (``RLIMIT_DATA``, every process
   of the sandbox), sized tmpfs mounts, threads and processes (a pids cgroup of its own
   where the host lets serving_opt make one, else ``RLIMIT_NPROC`` inside, else for
   root a watchdog counting its tasks), what it writes to the host's disk
@@ -28,11 +28,11 @@ local server under ``validate``, ``compare``'s workers) run under bubblewrap
   (``--sandbox_timeout_seconds``; :data:`DEFAULT_TIMEOUT_SECONDS` unless the command
   sets its own), and bounded output (progress lines, the stderr tail);
 * no procfs: ``/proc`` holds the CPU and memory facts TensorFlow reads and a neutral
-  ``self/exe``/``self/cmdline`` (``sandbox_view``): a real one shows host paths in
+  ``self/exe``/``self/cmdline`` (``sandbox.view``): a real one shows host paths in
   ``mountinfo``; no ``/sys/fs/cgroup`` (the host's cgroup tree).
 
 What comes back out is data, not code: a result crosses as JSON of an explicit schema
-(:mod:`serving_opt.sandbox_results`), which imports nothing a file names; the published
+(:mod:`serving_opt.sandbox.results`), which imports nothing a file names; the published
 model is checked statically again outside.
 
 Where bubblewrap cannot run (not installed, no user namespaces, not Linux),
@@ -59,10 +59,10 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from serving_opt import sandbox_results
 from serving_opt.errors import ServingOptError
-from serving_opt.sandbox_interpreter import interpreter_dirs  # noqa: F401 - public here
-from serving_opt.sandbox_limits import (  # noqa: F401 - public here
+from serving_opt.sandbox import results as sandbox_results
+from serving_opt.sandbox.interpreter import interpreter_dirs  # noqa: F401 - public here
+from serving_opt.sandbox.limits import (  # noqa: F401 - public here
     MAX_THREADS,
     WRITE_BYTES,
     Watchdog,
@@ -74,7 +74,7 @@ from serving_opt.sandbox_limits import (  # noqa: F401 - public here
     remove_cgroup,
     write_limit,
 )
-from serving_opt.sandbox_view import (  # noqa: F401 - public here
+from serving_opt.sandbox.view import (  # noqa: F401 - public here
     HOSTNAME,
     SANDBOX_UID,
     SHM_BYTES,
@@ -607,8 +607,3 @@ def _serve(preload: str, result_path: str) -> int:
         f.write(data)
     os.replace(result_path + ".tmp", result_path)
     return 0
-
-
-if __name__ == "__main__":
-    loader.keep_plotting_out()
-    sys.exit(_serve(sys.argv[1], sys.argv[2]))

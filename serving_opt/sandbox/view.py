@@ -33,9 +33,10 @@ def _python_binds() -> list[tuple[str, str]]:
 
 
 def _package_dir() -> str:
-    # This module's own folder: importing the package root would tie the sandbox to
-    # everything the root re-exports (the optimizer, lazily) in the import graph.
-    return os.path.dirname(os.path.realpath(__file__))
+    # serving_opt's folder, from this module's own path (serving_opt/sandbox/view.py):
+    # importing the package root would tie the sandbox to everything the root re-exports
+    # (the optimizer, lazily) in the import graph.
+    return os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 
 def package_parent() -> str:
