@@ -108,6 +108,17 @@ class _HeadTooLarge(Exception):
     pass
 
 
+class _SandboxStopped(Exception):
+    """The sandbox stopped reading the request (it answers from what it read)."""
+
+
+def _send(sock: socket.socket, data: bytes) -> None:
+    try:
+        sock.sendall(data)
+    except OSError:
+        raise _SandboxStopped() from None
+
+
 class _Connection:
     def __init__(self, sock: socket.socket, order: int) -> None:
         self.sock = sock
@@ -238,8 +249,11 @@ class RestFront:
         forwarded = b"".join(line + b"\r\n" for line in lines
                              if not line.lower().startswith(b"expect:")) + b"\r\n"
         upstream = self._upstream(connection, _model(target))
-        upstream.sock.sendall(forwarded)
-        complete = self._pass_body(client, upstream.sock, framing)
+        try:
+            _send(upstream.sock, forwarded)
+            complete = self._pass_body(client, upstream.sock, framing)
+        except _SandboxStopped:
+            complete = False
         connection.waiting_on_client = False
         keep = self._pass_answer(connection, upstream, method == b"HEAD")
         connection.waiting_on_client = True
@@ -284,7 +298,7 @@ class RestFront:
         left = framing
         while left:
             piece = client.take(min(left, _PIECE), HEADER_TIMEOUT)
-            upstream.sendall(piece)
+            _send(upstream, piece)
             left -= len(piece)
         return True
 
@@ -355,7 +369,7 @@ def _pass_chunked(client: _Reader, upstream: socket.socket, max_body: int) -> bo
     total = 0
     while True:
         line = client.line(_MAX_CHUNK_LINE + 1, HEADER_TIMEOUT)
-        upstream.sendall(line)
+        _send(upstream, line)
         size_text = line.split(b";", 1)[0].strip()
         if not line.endswith(b"\n") or not _CHUNK_SIZE.fullmatch(size_text):
             return False
@@ -367,15 +381,15 @@ def _pass_chunked(client: _Reader, upstream: socket.socket, max_body: int) -> bo
             return False
         while size:
             piece = client.take(min(size, _PIECE), HEADER_TIMEOUT)
-            upstream.sendall(piece)
+            _send(upstream, piece)
             size -= len(piece)
         end = client.line(3, HEADER_TIMEOUT)
-        upstream.sendall(end)
+        _send(upstream, end)
         if end not in (b"\r\n", b"\n"):
             return False
     for _ in range(_MAX_TRAILERS):
         line = client.line(_MAX_CHUNK_LINE + 1, HEADER_TIMEOUT)
-        upstream.sendall(line)
+        _send(upstream, line)
         if line in (b"\r\n", b"\n"):
             return True
     return False
