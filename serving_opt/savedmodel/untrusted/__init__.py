@@ -68,7 +68,7 @@ Three things a node's op type does not say are read too:
   function nothing references, a ``library.gradient``, the top level) is a finding.
   Each (function, placeholder) is resolved once, to the distinct values reaching it
   (k call sites over d levels are k**d chains, not k**d values); past
-  ``untrusted_nodes._MAX_BINDING_WORK`` steps for a graph the op is refused
+  ``node_rules._MAX_BINDING_WORK`` steps for a graph the op is refused
   unresolved, never guessed.
 * **Escaping assets**: an asset of asset_file_def or of the TF1 ``saved_model_assets``
   collection whose filename, read as TF's C++ file layer opens it, is not a file
@@ -83,8 +83,8 @@ Three things a node's op type does not say are read too:
 Everything else is a finding: :func:`host_op_uses` lists them, ``inspect`` rates them,
 and :func:`refuse_host_ops` turns the first into the one-line error ``optimize``,
 ``validate`` and ``compare`` raise before running the model; ``--allow_file_ops`` opts
-in. The parts live beside this module: ``untrusted_graph`` (the index of a graph),
-``untrusted_nodes`` (what one node does), ``untrusted_saver`` and ``untrusted_assets``
+in. The parts are this package's modules: ``reach`` (the index of a graph and what
+reaches what), ``node_rules`` (what one node does), ``saver_shape`` and ``asset_reads``
 (the loader's own uses of files).
 
 Example:
@@ -112,10 +112,10 @@ from serving_opt.host_ops import (
     WRITES_FILES,
 )
 from serving_opt.savedmodel.asset_paths import asset_path_problem, shown_filename
-from serving_opt.savedmodel.untrusted_assets import _Assets, _declared_assets
-from serving_opt.savedmodel.untrusted_graph import _Graph, _Root
-from serving_opt.savedmodel.untrusted_nodes import _node_findings
-from serving_opt.savedmodel.untrusted_saver import _Saver
+from serving_opt.savedmodel.untrusted.asset_reads import _Assets, _declared_assets
+from serving_opt.savedmodel.untrusted.node_rules import _node_findings
+from serving_opt.savedmodel.untrusted.reach import _Graph, _Root
+from serving_opt.savedmodel.untrusted.saver_shape import _Saver
 
 INIT_OP = "init op"  # the pseudo-signature name of the loader's init op
 

@@ -14,7 +14,7 @@ from serving_opt.host_ops import (
     conditional_kind,
     host_op_kind,
 )
-from serving_opt.savedmodel.untrusted_graph import _data_inputs, _follow_identity, _Graph
+from serving_opt.savedmodel.untrusted.reach import _data_inputs, _follow_identity, _Graph
 
 # How many graphs deep an embedded graph (a GraphDef in a DatasetFromGraph constant,
 # holding another) is read; deeper ones are refused.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from serving_opt.graph import node_name, tensor_info_nodes
 from serving_opt.host_ops import ASSET_READ_OPS
-from serving_opt.savedmodel.untrusted_graph import (
+from serving_opt.savedmodel.untrusted.reach import (
     _data_inputs,
     _follow_identity,
     _Graph,
