@@ -71,10 +71,14 @@ def served(reader_base, classifier_base, stale_socket, tmp_path_factory):
     with pytest.raises(OSError):  # control: a plain bind there fails
         probe.bind(stale_socket)
     probe.close()
-    config = write_model_config(str(tmp_path_factory.mktemp("config") / "models.config"),
+    config_dir = tmp_path_factory.mktemp("config")
+    config = write_model_config(str(config_dir / "models.config"),
                                 {"reader": reader_base, "m": classifier_base})
+    monitoring = config_dir / "monitoring.config"
+    monitoring.write_text('prometheus_config { enable: true path: "/metrics" }')
     process = subprocess.Popen(
         serve_command(f"--model_config_file={config}", "--port=0", "--rest_api_port=-1",
+                      f"--monitoring_config_file={monitoring}",
                       f"--grpc_socket_path={stale_socket}", "--allow_file_ops",
                       "--max_num_load_retries=0", "--file_system_poll_wait_seconds=0"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=serve_env(),
@@ -250,3 +254,16 @@ def test_when_one_sandbox_dies_serve_stops_with_its_code(reader_base, classifier
         stop_process(process)
     assert code == 128 + signal.SIGKILL
     assert "a sandboxed server was killed (SIGKILL" in stderr
+
+
+def test_the_metrics_page_holds_every_sandboxs_series(served):
+    own = os.path.join(served["reader"], "1", "saved_model.pb")
+    assert _rest(served["rest"], "/v1/models/reader:predict", {"inputs": {"path": own}})[0] == 200
+    assert _rest(served["rest"], "/v1/models/m:predict", {"instances": [1]})[0] == 400
+    with urllib.request.urlopen(f"http://{served['rest']}/metrics", timeout=60) as reply:
+        page = reply.read().decode()
+    # Each model's series come from its own sandbox's page.
+    assert 'request_count{model_name="reader",status="OK"}' in page
+    assert 'request_count{model_name="m",status="INVALID_ARGUMENT"}' in page
+    types = [line for line in page.splitlines() if line.startswith("# TYPE")]
+    assert len(types) == len(set(types)) > 0

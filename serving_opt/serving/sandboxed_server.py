@@ -330,7 +330,7 @@ class SandboxedServer:
             first = self._children[0].rest_path
             self._front = rest_front.RestFront(
                 self._rest, lambda name: paths.get(name, first), self._max_request_bytes,
-                rest_limit)
+                rest_limit, everyone=tuple(child.rest_path for child in self._children))
             self._front.start()
 
     def _ready_line(self) -> str:

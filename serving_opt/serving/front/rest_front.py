@@ -34,6 +34,7 @@ WRITE_TIMEOUT = 60.0
 # port's half-open connections give theirs back within its handshake timeout.
 UPSTREAM_WAIT = 30.0
 MAX_HEAD_BYTES = 64 << 10
+MAX_PAGE_BYTES = 64 << 20  # a sandbox's metrics page, read whole to be merged
 _PIECE = 1 << 18
 _BACKOFF_SECONDS = 0.05
 # Accept errors that say nothing about the listener: each ends one connection attempt.
@@ -140,12 +141,14 @@ class _Connection:
 class RestFront:
     """Serves ``listener`` (bound, not yet listening) until :meth:`close`; ``route`` maps
     a model name (None: no name in the path) to the unix socket of a sandbox's REST
-    listener."""
+    listener; ``everyone`` lists them all, first the one ``route`` gives for None."""
 
     def __init__(self, listener: socket.socket, route: Callable[[str | None], str],
-                 max_body_bytes: int, max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_body_bytes: int, max_connections: int = MAX_CONNECTIONS,
+                 everyone: tuple[str, ...] = ()) -> None:
         self._listener = listener
         self._route = route
+        self._everyone = everyone
         self._max_body = max_body_bytes
         self._max_connections = max_connections
         self._lock = threading.Lock()
@@ -248,7 +251,14 @@ class RestFront:
             connection.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
         forwarded = b"".join(line + b"\r\n" for line in lines
                              if not line.lower().startswith(b"expect:")) + b"\r\n"
-        upstream = self._upstream(connection, _model(target))
+        name = _model(target)
+        if (name is None and len(self._everyone) > 1 and method == b"GET" and framing == 0
+                and not target.lower().startswith(b"/v1/")):
+            connection.waiting_on_client = False
+            self._gather(connection, forwarded)
+            return b"close" not in fields.get(b"connection", b"").lower() and \
+                version != b"HTTP/1.0"
+        upstream = self._upstream(connection, self._route(name))
         try:
             _send(upstream.sock, forwarded)
             complete = self._pass_body(client, upstream.sock, framing)
@@ -262,8 +272,27 @@ class RestFront:
             keep = keep and b"keep-alive" in connection_field
         return keep and complete and b"close" not in connection_field
 
-    def _upstream(self, connection: _Connection, name: str | None) -> _Reader:
-        path = self._route(name)
+    def _gather(self, connection: _Connection, forwarded: bytes) -> None:
+        """A page outside the API (the Prometheus metrics): every sandbox's, merged when
+        all are text pages (each model's series are in its own sandbox's page); else the
+        first sandbox's answer."""
+        answers = []
+        for path in self._everyone:
+            upstream = self._upstream(connection, path)
+            _send(upstream.sock, forwarded)
+            answers.append(_whole_answer(upstream))
+            connection.upstreams.pop(path).sock.close()
+        pages = [body for status, fields, body, _ in answers
+                 if status == 200 and fields.get(b"content-type", b"").startswith(b"text/plain")]
+        connection.sock.settimeout(WRITE_TIMEOUT)
+        if len(pages) < len(answers):
+            connection.sock.sendall(answers[0][3] + answers[0][2])
+            return
+        body = merge_prometheus(pages)
+        connection.sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
+                                b"\r\n%s" % (answers[0][1][b"content-type"], len(body), body))
+
+    def _upstream(self, connection: _Connection, path: str) -> _Reader:
         reader = connection.upstreams.get(path)
         if reader is not None:
             return reader
@@ -332,6 +361,51 @@ class RestFront:
             del connection.upstreams[path]
             upstream.sock.close()
         return True
+
+
+def _whole_answer(upstream: _Reader) -> tuple[int, dict[bytes, bytes], bytes, bytes]:
+    """(status, fields, body, head) of an answer with a Content-Length, read whole."""
+    head = upstream.head(HEADER_TIMEOUT)
+    if head is None:
+        raise _Gone()
+    lines = [line.rstrip(b"\r") for line in head.split(b"\n")]
+    fields = _fields(lines[1:])
+    length = fields.get(b"content-length", b"")
+    if not _CONTENT_LENGTH.fullmatch(length) or int(length) > MAX_PAGE_BYTES:
+        raise _Gone()
+    left, pieces = int(length), []
+    while left:
+        pieces.append(upstream.take(min(left, _PIECE), HEADER_TIMEOUT))
+        left -= len(pieces[-1])
+    return int(lines[0].split()[1]), fields, b"".join(pieces), head
+
+
+def merge_prometheus(pages: list[bytes]) -> bytes:
+    """Prometheus text pages as one: each family's HELP/TYPE lines once (from the first
+    page that has it), then its samples from every page."""
+    order: list[bytes] = []
+    headers: dict[bytes, list[bytes]] = {}
+    samples: dict[bytes, list[bytes]] = {}
+    for page in pages:
+        family = b""
+        for line in page.splitlines():
+            if not line.strip():
+                continue
+            parts = line.split()
+            if line.startswith((b"# HELP ", b"# TYPE ")) and len(parts) > 2:
+                family = parts[2]
+                if family not in headers:
+                    order.append(family)
+                    headers[family], samples[family] = [], []
+                if not any(h.split()[:3] == parts[:3] for h in headers[family]):
+                    headers[family].append(line)
+                continue
+            if family not in samples:
+                order.append(family)
+                headers[family], samples[family] = [], []
+            samples[family].append(line)
+    return b"".join(line + b"\n" for family in order
+                    for line in headers[family] + samples[family])
 
 
 def _fields(lines: list[bytes]) -> dict[bytes, bytes]:
