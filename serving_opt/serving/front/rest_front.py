@@ -1,7 +1,9 @@
 """The host's REST port: reads each request's head (bounded, within a timeout), picks the
-sandbox serving the model the path names (``/v1/models/<name>...``; any other path, the
-metrics page included, goes to the first sandbox), and passes the request and its answer
-through that sandbox's REST listener, a unix socket in the private run directory.
+sandbox serving the model the path names (``/v1/models/<name>...``; another API path goes
+to the first sandbox, which answers it as upstream does), and passes the request and its
+answer through that sandbox's REST listener, a unix socket in the private run directory.
+A GET outside ``/v1/`` (the Prometheus page) is asked of every sandbox and the text pages
+merged, each model's series being in its own sandbox's page.
 
 Bounds, as upstream's libevent front end has them: at most ``max_connections`` client
 connections, a head must arrive within :data:`HEADER_TIMEOUT` of its first byte, a kept-
