@@ -212,7 +212,8 @@ def test_the_router_sends_each_call_to_its_models_sandbox_and_relays_the_outcome
 
             reply, call = ask("b")
             assert reply.startswith(b"b:")
-            assert 0 < float(dict(call.trailing_metadata())["left"]) <= 60  # the deadline
+            # The deadline went along (without one, time_remaining is decades).
+            assert 0 < float(dict(call.trailing_metadata())["left"]) < 120
             assert ask("nope")[0].startswith(b"a:")  # no such model: the first sandbox
             with pytest.raises(grpc.RpcError) as failed:
                 ask("b", b"\x1a\x04fail")  # an output_filter "fail"
