@@ -281,6 +281,18 @@ def host_listener() -> tuple[socket.socket, str]:
     return listener, f"127.0.0.1:{listener.getsockname()[1]}"
 
 
+def run_in_plain_tensorflow(export_dir: str, words: list[str] | None = None) -> dict:
+    """Load ``export_dir`` with TF's own loader and answer one request (``REQUEST``, or
+    ``words`` for a string input), in this process and outside any sandbox: the control
+    that shows what a route does to the host when nothing stands in the way."""
+    with tf.Graph().as_default(), v1.Session() as session:
+        meta_graph = v1.saved_model.loader.load(session, ["serve"], export_dir)
+        signature = meta_graph.signature_def["serving_default"]
+        feed = {info.name: (words if info.dtype == tf.string.as_datatype_enum else REQUEST)
+                for info in signature.inputs.values()}
+        return session.run({k: v.name for k, v in signature.outputs.items()}, feed)
+
+
 def canary_files(canary: str) -> list[str]:
     """Files a run created for ``canary`` (a checkpoint writes ``canary.index``, ...)."""
     directory, base = os.path.split(canary)
@@ -291,7 +303,7 @@ def canary_files(canary: str) -> list[str]:
 
 
 __all__ = ["HOSTILE", "REQUEST", "Hostile", "canary_files", "host_listener",
-           "build_gradient_host_op",
+           "build_gradient_host_op", "run_in_plain_tensorflow",
            "build_init_op_write", "build_register_dataset", "build_restore_hook",
            "build_saver_save_in_signature", "build_table_asset_in_signature",
            "build_table_path_argument"]

@@ -12,23 +12,37 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import pickle
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
 import time
 import types
+from dataclasses import dataclass
 
 import pytest
 from conftest import tree_snapshot
-from hostile_models import HOSTILE, REQUEST, canary_files, host_listener
+from hostile_models import (
+    HOSTILE,
+    REQUEST,
+    canary_files,
+    host_listener,
+    run_in_plain_tensorflow,
+)
 
 from serving_opt import OptimizeOptions, optimize, sandbox
 from serving_opt.errors import ServingOptError
 
 SECRET = "host-secret-7f3a9c"
+# The secret is the file's second line: a table filled from it looks SECRET up as id 1,
+# so the request answers w[1] = 2.0 (a missing key answers w[0] = 1.0).
+HOST_FILE = f"padding\n{SECRET}\n"
 QUICK = dict(benchmark_runs=0, cold_start=False, allow_file_ops=True, parity_batches=1)
+WRITE_ROUTES = [r for r, h in HOSTILE.items() if h.effect == "writes"]
+READ_ROUTES = [r for r, h in HOSTILE.items() if h.effect == "reads"]
 
 
 @pytest.fixture
@@ -44,109 +58,167 @@ def static_check_off(monkeypatch):
     monkeypatch.setattr(validate_lib, "_refuse_host_ops", lambda *a, **k: None)
 
 
-@pytest.fixture
-def host(tmp_path):
-    """A host directory the model names but no sandbox binds: the canary lives here."""
-    directory = tmp_path / "host"
-    directory.mkdir()
-    return directory
+@dataclass(frozen=True)
+class Built:
+    model: str  # <models>/<route>/1
+    host: pathlib.Path  # the host directory the canary lives in, empty but for it
+    canary: pathlib.Path
 
 
-def _build(route: str, tmp_path, canary: str) -> str:
-    return HOSTILE[route].build(str(tmp_path / "models"), canary)
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory) -> dict[str, Built]:
+    """Every file route built once for the module, each naming a host canary of its own,
+    and its control: run by plain TensorFlow outside any sandbox, the model did write the
+    canary, or did read the secret out of it (the written files are removed again)."""
+    root = tmp_path_factory.mktemp("hostile")
+    built = {}
+    for route in WRITE_ROUTES + READ_ROUTES:
+        host = root / "host" / route
+        host.mkdir(parents=True)
+        canary = host / "canary"
+        model = HOSTILE[route].build(str(root / "models"), str(canary))
+        if route in READ_ROUTES:
+            canary.write_text(HOST_FILE)
+            assert run_in_plain_tensorflow(model, [SECRET])["y"].tolist() == [2.0], route
+        else:
+            run_in_plain_tensorflow(model)
+            written = canary_files(str(canary))
+            assert written, f"{route}: plain TensorFlow wrote no canary"
+            for path in written:
+                os.remove(path)
+        built[route] = Built(model, host, canary)
+    return built
 
 
-def _attempt(run) -> ServingOptError | None:
-    try:
-        run()
-    except ServingOptError as e:
-        return e
-    return None
+def _host_untouched(built: Built) -> bool:
+    want = ["canary"] if built.canary.exists() else []
+    return os.listdir(built.host) == want and \
+        (not want or built.canary.read_text() == HOST_FILE)
 
 
-WRITE_ROUTES = [r for r, h in HOSTILE.items() if h.effect == "writes"]
-READ_ROUTES = [r for r, h in HOSTILE.items() if h.effect == "reads"]
+def _saves_into_a_missing_directory(built: Built) -> str:
+    """What SaveV2 raises in the sandbox: unlike WriteFile it creates no directory, and
+    the canary's does not exist there (proof the op ran, and where)."""
+    return rf"{re.escape(str(built.host))}; No such file or directory " \
+        r"\(node dump\)"
 
 
 @pytest.mark.parametrize("route", WRITE_ROUTES)
-def test_optimize_a_writing_model_leaves_the_host_untouched(route, tmp_path, host,
+def test_optimize_a_writing_model_leaves_the_host_untouched(route, tmp_path, hostile,
                                                             static_check_off):
-    canary = str(host / "canary")
-    model = _build(route, tmp_path, canary)
-    before = tree_snapshot(model)
+    # The write runs (the loader or parity's requests run it) and WriteFile's lands in the
+    # sandbox's private /tmp: it succeeds (a failing op fails the run) and the run
+    # publishes. SaveV2's fails on the missing directory, by name.
+    built = hostile[route]
+    before = tree_snapshot(built.model)
     out = tmp_path / "out"
-    _attempt(lambda: optimize(model, str(out), OptimizeOptions(**QUICK)))
-    assert canary_files(canary) == []  # the model's write went to the sandbox's tmpfs
-    assert os.listdir(host) == []
-    assert tree_snapshot(model) == before  # the input is never modified
-    # The model base holds at most the published version: no work directory left.
-    assert [n for n in os.listdir(out) if n != "1"] == [] if out.exists() else True
+    if HOSTILE[route].op == "SaveV2":
+        with pytest.raises(ServingOptError, match=_saves_into_a_missing_directory(built)):
+            optimize(built.model, str(out), OptimizeOptions(**QUICK))
+        assert not (out / "1").exists()
+    else:
+        report = optimize(built.model, str(out), OptimizeOptions(**QUICK))
+        assert report.published and report.sandbox.startswith("bubblewrap")
+    assert canary_files(str(built.canary)) == [] and os.listdir(built.host) == []
+    assert tree_snapshot(built.model) == before  # the input is never modified
+    assert os.listdir(out) in ([], ["1"])  # the work directory went with the run
 
 
 @pytest.mark.parametrize("route", READ_ROUTES)
-def test_optimize_a_reading_model_never_sees_the_host_file(route, tmp_path, host,
+def test_optimize_a_reading_model_never_sees_the_host_file(route, tmp_path, hostile,
                                                           static_check_off):
-    canary = host / "canary"
-    canary.write_text(f"{SECRET}\n")
-    model = _build(route, tmp_path, str(canary))
+    built = hostile[route]
     out = tmp_path / "out"
-    error = _attempt(lambda: optimize(model, str(out), OptimizeOptions(**QUICK)))
-    if error is not None:
-        # The model failed because the file does not exist where it runs: proof that
-        # the sandbox hid it (the file is there on the host).
-        assert "No such file" in str(error) or "not found" in str(error).lower(), str(error)
-    published = tree_snapshot(out) if out.exists() else {}
-    assert not any(SECRET.encode() in data for data in published.values())
-    assert canary.read_text() == f"{SECRET}\n"
+    with pytest.raises(ServingOptError) as failure:
+        optimize(built.model, str(out), OptimizeOptions(**QUICK))
+    # The table's read ran and found no file where the model runs: the sandbox hid it.
+    assert str(built.canary) in str(failure.value), str(failure.value)
+    assert "No such file" in str(failure.value) or "NOT_FOUND" in str(failure.value), \
+        str(failure.value)
+    assert not (out / "1").exists()
+    assert _host_untouched(built)
 
 
-def test_validate_a_hostile_model_leaves_the_host_untouched(tmp_path, host, static_check_off):
-    canary = str(host / "canary")
-    model = _build("init_op_write", tmp_path, canary)
-    base = os.path.dirname(model)
+def test_validate_a_hostile_model_leaves_the_host_untouched(hostile, static_check_off):
     from serving_opt.serving.validate import ValidateOptions, validate
 
-    report = validate(base, ValidateOptions(server="local", allow_file_ops=True,
-                                            concurrency=0, protocols=("grpc",),
-                                            load_deadline=120))
-    # The init op's write fails or lands in the sandbox; either way not on the host.
-    assert canary_files(canary) == []
+    built = hostile["init_op_write"]
+    report = validate(os.path.dirname(built.model),
+                      ValidateOptions(server="local", allow_file_ops=True, concurrency=0,
+                                      protocols=("grpc",), load_deadline=120))
+    # The server loaded it, so its init op's write ran, into the sandbox's /tmp.
+    assert report.ok, report.failures
     assert report.sandbox.startswith("bubblewrap")
+    assert os.listdir(built.host) == []
 
 
-def test_a_requests_write_in_the_served_model_stays_in_the_sandbox(tmp_path, host,
+def test_a_requests_write_in_the_served_model_stays_in_the_sandbox(hostile,
                                                                    static_check_off):
-    canary = str(host / "canary")
-    model = _build("saver_save_in_signature", tmp_path, canary)
     from serving_opt.serving.validate import ValidateOptions, validate
 
-    validate(os.path.dirname(model), ValidateOptions(server="local", allow_file_ops=True,
-                                                     concurrency=2, duration=1.0,
-                                                     protocols=("grpc", "rest"),
-                                                     load_deadline=120))
-    assert canary_files(canary) == []
+    built = hostile["saver_save_in_signature"]
+    # The request's SaveV2 ran in the sandbox and failed there, on the canary's missing
+    # directory.
+    with pytest.raises(ServingOptError, match=_saves_into_a_missing_directory(built)):
+        validate(os.path.dirname(built.model),
+                 ValidateOptions(server="local", allow_file_ops=True, concurrency=2,
+                                 duration=1.0, protocols=("grpc", "rest"),
+                                 load_deadline=120))
+    assert os.listdir(built.host) == []
 
 
-def test_compare_a_hostile_model_leaves_the_host_untouched(tmp_path, host, static_check_off):
+def test_compare_a_hostile_model_leaves_the_host_untouched(tmp_path, hostile,
+                                                           static_check_off):
     pytest.importorskip("apache_beam")
     from serving_opt.compare import CompareOptions, compare
 
-    canary = str(host / "canary")
-    model = _build("gradient_host_op", tmp_path, canary)
+    built = hostile["gradient_host_op"]
     examples = tmp_path / "examples.jsonl"
     examples.write_text("".join(json.dumps({"x": REQUEST}) + "\n" for _ in range(4)))
-    _attempt(lambda: compare(model, model, str(examples),
-                             CompareOptions(allow_file_ops=True)))
-    assert canary_files(canary) == []
+    report = compare(built.model, built.model, str(examples),
+                     CompareOptions(allow_file_ops=True))
+    # Every example ran the gradient, so its WriteFile, in the sandbox.
+    assert report.ok and report.examples == 4, report
+    assert os.listdir(built.host) == []
+
+
+def _run_until(process: subprocess.Popen, done, bound: float = 180) -> None:
+    """Polls ``done()`` until it holds, ``process`` ended or ``bound`` seconds passed
+    (generous: the event comes within seconds), then kills the process group."""
+    deadline = time.monotonic() + bound
+    while process.poll() is None and not done() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if process.poll() is None:
+        os.killpg(process.pid, 9)
+    process.wait()
+
+
+def test_a_network_op_dials_a_host_socket_in_plain_tensorflow(tmp_path):
+    # The control: the same graph, run by TensorFlow outside the sandbox, connects to a
+    # listener on the host's loopback (its client then retries for ever: it is killed).
+    listener, address = host_listener()
+    listener.setblocking(True)
+    listener.settimeout(180)
+    model = HOSTILE["register_dataset"].build(str(tmp_path / "models"), "", address)
+    script = f"from hostile_models import run_in_plain_tensorflow as run; run({model!r})"
+    process = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)})
+    try:
+        connection, _ = listener.accept()
+        connection.close()
+    finally:
+        os.killpg(process.pid, 9)
+        process.wait()
+        listener.close()
 
 
 def test_a_network_op_reaches_no_host_socket(tmp_path):
-    # A listener on the host's loopback; the model's RegisterDataset dials it. The run is
-    # a separate process (static check patched out there too), bounded in time: a
-    # tf.data service client retries for ever, and a sandbox dies with its parent. The
-    # workers' stderr goes to a file, with TensorFlow's info log on: once the client logs
-    # that its dial failed and it will retry, the op has dialed and the run is stopped
-    # (a connection it made would already be in the listener's backlog).
+    # The same model (the control is above) under optimize, the static check patched out
+    # in a separate process: a tf.data service client retries for ever, and a sandbox
+    # dies with its parent. The workers' stderr goes to a file, with TensorFlow's info
+    # log on: once the client logs that its dial failed and it will retry, the op has
+    # dialed and the run is stopped (a connection it made would be in the backlog).
     listener, address = host_listener()
     model = HOSTILE["register_dataset"].build(str(tmp_path / "models"), "", address)
     worker_log = tmp_path / "worker-stderr.log"
@@ -176,17 +248,10 @@ def test_a_network_op_reaches_no_host_socket(tmp_path):
                                    stderr=subprocess.STDOUT, start_new_session=True,
                                    env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})
 
-    def dialed_and_will_retry() -> bool:
-        return worker_log.exists() and \
-            "Failed to register dataset" in worker_log.read_text(errors="replace")
+    def log() -> str:
+        return worker_log.read_text(errors="replace") if worker_log.exists() else ""
 
-    deadline = time.monotonic() + 180
-    while process.poll() is None and not dialed_and_will_retry() \
-            and time.monotonic() < deadline:
-        time.sleep(0.5)
-    if process.poll() is None:
-        os.killpg(process.pid, 9)
-        process.wait()
+    _run_until(process, lambda: "Failed to register dataset" in log())
     try:
         connection, _ = listener.accept()
         connection.close()
@@ -195,24 +260,36 @@ def test_a_network_op_reaches_no_host_socket(tmp_path):
         connected = False
     listener.close()
     assert not connected, "the model reached a host socket"
+    # The op ran and dialed the address; the sandbox's own loopback has nobody there.
+    dial = next((line for line in log().splitlines() if "Failed to register" in line), "")
+    assert address in dial and "Connection refused" in dial, (dial or log()[-3000:])
 
 
 @pytest.mark.parametrize("route", list(HOSTILE))
-def test_without_the_sandbox_the_static_check_alone_refuses(route, tmp_path, host,
+def test_without_the_sandbox_the_static_check_alone_refuses(route, tmp_path, hostile,
                                                             monkeypatch):
     # The sandbox switched off as on a machine without bubblewrap, with the user's
-    # consent to run unsandboxed: nothing but the static check stands in the way.
+    # consent to run unsandboxed: nothing but the static check stands in the way. The
+    # controls (the hostile fixture, the plain-TensorFlow dial) show each route acting.
     monkeypatch.setattr(sandbox, "unavailable_reason", lambda: "switched off by the test")
-    canary = host / "canary"
-    canary.write_text(SECRET)
-    model = _build(route, tmp_path, str(canary))
+    if route in hostile:
+        built = hostile[route]
+        model = built.model
+    else:  # the network route: pointed at a listener nobody reaches when nothing runs
+        listener, address = host_listener()
+        model = HOSTILE[route].build(str(tmp_path / "models"), "", address)
     out = tmp_path / "out"
-    with pytest.raises(ServingOptError):
+    with pytest.raises(ServingOptError, match=rf"^{HOSTILE[route].op} node .*"
+                                              r"refusing to optimize it, nothing was run"):
         optimize(model, str(out), OptimizeOptions(benchmark_runs=0, cold_start=False,
                                                   allow_unsandboxed=True))
-    assert [p for p in canary_files(str(canary)) if p != str(canary)] == []
-    assert canary.read_text() == SECRET
     assert not (out / "1").exists()
+    if route in hostile:
+        assert _host_untouched(built)
+    else:
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+        listener.close()
 
 
 def test_no_sandbox_and_no_consent_refuses_before_running(tmp_path, monkeypatch,
@@ -354,19 +431,19 @@ def test_docker_needs_consent_to_run_unsandboxed(tmp_path, regressor_base, monke
 
 
 def test_validate_never_runs_the_init_op_of_a_version_it_does_not_check(
-        tmp_path, host, regressor_dir, static_check_off, unsandboxed):
+        tmp_path, hostile, regressor_dir, static_check_off, unsandboxed):
     # Both layers off (no sandbox, no static check): only the specific version policy
-    # keeps version 2's init op, a host writer, from running.
+    # keeps version 2's init op, a host writer (its control: the hostile fixture), from
+    # running.
     from serving_opt.serving.validate import ValidateOptions, validate
 
-    canary = str(host / "canary")
-    hostile = _build("init_op_write", tmp_path, canary)
+    built = hostile["init_op_write"]
     base = tmp_path / "base"
     shutil.copytree(regressor_dir, base / "1")
-    shutil.copytree(hostile, base / "2")
+    shutil.copytree(built.model, base / "2")
     report = validate(str(base), ValidateOptions(server="local", version=1, concurrency=0,
                                                  protocols=("grpc",), allow_file_ops=True,
                                                  load_deadline=120, **unsandboxed))
     assert report.ok, report.failures
     assert report.ignored_versions == (2,)
-    assert canary_files(canary) == []
+    assert os.listdir(built.host) == []
