@@ -18,8 +18,9 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# beam: serving-opt compare and its tests (tests/test_compare.py); text: TF Text ops
-	@# for serving-opt serve, as TF Serving links them (tests/test_server_flags.py).
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,beam,text]'
+	@# for serving-opt serve, as TF Serving links them (tests/test_server_flags.py); dask:
+	@# compare on Beam's DaskRunner; kfp: the KFP component (tests/test_kfp_component.py).
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,beam,dask,kfp,text]'
 	@touch $(STAMP)
 	@# Bazel < 7.1 cannot watch the venv: re-list its packages so cached test results of
 	@# the previous venv are not reused (tools/bazel/venv_python.bzl).
