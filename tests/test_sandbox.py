@@ -322,40 +322,56 @@ def test_the_report_says_the_run_was_sandboxed(through_a_symlink):
     assert entries == ["1"]
 
 
-def test_a_sandboxed_process_sees_no_home_no_secrets_and_no_network(tmp_path):
+def test_a_sandboxed_process_sees_no_home_no_secrets_and_no_network(tmp_path, monkeypatch):
     readable = tmp_path / "readable"
     readable.mkdir()
     (readable / "data").write_text("ok")
+    listener, address = host_listener()
+    host, port = address.split(":")
+    monkeypatch.setenv("SERVICE_TOKEN", SECRET)
+    home = os.path.expanduser("~")
     script = textwrap.dedent("""
         import os, socket, sys
+        def attempt(act):
+            try:
+                act()
+                return True
+            except OSError as e:
+                return e.strerror
         out = {}
-        out["home"] = os.path.exists(os.path.expanduser("~root/.bashrc")) or \\
-            os.path.isdir("/root/.cache")
-        out["etc_passwd"] = os.path.exists("/etc/shadow") or os.path.exists("/etc/passwd")
+        out["home"] = sorted(os.listdir(sys.argv[4])) if os.path.isdir(sys.argv[4]) else []
+        out["etc_passwd"] = os.path.exists("/etc/passwd")
         out["readable"] = open(sys.argv[1]).read()
-        try:
-            open(sys.argv[1] + "-new", "w")
-            out["wrote"] = True
-        except OSError:
-            out["wrote"] = False
+        out["wrote"] = attempt(lambda: open(sys.argv[1] + "-new", "w").close())
         s = socket.socket()
-        s.settimeout(5)
-        try:
-            s.connect(("1.1.1.1", 53))
-            out["net"] = True
-        except OSError:
-            out["net"] = False
+        s.settimeout(60)
+        out["net"] = attempt(lambda: s.connect((sys.argv[2], int(sys.argv[3]))))
         out["env"] = sorted(k for k in os.environ if "TOKEN" in k or "SECRET" in k)
         print(repr(out))
     """)
-    env = sandbox.environment()
-    done = subprocess.run(
-        sandbox.command([sys.executable, "-c", script, str(readable / "data")],
-                        sandbox.Policy(read_only=(str(readable),))),
-        capture_output=True, text=True, timeout=120, env=env)
-    out = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307 - our own repr
-    assert out == {"home": False, "etc_passwd": False, "readable": "ok", "wrote": False,
-                   "net": False, "env": []}
+    argv = [sys.executable, "-c", script, str(readable / "data"), host, port, home]
+
+    def run(command, env):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+        return eval(done.stdout.strip().splitlines()[-1])  # noqa: S307 - our own repr
+
+    # The sandbox binds of the home directory only the way to the interpreter (pyenv's).
+    interpreter = {os.path.relpath(os.path.realpath(p), home).split(os.sep)[0]
+                   for p in (sys.executable, sys.base_prefix)} - {".."}
+    # The control: outside the sandbox the same script sees it all, and dials the host.
+    plain = run(argv, dict(os.environ))
+    assert set(plain.pop("home")) - interpreter, "the control sees nothing in the home"
+    assert plain == {"etc_passwd": True, "readable": "ok", "wrote": True, "net": True,
+                     "env": ["SERVICE_TOKEN"]}
+    listener.accept()[0].close()
+    out = run(sandbox.command(argv, sandbox.Policy(read_only=(str(readable),))),
+              sandbox.environment())
+    assert set(out.pop("home")) <= interpreter
+    assert out == {"etc_passwd": False, "readable": "ok",
+                   "wrote": "Read-only file system", "net": "Connection refused", "env": []}
+    with pytest.raises(BlockingIOError):
+        listener.accept()
+    listener.close()
 
 
 def test_environment_drops_credentials(monkeypatch):
