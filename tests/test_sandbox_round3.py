@@ -19,6 +19,7 @@ import time
 
 import pytest
 from conftest import tree_snapshot
+from hostile_models import run_in_plain_tensorflow
 from hostile_models_round3 import (
     build_init_op_blocks,
     build_init_op_lists,
@@ -40,21 +41,33 @@ def _published(out) -> bytes:
 
 # --- item 3: host facts baked into the published model ----------------------------------
 
-def _optimize_fails_reading(tmp_path, path: str) -> bytes:
-    """optimize of a model whose init op reads ``path``: the read fails in the sandbox
-    (the run names the file), and nothing is published."""
-    model = build_init_op_reads(str(tmp_path / "models"), path)
-    out = tmp_path / "out"
-    with pytest.raises(ServingOptError, match=path):
-        optimize(model, str(out), OptimizeOptions(**QUICK))
-    return _published(out)
+PROC_FILES = ["/proc/self/environ", "/proc/sys/kernel/hostname", "/proc/self/mountinfo"]
 
 
-@pytest.mark.parametrize("path", ["/proc/self/environ", "/proc/sys/kernel/hostname",
-                                  "/proc/self/mountinfo"])
-def test_a_model_reads_nothing_of_the_host_in_proc(tmp_path, monkeypatch, path):
+@pytest.fixture(scope="module")
+def proc_readers(tmp_path_factory) -> dict[str, str]:
+    """A model per /proc file, built once, whose init op reads it; the control: loaded by
+    plain TensorFlow outside the sandbox, each read the host's file into ``seen``."""
+    root = tmp_path_factory.mktemp("proc")
+    models = {}
+    for i, path in enumerate(PROC_FILES):
+        model = build_init_op_reads(str(root), path, route=f"reads_{i}")
+        seen = run_in_plain_tensorflow(model)["seen"][0]
+        with open(path, "rb") as f:
+            assert seen and seen.splitlines()[0] == f.read().splitlines()[0], path
+        models[path] = model
+    return models
+
+
+@pytest.mark.parametrize("path", PROC_FILES)
+def test_a_model_reads_nothing_of_the_host_in_proc(tmp_path, monkeypatch, proc_readers,
+                                                   path):
     monkeypatch.setenv("TF_TOKEN_app_terraform_io", f"{SECRET}-tf-token")
-    assert _optimize_fails_reading(tmp_path, path) == b""
+    out = tmp_path / "out"
+    # The init op's read ran and found no such file in the sandbox's /proc.
+    with pytest.raises(ServingOptError, match=rf"{path}.*No such file or directory"):
+        optimize(proc_readers[path], str(out), OptimizeOptions(**QUICK))
+    assert _published(out) == b""
 
 
 def test_procfs_in_the_sandbox_shows_no_host_path(tmp_path):
@@ -164,6 +177,10 @@ def test_a_sandbox_starts_no_more_threads_than_its_limit():
             pass
         print(started, flush=True)
     """)
+    # The control: outside the sandbox the same script starts all 300.
+    plain = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           timeout=120)
+    assert int(plain.stdout.split()[-1]) == 300
     process = sandbox.popen([sys.executable, "-c", script], sandbox.Policy(max_threads=40),
                             stdout=subprocess.PIPE, text=True)
     try:
@@ -197,6 +214,9 @@ def test_compare_examples_bind_only_the_matched_files(tmp_path, monkeypatch):
     try:
         model = build_init_op_lists(str(tmp_path / "models"), str(data / "*"))
         out = tmp_path / "out"
+        # The control: outside the sandbox the model lists the secret and the socket.
+        listed = run_in_plain_tensorflow(model)["seen"][0]
+        assert f"{SECRET}.txt".encode() in listed and b"agent.sock" in listed
         monkeypatch.chdir(data)
         optimize(model, str(out), OptimizeOptions(**QUICK, compare_examples="eval-*.jsonl"))
         published = _published(out)
@@ -254,6 +274,8 @@ def test_a_models_stderr_is_kept_to_its_tail(tmp_path, monkeypatch):
     model = _leaking_model(str(tmp_path / "models" / "shout" / "1"), shout)
     optimize(model, str(tmp_path / "out"), OptimizeOptions(**QUICK))
     assert files and all(os.path.getsize(f) <= sandbox.STDERR_MAX_BYTES for f in files)
+    # The 16 MiB print reached a worker's stderr, and only its tail was kept.
+    assert any(b"e" * (64 << 10) in open(f, "rb").read() for f in files)  # noqa: SIM115
 
 
 def test_the_sandboxs_tmpfs_mounts_are_sized_and_dev_is_read_only(tmp_path):
@@ -346,6 +368,8 @@ def test_a_hard_linked_asset_is_refused(tmp_path, classifier_dir):
     shutil.copytree(classifier_dir, model)
     (model / "assets").mkdir(exist_ok=True)
     os.link(host_secret, model / "assets" / "linked.txt")
+    # The control: what a copy of the model would carry is the host's secret.
+    assert (model / "assets" / "linked.txt").read_text() == SECRET
     out = tmp_path / "out"
     with pytest.raises(ServingOptError, match="hard link"):
         optimize(str(model), str(out), OptimizeOptions(**QUICK))
