@@ -11,6 +11,7 @@ The static check would refuse these models' ReadFile/WriteFile ops: the runs pas
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -305,8 +306,24 @@ def test_the_sandboxs_tmpfs_mounts_are_sized_and_dev_is_read_only(tmp_path):
                    "/dev/big": "Read-only file system", "/big": "Read-only file system"}
 
 
-def test_a_model_that_blocks_for_ever_is_stopped(tmp_path):
-    model = build_init_op_blocks(str(tmp_path / "models"))
+@pytest.fixture(scope="module")
+def blocking_model(tmp_path_factory) -> str:
+    """The model whose init op waits on a queue nobody fills, built once; the control:
+    run by plain TensorFlow, its init op is still waiting when a 2 s deadline cancels it
+    (an op that could finish would have at once)."""
+    import tensorflow as tf
+    from tensorflow.python.saved_model import loader_impl
+
+    model = build_init_op_blocks(str(tmp_path_factory.mktemp("blocks")))
+    with tf.Graph().as_default() as graph, tf.compat.v1.Session() as session:
+        loader_impl.SavedModelLoader(model).load_graph(graph, ["serve"])
+        with pytest.raises(tf.errors.DeadlineExceededError):
+            session.run("main_op", options=tf.compat.v1.RunOptions(timeout_in_ms=2000))
+    return model
+
+
+def test_a_model_that_blocks_for_ever_is_stopped(tmp_path, blocking_model):
+    model = blocking_model
     started = time.monotonic()
     with pytest.raises(ServingOptError, match="--sandbox_timeout_seconds=20"):
         optimize(model, str(tmp_path / "out"),
@@ -352,6 +369,13 @@ def test_files_the_model_wrote_into_its_candidate_are_not_published(tmp_path):
     out = tmp_path / "out"
     pattern = os.path.join(str(out), ".serving-opt-staging-run-*", ".serving-opt-staging-*")
     model = build_request_plants(str(tmp_path / "models"), pattern, SECRET)
+    # The control: run by plain TensorFlow, a request plants into a candidate it finds.
+    candidate = out / ".serving-opt-staging-run-c" / ".serving-opt-staging-1-c"
+    candidate.mkdir(parents=True)
+    run_in_plain_tensorflow(model)
+    assert (candidate / "planted.txt").read_text() == SECRET
+    assert (candidate / "assets.extra" / "tf_serving_warmup_requests").exists()
+    shutil.rmtree(out)
     report = optimize(model, str(out), OptimizeOptions(**QUICK))
     published = tree_snapshot(str(out / "1"))
     assert sorted(published) == ["saved_model.pb"], sorted(published)  # frozen: no variables
@@ -359,8 +383,6 @@ def test_files_the_model_wrote_into_its_candidate_are_not_published(tmp_path):
 
 
 def test_a_hard_linked_asset_is_refused(tmp_path, classifier_dir):
-    import shutil
-
     host_secret = tmp_path / "host" / "secret"
     host_secret.parent.mkdir()
     host_secret.write_text(SECRET)
@@ -395,13 +417,13 @@ def test_the_parent_publishes_only_a_staging_directory_it_created(tmp_path):
             optimizer._own_staging(run, bad)
 
 
-def test_compare_on_a_model_that_blocks_for_ever_is_stopped(tmp_path):
+def test_compare_on_a_model_that_blocks_for_ever_is_stopped(tmp_path, blocking_model):
     pytest.importorskip("apache_beam")
     import json
 
     from serving_opt.compare import CompareOptions, compare
 
-    model = build_init_op_blocks(str(tmp_path / "models"))
+    model = blocking_model
     examples = tmp_path / "requests.jsonl"
     examples.write_text(json.dumps({"x": [[1.0, 2.0, 3.0]]}) + "\n")
     started = time.monotonic()
