@@ -77,6 +77,11 @@ def test_procfs_in_the_sandbox_shows_no_host_path(tmp_path):
     # and the environment.
     bound = tmp_path / "models"
     bound.mkdir()
+    # The control: a process's own /proc/self/environ shows its environment.
+    plain = subprocess.run([sys.executable, "-c",
+                            "import sys; sys.stdout.buffer.write(open('/proc/self/environ',"
+                            " 'rb').read())"], capture_output=True, env={"CANARY": SECRET})
+    assert SECRET.encode() in plain.stdout
     script = textwrap.dedent("""
         import os
         seen = []
@@ -351,6 +356,11 @@ def test_seccomp_denies_what_no_model_needs():
     fd = sandbox.seccomp_pipe()
     if fd is None:
         pytest.skip("no seccomp filter for this architecture")
+    # The control: the same sandbox without the filter lets unshare(0), a no-op, succeed.
+    plain = subprocess.run(sandbox.command([sys.executable, "-c", script], sandbox.Policy()),
+                           capture_output=True, text=True, timeout=120,
+                           env=sandbox.environment())
+    assert eval(plain.stdout.strip().splitlines()[-1])["unshare"] == (0, 0)  # noqa: S307
     try:
         done = subprocess.run(sandbox.command([sys.executable, "-c", script],
                                               sandbox.Policy(), fd),
