@@ -10,6 +10,7 @@ the Beam pipeline (``compare.pipeline``) and turns its result lines into the rep
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -170,12 +171,64 @@ def _plans(meta_graph, candidate_mg, keys: Sequence[str], explicit: bool, kind: 
     return tuple(plans), skipped
 
 
-def _pipeline_options(options: CompareOptions):
+# Runners Beam knows only by their module path (the [dask] extra).
+DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+_RUNNER_PATHS = {"dask": DASK_RUNNER}
+
+
+def _runner(name: str) -> str:
+    return _RUNNER_PATHS.get(name.lower().removesuffix("runner"), name)
+
+
+def _dask_cluster_given(options: CompareOptions) -> bool:
+    return any(a.startswith(("--dask_client_address", "--dask_scheduler_file"))
+               for a in options.pipeline_args)
+
+
+def _is_local(options: CompareOptions) -> bool:
+    """Whether the runner runs the models on this machine: then in the sandbox."""
+    return options.runner.lower().removesuffix("runner") in ("direct", "prism", "interactive")
+
+
+def _check_local_dask(options: CompareOptions) -> None:
+    """Dask without a cluster's address starts one here (:func:`_dask_args`), outside the
+    sandbox: its workers need a /proc of their own and sockets the sandbox does not give."""
+    if _runner(options.runner) == DASK_RUNNER and not _dask_cluster_given(options) \
+            and not options.allow_unsandboxed:
+        raise UsageError(
+            "--runner=DaskRunner without --dask_client_address would start a Dask cluster "
+            "on this machine, outside the sandbox that runs models; nothing was run",
+            "pass --dask_client_address=HOST:PORT of the cluster that runs the models, use "
+            "--direct_num_workers for DirectRunner's sandboxed processes, or pass "
+            "--allow_unsandboxed for models you trust")
+
+
+@contextlib.contextmanager
+def _dask_args(options: CompareOptions, shards: int):
+    """The Dask runner's extra arguments: one partition per shard (its default packs 128
+    items in one, so a few shards would run on one worker) and, with no cluster given, a
+    LocalCluster of ``direct_num_workers`` processes on loopback."""
+    if _runner(options.runner) != DASK_RUNNER:
+        yield []
+        return
+    args = [] if any(a.startswith(("--dask_npartitions", "--dask_partition_size"))
+                     for a in options.pipeline_args) else [f"--dask_npartitions={shards}"]
+    if _dask_cluster_given(options):
+        yield args
+        return
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=options.direct_num_workers, threads_per_worker=1,
+                      processes=True, dashboard_address=None) as cluster:
+        yield [*args, f"--dask_client_address={cluster.scheduler_address}"]
+
+
+def _pipeline_options(options: CompareOptions, more: Sequence[str] = ()):
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    args = [f"--runner={options.runner}"]
-    extra = list(options.pipeline_args)
-    if options.direct_num_workers > 1:
+    args = [f"--runner={_runner(options.runner)}"]
+    extra = [*options.pipeline_args, *more]
+    if options.direct_num_workers > 1 and _runner(options.runner) != DASK_RUNNER:
         args.append(f"--direct_num_workers={options.direct_num_workers}")
         if not any(a.startswith("--direct_running_mode") for a in extra):
             # Threads would share one Python interpreter; processes use every core.
@@ -224,6 +277,7 @@ def compare(baseline: str, candidate: str, examples: str,
     if options.batch_size < 1 or options.worst_k < 0 or options.direct_num_workers < 1:
         raise UsageError("--batch_size and --direct_num_workers must be >= 1, --worst_k >= 0",
                          "e.g. --batch_size=256")
+    _check_local_dask(options)
     from serving_opt import sandbox as sandbox_lib
     from serving_opt.savedmodel import loader, untrusted
 
@@ -236,8 +290,7 @@ def compare(baseline: str, candidate: str, examples: str,
         untrusted.refuse_host_ops(cand_mg, [k for k in keys if k in cand_mg.signature_def],
                                   "compare")
     del base_mg, cand_mg
-    local_runner = options.runner.lower().replace("runner", "") in ("direct", "prism",
-                                                                   "interactive")
+    local_runner = _is_local(options)
     sandboxed = local_runner and sandbox_lib.require(options.allow_unsandboxed,
                                                      f"compare {candidate}")
     if not sandboxed:
@@ -270,10 +323,8 @@ def compare(baseline: str, candidate: str, examples: str,
 def execute(baseline: str, candidate: str, examples: str, options: CompareOptions,
             progress: Callable[[str], None] | None = None) -> CompareReport:
     """The pipeline itself (in the sandbox for local runners): both models on every example."""
-    import apache_beam as beam
 
     from serving_opt import sandbox as sandbox_lib
-    from serving_opt.compare import pipeline as pl
     from serving_opt.savedmodel import loader
 
     say = progress or sandbox_lib.say
@@ -286,13 +337,26 @@ def execute(baseline: str, candidate: str, examples: str, options: CompareOption
     plans, skipped = _plans(base_mg, cand_mg, keys, bool(options.signatures), kind, aliases)
     del base_mg, cand_mg
 
-    pipeline_options = _pipeline_options(options)
+    with _dask_args(options, len(shards)) as more:
+        pipeline_options = _pipeline_options(options, more)
+        say(f"comparing {len(plans)} signature(s) on {len(shards)} shard(s) with "
+            f"{options.runner}" + (f" ({options.direct_num_workers} workers)"
+                                   if options.direct_num_workers > 1 else ""))
+        lines, seconds = _run(pipeline_options, shards, plans, baseline, candidate, tags,
+                              options)
+    return report_from_lines(lines, baseline, candidate, examples, len(shards), options,
+                             skipped, seconds)
+
+
+def _run(pipeline_options, shards, plans, baseline, candidate, tags, options):
+    """Runs the pipeline; its result lines and the seconds it took."""
+    import apache_beam as beam
+
+    from serving_opt.compare import pipeline as pl
+
     results_dir, local_results = _results_dir(pipeline_options)
     results = results_dir.rstrip("/") + "/results.jsonl"
     tag_tuple = tuple(sorted(tags))
-    say(f"comparing {len(plans)} signature(s) on {len(shards)} shard(s) with "
-        f"{options.runner}" + (f" ({options.direct_num_workers} workers)"
-                               if options.direct_num_workers > 1 else ""))
     start = time.perf_counter()
     try:
         p = beam.Pipeline(options=pipeline_options)
@@ -302,18 +366,24 @@ def execute(baseline: str, candidate: str, examples: str, options: CompareOption
                  batch_size=options.batch_size, atol=options.atol, rtol=options.rtol,
                  worst_k=options.worst_k, results_prefix=results)
         try:
-            p.run().wait_until_finish()
+            result = p.run()
+            try:
+                result.wait_until_finish()
+            finally:
+                # The Dask runner leaves its client connected; once the cluster stops, it
+                # would retry for 30 s.
+                client = getattr(result, "client", None)
+                if client is not None:
+                    client.close()
         except ServingOptError:
             raise
         except Exception as e:  # noqa: BLE001 - the runner wraps the worker's error
             raise _pipeline_failure(e) from e
         seconds = time.perf_counter() - start
-        lines = _read_results(results)
+        return _read_results(results), seconds
     finally:
         if local_results:
             shutil.rmtree(results_dir, ignore_errors=True)
-    return report_from_lines(lines, baseline, candidate, examples, len(shards), options,
-                             skipped, seconds)
 
 
 def _read_results(path: str) -> list[dict]:

@@ -346,20 +346,55 @@ def result_line(keyed) -> str:
     })
 
 
+class ReadShardBatches(beam.DoFn):
+    """A shard path -> lists of up to ``size`` of :class:`ReadShard`'s (key, payload), the
+    last one emitted by ``process`` itself: for runners that drop what a DoFn emits in
+    ``finish_bundle`` (Beam 2.77's DaskRunner), where BatchElements leaves its last batch."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def process(self, path: str):
+        batch = []
+        for item in ReadShard().process(path):
+            batch.append(item)
+            if len(batch) == self.size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+
+def batches_when_read(p) -> bool:
+    """Whether batches are made as shards are read (:class:`ReadShardBatches`): on Beam's
+    DaskRunner, which drops what a DoFn emits in ``finish_bundle``."""
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    return "dask" in str(p.options.view_as(StandardOptions).runner or "").lower()
+
+
 def build(p, shards: list[str], baseline: SavedModelHandler, candidate: SavedModelHandler,
           *, batch_size: int, atol: float, rtol: float, worst_k: int, results_prefix: str):
     """Adds the comparison to pipeline ``p``; results go to ``<results_prefix>`` as JSON
     lines (one per signature output, plus the count of examples read)."""
-    examples = (p
-                | "Shards" >> beam.Create(shards)
-                | "Read" >> beam.ParDo(ReadShard())
-                | "Spread" >> beam.Reshuffle())
-    count = (examples
-             | "CountExamples" >> beam.combiners.Count.Globally()
-             | "CountLine" >> beam.Map(lambda n: json.dumps({"kind": "count", "examples": n})))
-    stats = (examples
-             | "Batch" >> beam.BatchElements(min_batch_size=min(8, batch_size),
-                                             max_batch_size=batch_size)
+    read = p | "Shards" >> beam.Create(shards)
+    if batches_when_read(p):
+        batches = (read
+                   | "ReadBatches" >> beam.ParDo(ReadShardBatches(batch_size))
+                   | "Spread" >> beam.Reshuffle())
+        count = (batches
+                 | "BatchSizes" >> beam.Map(len)
+                 | "CountExamples" >> beam.CombineGlobally(sum))
+    else:
+        examples = (read
+                    | "Read" >> beam.ParDo(ReadShard())
+                    | "Spread" >> beam.Reshuffle())
+        count = examples | "CountExamples" >> beam.combiners.Count.Globally()
+        batches = examples | "Batch" >> beam.BatchElements(
+            min_batch_size=min(8, batch_size), max_batch_size=batch_size)
+    count = count | "CountLine" >> beam.Map(
+        lambda n: json.dumps({"kind": "count", "examples": n}))
+    stats = (batches
              | "Baseline" >> RunInference(baseline.with_no_batching())
              | "Candidate" >> RunInference(candidate.with_no_batching())
              | "Pair" >> beam.FlatMap(pair_answers)
