@@ -54,9 +54,13 @@ def dask_options(cluster) -> CompareOptions:
                           pipeline_args=(f"--dask_client_address={cluster.scheduler_address}",))
 
 
-def test_dask_cluster_counts_equal_direct_runners(models_and_examples, cluster):
+@pytest.fixture(scope="module")
+def direct(models_and_examples):
+    return compare(*models_and_examples)
+
+
+def test_dask_cluster_counts_equal_direct_runners(models_and_examples, cluster, direct):
     baseline, candidate, pattern = models_and_examples
-    direct = compare(baseline, candidate, pattern)
     dask = compare(baseline, candidate, pattern, dask_options(cluster))
     assert direct.examples == 800 and direct.runner == "DirectRunner"
     assert dask.runner == "DaskRunner"
@@ -82,3 +86,11 @@ def test_dask_without_a_cluster_is_refused_unless_unsandboxed_is_allowed(
     baseline, candidate, pattern = models_and_examples
     with pytest.raises(UsageError, match="outside the sandbox.*--dask_client_address"):
         compare(baseline, candidate, pattern, CompareOptions(runner="DaskRunner"))
+
+
+def test_dask_without_a_cluster_and_unsandboxed_runs_its_own_local_cluster(
+        models_and_examples, direct):
+    report = compare(*models_and_examples, CompareOptions(
+        runner="DaskRunner", direct_num_workers=2, allow_unsandboxed=True))
+    assert report.workers == 2
+    assert counts(report) == counts(direct)
