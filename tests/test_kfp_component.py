@@ -21,6 +21,7 @@ if not hasattr(importlib.import_module("docker"), "DockerClient"):
 from kfp import dsl, local  # noqa: E402
 from kfp.dsl import Dataset, Markdown, Metrics, Model, Output  # noqa: E402
 
+import serving_opt  # noqa: E402
 from serving_opt import OptimizeOptions, ServingOptError, optimize, samples  # noqa: E402
 from serving_opt.integrations.kfp import REPORT_NAME, optimize_component  # noqa: E402
 
@@ -103,6 +104,7 @@ def test_pipeline_publishes_the_version_and_its_metrics_are_the_reports(kfp_loca
             expected[f"cold_start_{key}_{side}"] = data["cold_start"][side][key]
     assert metrics.metadata == pytest.approx(expected, rel=0, abs=0)
     assert optimized.metadata["size_after_bytes"] == data["size_after"]["total"]
+    assert optimized.metadata["serving_opt_version"] == serving_opt.__version__
     with open(report.path) as f:
         assert "published version 1" in f.read()
 

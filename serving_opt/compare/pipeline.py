@@ -4,6 +4,7 @@
                   framed by serving_opt.savedmodel.examples; keys shard:index)
       -> Reshuffle -> BatchElements -> RunInference(baseline) -> RunInference(candidate)
       -> per (signature, output) batch pairs -> CombinePerKey(OutputStats) -> JSON lines
+    (on Beam's DaskRunner: ReadShardBatches makes the batches, see batches_when_read)
 
 Every step streams: a worker holds a batch at a time and the combiners' accumulators
 (``stats.OutputStats``) have a fixed size, so memory does not grow with the input.
