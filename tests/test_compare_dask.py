@@ -10,12 +10,22 @@ import pytest
 pytest.importorskip("apache_beam")
 distributed = pytest.importorskip("distributed")
 
-from test_compare import write_shards  # noqa: E402
-
 from serving_opt import samples  # noqa: E402
 from serving_opt.compare import CompareOptions, compare  # noqa: E402
 from serving_opt.compare import pipeline as pipeline_lib  # noqa: E402
 from serving_opt.errors import UsageError  # noqa: E402
+
+
+def write_shards(directory: str, records: list[bytes], shards: int) -> list[str]:
+    import tensorflow as tf
+
+    os.makedirs(directory, exist_ok=True)
+    paths = [os.path.join(directory, f"part-{s}.tfrecord") for s in range(shards)]
+    for s, path in enumerate(paths):
+        with tf.io.TFRecordWriter(path) as w:
+            for r in records[s::shards]:
+                w.write(r)
+    return paths
 
 
 def counts(report) -> dict:

@@ -117,11 +117,11 @@ def test_pipeline_publishes_the_version_and_its_metrics_are_the_reports(kfp_loca
 
 def test_a_refused_model_fails_its_step_with_the_reason_and_nothing_downstream_runs(
         kfp_local, capfd):
-    from test_untrusted_models import build_tf1_read
+    from hostile_models_round3 import build_init_op_reads
 
     secret = kfp_local / "secret.txt"
     secret.write_text("not for the model")
-    source = build_tf1_read(str(kfp_local / "export" / "1"), str(secret))
+    source = build_init_op_reads(str(kfp_local / "export"), str(secret))
     eval_file = kfp_local / "eval.jsonl"
     eval_file.write_text(json.dumps({"x": [[1.0, 2.0, 3.0]]}) + "\n")
     marker = str(kfp_local / "deployed")
