@@ -24,7 +24,8 @@ table_asset_in_signature    every request reads ``canary`` into a lookup table (
                             init op; a signature runs the initializer unfed)
 register_dataset            every request registers a dataset with a tf.data
                             service dispatcher at ``address`` (network; the canary
-                            is not used). Never run it.
+                            is not used). Never run it in the test process:
+                            its client retries for ever.
 init_op_write               loading writes ``canary`` (WriteFile in the main op)
 ==========================  =======================================================
 

@@ -4,8 +4,10 @@ directory, read no host file, reach no host socket, and publish nothing host-sid
 with the sandbox switched off, the static check alone refuses them.
 
 The canary is a real host path the model names: a file the sandbox must not see (it
-holds a secret), or a path the model would create. Nothing here trusts a refusal: the
-runs are let through and the host is inspected afterwards.
+holds a secret), or a path the model would create. Each route's control runs the same
+model in plain TensorFlow outside the sandbox and sees the canary written, the secret
+read or the host listener dialed; the sandboxed run then asserts that the op ran and how
+it ended there, and the host is inspected afterwards.
 """
 
 from __future__ import annotations
