@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from serving_opt import gates
-from serving_opt.errors import ServingOptError
+from serving_opt.errors import ServingOptError, first_line
 from serving_opt.savedmodel import examples as examples_lib
 from serving_opt.savedmodel import inputs as inputs_lib
 from serving_opt.savedmodel import loader
@@ -130,8 +130,16 @@ def build_probes(model_dir: str, reference_dir: str, model_name: str, version: i
                     f"signature {key} is served but missing from the reference {reference_dir}",
                     "pass the matching --reference_dir",
                 )
-            feed = feeds(key, inputs.batch_size).batches[0]
-            expected = loader.run_signature(sess, ref_sig, feed)
+            signature_inputs = feeds(key, inputs.batch_size)
+            feed = signature_inputs.batches[0]
+            try:
+                expected = loader.run_signature(sess, ref_sig, feed)
+            except tf.errors.OpError as e:  # the model's own failure, not the tool's
+                raise ServingOptError(
+                    f"the reference model {reference_dir} fails on {signature_inputs.source} "
+                    f"inputs for signature {key}: {first_line(e)}",
+                    "give --examples it answers; if it fails on every input, so will TF "
+                    "Serving: fix or re-export the model") from e
 
             request = api.predict_pb2.PredictRequest()
             request.model_spec.name = model_name
