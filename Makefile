@@ -91,7 +91,7 @@ UNIT_TESTS := $(addprefix tests/test_,$(addsuffix .py, \
   detection_parity detection_frozen_graph detection_graph_analysis tune_outputs \
   tune_serving_version tune_fast_decode tune_grid tune_proving model_server_batching \
   model_server_concurrency sandbox_results static_check static_check_bounds \
-  static_check_round3 asset_paths dead_functions terminal_escapes inspect load_errors \
+  static_check_hidden_routes asset_paths dead_functions terminal_escapes inspect load_errors \
   freeze independent_check validate_reference_failures))
 
 check: $(STAMP) lint

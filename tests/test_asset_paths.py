@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from hostile_models_static3 import build_escaping_asset
+from hostile_models_hidden_routes import build_escaping_asset
 
 from serving_opt.cli import main as cli
 from serving_opt.errors import ServingOptError

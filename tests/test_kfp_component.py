@@ -117,7 +117,7 @@ def test_pipeline_publishes_the_version_and_its_metrics_are_the_reports(kfp_loca
 
 def test_a_refused_model_fails_its_step_with_the_reason_and_nothing_downstream_runs(
         kfp_local, capfd):
-    from hostile_models_round3 import build_init_op_reads
+    from hostile_models_sandbox_view import build_init_op_reads
 
     secret = kfp_local / "secret.txt"
     secret.write_text("not for the model")

@@ -13,7 +13,7 @@ import types
 import pytest
 import tensorflow as tf
 from conftest import tree_snapshot
-from hostile_models_round3 import _leaking_model, build_init_op_lists
+from hostile_models_sandbox_view import _leaking_model, build_init_op_lists
 
 from serving_opt import OptimizeOptions, optimize, sandbox
 from serving_opt.errors import ServingOptError
@@ -162,7 +162,7 @@ def test_without_a_cgroup_a_root_sandbox_still_stops_at_its_thread_limit(monkeyp
 # --- a default time limit for every command that runs a model ---------------------------
 
 def test_validate_of_a_model_that_blocks_for_ever_is_stopped(tmp_path):
-    from hostile_models_round3 import build_init_op_blocks
+    from hostile_models_sandbox_view import build_init_op_blocks
 
     from serving_opt.options import ValidateOptions
     from serving_opt.serving.validate import validate
@@ -186,7 +186,7 @@ def test_compare_without_a_time_limit_gets_the_default(tmp_path, monkeypatch):
     pytest.importorskip("apache_beam")
     import json
 
-    from hostile_models_round3 import build_init_op_blocks
+    from hostile_models_sandbox_view import build_init_op_blocks
 
     from serving_opt.compare import CompareOptions, compare
 

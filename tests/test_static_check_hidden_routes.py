@@ -1,4 +1,5 @@
-"""Issue 30 (items 1, 2 and 5's escaping asset): routes the static check could not see.
+"""Routes the static check once could not see: graphs hidden in data, attr placeholders
+bound by callers, and an escaping asset name.
 
 1. A ``DatasetFromGraph`` over a serialized tf.data graph held in a string Const: the
    graph is parsed and checked like the model's own; a graph the check cannot read (a
@@ -19,7 +20,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from hostile_models_static3 import (
+from hostile_models_hidden_routes import (
     build_dataset_from_computed_graph,
     build_dataset_from_graph,
     build_escaping_asset,

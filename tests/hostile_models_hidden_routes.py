@@ -1,7 +1,7 @@
-"""Hostile SavedModels of issue 30's static-check routes (items 1, 2 and 5's escaping
-asset), each written for real with TensorFlow, then (for the placeholder and asset
-routes) edited the way a crafted model would be: a SavedModel is a proto anyone can
-write.
+"""Hostile SavedModels for the static check's hidden routes (graphs in data, attr
+placeholders, an escaping asset), each written for real with TensorFlow, then (for the
+placeholder and asset routes) edited the way a crafted model would be: a SavedModel is
+a proto anyone can write.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Issue 30, items 3, 4, 6 and 7: what the sandbox shows a model, the host resources it
-may take, and what optimize publishes. Each route is built as it was found: a real
+"""What the sandbox shows a model, the host resources it may take, and what optimize
+publishes. Each route is built as it was found: a real
 SavedModel whose init op reads what the sandbox shows into a variable (freezing folds
 it into the published graph), a host canary, a listener or a writer; the host and the
 published model are inspected afterwards.
@@ -21,7 +21,7 @@ import time
 import pytest
 from conftest import tree_snapshot
 from hostile_models import run_in_plain_tensorflow
-from hostile_models_round3 import (
+from hostile_models_sandbox_view import (
     build_init_op_blocks,
     build_init_op_lists,
     build_init_op_reads,
@@ -275,7 +275,7 @@ def test_a_models_stderr_is_kept_to_its_tail(tmp_path, monkeypatch):
         with tf.control_dependencies([tf.print(big, output_stream=sys.stderr)]):
             return tf.constant("printed")
 
-    from hostile_models_round3 import _leaking_model
+    from hostile_models_sandbox_view import _leaking_model
 
     model = _leaking_model(str(tmp_path / "models" / "shout" / "1"), shout)
     optimize(model, str(tmp_path / "out"), OptimizeOptions(**QUICK))

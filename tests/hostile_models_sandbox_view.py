@@ -1,4 +1,4 @@
-"""Hostile SavedModels of issue 30's third pass (the sandbox's view and what is published).
+"""Hostile SavedModels that probe the sandbox's view and what is published.
 
 Each builder writes ``<target_dir>/<route>/1`` and returns it. The init op (the main op
 every loader runs after restoring) assigns what the model reads to a string variable
