@@ -24,7 +24,8 @@ from serving_opt.serving.model_server.servable import ServableId
 from serving_opt.serving.model_server.status import ServingStatusError
 from serving_opt.serving.model_server.tflite import TfLiteServable, flex_nodes
 
-TF215_PYTHON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+# realpath: under Bazel this file is a runfiles symlink; the venv is beside the source.
+TF215_PYTHON = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))),
                             ".venv-tf215", "bin", "python")
 
 # Runs a model.tflite's default signature with TensorFlow 2.15's interpreter (which has
