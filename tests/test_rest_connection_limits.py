@@ -123,6 +123,13 @@ def test_when_every_connection_is_busy_a_new_one_is_answered_503(model_base):
         assert answer.startswith(b"HTTP/1.1 503 "), answer
         for sock in busy:
             sock.close()
+        refused.close()
+        # Their threads see the closes when they next read: until then they still count,
+        # and a request meanwhile would rightly be answered 503 too.
+        deadline = time.monotonic() + PATIENCE_SECONDS
+        while len(connections):
+            assert time.monotonic() < deadline, "closed connections were never released"
+            time.sleep(0.05)
         assert rest_predict(server.rest_port) == [3.0]
 
 
