@@ -12,10 +12,10 @@ keys the object graph gives the captured variables: :func:`restore` puts them th
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from serving_opt.errors import ServingOptError
+from serving_opt.graph import node_name, reachable_nodes
 from serving_opt.savedmodel import loader
 
 _CALLS = ("StatefulPartitionedCall", "PartitionedCall")
@@ -34,22 +34,6 @@ class UnboundVariable:
     checkpoint_key: str | None
 
 
-def _name(ref: str) -> str:
-    return ref.lstrip("^").split(":")[0]
-
-
-def _reached(nodes: dict, starts: Iterable[str]) -> set[str]:
-    seen: set[str] = set()
-    todo = [_name(s) for s in starts]
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in nodes:
-            continue
-        seen.add(name)
-        todo.extend(_name(i) for i in nodes[name].input)
-    return seen
-
-
 def _shared_name(node) -> str:
     # An empty shared_name makes the kernel use the node's name.
     return node.attr["shared_name"].s.decode("utf-8", "replace") or node.name
@@ -65,7 +49,8 @@ def find(meta_graph, saved_model_dir: str) -> list[UnboundVariable]:
     nodes = {n.name: n for n in meta_graph.graph_def.node}
     outputs = [t.name for key, sig in loader.serving_signatures(meta_graph).items()
                for t in sig.outputs.values()]
-    read = [nodes[n] for n in sorted(_reached(nodes, outputs)) if nodes[n].op in _HANDLES]
+    read = [nodes[n] for n in sorted(reachable_nodes(meta_graph.graph_def, outputs))
+            if nodes[n].op in _HANDLES]
     if not read:
         return []
     restored = {_shared_name(nodes[n]) for n in restored_handles(meta_graph)}
@@ -85,7 +70,8 @@ def restored_handles(meta_graph) -> list[str]:
     starts = [loader.init_op_name(meta_graph) or ""]
     if meta_graph.HasField("saver_def"):
         starts.append(meta_graph.saver_def.restore_op_name)
-    return sorted(n for n in _reached(nodes, starts) if nodes[n].op in _HANDLES)
+    return sorted(n for n in reachable_nodes(meta_graph.graph_def, starts)
+                  if nodes[n].op in _HANDLES)
 
 
 def _checkpoint_keys(meta_graph, nodes: dict, saved_model_dir: str) -> dict[str, str]:
@@ -101,7 +87,7 @@ def _checkpoint_keys(meta_graph, nodes: dict, saved_model_dir: str) -> dict[str,
         if not bound or len(bound) > len(data):
             continue
         for ref, node_id in zip(data[len(data) - len(bound):], bound):
-            node_ids.setdefault(_name(ref), node_id)
+            node_ids.setdefault(node_name(ref), node_id)
     if not node_ids:
         return {}
     reader, graph = _checkpoint(saved_model_dir)
