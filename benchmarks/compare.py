@@ -201,7 +201,7 @@ def run_mode(case: Case, mode: str, source: str, examples: str | None,
     """Optimizes one model in one mode, publishing even a regression so every number is
     collected. A failed optimize is an outcome too: its error is the note."""
     from serving_opt.errors import ParityError, ServingOptError
-    from serving_opt.optimizer import OptimizeOptions, optimize
+    from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
     from serving_opt.stages import regression
 
     print(f"optimizing {case.name} ({mode}) ...", file=sys.stderr, flush=True)
@@ -375,12 +375,11 @@ def flag(outcome: Outcome) -> None:
 
 
 def _fmt(measure: str, value: float | None) -> str:
-    from serving_opt import report
-
+    from serving_opt.core import rendering
     if value is None:
         return "-"
     if measure in ("size", "peak RSS"):
-        return report.human_bytes(int(value))
+        return rendering.human_bytes(int(value))
     if measure == "cold load":
         return f"{value:.2f} s"
     if measure == "first request":
@@ -508,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = _list(args.modes, MODES, "--modes", parser)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-    from serving_opt import report
+    from serving_opt.core import rendering
     from serving_opt.savedmodel import loader
 
     loader.quiet_tensorflow_import()
@@ -550,10 +549,10 @@ def main(argv: list[str] | None = None) -> int:
                   for name, outcomes in results.items()},
         "agreement": {name: {o.mode: o.agreement for o in outcomes}
                       for name, outcomes in results.items()},
-        "models": {name: {o.mode: report.to_jsonable(o.report) for o in outcomes}
+        "models": {name: {o.mode: rendering.to_jsonable(o.report) for o in outcomes}
                    for name, outcomes in results.items()},
     }
-    json_path = report.write_json(summary, os.path.join(args.out, "summary.json"))
+    json_path = rendering.write_json(summary, os.path.join(args.out, "summary.json"))
     print_gate(found)
     print(f"table: {md_path}; chart: {png_path}; full reports: {json_path}")
     return 0 if passed else 1

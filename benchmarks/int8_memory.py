@@ -31,7 +31,7 @@ restore, init op), the warmup file if any, one request. Two measurements, each a
   of, are dropped before the model loads: see ``native_load``); the harness adds
   Python and numpy (~27 MiB, shown as ``interpreter``, about what the server's own
   gRPC and HTTP code would add), the same for every variant;
-* fork-based (``serving_opt.measuring``, as the optimizer's cold start measures): a
+* fork-based (``serving_opt.core.measuring``, as the optimizer's cold start measures): a
   child forked from a process that imported TensorFlow. It leaves out the runtime's code
   pages (a forked child does not count file-backed pages its parent had mapped until it
   touches them again) and counts the Python API's heap instead, so its ratios are lower
@@ -83,7 +83,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from serving_opt import measuring, samples  # noqa: E402
+from serving_opt import samples  # noqa: E402
+from serving_opt.core import measuring  # noqa: E402
 from serving_opt.savedmodel import native_load  # noqa: E402
 from serving_opt.stages import coldstart  # noqa: E402
 from serving_opt.stages.benchmark import median_interval  # noqa: E402
@@ -571,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"measuring {args.rounds} rounds x {len(models)} variants, fork-based ...",
           flush=True)
     runs = measure(models, {"inputs": fresh[:32]}, "serving_default", args.rounds)
-    lines, summary = summarize(f"{title}: fork-based (serving_opt.measuring: leaves out "
+    lines, summary = summarize(f"{title}: fork-based (serving_opt.core.measuring: leaves out "
                                "the runtime's code pages)", runs)
     flines, figures = fixed_costs(native, summary, models)
     refusals = [f"{name}: the lossy gate (--max_probability_error=0.1, default agreement, "

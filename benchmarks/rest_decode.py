@@ -27,9 +27,9 @@ from types import SimpleNamespace
 import numpy as np
 from tensorflow.core.framework import types_pb2
 
-from serving_opt.serving.model_server import json_predict
-from serving_opt.serving.model_server.json_numeric import numpy_predict_tensors
-from serving_opt.serving.model_server.json_simd import simd_predict_tensors
+from serving_opt.model_server import json_predict
+from serving_opt.model_server.json_numeric import numpy_predict_tensors
+from serving_opt.model_server.json_simd import simd_predict_tensors
 from serving_opt.tune.hardware import here
 
 PATHS = {

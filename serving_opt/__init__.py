@@ -28,8 +28,7 @@ def __getattr__(name: str):
 
         return getattr(options, name)
     if name in ("OptimizeReport", "optimize"):
-        from serving_opt import optimizer
-
+        from serving_opt.pipeline import optimizer
         return getattr(optimizer, name)
     if name == "ServingOptError":
         from serving_opt.errors import ServingOptError

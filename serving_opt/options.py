@@ -336,7 +336,7 @@ class TrustOptions:
 
     allow_file_ops: bool = _opt(
         False, "Run a model whose signatures touch files or the host (WriteFile, ReadFile, "
-        "PyFunc, checkpoint, summary and tf.data file ops, ...; see serving_opt/host_ops.py). "
+        "PyFunc, checkpoint, summary and tf.data file ops, ...; see savedmodel/host_ops.py). "
         "Off: such a model is refused before it runs. Only for models you trust: a "
         "SavedModel is code.")
     allow_unsandboxed: bool = _opt(

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-from serving_opt.serving.model_server import RunningServer, ServerOptions, serve
+from serving_opt.model_server import RunningServer, ServerOptions, serve
 
 
 def write_model_config(path: str, bases: dict[str, str]) -> str:

@@ -138,8 +138,7 @@ def test_a_path_attr_with_a_nul_or_bad_bytes_counts_as_a_file(op, value):
     by what Python's comparison of the decoded text would say about a prefix."""
     from tensorflow.core.framework import attr_value_pb2
 
-    from serving_opt import host_ops
-
+    from serving_opt.savedmodel import host_ops
     assert host_ops.conditional_kind(op, attr_value_pb2.AttrValue(s=value)) is not None
 
 
@@ -152,6 +151,5 @@ def test_a_path_attr_cpp_never_opens_is_harmless(op, value):
     name with a NUL is no stream C++ knows, and no "file://")."""
     from tensorflow.core.framework import attr_value_pb2
 
-    from serving_opt import host_ops
-
+    from serving_opt.savedmodel import host_ops
     assert host_ops.conditional_kind(op, attr_value_pb2.AttrValue(s=value)) is None

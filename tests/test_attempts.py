@@ -13,8 +13,11 @@ import numpy as np
 import pytest
 from independent_check import assert_outputs_match, example
 
-from serving_opt import attempts, samples
-from serving_opt.attempts import (
+from serving_opt import samples
+from serving_opt.core.rendering import to_jsonable
+from serving_opt.errors import DiskFullError, ParityError, ServingOptError, UsageError
+from serving_opt.pipeline import attempts
+from serving_opt.pipeline.attempts import (
     LOSSY_GATE_FAILED,
     OK,
     PARITY_FAILED,
@@ -26,9 +29,8 @@ from serving_opt.attempts import (
     judge_failure,
     next_candidate,
 )
-from serving_opt.errors import DiskFullError, ParityError, ServingOptError, UsageError
-from serving_opt.optimizer import OptimizeOptions, optimize
-from serving_opt.report import format_optimize_report, to_jsonable
+from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
+from serving_opt.pipeline.report import format_optimize_report
 from serving_opt.stages import freeze as freeze_lib
 from serving_opt.stages import regression as regression_lib
 from serving_opt.stages.quantize import QuantizedTensor

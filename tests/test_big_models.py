@@ -15,8 +15,8 @@ from conftest import TEXT_CLASSIFIER_VOCAB, tree_snapshot
 
 from serving_opt import samples
 from serving_opt.errors import ServingOptError
-from serving_opt.optimizer import OptimizeOptions, optimize
-from serving_opt.run import SizeReport
+from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
+from serving_opt.pipeline.run import SizeReport
 from serving_opt.savedmodel import loader
 from serving_opt.stages import coldstart, freeze
 from serving_opt.stages import regression as regression_lib

@@ -13,8 +13,9 @@ pytest.importorskip("apache_beam")
 
 import tensorflow as tf  # noqa: E402
 
-from serving_opt import gates, samples  # noqa: E402
+from serving_opt import samples
 from serving_opt.compare import CompareOptions, compare, format_report  # noqa: E402
+from serving_opt.core import gates  # noqa: E402
 from serving_opt.errors import ServingOptError  # noqa: E402
 from serving_opt.savedmodel import loader
 from serving_opt.savedmodel.loader import run_signature  # noqa: E402
@@ -167,7 +168,7 @@ TABLE_INT8 = dict(quantize="int8", quantize_min_elements=100_000, freeze_max_byt
 def table_int8_candidate(text_classifier_base, tmp_path_factory) -> tuple[str, str]:
     """The text classifier with its table int8, published with the gate off: a lossy
     candidate whose answers compare must count (source, candidate version directory)."""
-    from serving_opt.optimizer import OptimizeOptions, optimize
+    from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 
     source = os.path.join(text_classifier_base, "1")
     published = optimize(source, str(tmp_path_factory.mktemp("probe")), OptimizeOptions(
@@ -275,7 +276,7 @@ def test_missing_beam_is_one_clear_line(monkeypatch):
 
 
 def test_optimize_compare_examples_gate(classifier_dir, shards, tmp_path):
-    from serving_opt.optimizer import OptimizeOptions, optimize
+    from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 
     pattern, _, _ = shards
     report = optimize(classifier_dir, str(tmp_path / "models"), OptimizeOptions(
@@ -298,7 +299,7 @@ def test_optimize_refuses_what_compare_finds_and_publishes_nothing(table_int8_ca
     from conftest import TEXT_CLASSIFIER_VOCAB
 
     from serving_opt.errors import ParityError
-    from serving_opt.optimizer import OptimizeOptions, optimize
+    from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 
     # First run (the fixture), gate off: the candidate, to find which rows it flips; the
     # second builds the same candidate (TABLE_INT8), so a refusal is final.

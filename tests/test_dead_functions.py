@@ -113,7 +113,7 @@ def test_optimize_publishes_the_dead_shape_and_nothing_can_call_it_there(
         freeze, small_model, model_copy, tmp_path):
     """What the output holds is what TF Serving loads: the function may be pruned or
     kept, but never published where something would call it."""
-    from serving_opt.optimizer import OptimizeOptions, optimize
+    from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 
     model = model_copy(small_model)
     _with_dead_function(model, DEAD["alone"])

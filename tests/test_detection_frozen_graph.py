@@ -10,8 +10,8 @@ import pytest
 
 from serving_opt.detection import sample as detection_sample
 from serving_opt.errors import ServingOptError, UsageError
-from serving_opt.graph import ServingGraph
 from serving_opt.savedmodel import frozen_graph, loader
+from serving_opt.savedmodel.graph import ServingGraph
 
 OUTPUTS = list(detection_sample.OUTPUT_NODES)
 

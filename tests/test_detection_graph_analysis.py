@@ -8,10 +8,9 @@ import os
 import numpy as np
 import pytest
 
-from serving_opt import graph_diff
 from serving_opt.detection import discontinuous, matching
 from serving_opt.detection import sample as detection_sample
-from serving_opt.savedmodel import frozen_graph, loader
+from serving_opt.savedmodel import frozen_graph, graph_diff, loader
 
 OUTPUTS = list(detection_sample.OUTPUT_NODES)
 ATOL, RTOL = 1e-5, 1e-4
@@ -250,7 +249,7 @@ def test_the_variables_kept_model_against_the_frozen_one(sample, frozen, signatu
 def test_a_corrupted_weight_fails(frozen, signature):
     from tensorflow.python.framework import tensor_util
 
-    from serving_opt.graph import node_name
+    from serving_opt.savedmodel.graph import node_name
 
     analysis = discontinuous.analyze(frozen, signature)
     feeds = list(analysis.feeding_tensors())

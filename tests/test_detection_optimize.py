@@ -222,8 +222,7 @@ def test_an_output_the_graph_lacks_is_named(sample, tmp_path):
 
 
 def test_the_report_says_what_each_transform_pass_did(published):
-    from serving_opt import report as report_lib
-
+    from serving_opt.pipeline import report as report_lib
     passes = {line.split(":")[0]: line for line in published.transform_passes}
     assert "2 FusedBatchNorm folded into Conv2D" in passes["fold_old_batch_norms"]
     assert "3 unfused batch norms" in passes["fold_batch_norms"]

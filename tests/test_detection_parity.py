@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from serving_opt.gates import LossyGate
+from serving_opt.core.gates import LossyGate
 from serving_opt.savedmodel import examples as examples_lib
 from serving_opt.stages.parity import ParityInputs, check_parity
 from tests.saved_model_io import save_tf1, serving_default

@@ -63,7 +63,7 @@ def models_config(tmp_path, classifier_base, regressor_base) -> str:
 def test_models_config_serves_both_models(models_config):
     from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 
-    from serving_opt.serving.model_server import ServerOptions, serve
+    from serving_opt.model_server import ServerOptions, serve
 
     server = serve(ServerOptions(model_config_file=models_config, port=0,
                                  startup_timeout_seconds=120))

@@ -37,7 +37,7 @@ RUN_MODULES = sorted({m.group(1) for text in SOURCES.values() for m in MODULE_RU
 
 def test_the_scan_finds_the_known_entry_points():
     # The control: if the patterns stopped matching, every test below would pass vacuously.
-    assert ("serving_opt.optimizer", "build_in_worker") in TARGETS
+    assert ("serving_opt.pipeline.optimizer", "build_in_worker") in TARGETS
     assert "serving_opt.cli" in RUN_MODULES and len(TARGETS) >= 5
 
 

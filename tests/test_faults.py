@@ -201,7 +201,7 @@ def what_tf_serving_sees(base: str) -> dict[str, bool]:
 
 
 def next_run(source: str, base: str):
-    from serving_opt.optimizer import OptimizeOptions, optimize
+    from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 
     return optimize(source, base, OptimizeOptions(benchmark_runs=0, cold_start=False))
 
@@ -279,7 +279,7 @@ def test_a_live_runs_staging_dirs_are_never_removed_by_another_run(source, tmp_p
 
 
 def next_run_version(source: str, base: str, version: int):
-    from serving_opt.optimizer import OptimizeOptions, optimize
+    from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 
     return optimize(source, base, OptimizeOptions(benchmark_runs=0, cold_start=False,
                                                   version=version))
@@ -484,7 +484,7 @@ def test_ctrl_c_during_the_benchmark_says_nothing_was_published(source, tmp_path
     cli.wait_for(r"^\[9/\d+\] benchmark")
     # Interrupted while the measuring process (it runs 100000 timed runs) is alive.
     measuring = wait_until(
-        lambda: descendants_mentioning(cli.process.pid, "serving_opt.measuring"),
+        lambda: descendants_mentioning(cli.process.pid, "serving_opt.core.measuring"),
         "the benchmark's measuring process started")
     cli.process.send_signal(signal.SIGINT)
     code, lines = cli.finish()

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from serving_opt.errors import ServingOptError
-from serving_opt.optimizer import OptimizeOptions, optimize
+from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.savedmodel import loader
 from serving_opt.stages import freeze
 
@@ -119,7 +119,7 @@ def test_strict_fold_constants_runs_on_a_model_with_assets(classifier_dir):
 
 
 def test_only_byte_identical_copies_of_the_sources_assets_extra_are_kept(tmp_path):
-    from serving_opt.optimizer import _copied_from_source
+    from serving_opt.pipeline.optimizer import _copied_from_source
 
     source, staging = tmp_path / "src", tmp_path / "staging"
     for root in (source, staging):

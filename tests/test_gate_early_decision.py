@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 from gate_runs import gate_run
 
-from serving_opt import gates, proving
-from serving_opt.gates import LossyGate
+from serving_opt.core import gates
+from serving_opt.core.gates import LossyGate
+from serving_opt.pipeline import proving
 from serving_opt.stages.parity import OutputParity, ParityReport
 
 CLASSES = 5

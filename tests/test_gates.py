@@ -1,11 +1,11 @@
-"""The gates' rules (serving_opt.gates) on hand-made arrays: one behaviour per test."""
+"""The gates' rules (serving_opt.core.gates) on hand-made arrays: one behaviour per test."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from serving_opt import gates
-from serving_opt.gates import Kind, LossyGate, OutputCheck, ToleranceGate
+from serving_opt.core import gates
+from serving_opt.core.gates import Kind, LossyGate, OutputCheck, ToleranceGate
 
 PROBS = np.array([[0.90, 0.10], [0.20, 0.80], [0.60, 0.40], [0.30, 0.70]], np.float32)
 

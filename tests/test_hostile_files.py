@@ -30,7 +30,7 @@ from conftest import tree_snapshot
 
 from serving_opt import inspection
 from serving_opt.errors import ServingOptError, UsageError
-from serving_opt.optimizer import OptimizeOptions, optimize, plan
+from serving_opt.pipeline.optimizer import OptimizeOptions, optimize, plan
 from serving_opt.savedmodel import writer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -676,9 +676,8 @@ def test_cli_refuses_a_version_that_is_not_ascii_decimal(classifier_dir, tmp_pat
 
 
 def test_control_characters_in_names_are_escaped_in_tables():
-    from serving_opt import report
-
-    text = report.table(["signature", "ok"], [["pre\ndict\x1b[31m", "yes"]])
+    from serving_opt.core import rendering
+    text = rendering.table(["signature", "ok"], [["pre\ndict\x1b[31m", "yes"]])
     assert len(text.splitlines()) == 3
     assert "pre\\ndict\\x1b[31m" in text
 

@@ -26,7 +26,7 @@ import tensorflow as tf
 from independent_check import assert_outputs_match, example
 
 from serving_opt.errors import ServingOptError
-from serving_opt.optimizer import OptimizeOptions, optimize
+from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.savedmodel import inputs as inputs_lib
 from serving_opt.savedmodel import loader
 from serving_opt.stages import parity

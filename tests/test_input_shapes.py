@@ -18,7 +18,7 @@ from independent_check import assert_outputs_match
 
 from serving_opt import OptimizeOptions, optimize
 from serving_opt.errors import ServingOptError, UsageError
-from serving_opt.report import format_optimize_report
+from serving_opt.pipeline.report import format_optimize_report
 from serving_opt.savedmodel import loader
 from serving_opt.savedmodel import shapes as shapes_lib
 

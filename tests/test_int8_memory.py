@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 from conftest import TEXT_CLASSIFIER_VOCAB
 
-from serving_opt import measuring, samples
-from serving_opt.optimizer import OptimizeOptions, optimize
-from serving_opt.report import format_cold_start
+from serving_opt import samples
+from serving_opt.core import measuring
+from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
+from serving_opt.pipeline.report import format_cold_start
 from serving_opt.savedmodel import loader, native_load
 from serving_opt.stages import coldstart
 

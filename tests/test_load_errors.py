@@ -19,7 +19,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from serving_opt.errors import ServingOptError
-from serving_opt.optimizer import OptimizeOptions, optimize
+from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.savedmodel import loader
 
 SERVE = frozenset({"serve"})

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from gate_runs import gate_run
 
-from serving_opt import gates, proving
-from serving_opt.gates import Kind, LossyGate
+from serving_opt.core import gates
+from serving_opt.core.gates import Kind, LossyGate
+from serving_opt.pipeline import proving
 from serving_opt.stages.parity import OutputParity, ParityReport
 
 CLASSES = 5

@@ -20,7 +20,7 @@ from serving_opt import optimize
 from serving_opt.cli import main as cli
 from serving_opt.errors import UsageError
 from serving_opt.options import MeasureOptions, OptimizeOptions
-from serving_opt.report import format_optimize_report
+from serving_opt.pipeline.report import format_optimize_report
 from serving_opt.stages import benchmark as benchmark_lib
 from serving_opt.stages import coldstart
 from serving_opt.stages import regression as regression_lib

@@ -38,9 +38,9 @@ from tensorflow_serving.apis import (  # noqa: E402
 )
 
 from serving_opt import samples  # noqa: E402
-from serving_opt.serving.model_server import ServerOptions, ServerStartError, serve  # noqa: E402
-from serving_opt.serving.model_server.prediction_service import PredictionService  # noqa: E402
-from serving_opt.serving.model_server.request_options import RequestOptions  # noqa: E402
+from serving_opt.model_server import ServerOptions, ServerStartError, serve  # noqa: E402
+from serving_opt.model_server.prediction_service import PredictionService  # noqa: E402
+from serving_opt.model_server.request_options import RequestOptions  # noqa: E402
 
 CLASSIFY = "tensorflow/serving/classify"
 REGRESS = "tensorflow/serving/regress"

@@ -31,13 +31,13 @@ from local_server import running  # noqa: E402
 from saved_model_io import save_tf1  # noqa: E402
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 
-from serving_opt.serving.model_server.batching import (  # noqa: E402
+from serving_opt.model_server.batching import (  # noqa: E402
     BatchingOptions,
     BatchingSession,
     BatchScheduler,
 )
-from serving_opt.serving.model_server.servable import Fetched  # noqa: E402
-from serving_opt.serving.model_server.status import ServingStatusError  # noqa: E402
+from serving_opt.model_server.servable import Fetched  # noqa: E402
+from serving_opt.model_server.status import ServingStatusError  # noqa: E402
 
 WEIGHTS = np.array([[1.0, -2.0], [0.5, 3.0], [-1.5, 0.25]], np.float32)
 # Longer than any test: a batch never runs because its timeout passed.

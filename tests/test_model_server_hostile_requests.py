@@ -33,7 +33,7 @@ from tensorflow.core.framework import types_pb2  # noqa: E402
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 
 from serving_opt import sandbox  # noqa: E402
-from serving_opt.serving.model_server import request_cost, tensors  # noqa: E402
+from serving_opt.model_server import request_cost, tensors  # noqa: E402
 
 # Far below the 12 GB the request declared, far above what the server needs
 # (~0.4 GB of data segment for this model, plus up to 128 gRPC thread stacks).
@@ -461,8 +461,8 @@ def test_examples_are_charged_their_serialized_batch_before_it_is_built():
     from tensorflow.core.example import example_pb2
     from tensorflow_serving.apis import input_pb2
 
-    from serving_opt.serving.model_server.example_input import serialized_examples
-    from serving_opt.serving.model_server.status import ServingStatusError
+    from serving_opt.model_server.example_input import serialized_examples
+    from serving_opt.model_server.status import ServingStatusError
 
     context = example_pb2.Example()
     context.features.feature["shared"].bytes_list.value.append(b"c" * 1000)

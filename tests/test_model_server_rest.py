@@ -44,8 +44,8 @@ from tensorflow_serving.apis import (  # noqa: E402
 )
 
 from serving_opt import samples  # noqa: E402
-from serving_opt.serving.model_server import ServerOptions, ServerStartError, serve  # noqa: E402
-from serving_opt.serving.model_server.json_codec import decimal  # noqa: E402
+from serving_opt.model_server import ServerOptions, ServerStartError, serve  # noqa: E402
+from serving_opt.model_server.json_codec import decimal  # noqa: E402
 
 MODELS = ("classifier", "regressor", "convnet", "multihead", "strings")
 

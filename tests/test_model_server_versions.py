@@ -30,8 +30,8 @@ from tensorflow_serving.apis import (  # noqa: E402
     prediction_service_pb2_grpc,
 )
 
-from serving_opt.serving.model_server import ServerOptions, ServerStartError, serve  # noqa: E402
-from serving_opt.serving.model_server.model_config import single_model_config  # noqa: E402
+from serving_opt.model_server import ServerOptions, ServerStartError, serve  # noqa: E402
+from serving_opt.model_server.model_config import single_model_config  # noqa: E402
 
 State = get_model_status_pb2.ModelVersionStatus.State
 FAST = {"port": 0, "file_system_poll_wait_seconds": 0.1, "max_num_load_retries": 0}
@@ -424,7 +424,7 @@ def test_reload_config_without_a_model_unloads_it(serving, model_copy, counter_b
 def test_version_directory_names_parse_like_safe_strto64():
     # tensorflow_serving's ParseVersionNumber is strings::safe_strto64: C isspace around,
     # an optional '-' (no '+'), ASCII digits, within int64.
-    from serving_opt.serving.model_server import storage_path
+    from serving_opt.model_server import storage_path
 
     assert storage_path.parse_version("02") == 2
     assert storage_path.parse_version(" 7\t") == 7
@@ -436,7 +436,7 @@ def test_version_directory_names_parse_like_safe_strto64():
 def test_02_and_2_are_one_version_served_from_2_with_a_warning(tmp_path, caplog):
     from tensorflow_serving.config import model_server_config_pb2
 
-    from serving_opt.serving.model_server import storage_path
+    from serving_opt.model_server import storage_path
 
     base = tmp_path / "m"
     for name in ("1", "02", "2"):
@@ -468,8 +468,8 @@ def _fails_fast(call, seconds: int = 30):
 
 
 def test_a_saved_model_pb_that_is_not_a_regular_file_fails_the_load(counter_base, tmp_path):
-    from serving_opt.serving.model_server import servable
-    from serving_opt.serving.model_server.status import ServingStatusError
+    from serving_opt.model_server import servable
+    from serving_opt.model_server.status import ServingStatusError
 
     version = tmp_path / "1"
     shutil.copytree(os.path.join(counter_base, "1"), version)

@@ -18,8 +18,8 @@ from independent_check import assert_outputs_match, example
 
 from serving_opt import samples
 from serving_opt.errors import ParityError, ServingOptError, UsageError
-from serving_opt.optimizer import OptimizeOptions, optimize
-from serving_opt.run import SizeReport
+from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
+from serving_opt.pipeline.run import SizeReport
 from serving_opt.savedmodel import loader
 
 # The cold-start gate times fresh processes: on a busy machine it may see noise, confirm

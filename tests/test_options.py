@@ -132,7 +132,7 @@ def test_every_check_is_in_the_tree(options, message):
 
 
 def test_the_defaults_are_the_stages_own():
-    from serving_opt import gates
+    from serving_opt.core import gates
     from serving_opt.savedmodel import checkpoint, loader
     from serving_opt.stages import freeze, grappler, quantize, regression
 

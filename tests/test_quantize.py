@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 from conftest import TEXT_CLASSIFIER_DIM, TEXT_CLASSIFIER_VOCAB
 
-from serving_opt import gates, samples
-from serving_opt.attempts import LOSSY_GATE_FAILED
+from serving_opt import samples
+from serving_opt.core import gates
 from serving_opt.errors import ParityError, UsageError
-from serving_opt.optimizer import OptimizeOptions, optimize
+from serving_opt.pipeline.attempts import LOSSY_GATE_FAILED
+from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.savedmodel import loader, untrusted
 
 EMBEDDING = "dnn/input_from_feature_columns/input_layer/text_embedding/embedding_weights"
@@ -467,7 +468,7 @@ def test_int4_packing_is_chunked_and_odd_widths_pad(monkeypatch):
 
 
 def test_int4_candidates_are_tables_only():
-    from serving_opt.attempts import candidates
+    from serving_opt.pipeline.attempts import candidates
 
     assert [c.describe() for c in candidates("auto", "int4")] == [
         "frozen, int4: tables only", "variables kept, int4: tables only"]

@@ -33,9 +33,9 @@ import tensorflow as tf
 from saved_model_io import edit_saved_model, read_saved_model
 from tensorflow.core.framework import types_pb2
 
-from serving_opt import host_ops, inspection
-from serving_opt.graph import node_name
-from serving_opt.savedmodel import loader, untrusted
+from serving_opt import inspection
+from serving_opt.savedmodel import host_ops, loader, untrusted
+from serving_opt.savedmodel.graph import node_name
 
 v1 = tf.compat.v1
 HOST_PATH = "/etc/hostname"
@@ -529,7 +529,7 @@ def test_an_absent_asset_a_table_reads_is_an_error(tmp_path, capsys):
 
 
 def test_optimize_publishes_a_model_with_an_absent_unread_asset(tmp_path):
-    from serving_opt.optimizer import OptimizeOptions, optimize
+    from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 
     notes = tmp_path / "notes.txt"
     notes.write_text("notes\n")

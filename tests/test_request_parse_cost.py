@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from serving_opt.serving.model_server import request_cost
+from serving_opt.model_server import request_cost
 
 COUNT = 1_000_000
 

@@ -27,8 +27,8 @@ import tensorflow as tf  # noqa: E402
 from local_server import read_line, running, start_serve, stop_process  # noqa: E402
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 
-from serving_opt.serving.model_server import http_connections  # noqa: E402
-from serving_opt.serving.model_server.request_options import RestLimits  # noqa: E402
+from serving_opt.model_server import http_connections  # noqa: E402
+from serving_opt.model_server.request_options import RestLimits  # noqa: E402
 
 LIMIT = 24
 # Generous: a loaded machine must not fail these, and none waits for them to pass.
@@ -191,7 +191,7 @@ def any_closed_by_server(socks: list[socket.socket]) -> bool:
 # descriptors it has left once started: the flood runs it out of descriptors first.
 _SERVER = """
 import os, resource, sys
-from serving_opt.serving.model_server import ServerOptions, serve
+from serving_opt.model_server import ServerOptions, serve
 server = serve(ServerOptions(model_name="m", model_base_path=sys.argv[1], port=0,
                              rest_api_port=-1))
 assert server._rest_server.connections.limit >= 100

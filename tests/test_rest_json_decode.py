@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from tensorflow.core.framework import types_pb2
 
-from serving_opt.serving.model_server import json_numeric, json_predict, json_simd
-from serving_opt.serving.model_server.status import ServingStatusError
-from serving_opt.serving.model_server.tensors import from_proto
+from serving_opt.model_server import json_numeric, json_predict, json_simd
+from serving_opt.model_server.status import ServingStatusError
+from serving_opt.model_server.tensors import from_proto
 
 DTYPES = [types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE, types_pb2.DT_INT32, types_pb2.DT_INT64,
           types_pb2.DT_UINT8, types_pb2.DT_INT8, types_pb2.DT_UINT64]
@@ -358,7 +358,7 @@ def test_without_simdjson_the_numpy_reader_decodes_alone():
         import json
         import numpy as np
         from tensorflow.core.framework import types_pb2
-        from serving_opt.serving.model_server import json_simd, json_numeric
+        from serving_opt.model_server import json_simd, json_numeric
         image = np.random.default_rng(0).random((1, 40, 40, 3)).tolist()
         body = json.dumps({"instances": image}).encode()
         infos = {"x": SimpleNamespace(dtype=types_pb2.DT_FLOAT)}

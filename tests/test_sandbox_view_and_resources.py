@@ -411,8 +411,7 @@ def test_a_hard_linked_asset_is_refused(tmp_path, classifier_dir):
 def test_the_parent_publishes_only_a_staging_directory_it_created(tmp_path):
     import types
 
-    from serving_opt import optimizer
-
+    from serving_opt.pipeline import optimizer
     work = tmp_path / "base" / ".serving-opt-staging-run-x"
     (work / ".serving-opt-staging-1-y").mkdir(parents=True)
     elsewhere = tmp_path / "elsewhere" / ".serving-opt-staging-1-z"

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 from saved_model_io import save_tf1, serving_default
 
-from serving_opt.serving.model_server.servable import LoadOptions, Servable, ServableId
+from serving_opt.model_server.servable import LoadOptions, Servable, ServableId
 
 v1 = tf.compat.v1
 
@@ -24,8 +24,8 @@ v1 = tf.compat.v1
 _RUN = """
 import json, sys
 import numpy as np
-from serving_opt.serving.model_server.servable import LoadOptions, Servable, ServableId
-from serving_opt.serving.model_server.status import ServingStatusError
+from serving_opt.model_server.servable import LoadOptions, Servable, ServableId
+from serving_opt.model_server.status import ServingStatusError
 path, shape, direct = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
 servable = Servable.load(ServableId("m", 1), path, LoadOptions())
 run = servable.run_direct if direct else servable.run

@@ -16,11 +16,11 @@ import tensorflow as tf
 from saved_model_io import save_tf1, serving_default
 from tensorflow.core.protobuf import meta_graph_pb2
 
+from serving_opt.model_server import servable as servable_lib
+from serving_opt.model_server.request_options import RequestOptions
+from serving_opt.model_server.servable import LoadOptions, Servable, ServableId
+from serving_opt.model_server.warmup import replay_warmup
 from serving_opt.savedmodel import checked_load, loader
-from serving_opt.serving.model_server import servable as servable_lib
-from serving_opt.serving.model_server.request_options import RequestOptions
-from serving_opt.serving.model_server.servable import LoadOptions, Servable, ServableId
-from serving_opt.serving.model_server.warmup import replay_warmup
 
 v1 = tf.compat.v1
 SECRET_WORD = b"other-models-secret"

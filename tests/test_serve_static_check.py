@@ -13,7 +13,7 @@ import sys
 import pytest
 from hostile_models import HOSTILE, canary_files
 
-from serving_opt.serving.model_server import ServerOptions, ServerStartError, serve
+from serving_opt.model_server import ServerOptions, ServerStartError, serve
 
 FAST = {"port": 0, "file_system_poll_wait_seconds": 0.1, "max_num_load_retries": 0}
 

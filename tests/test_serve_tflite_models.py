@@ -20,9 +20,9 @@ import tensorflow as tf
 from local_server import running
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from serving_opt.serving.model_server.servable import ServableId
-from serving_opt.serving.model_server.status import ServingStatusError
-from serving_opt.serving.model_server.tflite import TfLiteServable, flex_nodes
+from serving_opt.model_server.servable import ServableId
+from serving_opt.model_server.status import ServingStatusError
+from serving_opt.model_server.tflite import TfLiteServable, flex_nodes
 
 # realpath: under Bazel this file is a runfiles symlink; the venv is beside the source.
 TF215_PYTHON = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))),

@@ -30,10 +30,10 @@ from tensorflow_serving.apis import (  # noqa: E402
 
 from serving_opt.cli import main as cli  # noqa: E402
 from serving_opt.cli.commands import serve as serve_command_module  # noqa: E402
-from serving_opt.serving.model_server import ServerStartError, serve  # noqa: E402
-from serving_opt.serving.model_server.servable import with_custom_op_hint  # noqa: E402
-from serving_opt.serving.model_server.server import ServerOptions  # noqa: E402
-from serving_opt.serving.model_server.status import not_found  # noqa: E402
+from serving_opt.model_server import ServerStartError, serve  # noqa: E402
+from serving_opt.model_server.servable import with_custom_op_hint  # noqa: E402
+from serving_opt.model_server.server import ServerOptions  # noqa: E402
+from serving_opt.model_server.status import not_found  # noqa: E402
 
 
 def _cli(args: list[str]) -> int:
@@ -361,7 +361,7 @@ def test_tflite_with_batching_is_refused(capsys):
 
 
 def test_session_flags_build_upstreams_session_config(tmp_path):
-    from serving_opt.serving.model_server.server import grpc_channel_arguments, session_config_of
+    from serving_opt.model_server.server import grpc_channel_arguments, session_config_of
 
     config_file = tmp_path / "session.config"
     config_file.write_text("allow_soft_placement: true intra_op_parallelism_threads: 7")

@@ -15,8 +15,8 @@ import urllib.request  # noqa: E402
 
 from local_server import running  # noqa: E402
 
-from serving_opt.serving.model_server import monitoring  # noqa: E402
-from serving_opt.serving.model_server.monitoring import Metrics  # noqa: E402
+from serving_opt.model_server import monitoring  # noqa: E402
+from serving_opt.model_server.monitoring import Metrics  # noqa: E402
 
 # The text format, strictly: a TYPE line, or name{label="value",...} number. A label value
 # is any text whose backslash, double quote and newline are escaped.

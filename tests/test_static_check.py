@@ -23,11 +23,11 @@ from conftest import tree_snapshot
 from hostile_models import HOSTILE, REQUEST, canary_files
 from saved_model_io import edit_saved_model, save_tf1, serving_default
 
-from serving_opt import host_ops, inspection
+from serving_opt import inspection
 from serving_opt.errors import ServingOptError
-from serving_opt.graph import node_name
-from serving_opt.optimizer import OptimizeOptions, optimize
-from serving_opt.savedmodel import loader, untrusted
+from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
+from serving_opt.savedmodel import host_ops, loader, untrusted
+from serving_opt.savedmodel.graph import node_name
 
 v1 = tf.compat.v1
 QUICK = dict(benchmark_runs=0, cold_start=False)
@@ -531,9 +531,9 @@ def _registered_ops():
 
 def test_every_registered_op_was_reviewed():
     """A TensorFlow release with a new op fails here until the op is classified
-    (serving_opt/host_ops.py says how). The op libraries `serve` loads (TensorFlow Text,
+    (serving_opt/savedmodel/host_ops.py says how). The op libraries `serve` loads (TensorFlow Text,
     as TF Serving links it) are registered first: their ops run there too."""
-    from serving_opt.serving.model_server.servable import load_custom_op_libraries
+    from serving_opt.model_server.servable import load_custom_op_libraries
 
     assert load_custom_op_libraries() == ["tensorflow_text"]  # make venv installs it
     ops = _registered_ops()

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from serving_opt import host_ops
 from serving_opt.cli import main as cli
 from serving_opt.errors import ServingOptError
-from serving_opt.savedmodel import untrusted
+from serving_opt.savedmodel import host_ops, untrusted
 from serving_opt.savedmodel.untrusted import node_rules as untrusted_nodes
 from serving_opt.savedmodel.untrusted import reach as untrusted_graph
 from serving_opt.savedmodel.untrusted import saver_shape as untrusted_saver

@@ -33,10 +33,9 @@ from hostile_models_hidden_routes import (
     writing_dataset,
 )
 
-from serving_opt import host_ops
 from serving_opt.cli import main as cli
 from serving_opt.errors import ServingOptError
-from serving_opt.savedmodel import loader, untrusted
+from serving_opt.savedmodel import host_ops, loader, untrusted
 
 
 def _meta_graph(export_dir: str):

@@ -19,10 +19,10 @@ from conftest import COLORS, FRUITS, HOURS, KERAS_APPLICATIONS, TEXT_VOCABULARY,
 from independent_check import assert_outputs_match
 
 from serving_opt.errors import ParityError, ServingOptError
-from serving_opt.graph import ServingGraph
-from serving_opt.optimizer import OptimizeOptions, optimize
+from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.savedmodel import inputs as inputs_lib
 from serving_opt.savedmodel import loader
+from serving_opt.savedmodel.graph import ServingGraph
 from serving_opt.stages import freeze as freeze_lib
 from serving_opt.stages import grappler as grappler_lib
 from serving_opt.stages.transforms import apply_transforms, parse_transforms

@@ -18,7 +18,7 @@ import pytest
 from google.protobuf import text_format
 from tune_reports import synthetic_report
 
-from serving_opt.serving.model_server.batching import parse_batching_parameters
+from serving_opt.model_server.batching import parse_batching_parameters
 from serving_opt.tune import decide, hardware, outputs, tuner
 from serving_opt.tune.report import UPSTREAM_LABEL, format_report, headline
 from serving_opt.tune.settings import BatchingSettings, ServingSettings, ThreadSettings, cores

@@ -14,8 +14,8 @@ import os
 import pytest
 
 from serving_opt.cli import main as cli
-from serving_opt.serving.model_server import model_config
-from serving_opt.serving.model_server.batching import parse_batching_parameters
+from serving_opt.model_server import model_config
+from serving_opt.model_server.batching import parse_batching_parameters
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:

@@ -14,7 +14,7 @@ import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2, types_pb2
 from tensorflow.python.ops import gen_parsing_ops
 
-from serving_opt.serving.model_server import tensors
+from serving_opt.model_server import tensors
 
 
 def parse_tensor(proto: tensor_pb2.TensorProto) -> np.ndarray:

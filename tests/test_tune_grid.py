@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving_opt.serving.model_server.batching import parse_batching_parameters
+from serving_opt.model_server.batching import parse_batching_parameters
 from serving_opt.tune import grid, tuner
 from serving_opt.tune.options import TuneOptions
 from serving_opt.tune.profile import LatencyCurve, ModelProfile

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serving_opt.serving.model_server import ServerOptions, serve
+from serving_opt.model_server import ServerOptions, serve
 from serving_opt.tune import load, payloads
 from serving_opt.tune.settings import BatchingSettings
 

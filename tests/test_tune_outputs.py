@@ -22,8 +22,8 @@ from absl import flags
 from tune_reports import synthetic_report
 
 from serving_opt.cli.commands import serve as serve_command
+from serving_opt.model_server.batching import parse_batching_parameters
 from serving_opt.serving import backends
-from serving_opt.serving.model_server.batching import parse_batching_parameters
 from serving_opt.tune import outputs, tuner
 from serving_opt.tune.report import TuneReport, format_report
 from serving_opt.tune.settings import (

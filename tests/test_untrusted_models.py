@@ -15,10 +15,10 @@ import pytest
 import tensorflow as tf
 from conftest import tree_snapshot
 
-from serving_opt import host_ops, inspection
+from serving_opt import inspection
 from serving_opt.errors import ServingOptError
-from serving_opt.optimizer import OptimizeOptions, optimize
-from serving_opt.savedmodel import loader
+from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
+from serving_opt.savedmodel import host_ops, loader
 from serving_opt.stages import parity
 
 QUICK = dict(benchmark_runs=0, cold_start=False)

@@ -144,7 +144,7 @@ def test_shared_settings_cannot_disagree(tmp_path):
 
 
 def test_shared_settings_flow_from_optimize_to_validate():
-    from serving_opt.optimizer import validate_options
+    from serving_opt.pipeline.optimizer import validate_options
 
     merged = validate_options(OptimizeOptions(atol=1e-3, rtol=1e-2, examples="e.jsonl",
                                               validate=ValidateOptions()))
@@ -206,8 +206,8 @@ def test_validate_serves_only_the_version_it_checks(regressor_dir, tmp_path):
 
 
 def test_model_config_pins_the_version():
+    from serving_opt.model_server.model_config import parse_config_text
     from serving_opt.serving import backends
-    from serving_opt.serving.model_server.model_config import parse_config_text
 
     spec = backends.ServerSpec("clf", "/m/clf", version=7)
     config = parse_config_text(backends.model_config_text(spec, "/m/clf"))

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from serving_opt.optimizer import OptimizeOptions, optimize
+from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.serving import backends
 from serving_opt.serving.validate import ValidateOptions, validate, write_marker
 

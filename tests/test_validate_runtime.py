@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from serving_opt.errors import ServingOptError, UsageError
-from serving_opt.optimizer import OptimizeOptions, optimize
+from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.serving import backends, rest_client, runtime
 from serving_opt.serving.markers import MARKER_OK, write_marker
 from serving_opt.serving.validate import ValidateOptions, validate

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from independent_check import assert_outputs_match, example
 
-from serving_opt.optimizer import OptimizeOptions, optimize
+from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.samples.tf1 import save_with_tables
 from serving_opt.savedmodel import loader
 

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from absl import flags
 
+from serving_opt.core.rendering import printable
 from serving_opt.errors import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -31,7 +32,6 @@ from serving_opt.errors import (
     first_line,
     storage_error,
 )
-from serving_opt.report import printable
 
 PROG = "serving-opt"
 COMMANDS = ("inspect", "optimize", "validate", "serve", "compare", "tune")

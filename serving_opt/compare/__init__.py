@@ -13,7 +13,7 @@ Nothing is collected to the driver but the combined statistics. See docs/compare
 
 The package: ``options`` (what it can be told), ``driver`` (checks, plans, runs),
 ``pipeline`` (the Beam side), ``stats`` (the mergeable per-output accumulators) and
-``report`` (the verdict, by the rules of ``serving_opt.gates``, and its tables).
+``report`` (the verdict, by the rules of ``serving_opt.core.gates``, and its tables).
 
 Needs the ``beam`` extra (``pip install serving-opt[beam]``); the error says so.
 """

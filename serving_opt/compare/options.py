@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serving_opt import gates
+from serving_opt.core import gates
 
 DEFAULT_BATCH_SIZE = 256
 

@@ -2,7 +2,7 @@
 
 The pipeline (``compare.pipeline``) writes one JSON line per signature output;
 :func:`report_from_lines` turns them into a :class:`CompareReport`, which judges each
-output with the gates' rules (``serving_opt.gates``: the tolerance rule, or the lossy
+output with the gates' rules (``serving_opt.core.gates``: the tolerance rule, or the lossy
 rule for quantized candidates) and :func:`format_report` lays out.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from serving_opt import gates
 from serving_opt.compare.options import CompareOptions
 from serving_opt.compare.stats import histogram_labels
+from serving_opt.core import gates
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def format_report(report: CompareReport) -> str:
     Example:
         >>> print(format_report(report))
     """
-    from serving_opt.report import table
+    from serving_opt.core.rendering import table
 
     head = (f"compare {report.baseline} (baseline) vs {report.candidate} (candidate)\n"
             f"  {report.examples} examples from {report.shards} shard(s) of "

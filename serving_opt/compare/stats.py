@@ -5,7 +5,7 @@ one batch of (baseline, candidate) answers into it, ``merge`` adds two of them, 
 size does not grow with the input (a fixed histogram, a class-confusion map bounded by
 classes x classes, at most ``worst_k`` worst examples). Pure numpy; no Beam, no TF.
 
-Definitions (the tolerance rule of ``serving_opt.gates``, the parity gate's): an element
+Definitions (the tolerance rule of ``serving_opt.core.gates``, the parity gate's): an element
 mismatches when not ``|c - b| <= atol + rtol * |b|`` (NaN equal to NaN); integers,
 booleans and strings must be equal. Relative diff is ``|c - b| / |b|`` where ``b != 0``.
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from serving_opt import gates
+from serving_opt.core import gates
 
 # Upper bounds of the abs-diff histogram: 0 (identical), then one bucket per decade up to
 # 1, then everything above. Fixed, so histograms of all workers add up bucket by bucket.

@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from serving_opt.detection.matching import DetectionKeys
-from serving_opt.graph import called_functions, node_name
-from serving_opt.graph_diff import request_dependent
+from serving_opt.savedmodel.graph import called_functions, node_name
+from serving_opt.savedmodel.graph_diff import request_dependent
 
 NMS_OPS = frozenset({
     "NonMaxSuppression", "NonMaxSuppressionV2", "NonMaxSuppressionV3",

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serving_opt import gates
+from serving_opt.core import gates
+from serving_opt.core.gates import Kind, OutputCheck, Verdict
 from serving_opt.detection import discontinuous, matching
-from serving_opt.gates import Kind, OutputCheck, Verdict
 
 # Lossy work: a detection survives quantization when a box of its class overlaps it
 # this much (the usual "same detection" threshold of detection metrics).

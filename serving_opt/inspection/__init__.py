@@ -23,7 +23,6 @@ import os
 from collections.abc import Iterable
 from typing import Union
 
-from serving_opt.graph import PROTOBUF_LIMIT_BYTES
 from serving_opt.inspection import facts, risks
 from serving_opt.inspection.facts import LARGEST_VARIABLES, OBJECT_GRAPH_KEY
 from serving_opt.inspection.report import (
@@ -49,6 +48,7 @@ from serving_opt.inspection.risks import (
     VARIABLE_OPS,
 )
 from serving_opt.savedmodel import loader
+from serving_opt.savedmodel.graph import PROTOBUF_LIMIT_BYTES
 
 
 def inspect_saved_model(

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 from serving_opt.errors import first_line
-from serving_opt.graph import tensor_info_tensors
 from serving_opt.inspection.report import (
     AssetReport,
     DiskUsage,
@@ -33,6 +32,7 @@ from serving_opt.inspection.report import (
 )
 from serving_opt.savedmodel import loader
 from serving_opt.savedmodel.asset_paths import asset_path_problem
+from serving_opt.savedmodel.graph import tensor_info_tensors
 
 # Key of the TF2 object graph stored inside object-based checkpoints; it is bookkeeping,
 # not a variable.

@@ -21,12 +21,11 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
-from serving_opt import graph_diff
-from serving_opt.host_ops import host_op_kind
+from serving_opt.core.rendering import printable
 from serving_opt.inspection.report import Risk
 from serving_opt.inspection.risks import SEVERITY_ERROR
-from serving_opt.report import printable
-from serving_opt.savedmodel import frozen_graph
+from serving_opt.savedmodel import frozen_graph, graph_diff
+from serving_opt.savedmodel.host_ops import host_op_kind
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from serving_opt.report import human_bytes, printable, table
+from serving_opt.core.rendering import human_bytes, printable, table
 from serving_opt.savedmodel import loader
 
 SCHEMA_VERSION = 1

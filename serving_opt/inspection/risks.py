@@ -18,8 +18,7 @@ import os
 from collections.abc import Iterable
 from typing import Optional
 
-from serving_opt import host_ops
-from serving_opt.graph import node_name
+from serving_opt.core.rendering import human_bytes
 from serving_opt.inspection.facts import V1_CHECKPOINT, CheckpointRead, variables_prefix
 from serving_opt.inspection.report import (
     AssetReport,
@@ -28,15 +27,15 @@ from serving_opt.inspection.report import (
     SignatureReport,
     VariablesReport,
 )
-from serving_opt.report import human_bytes
-from serving_opt.savedmodel import loader, unbound_variables, untrusted
+from serving_opt.savedmodel import host_ops, loader, unbound_variables, untrusted
 from serving_opt.savedmodel.asset_paths import asset_path_problem, shown_filename
+from serving_opt.savedmodel.graph import node_name
 
 SEVERITY_ERROR = "error"
 SEVERITY_WARNING = "warning"
 _SEVERITY_ORDER = {SEVERITY_ERROR: 0, SEVERITY_WARNING: 1}
 
-# The ops that touch files or the host, from TF's op registry (serving_opt.host_ops):
+# The ops that touch files or the host, from TF's op registry (serving_opt.savedmodel.host_ops):
 # the same list refuses a model in optimize/validate and rates its risks here.
 CODE_EXECUTION_OPS = frozenset(op for op, kind in host_ops.HOST_OPS.items()
                                if kind == host_ops.RUNS_CODE)

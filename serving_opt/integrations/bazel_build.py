@@ -118,8 +118,8 @@ def build(args: argparse.Namespace) -> None:
     Example:
         >>> build(_parser().parse_args(["--input_dir=m", "--output_dir=out"]))
     """
-    from serving_opt import report as report_lib
-    from serving_opt.optimizer import optimize
+    from serving_opt.core import rendering as report_lib
+    from serving_opt.pipeline.optimizer import optimize
 
     out = args.output_dir
     os.makedirs(out, exist_ok=True)
@@ -164,8 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         logging.getLogger("tensorflow").setLevel(logging.ERROR)
         absl_logging.set_verbosity(absl_logging.ERROR)
+    from serving_opt.core.rendering import printable
     from serving_opt.errors import ServingOptError
-    from serving_opt.report import printable
     from serving_opt.savedmodel import loader
 
     loader.configure_for_optimizing()

@@ -54,9 +54,9 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from serving_opt import optimizer as optimizer_lib
 from serving_opt.errors import ServingOptError, UsageError
-from serving_opt.optimizer import OptimizeOptions, OptimizeReport
+from serving_opt.pipeline import optimizer as optimizer_lib
+from serving_opt.pipeline.optimizer import OptimizeOptions, OptimizeReport
 from serving_opt.savedmodel import loader, writer
 
 logger = logging.getLogger("serving_opt.estimator")  # the public path
@@ -256,8 +256,7 @@ def _log_warnings(report: OptimizeReport | None, where: str) -> None:
 def _optimize_and_publish(raw_dir: str, base: str, options: OptimizeOptions,
                           fatal: bool) -> OptimizedExport:
     """Optimizes the plain export ``raw_dir`` into ``base``; the plain one on non-fatal failure."""
-    from serving_opt import report as report_lib
-
+    from serving_opt.pipeline import report as report_lib
     stamp = os.path.basename(raw_dir)
     version = int(stamp) if stamp.isascii() and stamp.isdigit() else 0
     # The newest export must be the highest version, or TF Serving keeps serving an older one.

@@ -33,8 +33,8 @@ from typing import Any
 import keras  # noqa: E402 - after the module docstring's imports
 
 from serving_opt.errors import ServingOptError, UsageError  # noqa: E402
-from serving_opt.optimizer import OptimizeOptions, OptimizeReport, optimize  # noqa: E402
 from serving_opt.options import MeasureOptions  # noqa: E402
+from serving_opt.pipeline.optimizer import OptimizeOptions, OptimizeReport, optimize  # noqa: E402
 from serving_opt.savedmodel import writer  # noqa: E402
 
 logger = logging.getLogger("serving_opt.keras")  # the public path

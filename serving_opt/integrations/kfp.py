@@ -81,8 +81,9 @@ def run_step(model, optimized, metrics, report, examples, params: dict) -> dict:
     ``metrics``, ``log_metric``); ``params``: the component's parameters. Exits non-zero
     with the one-line reason on a refusal."""
     import serving_opt
-    from serving_opt import report as report_lib
+    from serving_opt.core import rendering
     from serving_opt.errors import ServingOptError
+    from serving_opt.pipeline import report as report_lib
 
     runs = params["benchmark_runs"]
     options = serving_opt.OptimizeOptions(
@@ -97,8 +98,8 @@ def run_step(model, optimized, metrics, report, examples, params: dict) -> dict:
         # SystemExit prints exactly this line on stderr and exits 1: the step fails and
         # KFP runs nothing downstream of it.
         raise SystemExit(f"serving-opt: {e.one_line()}") from None
-    data = report_lib.to_jsonable(result)
-    report_lib.write_json(result, os.path.join(optimized.path, REPORT_NAME))
+    data = rendering.to_jsonable(result)
+    rendering.write_json(result, os.path.join(optimized.path, REPORT_NAME))
     optimized.metadata.update({
         "verdict": "published" if result.published else "refused",
         "version": result.version,

@@ -40,7 +40,7 @@ Where bubblewrap cannot run (not installed, no user namespaces, not Linux),
 ``allow_unsandboxed``; reports say which it was (:func:`describe`).
 
     policy = Policy(read_only=("exports/1",), writable=("models/.serving-opt-run-x",))
-    result = call("serving_opt.optimizer:build_in_worker", job, policy=policy)
+    result = call("serving_opt.pipeline.optimizer:build_in_worker", job, policy=policy)
 """
 
 from __future__ import annotations

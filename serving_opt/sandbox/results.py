@@ -26,11 +26,11 @@ from serving_opt.errors import ServingOptError
 # The report dataclasses a sandboxed call returns (or an error carries), and every
 # dataclass they hold: nothing else is built on the way out.
 SCHEMA = frozenset({
-    "serving_opt.attempts:AttemptReport", "serving_opt.attempts:Candidate",
-    "serving_opt.attempts:Verdict",
+    "serving_opt.pipeline.attempts:AttemptReport", "serving_opt.pipeline.attempts:Candidate",
+    "serving_opt.pipeline.attempts:Verdict",
     "serving_opt.compare.report:CompareReport", "serving_opt.compare.report:OutputComparison",
-    "serving_opt.run:OptimizeReport", "serving_opt.run:SizeReport",
-    "serving_opt.run:StageReport",
+    "serving_opt.pipeline.run:OptimizeReport", "serving_opt.pipeline.run:SizeReport",
+    "serving_opt.pipeline.run:StageReport",
     "serving_opt.savedmodel.checkpoint:KeptVariable",
     "serving_opt.serving.results:Check", "serving_opt.serving.results:LoadTest",
     "serving_opt.serving.results:ValidationReport",

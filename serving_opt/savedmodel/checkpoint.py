@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serving_opt.graph import attr, make_node, var_handle
+from serving_opt.savedmodel.graph import attr, make_node, var_handle
 
 SAVER_SCOPE = "serving_opt_saver"
 DEFAULT_MAX_CONSTANT_BYTES = 64 * 1024

@@ -32,13 +32,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from serving_opt.errors import ServingOptError, UsageError, first_line, storage_error
-from serving_opt.graph import (
+from serving_opt.savedmodel import loader
+from serving_opt.savedmodel.graph import (
     ServingGraph,
     node_name,
     reachable_nodes,
     reachable_subgraph,
 )
-from serving_opt.savedmodel import loader
 
 GRAPH_DEF_SUFFIXES = (".pb",)
 SIGNATURE_KEY = "serving_default"

@@ -19,8 +19,8 @@ from typing import Protocol
 import numpy as np
 
 from serving_opt.errors import ServingOptError, UsageError
-from serving_opt.graph import CALL_OPS, node_name
 from serving_opt.savedmodel.examples import UserInputs
+from serving_opt.savedmodel.graph import CALL_OPS, node_name
 
 _PARSE_OPS = frozenset({"ParseExample", "ParseExampleV2", "ParseSingleExample"})
 _PASS_THROUGH_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "IdentityN"})

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from serving_opt.errors import ServingOptError, first_line
-from serving_opt.graph import PROTOBUF_LIMIT_BYTES
+from serving_opt.savedmodel.graph import PROTOBUF_LIMIT_BYTES
 
 SERVE_TAG = "serve"
 INIT_OP_SIGNATURE_KEY = "__saved_model_init_op"

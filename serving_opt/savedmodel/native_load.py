@@ -5,7 +5,7 @@ TF Serving is a C++ process: it holds the C++ runtime's code pages (shared-libra
 the kernel counts in its RSS, ~320 MiB for TensorFlow 2.x) and none of the Python API's
 objects (~210 MiB of heap once ``import tensorflow`` has run). Neither of the other ways
 this project measures counts that: a process that imports ``tensorflow`` holds the Python
-objects, and a child forked from it (``serving_opt.measuring``) does not count the code
+objects, and a child forked from it (``serving_opt.core.measuring``) does not count the code
 pages, since Linux does not copy the page-table entries of file-backed mappings at fork.
 Both shift every "optimized / original" memory ratio, by different amounts.
 

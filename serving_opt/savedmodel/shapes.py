@@ -9,7 +9,7 @@ Transform Tool's ``strip_unused_nodes(shape=...)``.
 A pinned placeholder lets the transforms and Grappler fold what only depended on the
 input's shape (Shape, the resize's size, the anchors' grid), which is what the user of a
 detection model asks ``strip_unused_nodes(shape=...)`` for. The price is that the served
-signature accepts only that shape, so :mod:`serving_opt.pinning` keeps the pinned graph
+signature accepts only that shape, so :mod:`serving_opt.pipeline.pinning` keeps the pinned graph
 only where it measures faster.
 
 A name is a signature's input key (``inputs``) or its tensor (``image_tensor`` or

@@ -15,8 +15,8 @@ import os
 from dataclasses import dataclass
 
 from serving_opt.errors import ServingOptError
-from serving_opt.graph import node_name, reachable_nodes
 from serving_opt.savedmodel import loader
+from serving_opt.savedmodel.graph import node_name, reachable_nodes
 
 _CALLS = ("StatefulPartitionedCall", "PartitionedCall")
 _HANDLES = ("VarHandleOp",)

@@ -19,9 +19,9 @@ import shutil
 import tempfile
 
 from serving_opt.errors import ServingOptError, UsageError, storage_error
-from serving_opt.graph import PROTOBUF_LIMIT_BYTES, ServingGraph
 from serving_opt.savedmodel import loader
 from serving_opt.savedmodel import staging as staging_lib
+from serving_opt.savedmodel.graph import PROTOBUF_LIMIT_BYTES, ServingGraph
 
 STAGING_PREFIX = ".serving-opt-staging-"
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serving_opt import gates
+from serving_opt.core import gates
 from serving_opt.errors import ServingOptError, first_line
 from serving_opt.savedmodel import examples as examples_lib
 from serving_opt.savedmodel import inputs as inputs_lib

@@ -99,7 +99,7 @@ def tenants(model_name: str, model_base_path: str | None,
     from google.protobuf import text_format
     from tensorflow_serving.config import model_server_config_pb2
 
-    from serving_opt.serving.model_server import model_config
+    from serving_opt.model_server import model_config
 
     config = model_config.read_config_file(model_config_file)
     models = model_config.model_configs(config)

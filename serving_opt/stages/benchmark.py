@@ -20,7 +20,7 @@ of the interleaved pairs' ratios and the order statistics that cover it
 (:func:`median_interval`), computed from the measured pairs alone.
 
 The optimizer runs it in a measuring process (:func:`benchmark_in_fresh_process`,
-``serving_opt.measuring``), configured like the server, not in its own.
+``serving_opt.core.measuring``), configured like the server, not in its own.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from serving_opt import measuring
+from serving_opt.core import measuring
 from serving_opt.errors import ServingOptError
 from serving_opt.savedmodel import examples as examples_lib
 from serving_opt.savedmodel import inputs as inputs_lib
@@ -587,7 +587,7 @@ def benchmark_in_fresh_process(before_dir: str, after_dir: str, tags: frozenset[
                                timeout: float = 3600.0,
                                progress: Callable[[str], None] | None = None,
                                ) -> BenchmarkReport:
-    """:func:`benchmark` run in a measuring process (``serving_opt.measuring``).
+    """:func:`benchmark` run in a measuring process (``serving_opt.core.measuring``).
 
     The optimizer's own process has loaded, frozen and compared models for minutes,
     and runs TensorFlow configured for that (oneDNN's caching allocator off, so each

@@ -15,7 +15,7 @@ Memory is measured without ``/proc`` (the sandbox's is synthetic): the peak with
 ``getrusage`` (the kernel's VmHWM), what the process holds with a forked probe
 (``measuring.held_rss_bytes``).
 
-The measurements run in a measuring process (``serving_opt.measuring``: TensorFlow
+The measurements run in a measuring process (``serving_opt.core.measuring``: TensorFlow
 imported once, a forked child per measurement). A child's RSS counts the runtime's
 private memory it inherits, but not TensorFlow's shared-library code pages (a fork does
 not copy those page-table entries), which a server process holds (~315 MiB for TF 2.21):
@@ -38,7 +38,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-from serving_opt import measuring
+from serving_opt.core import measuring
 from serving_opt.errors import ServingOptError
 
 

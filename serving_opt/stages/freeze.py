@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from serving_opt.errors import ServingOptError, first_line
-from serving_opt.graph import (
+from serving_opt.savedmodel import checkpoint, loader, unbound_variables
+from serving_opt.savedmodel.graph import (
     PROTOBUF_LIMIT_BYTES,
     ServingGraph,
     node_name,
@@ -36,7 +37,6 @@ from serving_opt.graph import (
     stateful_nodes,
     tensor_info_nodes,
 )
-from serving_opt.savedmodel import checkpoint, loader, unbound_variables
 
 # Frozen constants must leave room under PROTOBUF_LIMIT_BYTES for the non-constant
 # nodes and the rest of the MetaGraphDef.
@@ -171,7 +171,7 @@ def choose_kept(sizes: dict[str, int], max_bytes: int,
         >>> choose_kept({"emb": 1 << 30, "dense": 1 << 16}, max_bytes=10 << 20)
         {'emb': '1.0 GiB, above --freeze_max_bytes (10.0 MiB)'}
     """
-    from serving_opt.report import human_bytes
+    from serving_opt.core.rendering import human_bytes
 
     kept = {name: f"{human_bytes(size)}, above --freeze_max_bytes ({human_bytes(max_bytes)})"
             for name, size in sizes.items() if size > max_bytes}

@@ -15,7 +15,7 @@ the Graph Transform Tool and the passes here see the ops instead of calls.
 from __future__ import annotations
 
 from serving_opt.errors import ServingOptError, UsageError, first_line
-from serving_opt.graph import (
+from serving_opt.savedmodel.graph import (
     ServingGraph,
     all_node_defs,
     function_calls,

@@ -30,7 +30,7 @@ constant folding) move float32 results by about 1e-6 relative; a lossy
 transform such as ``round_weights`` or ``quantize_weights`` fails by orders of
 magnitude, so the defaults separate the two. Loosen them deliberately for lossy
 transforms, or pass ``lossy`` (``--quantize``): the rules themselves, tolerance and
-lossy, are :mod:`serving_opt.gates`'.
+lossy, are :mod:`serving_opt.core.gates`'.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from serving_opt import gates
+from serving_opt.core import gates
+from serving_opt.core.gates import DEFAULT_ATOL, DEFAULT_RTOL, LossyGate, ToleranceGate
 from serving_opt.detection import parity_rule as discrete_gate
 from serving_opt.errors import ServingOptError, first_line
-from serving_opt.gates import DEFAULT_ATOL, DEFAULT_RTOL, LossyGate, ToleranceGate
 from serving_opt.savedmodel import inputs as inputs_lib
 from serving_opt.savedmodel import loader, unbound_variables
 from serving_opt.savedmodel.examples import UserInputs

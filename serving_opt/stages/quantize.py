@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serving_opt.graph import attr, data_consumers, make_node, var_handle
 from serving_opt.savedmodel import checkpoint
 from serving_opt.savedmodel.checkpoint import SAVER_SCOPE, KeptVariable
+from serving_opt.savedmodel.graph import attr, data_consumers, make_node, var_handle
 
 MODES = ("none", "int8", "int4", "fp16")
 DEFAULT_MIN_ELEMENTS = 16384

@@ -3,14 +3,14 @@
 :func:`constant_adds_to_bias_adds` turns the Add a batch-norm fold leaves after a conv
 into the BiasAdd TF Serving's Grappler fuses with it. It changes how a frozen GraphDef
 is spelled, never what it computes. (The batch-norm folds themselves run before the
-Graph Transform Tool: ``serving_opt.batch_norm_folding``, called by ``stages.transforms``.)
+Graph Transform Tool: ``savedmodel.batch_norm_folding``, called by ``stages.transforms``.)
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple, Optional
 
-from serving_opt.conv_channels import (
+from serving_opt.savedmodel.conv_channels import (
     CONV_OPS,
     add_float_const,
     channel_vector,
@@ -18,7 +18,7 @@ from serving_opt.conv_channels import (
     retype,
     weight_columns,
 )
-from serving_opt.graph import ServingGraph, node_name
+from serving_opt.savedmodel.graph import ServingGraph, node_name
 
 if TYPE_CHECKING:
     import numpy as np

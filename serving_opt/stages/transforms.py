@@ -11,7 +11,7 @@ passed to the tool as outputs: ``strip_unused_nodes`` keeps them, ``remove_nodes
 and ``merge_duplicate_nodes`` leave them alone, ``obfuscate_names`` keeps their names.
 
 The batch-norm folding the tool gets wrong or misses is done first, by
-:mod:`serving_opt.batch_norm_folding`; :func:`apply_transforms` runs it where the spec
+:mod:`serving_opt.savedmodel.batch_norm_folding`; :func:`apply_transforms` runs it where the spec
 asks for those folds.
 """
 
@@ -20,10 +20,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from serving_opt import batch_norm_folding
 from serving_opt.errors import ServingOptError, UsageError, first_line
-from serving_opt.graph import ServingGraph, guarded_outputs, reattach_assertions
-from serving_opt.host_ops import host_op_kind
+from serving_opt.savedmodel import batch_norm_folding
+from serving_opt.savedmodel.graph import ServingGraph, guarded_outputs, reattach_assertions
+from serving_opt.savedmodel.host_ops import host_op_kind
 
 # Transform name -> accepted argument names, as registered in TF's C++ tool
 # (tensorflow/tools/graph_transforms/*.cc). Checked before anything runs.
@@ -318,7 +318,7 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
 
     With ``trace`` (a list), ``("", the GraphDef the first pass gets)`` and then
     ``(spec, GraphDef after it)`` per pass (per shared call for graphs over
-    :data:`TRACE_MAX_BYTES`) are appended, for :func:`serving_opt.graph_diff.diff_passes`.
+    :data:`TRACE_MAX_BYTES`) are appended, for :func:`savedmodel.graph_diff.diff_passes`.
 
     Example:
         >>> out = apply_transforms(frozen, parse_transforms("fold_constants fold_batch_norms"))

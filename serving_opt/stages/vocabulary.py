@@ -37,9 +37,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serving_opt.graph import attr, data_consumers, make_node, node_name, var_handle
 from serving_opt.savedmodel import checkpoint
 from serving_opt.savedmodel.checkpoint import KeptVariable
+from serving_opt.savedmodel.graph import attr, data_consumers, make_node, node_name, var_handle
 
 _SCOPE = "serving_opt_vocabulary"
 _WHOLE_LINE, _LINE_NUMBER = -2, -1  # InitializeTableFromTextFileV2's key/value indices

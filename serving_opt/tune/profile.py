@@ -245,7 +245,7 @@ def _interleaved(calls: dict[int, Callable[[], object]], seconds: float, min_run
 def _measure(job: dict, _say: Callable[[str], None]) -> dict:
     import tensorflow as tf
 
-    from serving_opt.serving.model_server.servable import onednn_kernels_on
+    from serving_opt.model_server.servable import onednn_kernels_on
 
     plan = job["plan"]
     threads = ThreadSettings(**job["threads"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from serving_opt import report as report_lib
+from serving_opt.core import rendering as report_lib
 from serving_opt.tune.decide import Decision
 from serving_opt.tune.grid import Objective
 from serving_opt.tune.hardware import Hardware

@@ -152,8 +152,8 @@ def read_current_parameters(path: str | None) -> BatchingSettings | None:
     """``--current_parameters_file`` as BatchingSettings; UsageError naming the problem."""
     if not path:
         return None
-    from serving_opt.serving.model_server.batching import read_batching_parameters
-    from serving_opt.serving.model_server.status import ServingStatusError
+    from serving_opt.model_server.batching import read_batching_parameters
+    from serving_opt.model_server.status import ServingStatusError
 
     if not os.path.isfile(path):
         raise UsageError(f"--current_parameters_file={path} does not exist", "check the path")

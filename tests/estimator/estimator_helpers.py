@@ -173,7 +173,7 @@ def op_histogram(export_dir: str) -> dict[str, int]:
     """Op type -> count over every MetaGraph's nodes, library functions included."""
     from collections import Counter
 
-    from serving_opt.graph import all_node_defs
+    from serving_opt.savedmodel.graph import all_node_defs
 
     counts: Counter = Counter()
     for meta_graph in saved_model_pb(export_dir).meta_graphs:
@@ -186,7 +186,7 @@ VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "_VarHandlesO
 
 def variable_nodes(export_dir: str) -> set[str]:
     """Names of the variable nodes of every MetaGraph (what a checkpoint restores into)."""
-    from serving_opt.graph import all_node_defs
+    from serving_opt.savedmodel.graph import all_node_defs
 
     return {n.name for mg in saved_model_pb(export_dir).meta_graphs
             for n in all_node_defs(mg.graph_def) if n.op in VARIABLE_OPS}

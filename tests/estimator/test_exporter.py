@@ -150,8 +150,7 @@ def test_failed_optimization_publishes_plain_export_and_logs(tmp_path, vocab_pat
 
 def test_unexpected_exception_is_not_fatal_either(trained_classifier, tmp_path, caplog,
                                                   monkeypatch):
-    from serving_opt import optimizer
-
+    from serving_opt.pipeline import optimizer
     def broken(*args, **kwargs):
         raise RuntimeError("a bug in the optimizer")
 

@@ -24,8 +24,8 @@ from absl import flags
 from serving_opt import options as options_lib
 from serving_opt.cli import main as cli
 from serving_opt.cli import option_flags
+from serving_opt.core.rendering import printable
 from serving_opt.errors import UsageError
-from serving_opt.report import printable
 
 SUMMARY = "compare two models on every example of sharded TFRecords (Apache Beam)"
 PASSES_ARGS_AFTER_DASHES = True  # `-- --project=p --region=r`: Beam pipeline options
@@ -86,8 +86,8 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 
 def main(fv: flags.FlagValues, pipeline_args: list[str] | None = None) -> int:
-    from serving_opt import report as report_lib
     from serving_opt.compare import CompareOptions, compare, format_report
+    from serving_opt.core import rendering as report_lib
 
     pipeline_args = list(pipeline_args or [])
     stray = [a for a in pipeline_args if not a.startswith("-")]

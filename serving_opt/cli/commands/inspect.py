@@ -20,8 +20,8 @@ from absl import flags
 
 from serving_opt import inspection
 from serving_opt.cli import main as cli
+from serving_opt.core.rendering import printable
 from serving_opt.errors import EXIT_FAILURE, UsageError
-from serving_opt.report import printable
 from serving_opt.savedmodel import frozen_graph, loader
 
 SUMMARY = "show signatures, variables, ops, size on disk and serving risks of a SavedModel"

@@ -17,11 +17,12 @@ import sys
 from absl import flags
 
 from serving_opt import options as options_lib
-from serving_opt import report
 from serving_opt.cli import main as cli
 from serving_opt.cli import option_flags
 from serving_opt.cli.commands import tune as tune_cli
+from serving_opt.core import rendering
 from serving_opt.errors import ServingOptError, UsageError
+from serving_opt.pipeline import report
 
 SUMMARY = "freeze, transform and re-wrap a SavedModel; publish it after a parity check"
 
@@ -94,7 +95,7 @@ def configure_runtime() -> None:
 
 
 def main(fv: flags.FlagValues) -> int:
-    from serving_opt.optimizer import optimize
+    from serving_opt.pipeline.optimizer import optimize
 
     if fv.version is not None and fv.version < 0:
         raise UsageError(f"--version={fv.version} is negative", "pass --version=N with N >= 0")
@@ -194,7 +195,7 @@ def check_dependent_flags(fv: flags.FlagValues) -> None:
 
 def _emit(result, fv: flags.FlagValues) -> None:
     if fv.report:
-        report.write_json(result, fv.report)
+        rendering.write_json(result, fv.report)
         if getattr(result, "validation", None) is not None:
             from serving_opt.serving.validate import write_marker
 
@@ -202,6 +203,6 @@ def _emit(result, fv: flags.FlagValues) -> None:
     if fv.json:
         import json
 
-        print(json.dumps(report.to_jsonable(result), indent=2))
+        print(json.dumps(rendering.to_jsonable(result), indent=2))
     else:
         print(report.format_optimize_report(result))

@@ -308,7 +308,7 @@ def _options(fv: flags.FlagValues):
             f"--max_request_bytes={fv.max_request_bytes} is not a byte count",
             "pass a positive number of bytes (default 2147483647, TF Serving's gRPC limit)",
         )
-    from serving_opt.serving.model_server import ServerOptions
+    from serving_opt.model_server import ServerOptions
 
     return ServerOptions(
         model_name=fv.model_name,
@@ -418,9 +418,9 @@ def _child_flags(fv: flags.FlagValues) -> list[str]:
 
 def _serve_sandboxed(fv: flags.FlagValues, options) -> int:
     from serving_opt import sandbox
+    from serving_opt.model_server.server import ServerStartError
+    from serving_opt.model_server.status import ServingStatusError
     from serving_opt.serving import sandboxed_server
-    from serving_opt.serving.model_server.server import ServerStartError
-    from serving_opt.serving.model_server.status import ServingStatusError
 
     if options.model_config_file and fv.model_config_file_poll_wait_seconds > 0:
         raise UsageError(
@@ -485,7 +485,7 @@ def main(fv: flags.FlagValues) -> int:
     try:
         import tensorflow as tf
 
-        from serving_opt.serving.model_server import serve
+        from serving_opt.model_server import serve
 
         # Which TensorFlow answers: validate reads this line into its report and marker.
         print(f"serving-opt serve: TensorFlow {tf.__version__} ({sys.executable})",

@@ -25,9 +25,10 @@ import sys
 from absl import flags
 
 from serving_opt import options as options_lib
-from serving_opt import report
 from serving_opt.cli import main as cli
 from serving_opt.cli import option_flags
+from serving_opt.core import rendering
+from serving_opt.pipeline import report
 
 SUMMARY = "serve a model over gRPC and REST (TF Serving or local) and compare its answers"
 
@@ -80,20 +81,20 @@ def main(fv: flags.FlagValues) -> int:
                       progress=lambda m: print(m, file=sys.stderr, flush=True))
     emit(result, fv.report, fv.json)
     if not result.ok:
-        print(f"serving-opt validate: error: {report.printable(result.failures[0])}",
+        print(f"serving-opt validate: error: {rendering.printable(result.failures[0])}",
               file=sys.stderr)
     return 0 if result.ok else 1
 
 
 def emit(result, report_path: str | None, as_json: bool) -> None:
     if report_path:
-        report.write_json(result, report_path)
+        rendering.write_json(result, report_path)
         from serving_opt.serving.markers import write_marker
 
         write_marker(result, os.path.dirname(os.path.abspath(report_path)))
     if as_json:
         import json
 
-        print(json.dumps(report.to_jsonable(result), indent=2))
+        print(json.dumps(rendering.to_jsonable(result), indent=2))
     else:
         print(report.format_validation_report(result))

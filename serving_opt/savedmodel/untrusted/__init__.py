@@ -3,7 +3,7 @@ build host that touches files or the host, unless the user says so.
 
 The check is static and covers everything that can run: every node of the graph
 (reached by a signature or not: anyone may fetch a node) and of every library function
-that can run, whose op is in :mod:`serving_opt.host_ops`. A function can run when a
+that can run, whose op is in :mod:`serving_opt.savedmodel.host_ops`. A function can run when a
 node or function that can run references it (a call's ``f``, a function-valued attr of
 any depth, ``If``/``While``/``Case`` branches, dataset functions, an op whose type is
 its name, a string attr naming it), when it is the ``library.gradient`` of one that
@@ -46,7 +46,7 @@ exporters write and the loaders run:
 
 Three things a node's op type does not say are read too:
 
-* **Embedded graphs** (:data:`serving_opt.host_ops.EMBEDDED_GRAPH_OPS`): a
+* **Embedded graphs** (:data:`serving_opt.savedmodel.host_ops.EMBEDDED_GRAPH_OPS`): a
   ``DatasetFromGraph`` runs the GraphDef serialized in its ``graph_def`` input. When
   that input is a string ``Const`` (through ``Identity``), the GraphDef is parsed and
   checked like the model's (its nodes, its library, graphs it embeds in turn, a few
@@ -101,8 +101,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from serving_opt.errors import ServingOptError
-from serving_opt.graph import node_name, tensor_info_nodes
-from serving_opt.host_ops import (
+from serving_opt.savedmodel.asset_paths import asset_path_problem, shown_filename
+from serving_opt.savedmodel.graph import node_name, tensor_info_nodes
+from serving_opt.savedmodel.host_ops import (
     ASSET_READ_OPS,
     CHECKPOINT_OPS,
     READS_FILES,
@@ -111,7 +112,6 @@ from serving_opt.host_ops import (
     TOUCHES_HOST,
     WRITES_FILES,
 )
-from serving_opt.savedmodel.asset_paths import asset_path_problem, shown_filename
 from serving_opt.savedmodel.untrusted.asset_reads import _Assets, _declared_assets
 from serving_opt.savedmodel.untrusted.node_rules import _node_findings
 from serving_opt.savedmodel.untrusted.reach import _Graph, _Root

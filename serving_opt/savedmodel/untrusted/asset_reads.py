@@ -3,8 +3,8 @@ whether a file-reading op reads one (see :mod:`serving_opt.savedmodel.untrusted`
 
 from __future__ import annotations
 
-from serving_opt.graph import node_name, tensor_info_nodes
-from serving_opt.host_ops import ASSET_READ_OPS
+from serving_opt.savedmodel.graph import node_name, tensor_info_nodes
+from serving_opt.savedmodel.host_ops import ASSET_READ_OPS
 from serving_opt.savedmodel.untrusted.reach import (
     _data_inputs,
     _follow_identity,

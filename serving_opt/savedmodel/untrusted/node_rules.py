@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from serving_opt.host_ops import (
+from serving_opt.savedmodel.host_ops import (
     CONDITIONAL_HOST_OPS,
     EMBEDDED_GRAPH_OPS,
     RUNS_GRAPH,

@@ -11,7 +11,7 @@ import collections
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from serving_opt.graph import CALL_OPS, node_name
+from serving_opt.savedmodel.graph import CALL_OPS, node_name
 
 # How many nodes deep a file name is followed through the ops that build it.
 _MAX_NAME_DEPTH = 16

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from serving_opt.graph import CALL_OPS, node_name
+from serving_opt.savedmodel.graph import CALL_OPS, node_name
 from serving_opt.savedmodel.untrusted.reach import (
     _MAX_NAME_DEPTH,
     _attr,
