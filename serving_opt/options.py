@@ -38,6 +38,9 @@ from serving_opt.errors import UsageError
 # Validate's servers; serving.backends runs them.
 BACKENDS = ("auto", "docker", "binary", "local")
 DEFAULT_IMAGE = "tensorflow/serving:2.20.0"  # the current TF Serving release
+# --server=docker's networking: ports published on 127.0.0.1 (bridge), or the host's
+# network for engines without a bridge (dockerd --bridge=none).
+DOCKER_NETWORKS = ("bridge", "host")
 DEFAULT_SERVING_VERSION = "2.20.0"  # its TensorFlow
 _VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?([a-z0-9.+-]*)$")
 
@@ -426,6 +429,10 @@ class ServingCheck:
         "auto", "docker, binary (tensorflow_model_server on PATH), local (serving-opt serve), "
         "or auto: the first that can run here.", choices=BACKENDS)
     image: str = _opt(DEFAULT_IMAGE, "Docker image for --server=docker.")
+    docker_network: str = _opt(
+        "bridge", "--server=docker's network: bridge publishes the container's ports on "
+        "127.0.0.1 (-p); host shares the host's network (for engines without a bridge).",
+        choices=DOCKER_NETWORKS)
     protocols: tuple[str, ...] = _opt(
         PROTOCOLS, "APIs to validate: grpc, rest or both (every backend serves both).")
     concurrency: int = _opt(8, "Concurrent clients in the load phase (0 skips it).")
@@ -460,6 +467,9 @@ class ServingCheck:
         if self.batch_size < 1:
             raise UsageError("batch_size must be >= 1", "e.g. ValidateOptions(batch_size=8)")
         parse_protocols(self.protocols)
+        if self.docker_network not in DOCKER_NETWORKS:
+            raise UsageError(f"--docker_network={self.docker_network} is not one of "
+                             f"{', '.join(DOCKER_NETWORKS)}", "e.g. --docker_network=host")
         if self.require_server not in REQUIRE_SERVER:
             raise UsageError(f"--require_server={self.require_server} is not one of "
                              f"{', '.join(REQUIRE_SERVER)}",

@@ -127,7 +127,8 @@ def resolve_target(run: Run, sandboxed: bool) -> None:
         return
     from serving_opt.serving import backends
 
-    backend = backends.resolve_backend(validate.serving.server, sandboxed=sandboxed)
+    backend = backends.resolve_backend(validate.serving.server, sandboxed=sandboxed,
+                                       image=validate.serving.image)
     if backend == "local" and runtime is not None and version is not None:
         validate = dataclasses.replace(validate, target=dataclasses.replace(
             validate.target, serving_runtime_python=runtime.python))

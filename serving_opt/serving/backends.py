@@ -8,15 +8,17 @@ knows about what answers:
 
   * ``DockerRunner``: ``docker run tensorflow/serving:<tag>`` with the model base mounted
     read-only at ``/models/<name>`` and free host ports mapped to 8500 (gRPC) and 8501
-    (REST, which the image always serves);
+    (REST, which the image always serves), or, with ``--docker_network=host`` (engines
+    without a bridge), the host's network and free ports passed as the server's flags;
   * ``BinaryRunner``: ``tensorflow_model_server`` from PATH (``--rest_api_port``);
   * ``LocalRunner``: ``serving-opt serve``, this project's TF-Serving-compatible server
     (same flags, same gRPC and REST APIs) for machines where neither of the above runs,
     run by the interpreter of the target TensorFlow (``runtime.Runtime``).
 
 :func:`make_server` turns a concrete backend name into its runner, the one switch;
-:func:`resolve_backend` turns ``auto`` into one: docker if a Docker engine answers (and
-we are not in a sandbox), else the binary if on PATH, else local.
+:func:`resolve_backend` turns ``auto`` into one: docker if a Docker engine answers and
+already has the image (and we are not in a sandbox), else the binary if on PATH, else
+local; an explicit docker is checked there, before any work (:func:`check_docker`).
 
 A server never outlives the process that started it, even one killed with SIGKILL
 (which runs no cleanup):
@@ -30,11 +32,12 @@ A server never outlives the process that started it, even one killed with SIGKIL
     start and stop a server from the same thread (validate does).
   * ``docker``: the ``docker run`` client gets the same parent-death SIGTERM and, not
     running in a TTY, proxies it to the container (``--sig-proxy``, on by default), which
-    stops; ``--rm`` removes it. The client itself killed with SIGKILL (the OOM killer,
-    ``kill -9`` of its whole process group) cannot proxy anything: the container keeps
-    running until ``docker rm -f serving-opt-<id>`` (``docker ps --filter
-    name=serving-opt-`` lists them). No Docker engine runs on the CI machines; the tests
-    check this with a stand-in ``docker`` client.
+    stops; ``--rm`` removes it. The client itself killed with SIGKILL (the OOM killer)
+    cannot proxy anything: the container keeps running, labelled with its owner
+    (``serving-opt.owner``: host, pid namespace, pid and start time), and the next
+    ``--server=docker`` run on this host removes every labelled container whose owner is
+    gone (:func:`remove_stale_containers`, from :func:`check_docker`).
+    tests/test_docker_engine.py runs all of this against a Docker engine (docs/docker.md).
 
 Each server says what it is (``description``, ``note``) and which TensorFlow answers
 (``tf_version``, ``answering_tf_version()``): the image tag's release for docker,
@@ -58,7 +61,7 @@ from dataclasses import dataclass, field
 from serving_opt.errors import ServingOptError, UsageError
 
 # What the user may ask for is an option (serving_opt.options): this package imports it.
-from serving_opt.options import BACKENDS, DEFAULT_IMAGE  # noqa: E402
+from serving_opt.options import BACKENDS, DEFAULT_IMAGE, DOCKER_NETWORKS  # noqa: E402
 from serving_opt.savedmodel import loader
 from serving_opt.serving import runtime as runtime_lib
 from serving_opt.serving.process import ChildSetup, ServerProcess, die_with_parent
@@ -67,6 +70,8 @@ BINARY_NAME = "tensorflow_model_server"
 CONTAINER_GRPC_PORT = 8500
 CONTAINER_REST_PORT = 8501
 CONTAINER_CONFIG_DIR = "/serving-opt-config"
+# Who started a container: "<host>:<pid namespace>:<pid>:<start time>".
+OWNER_LABEL = "serving-opt.owner"
 
 def runtime_env(backend: str) -> dict[str, str | None]:
     """The environment the server of ``backend`` runs TensorFlow with (None: unset, so
@@ -97,6 +102,8 @@ BACKEND_NOTES = {
     "binary": "TF Serving (tensorflow_model_server binary)",
     "local": "serving-opt's local TF-Serving-compatible server (a stand-in, not TF Serving)",
 }
+STAND_IN_IMAGE_NOTE = ("serving-opt's local server in a Docker image with TF Serving's "
+                       "contract (a stand-in, not TF Serving)")
 
 
 @dataclass(frozen=True)
@@ -125,6 +132,9 @@ class ServerSpec:
     # The local server only (serving-opt serve --allow_file_ops): load a model with host
     # ops, which it refuses otherwise. TF Serving has no such check.
     allow_file_ops: bool = False
+    # docker only: "bridge" publishes the ports on 127.0.0.1, "host" shares the host's
+    # network and passes the ports as flags (engines without a bridge).
+    docker_network: str = "bridge"
 
 
 CONFIG_FILENAME = "models.config"
@@ -185,18 +195,26 @@ def _server_flags(spec: ServerSpec, port: int, base: str, rest_port: int = 0,
 
 def docker_command(spec: ServerSpec, host_port: int, container_name: str,
                    rest_host_port: int = 0, config_dir: str | None = None) -> list[str]:
-    """``docker run`` for tensorflow/serving: read-only model mount, loopback-only ports.
+    """``docker run`` for tensorflow/serving: read-only model mount, loopback-only ports
+    (or the host's network, ``spec.docker_network``), labelled with its owner.
 
     Example:
         >>> docker_command(ServerSpec("clf", "/m/clf"), 9000, "so-1")[:4]
         ['docker', 'run', '--rm', '--name']
     """
+    if spec.docker_network not in DOCKER_NETWORKS:
+        raise UsageError(f"docker_network={spec.docker_network} is not one of "
+                         f"{', '.join(DOCKER_NETWORKS)}", "e.g. docker_network='host'")
     container_base = f"/models/{spec.model_name}"
+    host = spec.docker_network == "host"
+    network = (["--network", "host"] if host else [
+        "-p", f"127.0.0.1:{host_port}:{CONTAINER_GRPC_PORT}",
+        *(["-p", f"127.0.0.1:{rest_host_port}:{CONTAINER_REST_PORT}"] if rest_host_port
+          else [])])
     # The image's entrypoint passes MODEL_NAME/MODEL_BASE_PATH and then any extra args.
     args = [
         "docker", "run", "--rm", "--name", container_name,
-        "-p", f"127.0.0.1:{host_port}:{CONTAINER_GRPC_PORT}",
-        *(["-p", f"127.0.0.1:{rest_host_port}:{CONTAINER_REST_PORT}"] if rest_host_port else []),
+        "--label", f"{OWNER_LABEL}={owner()}", *network,
         "-v", f"{os.path.abspath(spec.model_base)}:{container_base}:ro",
         *(["-v", f"{config_dir}:{CONTAINER_CONFIG_DIR}:ro"] if config_dir else []),
         "-e", f"MODEL_NAME={spec.model_name}",
@@ -209,9 +227,97 @@ def docker_command(spec: ServerSpec, host_port: int, container_name: str,
         f"--saved_model_tags={spec.saved_model_tags}",
         f"--enable_model_warmup={'true' if spec.enable_model_warmup else 'false'}",
         f"--max_num_load_retries={spec.max_num_load_retries}",
+        # Host network: the ports are ours to pick; later flags win over the entrypoint's
+        # 8500/8501 (0 turns REST off, as upstream).
+        *([f"--port={host_port}", f"--rest_api_port={rest_host_port}"] if host else []),
         *spec.extra_flags,
     ]
     return args
+
+
+def owner(pid: int | None = None) -> str:
+    """This process as a container's owner label: host, pid namespace, pid, start time (a
+    pid reused later is another process; another namespace's pid cannot be judged)."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        namespace = os.readlink("/proc/self/ns/pid").split("[")[-1].rstrip("]")
+    except OSError:
+        namespace = ""
+    return f"{socket.gethostname()}:{namespace}:{pid}:{_start_time(pid)}"
+
+
+def _start_time(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]  # field 22, starttime
+    except (OSError, IndexError):
+        return ""
+
+
+def _owner_gone(label: str) -> bool:
+    """True when ``label`` names a process of this host and pid namespace that has exited."""
+    parts = label.rsplit(":", 3)
+    if len(parts) != 4 or not parts[2].isdigit():
+        return False
+    host, namespace, pid, started = parts
+    mine = owner().rsplit(":", 3)
+    if (host, namespace) != (mine[0], mine[1]) or not started:
+        return False
+    return _start_time(int(pid)) != started
+
+
+def _docker(args: list[str], timeout: float | None = 30.0) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["docker", *args], capture_output=True, text=True,
+                              timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return subprocess.CompletedProcess(args, 1, "", str(e))
+
+
+def remove_stale_containers() -> list[str]:
+    """Removes the containers a serving-opt of this host started and that outlived it
+    (both it and its ``docker run`` client were SIGKILLed); returns their names."""
+    listed = _docker(["ps", "-a", "--filter", f"label={OWNER_LABEL}", "--format",
+                      f'{{{{.Names}}}}\t{{{{.Label "{OWNER_LABEL}"}}}}'])
+    stale = [line.split("\t")[0] for line in listed.stdout.splitlines()
+             if "\t" in line and _owner_gone(line.split("\t", 1)[1])]
+    if stale:
+        _docker(["rm", "-f", *stale])
+    return stale
+
+
+def _engine() -> str:
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def check_docker(image: str) -> None:
+    """Raises one clear line when no Docker engine answers, or when ``image`` is neither
+    on it nor pullable: before any work, not as a container that never starts."""
+    fix_engine = ("start the Docker engine (systemctl start docker, or dockerd as root; in "
+                  "this checkout: make docker-engine), or use --server=local")
+    if shutil.which("docker") is None:
+        raise ServingOptError("--server=docker: no docker client on PATH",
+                              "install Docker (Debian: apt-get install docker.io), or use "
+                              "--server=local")
+    if not docker_available():
+        raise ServingOptError(f"--server=docker: no Docker engine answers at {_engine()}",
+                              fix_engine)
+    remove_stale_containers()
+    if _docker(["image", "inspect", image]).returncode == 0:
+        return
+    pulled = _docker(["pull", "--quiet", image], timeout=None)  # a real image takes minutes
+    if pulled.returncode != 0:
+        why = (pulled.stderr.strip().splitlines() or ["no reason given"])[-1]
+        raise ServingOptError(
+            f"--server=docker: image {image} is not on the Docker engine and cannot be "
+            f"pulled ({why})",
+            f"pull it where a registry answers (docker pull {image}) or pass --image= a "
+            "local image (make docker-image builds the stand-in serving-opt/tfs-contract)")
+
+
+def docker_image_present(image: str) -> bool:
+    """True when ``image`` is already on the Docker engine (nothing is pulled)."""
+    return _docker(["image", "inspect", image]).returncode == 0
 
 
 def binary_command(spec: ServerSpec, port: int, binary: str = BINARY_NAME,
@@ -259,10 +365,12 @@ def docker_available(timeout: float = 5.0) -> bool:
     return result.returncode == 0 and bool(result.stdout.strip())
 
 
-def resolve_backend(name: str, sandboxed: bool = False) -> str:
+def resolve_backend(name: str, sandboxed: bool = False, image: str = DEFAULT_IMAGE) -> str:
     """``auto`` -> the first of docker, binary, local that can run here; from a sandbox
     (``serving_opt.sandbox``) docker is not one of them: its client needs the Docker
-    socket, which is root on the host.
+    socket, which is root on the host. Docker is auto's choice only when the engine has
+    ``image`` already: an engine that merely answers would otherwise turn every auto run
+    into a pull. An explicit docker is checked here (:func:`check_docker`).
 
     Example:
         >>> resolve_backend("auto")
@@ -276,9 +384,11 @@ def resolve_backend(name: str, sandboxed: bool = False) -> str:
             "--server=docker cannot be driven from the sandbox (the Docker client needs the "
             "Docker socket, which is root on this host); nothing was run",
             "use --server=binary or local, or --allow_unsandboxed for a model you trust")
+    if name == "docker":
+        check_docker(image)
     if name != "auto":
         return name
-    if not sandboxed and docker_available():
+    if not sandboxed and docker_available() and docker_image_present(image):
         return "docker"
     if shutil.which(BINARY_NAME):
         return "binary"
@@ -318,6 +428,7 @@ class DockerRunner(ServerProcess):
         config_dir = _model_config(spec, f"/models/{spec.model_name}")
         name = f"serving-opt-{uuid.uuid4().hex[:10]}"
         release = runtime_lib.image_version(spec.image)
+        self.image = spec.image
         super().__init__(
             "docker", docker_command(spec, port, name, rest_port, config_dir), port,
             ChildSetup(cleanup=("docker", "rm", "-f", name),
@@ -325,6 +436,13 @@ class DockerRunner(ServerProcess):
             rest_port=rest_port, description=f"docker:{spec.image}",
             tf_version=f"{release} (image tag)" if release
             else "unknown (image tag names no release)")
+
+    def identify(self) -> None:
+        """Names the contract image (tools/docker/image.sh) as the stand-in it is."""
+        label = _docker(["image", "inspect", "--format",
+                         '{{index .Config.Labels "serving-opt.stand-in"}}', self.image])
+        if label.stdout.strip() == "true":
+            self.note = STAND_IN_IMAGE_NOTE
 
 
 class BinaryRunner(ServerProcess):
