@@ -19,6 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from serving_opt.errors import ServingOptError, UsageError
+from serving_opt.savedmodel import composite_inputs
 from serving_opt.savedmodel.examples import UserInputs
 from serving_opt.savedmodel.graph import CALL_OPS, node_name
 
@@ -734,8 +735,14 @@ def signature_feeds(meta_graph, saved_model_dir: str, *, user: UserInputs | None
 
     def feeds(key: str, batch_size: int, num_batches: int = 1,
               mode: str | None = None) -> SignatureInputs:
-        return inputs_for_signature(meta_graph.graph_def, key, meta_graph.signature_def[key],
+        made = inputs_for_signature(meta_graph.graph_def, key, meta_graph.signature_def[key],
                                     synthesizer, user, batch_size, num_batches,
                                     (shapes or {}).get(key), mode)
+        parts = composite_inputs.ragged_parts(meta_graph, key) \
+            if is_synthesized(made.source) else {}
+        if not parts:
+            return made
+        return SignatureInputs(key, tuple(composite_inputs.complete(b, parts, synthesizer)
+                                          for b in made.batches), made.source)
 
     return feeds
