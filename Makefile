@@ -133,9 +133,13 @@ TEST_ENV_KEY = $(shell { command -v bwrap && bwrap --version; ls $(STAMP215); id
 
 # The TF 2.15 venv first: tests/test_validate_runtime.py serves a model under it (the
 # stand-in on the production TF Serving's release), and skips where it is absent.
+# The suite's shared models (tests/conftest.py model_base) are built afresh in each run.
+MODEL_CACHE := $(CURDIR)/build/test-models
 bazel-test: $(STAMP) $(STAMP215) $(SANDBOX_STAMP) bazel-setup
+	rm -rf $(MODEL_CACHE)
 	bazel test //... --test_output=errors --noshow_progress --test_summary=terse \
-	  --test_env=SERVING_OPT_TEST_ENV=$(TEST_ENV_KEY)
+	  --test_env=SERVING_OPT_TEST_ENV=$(TEST_ENV_KEY) \
+	  --test_env=SERVING_OPT_MODEL_CACHE=$(MODEL_CACHE)
 
 clean:
 	rm -rf build

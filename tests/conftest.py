@@ -7,8 +7,11 @@ Tests must never write into these directories: copy them first (``model_copy``).
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import shutil
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The model-server tests check TensorFlow's own error texts for wrongly shaped requests,
@@ -24,10 +27,45 @@ TEXT_CLASSIFIER_VOCAB = 5000
 TEXT_CLASSIFIER_DIM = 32
 
 
-def _build(tmp_path_factory, kind: str) -> str:
-    base = str(tmp_path_factory.mktemp(kind))
-    samples.build(kind, os.path.join(base, "1"))
+def _builders_digest() -> str:
+    """What the shared models are built from: the samples' and this file's source."""
+    digest = hashlib.sha256()
+    here = os.path.dirname(os.path.abspath(__file__))
+    sources = [os.path.join(here, "conftest.py")] + sorted(
+        os.path.join(samples.__path__[0], n) for n in os.listdir(samples.__path__[0])
+        if n.endswith(".py"))
+    for path in sources:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()[:16]
+
+
+def model_base(tmp_path_factory, name: str, build_version) -> str:
+    """A model base holding version 1, built by ``build_version(<base>/1)``.
+
+    With SERVING_OPT_MODEL_CACHE set (`make bazel-test` sets it), the base is built once
+    for the whole suite, under a lock, and every shard shares it; otherwise once per
+    pytest session.
+    """
+    cache = os.environ.get("SERVING_OPT_MODEL_CACHE")
+    if not cache:
+        base = str(tmp_path_factory.mktemp(name))
+        build_version(os.path.join(base, "1"))
+        return base
+    directory = os.path.join(cache, _builders_digest())
+    os.makedirs(directory, exist_ok=True)
+    base = os.path.join(directory, name)
+    with open(base + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.isdir(base):
+            building = tempfile.mkdtemp(prefix=f".{name}-", dir=directory)
+            build_version(os.path.join(building, "1"))
+            os.rename(building, base)  # complete or absent: a failed build leaves no base
     return base
+
+
+def _build(tmp_path_factory, kind: str) -> str:
+    return model_base(tmp_path_factory, kind, lambda path: samples.build(kind, path))
 
 
 @pytest.fixture(scope="session")
@@ -84,10 +122,11 @@ def keras_dir(keras_base) -> str:
 def text_classifier_base(tmp_path_factory) -> str:
     """TF1 DNN text classifier, mostly one embedding table (vocab 5000, dim 32 here):
     raw text split in-graph, vocab-file table, Adagrad slots and global_step saved too."""
-    base = str(tmp_path_factory.mktemp("text_classifier"))
-    samples.build_text_classifier(os.path.join(base, "1"), vocab_size=TEXT_CLASSIFIER_VOCAB,
-                                  embedding_dim=TEXT_CLASSIFIER_DIM)
-    return base
+    def build(path):
+        samples.build_text_classifier(path, vocab_size=TEXT_CLASSIFIER_VOCAB,
+                                      embedding_dim=TEXT_CLASSIFIER_DIM)
+
+    return model_base(tmp_path_factory, "text_classifier", build)
 
 
 @pytest.fixture
@@ -249,9 +288,7 @@ def fruit_examples(count: int, seed: int = 0) -> list[bytes]:
 
 
 def _build_tf2(tmp_path_factory, name: str, builder, *args) -> str:
-    base = str(tmp_path_factory.mktemp(name))
-    builder(*args, os.path.join(base, "1"))
-    return base
+    return model_base(tmp_path_factory, name, lambda path: builder(*args, path))
 
 
 @pytest.fixture(scope="session")

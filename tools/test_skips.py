@@ -3,7 +3,7 @@ skip that a fresh Debian machine should not take.
 
 The allowed reasons are the regular expressions of tests/expected_skips.txt, each with
 why it is expected. Results come from the JUnit XML files pytest wrote: Bazel's
-test.xml of each current tests/test_*.py target, and build/junit/*.xml for the pytest
+test.xml of each shard of //tests:suite, and build/junit/*.xml for the pytest
 runs outside Bazel.
 
     python tools/test_skips.py            # exit 1 on an unexpected skip
@@ -31,13 +31,19 @@ def allowed_patterns(path: str) -> list[re.Pattern]:
 
 
 def result_files(root: str) -> list[str]:
-    files = []
-    for test in sorted(glob.glob(os.path.join(root, "tests", "test_*.py"))):
-        name = os.path.splitext(os.path.basename(test))[0]
-        xml = os.path.join(root, "bazel-testlogs", "tests", name, "test.xml")
-        if os.path.exists(xml):
-            files.append(xml)
+    """The suite's shards (tests/BUILD), then build/junit/*.xml."""
+    suite = os.path.join(root, "bazel-testlogs", "tests", "suite")
+    files = sorted(glob.glob(os.path.join(suite, "**", "test.xml"), recursive=True))
     return files + sorted(glob.glob(os.path.join(root, "build", "junit", "*.xml")))
+
+
+def files_without_results(root: str, xml_paths: list[str]) -> list[str]:
+    """Test files no result mentions: a file that was never run is not a pass either."""
+    ran = {part for path in xml_paths for case in ET.parse(path).getroot().iter("testcase")
+           for part in case.get("classname", "").split(".")}
+    return [name for name in (os.path.splitext(os.path.basename(p))[0] for p in
+                              sorted(glob.glob(os.path.join(root, "tests", "test_*.py"))))
+            if name not in ran]
 
 
 def skips(xml_path: str) -> list[tuple[str, str]]:
@@ -55,6 +61,11 @@ def main() -> int:
     files = result_files(ROOT)
     if not files:
         print("test skips: no JUnit results found; run make test first", file=sys.stderr)
+        return 1
+    missing = files_without_results(ROOT, files)
+    if missing:
+        print(f"test skips: no result for {', '.join(missing)}: each tests/test_*.py must "
+              "run in the suite (tests/BUILD); run make test", file=sys.stderr)
         return 1
     found = [(name, reason) for path in files for name, reason in skips(path)]
     unexpected = [(n, r) for n, r in found if not any(p.search(r) for p in patterns)]
