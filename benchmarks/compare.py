@@ -508,9 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
     from serving_opt.core import rendering
-    from serving_opt.savedmodel import loader
+    from serving_opt.savedmodel import tf_process
 
-    loader.quiet_tensorflow_import()
+    tf_process.quiet_tensorflow_import()
     logging.getLogger("tensorflow").setLevel(logging.ERROR)  # the samples' deprecated APIs
     results: dict[str, list[Outcome]] = {}
     for case in cases(kinds, args.full):

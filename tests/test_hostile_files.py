@@ -533,7 +533,7 @@ _READ_MODEL = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))
 from serving_opt.errors import ServingOptError
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import loader, model_files
 try:
     loader.read_saved_model(sys.argv[1])
 except ServingOptError as e:
@@ -598,23 +598,23 @@ def test_oversize_saved_model_pb_is_refused_without_reading_it(classifier_dir, m
 
 def test_special_files_anywhere_in_the_model_are_refused(classifier_dir, model_copy,
                                                          tmp_path):
-    from serving_opt.savedmodel import loader
+    from serving_opt.savedmodel import model_files
 
     model = model_copy(classifier_dir)
     data = os.path.join(model, "variables", "variables.data-00000-of-00001")
     os.remove(data)
     os.mkfifo(data)  # TensorFlow's restore would block on it forever
     with pytest.raises(ServingOptError) as info:
-        loader.check_model_files(model)
+        model_files.check_model_files(model)
     assert str(info.value).startswith(f"{data} is a named pipe (FIFO), not a regular file")
     os.remove(data)
     os.symlink("variables.index", data)  # a link inside the model: resolved, fine
-    loader.check_model_files(model)
+    model_files.check_model_files(model)
     os.remove(data)
     os.symlink("../assets/fifo", data)
     os.mkfifo(os.path.join(model, "assets", "fifo"))
     with pytest.raises(ServingOptError, match="named pipe"):
-        loader.check_model_files(model)
+        model_files.check_model_files(model)
 
 
 def _cli(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:

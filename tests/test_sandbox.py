@@ -389,16 +389,16 @@ def test_environment_runs_tensorflow_as_the_process_started_not_as_it_set_itself
         monkeypatch):
     # The optimizer turns oneDNN off for itself (its caching allocator keeps every loaded
     # model's memory); workers, servers and measurements must get TF's default back.
-    from serving_opt.savedmodel import loader
+    from serving_opt.savedmodel import tf_process
     from serving_opt.serving import backends
 
-    monkeypatch.setitem(loader.RUNTIME_DEFAULTS, "TF_ENABLE_ONEDNN_OPTS", None)
+    monkeypatch.setitem(tf_process.RUNTIME_DEFAULTS, "TF_ENABLE_ONEDNN_OPTS", None)
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
 
     assert "TF_ENABLE_ONEDNN_OPTS" not in sandbox.environment()
     assert backends.runtime_env("local") == {"TF_ENABLE_ONEDNN_OPTS": None}
     assert sandbox.environment({"TF_ENABLE_ONEDNN_OPTS": "1"})["TF_ENABLE_ONEDNN_OPTS"] == "1"
-    monkeypatch.setitem(loader.RUNTIME_DEFAULTS, "TF_ENABLE_ONEDNN_OPTS", "0")  # user's choice
+    monkeypatch.setitem(tf_process.RUNTIME_DEFAULTS, "TF_ENABLE_ONEDNN_OPTS", "0")  # user's choice
     assert sandbox.environment()["TF_ENABLE_ONEDNN_OPTS"] == "0"
 
 

@@ -20,7 +20,7 @@ from serving_opt.model_server import servable as servable_lib
 from serving_opt.model_server.request_options import RequestOptions
 from serving_opt.model_server.servable import LoadOptions, Servable, ServableId
 from serving_opt.model_server.warmup import replay_warmup
-from serving_opt.savedmodel import checked_load, loader
+from serving_opt.savedmodel import checked_load, loader, model_files
 
 v1 = tf.compat.v1
 SECRET_WORD = b"other-models-secret"
@@ -219,8 +219,8 @@ def test_a_saved_model_pb_over_protobufs_limit_fails_the_load_unread(two_models)
     _, mine = two_models
     pb = os.path.join(mine, "saved_model.pb")
     with open(pb, "r+b") as f:  # sparse: nothing is written, nothing may be read
-        f.truncate(loader.MAX_SAVED_MODEL_BYTES + 1)
-    assert os.path.getsize(pb) > loader.MAX_SAVED_MODEL_BYTES  # control
+        f.truncate(model_files.MAX_SAVED_MODEL_BYTES + 1)
+    assert os.path.getsize(pb) > model_files.MAX_SAVED_MODEL_BYTES  # control
     with pytest.raises(servable_lib.ServingStatusError) as info:
         _load(mine)
     assert info.value.code.name == "DATA_LOSS"

@@ -2,7 +2,7 @@
 
 ``import tensorflow`` imports Keras, which imports matplotlib.pyplot when it is installed
 (and, in the sandbox's fresh home, rebuilds its font cache): seconds per worker, measuring
-or server process. ``loader.keep_plotting_out`` keeps it out of those processes only.
+or server process. ``tf_process.keep_plotting_out`` keeps it out of those processes only.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ def _run(code: str) -> subprocess.CompletedProcess:
 def test_a_worker_imports_tensorflow_and_keras_without_matplotlib():
     done = _run("""
         import sys
-        from serving_opt.savedmodel import loader
-        loader.keep_plotting_out()
-        loader.quiet_tensorflow_import()
+        from serving_opt.savedmodel import tf_process
+        tf_process.keep_plotting_out()
+        tf_process.quiet_tensorflow_import()
         import keras
         import tensorflow as tf
         layer = keras.layers.Dense(2)
@@ -37,8 +37,8 @@ def test_a_users_process_keeps_matplotlib_importable():
     # serving-opt starts keep plotting out.
     done = _run("""
         import serving_opt
-        from serving_opt.savedmodel import loader
-        loader.quiet_tensorflow_import()
+        from serving_opt.savedmodel import tf_process
+        tf_process.quiet_tensorflow_import()
         import matplotlib
         print(type(matplotlib).__name__)
     """)

@@ -77,9 +77,9 @@ def _quiet_tensorflow(verbosity: int, import_now: bool = True) -> None:
         absl_logging.set_verbosity(absl_logging.ERROR)
         # TF 2.19+ prints CUDA/CPU-feature lines from C++ at import, before logging is set up.
         if import_now:
-            from serving_opt.savedmodel import loader
+            from serving_opt.savedmodel import tf_process
 
-            loader.quiet_tensorflow_import()
+            tf_process.quiet_tensorflow_import()
 
 
 def _terminate_like_interrupt() -> None:

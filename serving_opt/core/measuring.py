@@ -1,7 +1,7 @@
 """A measuring process: TensorFlow configured like TF Serving, one fresh child per job.
 
 The optimizer's own process has loaded, frozen and compared models for minutes, and
-runs TensorFlow configured for that (see ``loader.configure_for_optimizing``); numbers
+runs TensorFlow configured for that (see ``tf_process.configure_for_optimizing``); numbers
 users compare with TF Serving must come from a process configured like the server.
 A fresh ``python`` per measurement would spend most of its time importing TensorFlow,
 so one helper process imports it once and forks a child per job (nothing TensorFlow
@@ -49,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from serving_opt.errors import ServingOptError
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import tf_process
 
 _PROGRESS = "progress"  # the key of a line a job prints while it runs
 
@@ -121,8 +121,8 @@ def run_jobs(jobs: list[dict], timeout: float, *, what: str, skip: str,
         0.8
     """
     # Measure with TensorFlow's defaults, as TF Serving runs, whatever the optimizer
-    # process chose for itself (see loader.configure_for_optimizing).
-    env = loader.with_runtime_defaults({**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    # process chose for itself (see tf_process.configure_for_optimizing).
+    env = tf_process.with_runtime_defaults({**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     payload = "".join(json.dumps(job) + "\n" for job in jobs)
     returncode, stdout, stderr = _stream(
         [sys.executable, "-m", "serving_opt.core.measuring"], payload, env, timeout,
@@ -324,5 +324,5 @@ def serve_jobs() -> int:
 
 
 if __name__ == "__main__":
-    loader.keep_plotting_out()
+    tf_process.keep_plotting_out()
     sys.exit(serve_jobs())

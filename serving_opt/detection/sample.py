@@ -619,9 +619,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="then time this many 480x640 images through the frozen graph")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    from serving_opt.savedmodel import loader
+    from serving_opt.savedmodel import tf_process
 
-    loader.quiet_tensorflow_import()
+    tf_process.quiet_tensorflow_import()
     import logging
 
     logging.getLogger("tensorflow").setLevel(logging.ERROR)

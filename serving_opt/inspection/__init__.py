@@ -47,7 +47,7 @@ from serving_opt.inspection.risks import (
     SEVERITY_WARNING,
     VARIABLE_OPS,
 )
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import loader, model_files
 from serving_opt.savedmodel.graph import PROTOBUF_LIMIT_BYTES
 
 
@@ -75,7 +75,7 @@ def inspect_saved_model(
     else:
         meta_graphs = list(saved_model.meta_graphs)
 
-    links = loader.unsafe_links(path)
+    links = model_files.unsafe_links(path)
     found = [risks.link_risk(link, path) for link in links]
     if any(facts.under(link.path, os.path.join(path, "variables")) for link in links):
         # Never read a checkpoint through a link out of the model.

@@ -27,7 +27,7 @@ from serving_opt.inspection.report import (
     SignatureReport,
     VariablesReport,
 )
-from serving_opt.savedmodel import host_ops, loader, unbound_variables, untrusted
+from serving_opt.savedmodel import host_ops, loader, model_files, unbound_variables, untrusted
 from serving_opt.savedmodel.asset_paths import asset_path_problem, shown_filename
 from serving_opt.savedmodel.graph import node_name
 
@@ -138,11 +138,11 @@ def variable_risks(checkpoint: CheckpointRead, path: str, limit_bytes: int) -> l
     ]
 
 
-def link_risk(link: loader.UnsafeLink, model_dir: str) -> Risk:
+def link_risk(link: model_files.UnsafeLink, model_dir: str) -> Risk:
     """A symlink out of the model (or to nowhere).
 
     Example:
-        >>> link_risk(loader.unsafe_links(model)[0], model).code
+        >>> link_risk(model_files.unsafe_links(model)[0], model).code
         'symlink'
     """
     subject = os.path.relpath(link.path, model_dir)

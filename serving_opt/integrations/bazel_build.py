@@ -166,10 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         absl_logging.set_verbosity(absl_logging.ERROR)
     from serving_opt.core.rendering import printable
     from serving_opt.errors import ServingOptError
-    from serving_opt.savedmodel import loader
+    from serving_opt.savedmodel import tf_process
 
-    loader.configure_for_optimizing()
-    loader.quiet_tensorflow_import()
+    tf_process.configure_for_optimizing()
+    tf_process.quiet_tensorflow_import()
     try:
         build(args)
     except ServingOptError as e:

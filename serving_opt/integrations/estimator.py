@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from serving_opt.errors import ServingOptError, UsageError
 from serving_opt.pipeline import optimizer as optimizer_lib
 from serving_opt.pipeline.optimizer import OptimizeOptions, OptimizeReport
-from serving_opt.savedmodel import loader, writer
+from serving_opt.savedmodel import tf_process, writer
 
 logger = logging.getLogger("serving_opt.estimator")  # the public path
 
@@ -67,7 +67,7 @@ RAW_SUFFIX = "_raw"
 def _estimator_exporter_base() -> tuple[type, str | None]:
     """``tf.estimator.Exporter`` (train_and_evaluate accepts only its subclasses), or why not."""
     try:
-        loader.quiet_tensorflow_import()
+        tf_process.quiet_tensorflow_import()
         import tensorflow as tf
 
         return tf.estimator.Exporter, None

@@ -3,7 +3,7 @@
 Loading mirrors TF Serving's SavedModelBundle: the MetaGraph of the configured tag set
 (TF1 and TF2 SavedModels alike) is imported, its variables restored, its asset paths fed
 and its init op run. A SavedModel is code: the version first gets every file check that
-``optimize`` runs (loader.check_model_files), and the graph is imported from the
+``optimize`` runs (model_files.check_model_files), and the graph is imported from the
 saved_model.pb bytes that the static check read (savedmodel.checked_load), never from a
 second read of the path. Reading errors use the C++ loader's codes and texts, since
 GetModelStatus shows them to users.
@@ -100,7 +100,7 @@ def read_saved_model(export_dir: str):
     """Reads ``saved_model.pb``/``.pbtxt`` with the C++ reader's error codes and texts.
 
     The file is read only as a regular file (a symlink only to one, as TF Serving follows
-    links) within protobuf's 2 GiB limit (loader.read_model_file): a FIFO would hang the
+    links) within protobuf's 2 GiB limit (model_files.read_model_file): a FIFO would hang the
     load and a link to /dev/zero would be read until memory runs out; both fail the load
     with DATA_LOSS instead, upstream's code for a file it cannot parse.
 
@@ -143,11 +143,11 @@ def read_saved_model(export_dir: str):
 def _read_model_file(path: str) -> bytes:
     import grpc
 
-    from serving_opt.savedmodel import loader
+    from serving_opt.savedmodel import model_files
 
     try:
-        return loader.read_model_file(path)
-    except loader.UnsafeModelFile as e:
+        return model_files.read_model_file(path)
+    except model_files.UnsafeModelFile as e:
         raise _unsafe_file_status(e) from None
     except OSError as e:
         raise ServingStatusError(grpc.StatusCode.DATA_LOSS,
@@ -223,14 +223,14 @@ def with_custom_op_hint(error: ServingStatusError) -> ServingStatusError:
 
 
 def check_model_files(export_dir: str) -> None:
-    """optimize's file checks (loader.check_model_files), with the model base as the
+    """optimize's file checks (model_files.check_model_files), with the model base as the
     version's parent: a FIFO, device or socket (or a link to one) that TensorFlow's
     restore or the init op would block on fails the load with DATA_LOSS; a symlink out of
     the version (another model's files, /dev/zero), a version directory linked out of its
     base, or an asset hard-linked outside the model base with FAILED_PRECONDITION.
     """
     from serving_opt.errors import ServingOptError
-    from serving_opt.savedmodel import loader
+    from serving_opt.savedmodel import model_files
 
     base = os.path.dirname(os.path.abspath(export_dir))
     real_base, real = os.path.realpath(base), os.path.realpath(export_dir)
@@ -240,8 +240,8 @@ def check_model_files(export_dir: str) -> None:
             f"{export_dir} is a symlink to {real}, outside its model base {base}; symlinks "
             "out of a model are never followed; replace the link with a copy of the version")
     try:
-        loader.check_model_files(export_dir, base=base)
-    except loader.UnsafeModelFile as e:
+        model_files.check_model_files(export_dir, base=base)
+    except model_files.UnsafeModelFile as e:
         raise _unsafe_file_status(e) from None
     except ServingOptError as e:
         raise failed_precondition(f"{export_dir}: {e.one_line()}") from None
@@ -412,7 +412,7 @@ class Servable:
         """
         import tensorflow as tf
 
-        from serving_opt.savedmodel import checked_load, loader
+        from serving_opt.savedmodel import checked_load, model_files
 
         # Reading first gives the C++ loader's messages for the common failures; TF's
         # Python loader would raise OSError/RuntimeError with different wording.
@@ -443,7 +443,7 @@ class Servable:
             shutil.rmtree(asset_dir, ignore_errors=True)
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
-            if isinstance(e, loader.UnsafeModelFile):
+            if isinstance(e, model_files.UnsafeModelFile):
                 raise _unsafe_file_status(e) from None
             raise with_custom_op_hint(from_tf_error(e)) from e
         servable = cls(servable_id, path, session, meta_graph_def)

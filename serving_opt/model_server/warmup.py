@@ -75,7 +75,7 @@ def replay_warmup(servable: Servable, options: RequestOptions, iterations: int =
     """
     import grpc
 
-    from serving_opt.savedmodel import checked_load, loader
+    from serving_opt.savedmodel import checked_load, model_files
 
     path = warmup_path(servable.path)
     with tempfile.TemporaryDirectory(prefix="serving-opt-warmup-") as private:
@@ -87,7 +87,7 @@ def replay_warmup(servable: Servable, options: RequestOptions, iterations: int =
                                       copy)
         except FileNotFoundError:
             return 0  # warmup data is optional
-        except loader.UnsafeModelFile as e:
+        except model_files.UnsafeModelFile as e:
             raise ServingStatusError(grpc.StatusCode.DATA_LOSS, e.reason) from None
         return _replay_file(servable, options, iterations, copy, path)
 

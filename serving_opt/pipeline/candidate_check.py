@@ -77,9 +77,9 @@ def extra_files(model_dir: str, saved_model) -> list[str]:
 def check(model_dir: str, tags: str, allow_file_ops: bool) -> list[str]:
     """Raises ServingOptError naming what is wrong with ``model_dir``; returns the files
     it holds beyond a SavedModel's (:func:`extra_files`), for the caller to remove."""
-    from serving_opt.savedmodel import loader, untrusted
+    from serving_opt.savedmodel import loader, model_files, untrusted
 
-    loader.check_model_files(model_dir)
+    model_files.check_model_files(model_dir)
     saved_model = loader.read_saved_model(model_dir)
     if not allow_file_ops:
         meta_graph = loader.find_meta_graph(saved_model, loader.parse_tags(tags), model_dir)

@@ -44,7 +44,7 @@ from serving_opt.pipeline.plan import Plan, plan
 from serving_opt.pipeline.run import OptimizeReport, Progress, Run, SizeReport, StageReport
 from serving_opt.savedmodel import examples as examples_lib
 from serving_opt.savedmodel import inputs as inputs_lib
-from serving_opt.savedmodel import loader, writer
+from serving_opt.savedmodel import loader, model_files, tf_process, writer
 from serving_opt.savedmodel import staging as staging_lib
 from serving_opt.savedmodel.graph import total_node_count
 from serving_opt.stages import grappler as grappler_lib
@@ -111,7 +111,7 @@ def optimize(
             and run.plan.validate.serving.server == "docker":
         sandboxed = False  # the Docker client cannot run in a sandbox; the user trusts it
     run.sandbox = sandbox_lib.describe(sandboxed)
-    writer.refuse_foreign_hard_links(input_dir, output_base)  # on the host: it sees them all
+    model_files.refuse_foreign_hard_links(input_dir, output_base)  # on the host: it sees them all
     worker_lib.resolve_target(run, sandboxed)
     for stale in staging_lib.remove_stale(output_base):  # never a live run's
         run.progress("-", f"removed {stale}, left behind by a run that was killed")
@@ -239,14 +239,14 @@ def read(run: Run) -> Source:
         run.warn(f"lossy transforms requested ({', '.join(plan_.lossy)}); the parity gate "
                  f"decides with atol={plan_.tolerance.atol}, rtol={plan_.tolerance.rtol}")
     run.progress("read", f"reading {run.input_dir}")
-    loader.configure_for_optimizing()
-    loader.quiet_tensorflow_import()  # so the read stage times reading, not importing TF
+    tf_process.configure_for_optimizing()
+    tf_process.quiet_tensorflow_import()  # so the read stage times reading, not importing TF
     with run.stage("read", None) as stage:
         examples_lib.check_examples(plan_.user_inputs)
         if plan_.graph_def_input:
             run.model_dir = saved_model_from_graph_def(run)
         saved_model = loader.read_saved_model(run.model_dir)
-        loader.check_model_files(run.model_dir)  # no symlink out of the model is followed
+        model_files.check_model_files(run.model_dir)  # no symlink out of the model is followed
         meta_graph = loader.find_meta_graph(saved_model, plan_.tags, run.model_dir)
         keys = tuple(loader.select_signatures(meta_graph, plan_.build.signatures))
         kind = "tf2" if loader.is_tf2(meta_graph) else "tf1"

@@ -29,7 +29,7 @@ from serving_opt.options import (
 )
 from serving_opt.pipeline import attempts
 from serving_opt.savedmodel import examples as examples_lib
-from serving_opt.savedmodel import frozen_graph, loader, writer
+from serving_opt.savedmodel import frozen_graph, loader, model_files, writer
 from serving_opt.savedmodel import shapes as shapes_lib
 from serving_opt.stages import grappler as grappler_lib
 from serving_opt.stages import transforms as transforms_lib
@@ -116,8 +116,8 @@ def plan(input_dir: str, output_base: str, options: OptimizeOptions) -> Plan:
         # The file system's refusals, here in milliseconds: in the sandboxed worker they
         # came after TensorFlow's import (seconds); the worker checks again.
         loader.check_saved_model_dir(input_dir)
-        loader.check_model_files(input_dir)
-        loader.check_special_files(input_dir)
+        model_files.check_model_files(input_dir)
+        model_files.check_special_files(input_dir)
     writer.check_not_source(input_dir, output_base)  # by device and inode, not by name
     output = options.output
     version = output.version if output.version is not None \

@@ -43,9 +43,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The samples use deprecated-but-real TF1 APIs on purpose (that is what Estimators
     # exported); their deprecation warnings and TF's C++ start-up lines are noise here.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    from serving_opt.savedmodel import loader
+    from serving_opt.savedmodel import tf_process
 
-    loader.quiet_tensorflow_import()
+    tf_process.quiet_tensorflow_import()
     import logging
 
     logging.getLogger("tensorflow").setLevel(logging.ERROR)

@@ -84,7 +84,7 @@ from serving_opt.sandbox.view import (  # noqa: F401 - public here
     seccomp_pipe,
     seccomp_program,
 )
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import tf_process
 
 # Set inside a sandbox: code that would start one runs in-process instead.
 INSIDE_ENV = "SERVING_OPT_SANDBOXED"
@@ -263,7 +263,7 @@ def environment(extra: dict | None = None) -> dict:
         "PYTHONNOUSERSITE": "1",
         INSIDE_ENV: "1",
     })
-    return loader.with_runtime_defaults(env, extra)
+    return tf_process.with_runtime_defaults(env, extra)
 
 
 def popen(argv: Sequence[str], policy: Policy, env: dict | None = None,
@@ -373,7 +373,7 @@ class Worker:
             self.process = popen(argv, policy, env, **pipes)
         else:
             self.process = subprocess.Popen(
-                argv, env=loader.with_runtime_defaults(os.environ, env), **pipes)
+                argv, env=tf_process.with_runtime_defaults(os.environ, env), **pipes)
         self._reader = threading.Thread(target=self._forward_progress, daemon=True)
         self._reader.start()
         self._stderr_reader = threading.Thread(target=self._keep_stderr, daemon=True)
@@ -574,10 +574,10 @@ def _serve(preload: str, result_path: str) -> int:
     if inside():
         limit_threads()  # inside the sandbox's user namespace: counted per sandbox
     if preload == "optimize":
-        loader.configure_for_optimizing()  # before TensorFlow is imported
-        loader.quiet_tensorflow_import()
+        tf_process.configure_for_optimizing()  # before TensorFlow is imported
+        tf_process.quiet_tensorflow_import()
     elif preload == "tensorflow":
-        loader.quiet_tensorflow_import()
+        tf_process.quiet_tensorflow_import()
     request = sys.stdin.buffer.read()
     if not request:
         return 0  # the caller gave up before sending a call

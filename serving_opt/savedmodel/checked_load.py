@@ -12,7 +12,7 @@ import errno
 import os
 import stat
 
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import loader, model_files
 
 
 def _open_beneath(root: str, relative: str) -> int:
@@ -31,8 +31,8 @@ def _open_beneath(root: str, relative: str) -> int:
         os.close(fd)
 
 
-def _not_regular(path: str, what: str) -> loader.UnsafeModelFile:
-    return loader.UnsafeModelFile(
+def _not_regular(path: str, what: str) -> model_files.UnsafeModelFile:
+    return model_files.UnsafeModelFile(
         path, f"{path} {what}, not a regular file inside the version",
         "replace it with the file itself (copy the model again or re-export it)")
 
@@ -40,7 +40,7 @@ def _not_regular(path: str, what: str) -> loader.UnsafeModelFile:
 def copy_beneath(root: str, relative: str, target: str) -> None:
     """Copies the regular file ``root/relative`` to ``target`` (a new file), reached
     without following a symlink at any step and opened without blocking; raises
-    loader.UnsafeModelFile for a link or a special file, FileNotFoundError when absent."""
+    model_files.UnsafeModelFile for a link or a special file, FileNotFoundError when absent."""
     source = os.path.join(root, relative)
     try:
         fd = _open_beneath(root, relative)
@@ -52,7 +52,7 @@ def copy_beneath(root: str, relative: str, target: str) -> None:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise _not_regular(source, f"is {loader.file_kind(mode)}")
+            raise _not_regular(source, f"is {model_files.file_kind(mode)}")
         os.makedirs(os.path.dirname(target), exist_ok=True)
         with open(target, "xb") as out, os.fdopen(os.dup(fd), "rb") as src:
             while chunk := src.read(1 << 20):
@@ -69,14 +69,14 @@ def pin_assets(meta_graph, saved_model_dir: str, private_dir: str) -> dict[str, 
     Each asset is read as the C++ layer would read its name: a name with a NUL byte (C++
     cuts the path there), an absolute one or one with ``..`` that leaves ``assets/``, or
     one that reaches a symlink or a special file on its way, is refused
-    (loader.UnsafeModelFile).
+    (model_files.UnsafeModelFile).
     """
     feeds = {}
     for asset in loader.asset_file_defs(meta_graph):
         name = asset.filename
         relative = os.path.normpath(name) if name and "\0" not in name else ""
         if not relative or os.path.isabs(relative) or relative.split("/")[0] in ("..", "."):
-            raise loader.UnsafeModelFile(
+            raise model_files.UnsafeModelFile(
                 os.path.join(saved_model_dir, "assets"),
                 f"asset filename {name!r} of {saved_model_dir} does not name a file inside "
                 "its assets/ directory",

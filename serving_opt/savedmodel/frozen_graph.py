@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from serving_opt.errors import ServingOptError, UsageError, first_line, storage_error
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import loader, model_files
 from serving_opt.savedmodel.graph import (
     ServingGraph,
     node_name,
@@ -92,7 +92,7 @@ def read_graph_def(path: str):
             "pass a SavedModel directory or a frozen_inference_graph.pb "
             "(a text .pbtxt graph: convert it with text_format first)")
     try:
-        data = loader.read_model_file(path)
+        data = model_files.read_model_file(path)
     except OSError as e:
         raise ServingOptError(f"cannot read {path}: {e.strerror or e}",
                               "check the file's permissions") from e

@@ -186,7 +186,7 @@ def measure(model_dir: str, feeds: Mapping, signature: str = "serving_default",
         >>> r.peak_rss_bytes >= r.steady_rss_bytes > r.runtime_rss_bytes
         True
     """
-    from serving_opt.savedmodel import loader
+    from serving_opt.savedmodel import loader, tf_process
 
     tags = sorted(tags)
     meta_graph = loader.find_meta_graph(loader.read_saved_model(model_dir), tags, model_dir)
@@ -211,7 +211,7 @@ def measure(model_dir: str, feeds: Mapping, signature: str = "serving_default",
         # TensorFlow's defaults, as TF Serving runs (not the optimizer's own settings);
         # serving_opt importable from the child whether installed or not.
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = loader.with_runtime_defaults({
+        env = tf_process.with_runtime_defaults({
             **os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
             "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))})
         # A session of its own: on a timeout the measured process (forked by the one

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 
 from serving_opt.errors import ServingOptError, UsageError, storage_error
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import loader, model_files
 from serving_opt.savedmodel import staging as staging_lib
 from serving_opt.savedmodel.graph import PROTOBUF_LIMIT_BYTES, ServingGraph
 
@@ -379,7 +379,7 @@ def _write_saved_model(graph: ServingGraph, export_dir: str) -> str:
     # Copying follows symlinks: refuse any leading out of the model (checked when the
     # model was read too; again here, right before the copy).
     if graph.source_dir:
-        loader.check_model_files(graph.source_dir)
+        model_files.check_model_files(graph.source_dir)
     os.makedirs(export_dir, exist_ok=True)
     for sub in ("assets", "assets.extra"):
         src = os.path.join(graph.source_dir, sub)
@@ -418,10 +418,6 @@ def _write_saved_model(graph: ServingGraph, export_dir: str) -> str:
         f.write(saved_model.SerializeToString())
     os.replace(tmp, os.path.join(export_dir, "saved_model.pb"))
     return export_dir
-
-
-# Shared with serve's load, which runs the same checks (loader.check_model_files).
-refuse_foreign_hard_links = loader.refuse_foreign_hard_links
 
 
 def _link_or_copy(src: str, dst: str) -> str:

@@ -62,7 +62,7 @@ from serving_opt.errors import ServingOptError, UsageError
 
 # What the user may ask for is an option (serving_opt.options): this package imports it.
 from serving_opt.options import BACKENDS, DEFAULT_IMAGE, DOCKER_NETWORKS  # noqa: E402
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import tf_process
 from serving_opt.serving import runtime as runtime_lib
 from serving_opt.serving.process import ChildSetup, ServerProcess, die_with_parent
 
@@ -93,7 +93,7 @@ def runtime_env(backend: str) -> dict[str, str | None]:
     """
     if backend != "local":
         return {}
-    return dict(loader.RUNTIME_DEFAULTS)
+    return dict(tf_process.RUNTIME_DEFAULTS)
 
 
 # What each concrete backend is, for reports: a "local" pass is not a TF Serving pass.
@@ -498,7 +498,7 @@ class LocalRunner(ServerProcess):
         config_file = os.path.join(config_dir, CONFIG_FILENAME) if config_dir else None
         super().__init__(
             "local", local_command(spec, port, rest_port, runtime.python, config_file), port,
-            ChildSetup(env=loader.with_runtime_defaults(runtime.env()),
+            ChildSetup(env=tf_process.with_runtime_defaults(runtime.env()),
                        parent_pipe_flag="--parent_pipe_fd",
                        temp_dirs=(config_dir,) if config_dir else ()),
             rest_port=rest_port,

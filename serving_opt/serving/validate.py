@@ -55,7 +55,7 @@ from serving_opt.options import (  # noqa: F401
     check_options,
     parse_protocols,
 )
-from serving_opt.savedmodel import loader, writer
+from serving_opt.savedmodel import loader, model_files, tf_process, writer
 from serving_opt.serving import backends, requests, warmup
 from serving_opt.serving import runtime as runtime_lib
 from serving_opt.serving.clients import ModelServerClient
@@ -165,7 +165,7 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),  # n
     model_dir = version_dir(model_base, version)
     # The usage errors above cost no TensorFlow import (the CLI does not import it for
     # validate); what follows reads the model with it: quietly, as every command does.
-    loader.quiet_tensorflow_import()
+    tf_process.quiet_tensorflow_import()
     _admit(model_dir, options)
     sandboxed = sandbox_lib.require(options.allow_unsandboxed, f"validate {model_dir}")
     if sandboxed and options.allow_unsandboxed and options.server == "docker":
@@ -361,7 +361,7 @@ def _admit(model_dir: str, options: ValidateOptions) -> None:
     # A symlink out of a model is never followed: not by the server, not by the warmup
     # file written into assets.extra/, not by the reference run.
     for checked in dict.fromkeys((model_dir, reference_dir)):
-        loader.check_model_files(checked)
+        model_files.check_model_files(checked)
     if not options.allow_file_ops:
         # A SavedModel is code: refused before the reference run or the server runs it.
         _refuse_host_ops(dict.fromkeys((model_dir, reference_dir)),

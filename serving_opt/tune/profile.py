@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from serving_opt.errors import ServingOptError
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import loader, tf_process
 from serving_opt.tune.settings import ThreadSettings
 
 if TYPE_CHECKING:  # the measuring child (maybe another TensorFlow's venv) imports less
@@ -140,7 +140,7 @@ def _in_helper(job: dict, plan: ProfilePlan, say: Callable[[str], None],
     base = runtime.env() if runtime is not None else dict(os.environ)
     # Measured with TensorFlow's defaults, as TF Serving runs (whatever this process chose),
     # or as the proving server runs it.
-    env = loader.with_runtime_defaults({**base, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    env = tf_process.with_runtime_defaults({**base, "TF_CPP_MIN_LOG_LEVEL": "3"},
                                        dict(plan.env))
     payload = "".join(json.dumps({**job, "threads": asdict(t)}) + "\n"
                       for t in plan.thread_settings)
@@ -316,12 +316,12 @@ def _fork_and_measure(job: dict, say: Callable[[str], None]) -> dict:
 
 def _serve() -> int:
     """The helper: import TensorFlow once, fork a child per job (one thread setting)."""
-    loader.quiet_tensorflow_import()
+    tf_process.quiet_tensorflow_import()
     for line in sys.stdin:
         print(json.dumps(_fork_and_measure(json.loads(line), _say)), flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    loader.keep_plotting_out()
+    tf_process.keep_plotting_out()
     sys.exit(_serve())

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from serving_opt import sandbox as sandbox_lib
 from serving_opt.errors import UsageError
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import loader, model_files
 from serving_opt.serving import backends
 from serving_opt.serving import runtime as runtime_lib
 from serving_opt.tune import decide, grid, hardware, load, payloads, prove
@@ -76,7 +76,7 @@ def tune(model_base: str, options: TuneOptions | None = None,
 
     version = validate.resolve_version(model_base, options.version)
     model_dir = validate.version_dir(model_base, version)
-    loader.check_model_files(model_dir)
+    model_files.check_model_files(model_dir)
     tags = loader.parse_tags(options.saved_model_tags)
     if not tags:
         raise UsageError("--saved_model_tags is empty", "e.g. --saved_model_tags=serve")

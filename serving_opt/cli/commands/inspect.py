@@ -22,7 +22,7 @@ from serving_opt import inspection
 from serving_opt.cli import main as cli
 from serving_opt.core.rendering import printable
 from serving_opt.errors import EXIT_FAILURE, UsageError
-from serving_opt.savedmodel import frozen_graph, loader
+from serving_opt.savedmodel import frozen_graph, tf_process
 
 SUMMARY = "show signatures, variables, ops, size on disk and serving risks of a SavedModel"
 FAIL_ON = ["error", "warning", "never"]
@@ -65,7 +65,7 @@ def main(fv: flags.FlagValues) -> int:
     if not fv.saved_model_dir.strip():
         raise UsageError("--saved_model_dir is empty", "pass the SavedModel directory")
     if fv.verbosity <= 0:
-        loader.quiet_tensorflow_import()
+        tf_process.quiet_tensorflow_import()
     if frozen_graph.is_graph_def_path(fv.saved_model_dir):
         from serving_opt.inspection.frozen_graph_report import inspect_graph_def
 

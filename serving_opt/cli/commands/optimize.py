@@ -88,10 +88,10 @@ def options_from_flags(fv: flags.FlagValues) -> options_lib.OptimizeOptions:
 
 
 def configure_runtime() -> None:
-    """Called by the CLI before TensorFlow is imported (see loader.configure_for_optimizing)."""
-    from serving_opt.savedmodel import loader
+    """Called by the CLI before TensorFlow is imported (see tf_process.configure_for_optimizing)."""
+    from serving_opt.savedmodel import tf_process
 
-    loader.configure_for_optimizing()
+    tf_process.configure_for_optimizing()
 
 
 def main(fv: flags.FlagValues) -> int:

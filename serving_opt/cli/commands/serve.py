@@ -453,9 +453,9 @@ def main(fv: flags.FlagValues) -> int:
     if fv.version:
         print_version()
         return 0
-    from serving_opt.savedmodel import loader
+    from serving_opt.savedmodel import tf_process
 
-    loader.keep_plotting_out()  # a server never plots (and the sandboxed one has no fonts)
+    tf_process.keep_plotting_out()  # a server never plots (and the sandboxed one has no fonts)
     options = _options(fv)
     from serving_opt import sandbox
 

@@ -77,7 +77,7 @@ Three things a node's op type does not say are read too:
   ``inspect``'s ``asset_path_escapes``) is a finding: the loaders feed
   ``<model>/assets/<filename>``, a file outside the model, to whatever reads it; so is
   a collection entry that is no readable AssetFileDef. (Symlinks out of the model are
-  refused by ``loader.check_model_files``, which reads the directory; this check reads
+  refused by ``model_files.check_model_files``, which reads the directory; this check reads
   protos.)
 
 Everything else is a finding: :func:`host_op_uses` lists them, ``inspect`` rates them,
