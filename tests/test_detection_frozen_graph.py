@@ -8,12 +8,13 @@ import os
 import numpy as np
 import pytest
 
+from serving_opt.detection import network
 from serving_opt.detection import sample as detection_sample
 from serving_opt.errors import ServingOptError, UsageError
 from serving_opt.savedmodel import frozen_graph, loader
 from serving_opt.savedmodel.graph import ServingGraph
 
-OUTPUTS = list(detection_sample.OUTPUT_NODES)
+OUTPUTS = list(network.OUTPUT_NODES)
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +55,12 @@ def test_the_sample_detects_on_real_sized_frames(sample):
     for out in (small, large):
         n = int(out["num_detections"][0])
         assert n > 0
-        assert out["detection_boxes"].shape == (1, detection_sample.MAX_DETECTIONS, 4)
+        assert out["detection_boxes"].shape == (1, network.MAX_DETECTIONS, 4)
         assert out["detection_scores"].shape == out["detection_classes"].shape == \
-            (1, detection_sample.MAX_DETECTIONS)
+            (1, network.MAX_DETECTIONS)
         assert all(v.dtype == np.float32 for v in out.values())
         scores = out["detection_scores"][0, :n]
-        assert (scores >= detection_sample.SCORE_THRESHOLD).all()
+        assert (scores >= network.SCORE_THRESHOLD).all()
         assert (np.diff(scores) <= 0).all()  # best first
         assert set(out["detection_classes"][0, :n]) <= {1.0, 2.0, 3.0, 4.0}
         boxes = out["detection_boxes"][0, :n]
@@ -83,7 +84,7 @@ def test_the_sample_has_near_ties(sample):
     assert len(sample.near_ties) == 2
     for tie in sample.near_ties:
         assert 0 <= tie.rank < sample.detections
-        assert tie.iou > detection_sample.IOU_THRESHOLD
+        assert tie.iou > network.IOU_THRESHOLD
         assert tie.logit_gap < 1e-5  # a few ulp of a logit around 1
     assert "near-ties: rank" in sample.summary()
 

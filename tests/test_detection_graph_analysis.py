@@ -8,11 +8,11 @@ import os
 import numpy as np
 import pytest
 
-from serving_opt.detection import discontinuous, matching
+from serving_opt.detection import discontinuous, matching, network
 from serving_opt.detection import sample as detection_sample
 from serving_opt.savedmodel import frozen_graph, graph_diff, loader
 
-OUTPUTS = list(detection_sample.OUTPUT_NODES)
+OUTPUTS = list(network.OUTPUT_NODES)
 ATOL, RTOL = 1e-5, 1e-4
 
 

@@ -23,6 +23,7 @@ from independent_check import (
 )
 
 from serving_opt import OptimizeOptions, optimize
+from serving_opt.detection import network
 from serving_opt.detection import sample as detection_sample
 from serving_opt.errors import UsageError
 from serving_opt.options import GRAPH_DEF_NAME, ServingCheck
@@ -30,7 +31,7 @@ from serving_opt.savedmodel import examples as examples_lib
 from serving_opt.savedmodel import frozen_graph, loader
 from serving_opt.stages.parity import ParityInputs, check_parity
 
-OUTPUTS = tuple(detection_sample.OUTPUT_NODES)
+OUTPUTS = tuple(network.OUTPUT_NODES)
 # Folding batch norms moved candidates' boxes and scores by at most 5e-7 (measured on
 # the 480x640 and 720x1280 frames below): twenty times that.
 SCORE_ATOL = BOX_ATOL = 1e-5
@@ -73,7 +74,7 @@ def _run_both(frozen_graph: str, published_dir: str, images: np.ndarray) -> tupl
     original .pb by import_graph_def, both by plain TensorFlow."""
     return (run_detector_saved_model(published_dir, "serving_default",
                                      detection_sample.INPUT_KEY, images),
-            run_detector_graph_def(frozen_graph, f"{detection_sample.INPUT_NODE}:0", images,
+            run_detector_graph_def(frozen_graph, f"{network.INPUT_NODE}:0", images,
                                    OUTPUTS))
 
 
