@@ -105,10 +105,10 @@ lint: $(STAMP)
 pytest: $(STAMP) $(SANDBOX_STAMP) bazel-setup  # tests/test_bazel.py calls bazel
 	$(PY) -m pytest -q tests
 
-# The whole suite, each test file once: every tests/test_*.py (and examples/) as a Bazel
-# py_test that runs it through pytest, two at a time; then the tests that drive Bazel
-# itself (they cannot run inside a Bazel test); then the Estimator suite on TF 2.15.
-test: $(STAMP) $(SANDBOX_STAMP) lint bazel-test pytest-bazel test-estimator test-skips
+# The whole suite, each test file once: under Bazel, every tests/test_*.py in the shards
+# of //tests:suite, the Estimator suite on TF 2.15 (//tests:estimator) and examples/, two
+# at a time; then the tests that drive Bazel itself (they cannot run inside a Bazel test).
+test: $(STAMP) $(SANDBOX_STAMP) lint bazel-test pytest-bazel test-skips
 
 # Every skip of the run above with its reason; a skip that tests/expected_skips.txt does
 # not expect fails the run (a skipped test never counts as a pass).

@@ -31,9 +31,10 @@ def allowed_patterns(path: str) -> list[re.Pattern]:
 
 
 def result_files(root: str) -> list[str]:
-    """The suite's shards (tests/BUILD), then build/junit/*.xml."""
-    suite = os.path.join(root, "bazel-testlogs", "tests", "suite")
-    files = sorted(glob.glob(os.path.join(suite, "**", "test.xml"), recursive=True))
+    """The suite's shards and the Estimator suite (tests/BUILD), then build/junit/*.xml."""
+    logs = os.path.join(root, "bazel-testlogs", "tests")
+    files = sorted(glob.glob(os.path.join(logs, "suite", "**", "test.xml"), recursive=True))
+    files += glob.glob(os.path.join(logs, "estimator", "test.xml"))
     return files + sorted(glob.glob(os.path.join(root, "build", "junit", "*.xml")))
 
 

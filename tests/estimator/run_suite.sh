@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The Estimator suite as a Bazel test (//tests:estimator), beside the main suite's shards:
+# pytest in the repo's .venv-tf215 (TF 2.15 + tf.estimator), from the source tree, since
+# it also runs the main .venv (TF 2.21) to check models optimized there load under 2.15.
+set -euo pipefail
+root="$(cd "$(dirname "$(readlink -f "$0")")/../.." && pwd)"
+python="$root/.venv-tf215/bin/python"
+if [ ! -x "$python" ]; then
+  echo "no $python: run make venv-tf215 (make test does)" >&2
+  exit 1
+fi
+cd "$root"
+exec "$python" -m pytest -q -p no:cacheprovider --confcutdir=tests/estimator tests/estimator \
+  ${XML_OUTPUT_FILE:+--junitxml="$XML_OUTPUT_FILE"}
