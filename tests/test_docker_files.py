@@ -36,14 +36,17 @@ def test_every_file_pins_the_same_tf_serving_tag_as_the_validator():
 
 def test_dockerfile_bakes_the_model_base_where_the_entrypoint_looks():
     dockerfile = _read("Dockerfile")
-    assert "COPY ${MODEL_BASE} /models/${MODEL_NAME}" in dockerfile
+    assert "COPY ${MODEL_BASE} /models/${MODEL}" in dockerfile
+    # Not an ARG named MODEL_NAME: the base image's ENV MODEL_NAME=model shadows it.
+    assert re.search(r"^ENV MODEL_NAME=\$\{MODEL\}", dockerfile, re.M)
+    assert not re.search(r"^ARG MODEL_NAME\b", dockerfile, re.M)
     assert re.search(r"MODEL_BASE_PATH=/models\b", dockerfile)
 
 
 def test_compose_mounts_models_read_only_and_publishes_grpc_and_rest():
     compose = _read("compose.yaml")
     assert re.search(r"- \$\{MODEL_BASE:-[^}]+\}:/models/\$\{MODEL_NAME:-classifier\}:ro", compose)
-    assert '"8500:8500"' in compose and '"8501:8501"' in compose
+    assert '"${GRPC_PORT:-8500}:8500"' in compose and '"${REST_PORT:-8501}:8501"' in compose
 
 
 @pytest.fixture

@@ -37,12 +37,15 @@ from hostile_models import (
 
 from serving_opt import OptimizeOptions, optimize, sandbox
 from serving_opt.errors import ServingOptError
+from serving_opt.options import MeasureOptions, ServingCheck, TrustOptions
 
 SECRET = "host-secret-7f3a9c"
 # The secret is the file's second line: a table filled from it looks SECRET up as id 1,
 # so the request answers w[1] = 2.0 (a missing key answers w[0] = 1.0).
 HOST_FILE = f"padding\n{SECRET}\n"
-QUICK = dict(benchmark_runs=0, cold_start=False, allow_file_ops=True, parity_batches=1)
+QUICK = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+             trust=TrustOptions(allow_file_ops=True),
+             gate=GateOptions(parity_batches=1))
 WRITE_ROUTES = [r for r, h in HOSTILE.items() if h.effect == "writes"]
 READ_ROUTES = [r for r, h in HOSTILE.items() if h.effect == "reads"]
 
@@ -146,8 +149,12 @@ def test_validate_a_hostile_model_leaves_the_host_untouched(hostile, static_chec
 
     built = hostile["init_op_write"]
     report = validate(os.path.dirname(built.model),
-                      ValidateOptions(server="local", allow_file_ops=True, concurrency=0,
-                                      protocols=("grpc",), load_deadline=120))
+                      ValidateOptions(
+                          serving=ServingCheck(server="local",
+                                               concurrency=0,
+                                               protocols=("grpc",),
+                                               load_deadline=120),
+                          trust=TrustOptions(allow_file_ops=True)))
     # The server loaded it, so its init op's write ran, into the sandbox's /tmp.
     assert report.ok, report.failures
     assert report.sandbox.startswith("bubblewrap")
@@ -163,9 +170,13 @@ def test_a_requests_write_in_the_served_model_stays_in_the_sandbox(hostile,
     # directory.
     with pytest.raises(ServingOptError, match=_saves_into_a_missing_directory(built)):
         validate(os.path.dirname(built.model),
-                 ValidateOptions(server="local", allow_file_ops=True, concurrency=2,
-                                 duration=1.0, protocols=("grpc", "rest"),
-                                 load_deadline=120))
+                 ValidateOptions(
+                     serving=ServingCheck(server="local",
+                                          concurrency=2,
+                                          duration=1.0,
+                                          protocols=("grpc", "rest"),
+                                          load_deadline=120),
+                     trust=TrustOptions(allow_file_ops=True)))
     assert os.listdir(built.host) == []
 
 
@@ -283,8 +294,9 @@ def test_without_the_sandbox_the_static_check_alone_refuses(route, tmp_path, hos
     out = tmp_path / "out"
     with pytest.raises(ServingOptError, match=rf"^{HOSTILE[route].op} node .*"
                                               r"refusing to optimize it, nothing was run"):
-        optimize(model, str(out), OptimizeOptions(benchmark_runs=0, cold_start=False,
-                                                  allow_unsandboxed=True))
+        optimize(model, str(out), OptimizeOptions(
+            measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+            trust=TrustOptions(allow_unsandboxed=True)))
     assert not (out / "1").exists()
     if route in hostile:
         assert _host_untouched(built)
@@ -298,7 +310,8 @@ def test_no_sandbox_and_no_consent_refuses_before_running(tmp_path, monkeypatch,
                                                           classifier_dir):
     monkeypatch.setattr(sandbox, "unavailable_reason", lambda: "no user namespaces")
     with pytest.raises(ServingOptError) as failure:
-        optimize(classifier_dir, str(tmp_path / "out"), OptimizeOptions(benchmark_runs=0))
+        optimize(classifier_dir, str(tmp_path / "out"), OptimizeOptions(
+            measure=MeasureOptions(benchmark_runs=0)))
     assert "no user namespaces" in str(failure.value)
     assert "--allow_unsandboxed" in str(failure.value)
     assert not (tmp_path / "out" / "1").exists()
@@ -312,7 +325,7 @@ def through_a_symlink(tmp_path_factory, classifier_dir):
     shutil.copytree(classifier_dir, scratch / "real" / "model")
     (scratch / "current").symlink_to(scratch / "real" / "model")
     report = optimize(str(scratch / "current"), str(scratch / "out"),
-                      OptimizeOptions(benchmark_runs=0, cold_start=False))
+                      OptimizeOptions(measure=MeasureOptions(benchmark_runs=0, cold_start=False)))
     return scratch, report, sorted(os.listdir(scratch / "out"))
 
 
@@ -414,7 +427,8 @@ def test_relative_paths_reach_the_sandboxed_worker(tmp_path, classifier_dir, mon
     # the report names the paths as the user gave them.
     shutil.copytree(classifier_dir, tmp_path / "model")
     monkeypatch.chdir(tmp_path)
-    report = optimize("model", "out", OptimizeOptions(benchmark_runs=0, cold_start=False))
+    report = optimize("model", "out", OptimizeOptions(
+        measure=MeasureOptions(benchmark_runs=0, cold_start=False)))
     assert (report.input_dir, report.output_dir) == ("model", os.path.join("out", "1"))
     assert os.path.isfile(tmp_path / "out" / "1" / "saved_model.pb")
 
@@ -430,21 +444,23 @@ def test_a_model_reached_through_a_symlink_reaches_the_sandboxed_worker(through_
 
 
 def test_docker_needs_consent_to_run_unsandboxed(tmp_path, regressor_base, monkeypatch):
-    # Mock: no Docker engine exists here; a `docker` stand-in fails at once, so the test
-    # sees only which way validate decided before any container could start.
+    # Mock: a `docker` stand-in whose engine answers and has the image but whose `run`
+    # fails at once, so the test sees only which way validate decided before any
+    # container could start (tests/test_docker_engine.py runs the real engine).
     from serving_opt.serving.validate import ValidateOptions, validate
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "docker"
-    fake.write_text("#!/bin/sh\nexit 3\n")
+    fake.write_text('#!/bin/sh\ncase "$1" in info) echo 28.2;; image|ps) ;; *) exit 3;; esac\n')
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     with pytest.raises(ServingOptError, match="--allow_unsandboxed"):
-        validate(regressor_base, ValidateOptions(server="docker", concurrency=0))
-    report = validate(regressor_base, ValidateOptions(server="docker", concurrency=0,
-                                                      allow_unsandboxed=True,
-                                                      load_deadline=5))
+        validate(regressor_base, ValidateOptions(
+            serving=ServingCheck(server="docker", concurrency=0)))
+    report = validate(regressor_base, ValidateOptions(
+        serving=ServingCheck(server="docker", concurrency=0, load_deadline=5),
+        trust=TrustOptions(allow_unsandboxed=True)))
     assert not report.ok and report.sandbox.startswith("off")
 
 
@@ -459,9 +475,13 @@ def test_validate_never_runs_the_init_op_of_a_version_it_does_not_check(
     base = tmp_path / "base"
     shutil.copytree(regressor_dir, base / "1")
     shutil.copytree(built.model, base / "2")
-    report = validate(str(base), ValidateOptions(server="local", version=1, concurrency=0,
-                                                 protocols=("grpc",), allow_file_ops=True,
-                                                 load_deadline=120, **unsandboxed))
+    report = validate(str(base), ValidateOptions(
+        version=1,
+        serving=ServingCheck(server="local",
+                             concurrency=0,
+                             protocols=("grpc",),
+                             load_deadline=120),
+        trust=TrustOptions(allow_file_ops=True), **unsandboxed))
     assert report.ok, report.failures
     assert report.ignored_versions == (2,)
     assert os.listdir(built.host) == []

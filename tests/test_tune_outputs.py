@@ -137,7 +137,8 @@ def test_every_output_is_written_and_consistent(report, tmp_path):
     assert fv.enable_batching and fv.model_name == "mnv2"
 
     dockerfile = open(out["dockerfile"]).read()
-    assert re.search(r"^FROM tensorflow/serving:\$\{TF_SERVING_TAG\}$", dockerfile, re.M)
+    assert re.search(r"^FROM \$\{TF_SERVING_IMAGE\}:\$\{TF_SERVING_TAG\}$", dockerfile, re.M)
+    assert "ARG TF_SERVING_IMAGE=tensorflow/serving" in dockerfile
     assert f"ARG TF_SERVING_TAG={backends.DEFAULT_IMAGE.split(':')[1]}" in dockerfile
     assert f"COPY ${{BATCHING_PARAMETERS}} /config/{PARAMETERS_FILENAME}" in dockerfile
     cmd = json.loads(re.search(r"^CMD (\[.*\])$", dockerfile, re.M).group(1))

@@ -187,8 +187,8 @@ def dockerfile(report: TuneReport, parameters_source: str, base: str | None = No
     lines = base.rstrip("\n").split("\n")
     out = []
     for line in lines:
-        if line.startswith("ARG MODEL_NAME="):
-            line = f"ARG MODEL_NAME={report.model_name}"
+        if line.startswith("ARG MODEL="):
+            line = f"ARG MODEL={report.model_name}"
         if line.startswith("ARG MODEL_BASE="):
             line = f"ARG MODEL_BASE=build/models/{report.model_name}"
         out.append(line)
@@ -233,17 +233,18 @@ def _shipped(template: str) -> str:
 
 # The project's docker files as this release ships them (used when the package runs
 # outside its checkout, where docker/ is not beside it).
-_DOCKERFILE = """ARG TF_SERVING_TAG=2.20.0
-FROM tensorflow/serving:${TF_SERVING_TAG}
+_DOCKERFILE = """ARG TF_SERVING_IMAGE=tensorflow/serving
+ARG TF_SERVING_TAG=2.20.0
+FROM ${TF_SERVING_IMAGE}:${TF_SERVING_TAG}
 
-ARG MODEL_NAME=classifier
+ARG MODEL=classifier
 ARG MODEL_BASE=build/models/classifier
 
 # The image's entrypoint reads MODEL_NAME and MODEL_BASE_PATH (default /models).
-ENV MODEL_NAME=${MODEL_NAME} \\
+ENV MODEL_NAME=${MODEL} \\
     MODEL_BASE_PATH=/models
 
-COPY ${MODEL_BASE} /models/${MODEL_NAME}
+COPY ${MODEL_BASE} /models/${MODEL}
 
 # gRPC and REST, as in the base image.
 EXPOSE 8500 8501
@@ -252,8 +253,8 @@ _COMPOSE = """services:
   serving:
     image: tensorflow/serving:2.20.0
     ports:
-      - "8500:8500"   # gRPC (PredictionService, ModelService)
-      - "8501:8501"   # REST
+      - "${GRPC_PORT:-8500}:8500"   # gRPC (PredictionService, ModelService)
+      - "${REST_PORT:-8501}:8501"   # REST
     environment:
       MODEL_NAME: ${MODEL_NAME:-classifier}
     volumes:
