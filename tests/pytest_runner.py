@@ -1,6 +1,6 @@
 """Runs test files through pytest: the `main` of the py_tests in tests/BUILD.
 
-Usage: pytest_runner.py <test file>... [-- pytest args...]
+Usage: pytest_runner.py [--env=NAME=VALUE]... <test file>... [-- pytest args...]
 
 Under Bazel's sharding (TEST_TOTAL_SHARDS), this process runs only its shard's files, in
 one pytest session, so TensorFlow is imported and the session's models are built once for
@@ -64,6 +64,9 @@ def main(argv):
         write_durations(argv[2] if len(argv) > 2 else os.path.join(HERE, "..", "bazel-testlogs"))
         return 0
     args = argv[1:]
+    while args and args[0].startswith("--env="):
+        name, _, value = args.pop(0)[len("--env="):].partition("=")
+        os.environ[name] = value  # before conftest reads it
     extra = args[args.index("--") + 1:] if "--" in args else []
     files = args[:args.index("--")] if "--" in args else args
     if not files:

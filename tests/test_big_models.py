@@ -106,6 +106,7 @@ def test_sizes_are_the_directories_and_the_slots_are_left_behind(kept_table,
     assert after.variables <= before.variables - slot
 
 
+@pytest.mark.golden
 def test_outputs_are_identical_through_the_session_loader(kept_table, text_classifier_base):
     texts = samples.text_examples(32, seed=3, vocab_size=TEXT_CLASSIFIER_VOCAB)
     before = _answers(os.path.join(text_classifier_base, "1"), texts)

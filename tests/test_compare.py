@@ -68,6 +68,7 @@ def shards(tmp_path_factory):
     return os.path.dirname(paths[0]) + "/part-*.tfrecord", keys, ordered
 
 
+@pytest.mark.golden
 def test_identical_models_match_on_every_example(classifier_dir, shards):
     pattern, keys, _ = shards
     report = compare(classifier_dir, classifier_dir, pattern)

@@ -126,6 +126,7 @@ def test_the_optimized_pb_is_written_beside_it_and_answers_the_same(published):
         np.testing.assert_array_equal(from_pb[key], served[key])
 
 
+@pytest.mark.golden
 @pytest.mark.parametrize("height,width", [(480, 640), (720, 1280)])
 def test_the_published_version_detects_like_the_original_frozen_graph(sample, published,
                                                                       height, width):

@@ -153,6 +153,7 @@ def test_optimize_publishes_a_model_the_session_loader_answers_like_the_original
     assert not [r for r in risks if r.severity == inspection.SEVERITY_ERROR]
 
 
+@pytest.mark.golden
 def test_the_repaired_model_validates_over_grpc_and_rest(repaired):
     base, _ = repaired
     report = validate(base, ValidateOptions(server="local", concurrency=2, duration=0.5))

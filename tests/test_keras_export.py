@@ -107,6 +107,7 @@ def two_exports(data, tmp_path_factory):
     return model, base, first, second
 
 
+@pytest.mark.golden
 def test_export_publishes_numbered_versions_that_predict_like_the_model(two_exports, data):
     x, _ = data
     model, base, first, second = two_exports

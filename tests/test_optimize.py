@@ -91,6 +91,7 @@ def test_optimized_model_keeps_the_exact_signature_map(fixture, request, optimiz
     assert _signature_map(report.output_dir) == _signature_map(src)
 
 
+@pytest.mark.golden
 @pytest.mark.parametrize("fixture", ["classifier_dir", "regressor_dir", "convnet_dir"])
 def test_optimized_model_answers_like_the_original_and_is_smaller(fixture, request, optimized,
                                                                   feeds):

@@ -95,6 +95,7 @@ def test_the_checkpoint_holds_the_quantized_table(quantized_text):
     assert report.size_after.variables < report.size_before.variables / 2
 
 
+@pytest.mark.golden
 def test_answers_pass_the_lossy_gate_and_agree_on_top1(quantized_text, text_classifier_base):
     mode, report = quantized_text
     assert report.parity.ok

@@ -94,6 +94,7 @@ def served_classifier(classifier_base, tmp_path_factory) -> dict:
     return seen
 
 
+@pytest.mark.golden
 def test_serve_answers_grpc_and_rest_from_its_sandbox_and_stops_cleanly(served_classifier):
     seen = served_classifier
     assert "models sandboxed" in seen["line"]

@@ -117,6 +117,7 @@ def _rest(address: str, path: str, body: dict) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
+@pytest.mark.golden
 def test_models_served_together_answer_by_name(served):
     assert "model 'reader' version 1; model 'm' version 1 AVAILABLE" in served["line"]
     own = os.path.join(served["reader"], "1", "saved_model.pb")

@@ -60,6 +60,7 @@ def classifier_validated(optimized_classifier_base, classifier_dir):
                                     concurrency=4, duration=1.0))
 
 
+@pytest.mark.golden
 def test_optimized_classifier_is_validated_against_the_original(classifier_validated):
     report = classifier_validated
     assert report.ok, report.failures

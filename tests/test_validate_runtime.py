@@ -64,6 +64,7 @@ def classifier_validated(classifier_base, tmp_path_factory):
         return validate(classifier_base, BOTH)
 
 
+@pytest.mark.golden
 def test_validate_over_grpc_and_rest_passes_on_a_real_model(classifier_validated):
     report = classifier_validated
     assert report.ok, report.failures

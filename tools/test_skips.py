@@ -34,6 +34,8 @@ def result_files(root: str) -> list[str]:
     """The suite's shards and the Estimator suite (tests/BUILD), then build/junit/*.xml."""
     logs = os.path.join(root, "bazel-testlogs", "tests")
     files = sorted(glob.glob(os.path.join(logs, "suite", "**", "test.xml"), recursive=True))
+    files += sorted(glob.glob(os.path.join(logs, "golden_onednn", "**", "test.xml"),
+                              recursive=True))
     files += glob.glob(os.path.join(logs, "estimator", "test.xml"))
     return files + sorted(glob.glob(os.path.join(root, "build", "junit", "*.xml")))
 
