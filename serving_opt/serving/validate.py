@@ -352,7 +352,7 @@ def _server_spec(target: Target, options: ValidateOptions) -> backends.ServerSpe
                                image=options.image, saved_model_tags=options.saved_model_tags,
                                rest_api="rest" in target.protocols, version=target.version,
                                allow_file_ops=options.allow_file_ops,
-                               docker_network=options.docker_network)
+                               docker_network=options.serving.docker_network)
 
 
 def _admit(model_dir: str, options: ValidateOptions) -> None:
@@ -374,7 +374,7 @@ def _resolve(options: ValidateOptions, version: int, sandboxed: bool,
     runtime's interpreter, absolute paths: it runs elsewhere, cwd /tmp, in its sandbox),
     and the runtime note."""
     backend = backends.resolve_backend(options.server, sandboxed=sandboxed,
-                                       image=options.image)
+                                       image=options.serving.image)
     if options.require_server == "tf_serving" and backend == "local":
         raise ServingOptError(
             "--require_server=tf_serving: only the local stand-in can run here (no "
