@@ -38,7 +38,10 @@ EXPECTED_INSPECT_ERRORS = {
     # A Builder given a V1 saver: TF Serving's loader restores nothing from it.
     "handbuilt/tf1_saver_v1": "variables_v1_checkpoint",
     # Keras 3 through tf.saved_model.save: TF Serving loads it and fails every request.
-    "tf-2.21/keras3_saved_model_save": "unbound_variables",
+    **{f"tf-2.{minor}/{kind}": "unbound_variables" for minor in (16, 21) for kind in (
+        "keras3_saved_model_save", "keras3_subclassed_saved_model_save",
+        # The same variables reached through a tf.Module's own serving function.
+        "keras3_module_wrapped")},
 }
 
 
@@ -255,6 +258,7 @@ def candidate_feeds(meta_graph, graph, signature, model_dir: str, seed: int = 0)
         for batch in (BATCH, 1):
             yield (f"tf.Examples from the parse op, batch {batch}",
                    {inputs[alias].name: serialized_examples(specs[0], batch, words, rng)})
+    ragged = _ragged_groups(inputs)
     for label, batch, scalar in (("graph shapes", BATCH, False), ("batch 1", 1, False),
                                  ("scalars", 1, True)):
         feed = {}
@@ -272,7 +276,39 @@ def candidate_feeds(meta_graph, graph, signature, model_dir: str, seed: int = 0)
                 shape = [batch if i == 0 and (d is None or d < 0) else
                          (2 if d is None or d < 0 else d) for i, d in enumerate(shape)]
             feed[info.name] = _dense(dtype(info), shape, words, rng)
+        if ragged and not scalar:
+            yield label + ", ragged parts as row splits", _ragged_feed(
+                feed, inputs, ragged, batch, rng)
         yield label, feed
+
+
+def _ragged_groups(inputs: dict) -> dict[str, list[str]]:
+    """TF's names for a ragged argument flattened into a signature (tf.saved_model.save):
+    ``x`` the flat values, ``x_1``... the row splits, outermost first. Read from the
+    names (the tool reads the graph), so the two cannot share a mistake."""
+    groups = {}
+    for alias in inputs:
+        splits, k = [], 1
+        while f"{alias}_{k}" in inputs and inputs[f"{alias}_{k}"].dtype in (3, 9):
+            splits.append(f"{alias}_{k}")
+            k += 1
+        if splits:
+            groups[alias] = splits
+    return groups
+
+
+def _ragged_feed(feed: dict, inputs: dict, groups: dict, rows: int, rng) -> dict:
+    feed = dict(feed)
+    for values, splits in groups.items():
+        count = rows
+        for alias in splits:
+            lengths = [1 + (i % 3) for i in range(count)]  # never empty: every row answers
+            feed[inputs[alias].name] = np.cumsum([0, *lengths]).astype(
+                np.int64 if inputs[alias].dtype == 9 else np.int32)
+            count = sum(lengths)
+        old = np.asarray(feed[inputs[values].name])
+        feed[inputs[values].name] = np.resize(old, (count, *old.shape[1:]))
+    return feed
 
 
 # --- the check ------------------------------------------------------------------------------
@@ -417,11 +453,12 @@ class Result:
                 f"inspect={self.inspect_exit} {self.verdict:<9} {self.reason}")
 
 
-def optimize_options(**overrides):
+def optimize_options(saved_model_tags: str = "serve"):
     """Defaults except the measuring (the corpus is about getting real exports in)."""
-    from serving_opt import OptimizeOptions
+    from serving_opt.options import InputOptions, MeasureOptions, OptimizeOptions
 
-    return OptimizeOptions(**{"benchmark_runs": 0, "cold_start": False, **overrides})
+    return OptimizeOptions(measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+                           inputs=InputOptions(saved_model_tags=saved_model_tags))
 
 
 def inspect_exit(model_dir: str) -> int:

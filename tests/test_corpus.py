@@ -7,9 +7,9 @@ own writers, TF Serving's test exports, hand-built graphs in older writers' shap
   independently (tests/corpus_check.py builds its own inputs from the graph's parse op
   and shapes, and loads both models with TensorFlow's own loader), or refuses it with
   the one-line reason the manifest names as true (``"expect": "refuse"``). The suite
-  optimizes one model per distinct structure (``corpus_check.representatives``: the
-  ten TF releases write 20 shapes of 61 models, each stage's code paths depend on the
-  structure, not on the values); ``make corpus`` optimizes all of them.
+  optimizes one model per distinct structure (``corpus_check.representatives``: 26
+  shapes of 77 models, each stage's code paths depend on the structure, not on the
+  values); ``make corpus`` optimizes all of them.
 """
 
 from __future__ import annotations
@@ -28,6 +28,12 @@ def test_the_corpus_holds_every_writer_the_issue_names():
     kinds = {e["kind"] for e in ENTRIES}
     assert {"estimator_tf1", "keras2", "keras2_model_save", "keras3", "module_table",
             "transform_layer", "handbuilt"} <= kinds
+    # Keras 3 and Keras 2 models as users write them (subclassed, held by a tf.Module,
+    # string and ragged inputs, several signatures over one set of variables).
+    assert {"keras3_saved_model_save", "keras3_subclassed",
+            "keras3_subclassed_saved_model_save", "keras3_module_wrapped",
+            "keras3_string_lookup", "keras3_export_endpoints", "keras2_subclassed",
+            "keras2_module_wrapped", "ragged_module", "multi_signature"} <= kinds
     versions = {e["tf_version"][:4] for e in ENTRIES if e["kind"] == "keras2"}
     assert len(versions) >= 10, versions  # every TF from 2.12 to 2.21
     for entry in ENTRIES:

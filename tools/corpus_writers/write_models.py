@@ -30,6 +30,21 @@ Kinds (each a SavedModel directory under --out):
   transform_layer  tf.Transform-style preprocessing: serialized tf.Example -> VarLenFeature
                    strings densified to [batch, 1] -> two vocabulary tables (one a
                    StaticVocabularyTable with OOV buckets) + a scaled FixedLenFeature float.
+  keras3_subclassed  keras3's layers in a subclassed keras.Model, model.export.
+  keras3_subclassed_saved_model_save  the same through tf.saved_model.save (unservable by
+                   the session loader, like keras3_saved_model_save).
+  keras3_module_wrapped  the keras3 model held by a tf.Module whose own tf.function is the
+                   signature, tf.saved_model.save (tensorflow/tensorflow#72963's recipe).
+  keras3_string_lookup  string input: StringLookup (a vocabulary table) -> Embedding ->
+                   pooling -> Dense, model.export.
+  keras3_export_endpoints  keras.export.ExportArchive with two endpoints (scores, hidden
+                   activations) over one model's variables.
+  keras2_subclassed  Keras 2's subclassed model, tf.saved_model.save.
+  keras2_module_wrapped  a Keras 2 functional model held by a tf.Module, tf.saved_model.save.
+  ragged_module    tf.Module whose signature takes a tf.RaggedTensorSpec (flattened by the
+                   writer into two inputs: flat values `ids`, row splits `ids_1`).
+  multi_signature  tf.Module, three signatures (two float, one string through a
+                   KeyValueTensorInitializer table) over one set of variables.
 """
 
 import argparse
@@ -231,6 +246,198 @@ def keras3_saved_model_save(path, tmp):
     return f"keras {keras.__version__} functional model, tf.saved_model.save"
 
 
+def subclassed_model(k):
+    """dense_bn_model's layers in a subclassed Model (built, so it has its weights)."""
+    class DenseBN(k.Model):
+        def __init__(self):
+            super().__init__(name="dense_bn_subclassed")
+            self.dense = k.layers.Dense(8, activation="relu", name="dense")
+            self.bn = k.layers.BatchNormalization(name="bn")
+            self.out = k.layers.Dense(3, activation="softmax", name="probabilities")
+
+        def call(self, x, training=False):
+            return self.out(self.bn(self.dense(x), training=training))
+
+    model = DenseBN()
+    model(np.zeros((1, 4), np.float32))  # builds the weights
+    return model
+
+
+def keras3_module(what):
+    import keras
+    if not keras.__version__.startswith("3."):
+        raise RuntimeError(
+            f"keras is {keras.__version__}, not Keras 3 (Keras 3 ships with TF >= 2.16)")
+    keras.utils.set_random_seed(SEED)
+    return keras, f"keras {keras.__version__} {what}"
+
+
+def keras3_subclassed(path, tmp):
+    keras, writer = keras3_module("subclassed model, model.export")
+    model = subclassed_model(keras)
+    set_weights(model, 3)
+    model.export(path)
+    return writer
+
+
+def keras3_subclassed_saved_model_save(path, tmp):
+    keras, writer = keras3_module("subclassed model, tf.saved_model.save")
+    model = subclassed_model(keras)
+    set_weights(model, 3)
+    tf.saved_model.save(model, path)
+    return writer
+
+
+class KerasWrapper(tf.Module):
+    """A Keras model held by a tf.Module with its own serving function (the recipe of
+    tensorflow/tensorflow#72963 and of users who add pre/post-processing)."""
+
+    def __init__(self, model):
+        super().__init__(name="wrapper")
+        self.model = model
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="features")])
+    def serve(self, features):
+        probabilities = self.model(features)
+        return {"probabilities": probabilities,
+                "class_id": tf.argmax(probabilities, axis=-1)}
+
+
+def keras3_module_wrapped(path, tmp):
+    keras, writer = keras3_module("functional model held by a tf.Module, tf.saved_model.save")
+    model = dense_bn_model(keras)
+    set_weights(model, 3)
+    module = KerasWrapper(model)
+    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+    return writer
+
+
+def keras3_string_lookup(path, tmp):
+    """String input: StringLookup (a table initialized from the vocabulary) -> Embedding."""
+    keras, writer = keras3_module("functional StringLookup + Embedding on string input, "
+                                  "model.export")
+    inputs = keras.Input(shape=(2,), dtype="string", name="words")
+    ids = keras.layers.StringLookup(vocabulary=WORDS, num_oov_indices=1, name="lookup")(inputs)
+    x = keras.layers.Embedding(len(WORDS) + 1, 3, name="embedding")(ids)
+    x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
+    outputs = keras.layers.Dense(2, name="logits")(x)
+    model = keras.Model(inputs, outputs, name="words_model")
+    r = rng(5)
+    model.set_weights([r.normal(0, 0.5, tuple(w.shape)).astype(np.float32)
+                       for w in model.weights])
+    model.export(path)
+    return writer
+
+
+def keras3_export_endpoints(path, tmp):
+    """keras.export.ExportArchive: two endpoints over one model's variables (the scores and
+    the hidden layer's activations)."""
+    keras, writer = keras3_module("ExportArchive with two endpoints sharing the variables")
+    model = dense_bn_model(keras)
+    set_weights(model, 3)
+    hidden = keras.Model(model.inputs, model.get_layer("bn").output, name="hidden")
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    spec = [tf.TensorSpec([None, 4], tf.float32, name="features")]
+    archive.add_endpoint("serving_default", model.__call__, input_signature=spec)
+    archive.add_endpoint("embed", hidden.__call__, input_signature=spec)
+    archive.write_out(path)
+    return writer
+
+
+def keras2_checked():
+    k, name, version = keras2_module()
+    if not version.startswith("2."):
+        raise RuntimeError(f"{name} is Keras {version}, not Keras 2")
+    k.utils.set_random_seed(SEED)
+    return k, f"{name} {version}"
+
+
+def keras2_subclassed(path, tmp):
+    k, who = keras2_checked()
+    model = subclassed_model(k)
+    set_weights(model, 2)
+    tf.saved_model.save(model, path)
+    return f"{who} subclassed model, tf.saved_model.save"
+
+
+def keras2_module_wrapped(path, tmp):
+    k, who = keras2_checked()
+    model = dense_bn_model(k)
+    set_weights(model, 2)
+    module = KerasWrapper(model)
+    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+    return f"{who} functional model held by a tf.Module, tf.saved_model.save"
+
+
+# --------------------------------------------------------------------------- tf.Module, other
+
+
+class RaggedModule(tf.Module):
+    """A RaggedTensorSpec input: the SignatureDef takes it as two tensors, the flat values
+    (`ids`) and the row splits (`ids_1`), which TF Serving's clients must send."""
+
+    def __init__(self):
+        super().__init__(name="ragged")
+        self.table = tf.Variable(rng(6).normal(0, 1, (len(WORDS), 3)).astype(np.float32),
+                                 name="embeddings")
+
+    @tf.function(input_signature=[tf.RaggedTensorSpec([None, None], tf.int64)])
+    def serve(self, ids):
+        vectors = tf.gather(self.table, tf.clip_by_value(ids, 0, len(WORDS) - 1))
+        # Reducing the ragged axis leaves a dense [batch, 3].
+        return {"mean": tf.reduce_mean(vectors, axis=1), "lengths": vectors.row_lengths()}
+
+
+def ragged_module(path, tmp):
+    module = RaggedModule()
+    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+    return "tf.Module, a tf.RaggedTensorSpec input (values + row_splits), tf.saved_model.save"
+
+
+class SharedVariables(tf.Module):
+    """Three signatures over one set of variables: a score, the hidden features, and a
+    string-keyed score through a table built in the constructor."""
+
+    def __init__(self):
+        super().__init__(name="shared")
+        r = rng(7)
+        self.kernel = tf.Variable(r.normal(0, 0.5, (4, 6)).astype(np.float32), name="kernel")
+        self.bias = tf.Variable(r.normal(0, 0.1, (6,)).astype(np.float32), name="bias")
+        self.head = tf.Variable(r.normal(0, 0.5, (6, 1)).astype(np.float32), name="head")
+        self.rows = tf.Variable(r.normal(0, 1, (len(CITIES) + 1, 4)).astype(np.float32),
+                                name="city_features")
+        self.cities = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(
+                tf.constant(CITIES), tf.range(len(CITIES), dtype=tf.int64)),
+            default_value=len(CITIES))
+
+    def _hidden(self, x):
+        return tf.nn.relu(tf.matmul(x, self.kernel) + self.bias)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x")])
+    def score(self, x):
+        return {"score": tf.matmul(self._hidden(x), self.head)}
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x")])
+    def embed(self, x):
+        return {"hidden": self._hidden(x)}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="city")])
+    def score_city(self, city):
+        x = tf.gather(self.rows, self.cities.lookup(city))
+        return {"score": tf.matmul(self._hidden(x), self.head)}
+
+
+def multi_signature(path, tmp):
+    module = SharedVariables()
+    tf.saved_model.save(module, path, signatures={
+        "serving_default": module.score, "embed": module.embed,
+        "score_city": module.score_city})
+    return ("tf.Module, three signatures (float and string inputs) over shared variables "
+            "and a KeyValueTensorInitializer table, tf.saved_model.save")
+
+
 # --------------------------------------------------------------------------- tf.Module tables
 
 
@@ -315,6 +522,15 @@ KINDS = {
     "keras3_saved_model_save": keras3_saved_model_save,
     "module_table": module_table,
     "transform_layer": transform_layer,
+    "keras3_subclassed": keras3_subclassed,
+    "keras3_subclassed_saved_model_save": keras3_subclassed_saved_model_save,
+    "keras3_module_wrapped": keras3_module_wrapped,
+    "keras3_string_lookup": keras3_string_lookup,
+    "keras3_export_endpoints": keras3_export_endpoints,
+    "keras2_subclassed": keras2_subclassed,
+    "keras2_module_wrapped": keras2_module_wrapped,
+    "ragged_module": ragged_module,
+    "multi_signature": multi_signature,
 }
 
 
