@@ -738,7 +738,7 @@ def signature_feeds(meta_graph, saved_model_dir: str, *, user: UserInputs | None
         made = inputs_for_signature(meta_graph.graph_def, key, meta_graph.signature_def[key],
                                     synthesizer, user, batch_size, num_batches,
                                     (shapes or {}).get(key), mode)
-        parts = composite_inputs.ragged_parts(meta_graph, key) \
+        parts = composite_inputs.composite_parts(meta_graph, key) \
             if is_synthesized(made.source) else {}
         if not parts:
             return made
