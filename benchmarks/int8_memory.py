@@ -62,9 +62,14 @@ default agreement) is optimized again with the gate opened, so its memory is sti
 measured; the tables say so, with the refusal. ``--reuse`` keeps each variant already
 optimized in ``--workdir`` and optimizes only the missing ones.
 
+Latency (``benchmarks/int8_latency.py``): int8's p50 against the original's at batch 1
+and 32, ``--latency_rounds`` fresh processes of ``--latency_runs`` interleaved requests
+each (which model loads first alternating), the CPU named; target <= 1.05x.
+
 Prints the tables and writes build/bench/int8_memory.md and .json. Exit 0; with
 ``--strict``, 1 when neither int8 nor int4 meets the targets in the native table (peak
-and steady RSS <= 0.4x, first request <= 1.1x; agreement >= 99.5%, and its gate passed).
+and steady RSS <= 0.4x, first request <= 1.1x; agreement >= 99.5%, and its gate passed;
+int8 also its p50 target).
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks import int8_latency  # noqa: E402
 from serving_opt import samples  # noqa: E402
 from serving_opt.core import measuring  # noqa: E402
 from serving_opt.savedmodel import native_load  # noqa: E402
@@ -517,6 +523,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dense_mib", type=int, default=256,
                         help="float32 kernel bytes of the dense model; 0 skips it")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--latency_rounds", type=int, default=5,
+                        help="fresh processes timing int8 against the original; 0 skips it")
+    parser.add_argument("--latency_runs", type=int, default=300,
+                        help="interleaved requests per model and batch size in each")
     parser.add_argument("--examples_rows", type=int, default=4000)
     parser.add_argument("--agreement_rows", type=int, default=4000)
     parser.add_argument("--strict", action="store_true")
@@ -584,6 +594,16 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines + [""] + flines), flush=True)
     out["text_classifier"] = {"native": native, "variants": summary, "agreement": agree,
                               "fixed_costs": figures, "gate_refused": refused}
+    latency: list = []
+    if args.latency_rounds > 0:
+        print(f"timing int8 against the original: {args.latency_rounds} rounds x "
+              f"{args.latency_runs} requests ...", flush=True)
+        latency = int8_latency.measure(source, {"int8": models["int8"]}, examples,
+                                       args.latency_rounds, args.latency_runs)["int8"]
+        md += int8_latency.table(latency, "int8", args.latency_runs) + [""]
+        out["text_classifier"]["latency"] = {
+            row.batch_size: {"original_ms": row.original_ms, "int8_ms": row.quantized_ms,
+                             "ratio": row.ratio()} for row in latency}
 
     if args.dense_mib > 0:
         dense = os.path.join(args.workdir, f"dense_{args.dense_mib}mib")
@@ -611,8 +631,11 @@ def main(argv: list[str] | None = None) -> int:
     # Judged on the native table: the memory a TF Serving process would hold.
     verdicts = {mode: _missed(out["text_classifier"], mode, refused.get(mode), trained)
                 for mode in ("int8", "int4")}
+    verdicts["int8"] += int8_latency.missed(latency)
     md += [""] + [f"{mode} targets, native table (peak and steady RSS <= 0.4x, first request "
-                  "<= 1.1x, agreement >= 99.5%, its gate passed): "
+                  "<= 1.1x, agreement >= 99.5%, its gate passed"
+                  + (f"; p50 <= {int8_latency.TARGET}x at batch 1 and 32" if mode == "int8"
+                     and latency else "") + "): "
                   + ("met" if not missed else "MISSED: " + "; ".join(missed))
                   for mode, missed in verdicts.items()]
     text_md = "\n".join(md) + "\n"

@@ -17,6 +17,7 @@ from conftest import TEXT_CLASSIFIER_DIM, TEXT_CLASSIFIER_VOCAB
 from serving_opt import samples
 from serving_opt.core import gates
 from serving_opt.errors import ParityError, UsageError
+from serving_opt.options import BuildOptions, GateOptions, MeasureOptions
 from serving_opt.pipeline.attempts import LOSSY_GATE_FAILED
 from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.savedmodel import loader, untrusted
@@ -24,7 +25,8 @@ from serving_opt.savedmodel import loader, untrusted
 EMBEDDING = "dnn/input_from_feature_columns/input_layer/text_embedding/embedding_weights"
 # Not measured: the cold-start gate times fresh processes, and on a busy machine its
 # noise could make optimize retry with variables kept. Nothing here is about timing.
-FAST = dict(benchmark_runs=0, cold_start=False, freeze_max_bytes=512 * 1024)
+FAST = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
+FAST_BUILD = dict(freeze_max_bytes=512 * 1024)
 
 
 def _meta_graph(path: str):
@@ -59,7 +61,8 @@ def _predict(model_dir: str, examples: list[bytes]) -> dict:
 def quantized_text(request, text_classifier_base, tmp_path_factory):
     out = str(tmp_path_factory.mktemp(f"q_{request.param}"))
     report = optimize(os.path.join(text_classifier_base, "1"), out,
-                      OptimizeOptions(quantize=request.param, **FAST))
+                      OptimizeOptions(build=BuildOptions(quantize=request.param, **FAST_BUILD),
+                                      **FAST))
     return request.param, report
 
 
@@ -140,7 +143,7 @@ def test_dense_weights_are_dequantized_once_at_load_by_the_init_op(quantized_tex
 
 
 # Judged on the error alone: no agreement interval to decide by drawing more rows.
-LOOSE_GATE = dict(max_probability_error=1.0, min_top1_agreement=0.0)
+LOOSE_GATE = dict(gate=GateOptions(max_probability_error=1.0, min_top1_agreement=0.0))
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +152,10 @@ def tables_only_by_size(text_classifier_base, tmp_path_factory):
     passes anything: what the size threshold picks, and the error the table alone adds."""
     return optimize(os.path.join(text_classifier_base, "1"),
                     str(tmp_path_factory.mktemp("tables_by_size")),
-                    OptimizeOptions(quantize="int8", quantize_min_elements=100_000,
-                                    **LOOSE_GATE, **FAST))
+                    OptimizeOptions(
+                        build=BuildOptions(quantize="int8", quantize_min_elements=100_000,
+                                           **FAST_BUILD),
+                        **LOOSE_GATE, **FAST))
 
 
 def test_quantize_min_elements_leaves_small_tensors_alone(tables_only_by_size):
@@ -169,8 +174,9 @@ def test_a_lossy_gate_too_tight_tries_the_tables_alone_then_refuses(text_classif
     out = tmp_path / "out"
     with pytest.raises(ParityError) as failure:
         optimize(os.path.join(text_classifier_base, "1"), str(out),
-                 OptimizeOptions(quantize="int8", max_probability_error=0.0,
-                                 min_top1_agreement=0.0, **FAST))
+                 OptimizeOptions(
+                     build=BuildOptions(quantize="int8", **FAST_BUILD),
+                     gate=GateOptions(max_probability_error=0.0, min_top1_agreement=0.0), **FAST))
     assert "parity failed" in failure.value.problem and "max abs diff" in failure.value.problem
     report = failure.value.report
     assert [(a.candidate.describe(), a.outcome, a.then) for a in report.attempts] == [
@@ -184,10 +190,13 @@ def test_a_lossy_gate_too_tight_tries_the_tables_alone_then_refuses(text_classif
 
 def test_bad_quantize_options_are_usage_errors(classifier_dir, tmp_path):
     with pytest.raises(UsageError, match="--quantize=int2"):
-        optimize(classifier_dir, str(tmp_path / "o"), OptimizeOptions(quantize="int2"))
+        optimize(classifier_dir, str(tmp_path / "o"), OptimizeOptions(
+            build=BuildOptions(quantize="int2")))
     with pytest.raises(UsageError, match="min_top1_agreement"):
         optimize(classifier_dir, str(tmp_path / "o"),
-                 OptimizeOptions(quantize="int8", min_top1_agreement=1.5))
+                 OptimizeOptions(
+                     build=BuildOptions(quantize="int8"),
+                     gate=GateOptions(min_top1_agreement=1.5)))
 
 
 def _keras_embedding_export(tmp_path_factory, name: str, width: int, seed: int) -> str:
@@ -213,7 +222,7 @@ def test_keras_embedding_int8_gathers_rows_and_agrees(keras_text_dir, tmp_path):
     from tensorflow.core.framework import types_pb2
 
     report = optimize(keras_text_dir, str(tmp_path / "out"),
-                      OptimizeOptions(quantize="int8", **FAST))
+                      OptimizeOptions(build=BuildOptions(quantize="int8", **FAST_BUILD), **FAST))
     table = [q for q in report.quantized if q.dequantized.startswith("per request")]
     assert len(table) == 1
     mg = _meta_graph(report.output_dir)
@@ -235,11 +244,12 @@ def test_conv_net_weights_int8_dequantized_at_load(convnet_dir, tmp_path):
     import tensorflow as tf
 
     report = optimize(convnet_dir, str(tmp_path / "out"),
-                      OptimizeOptions(quantize="int8", quantize_min_elements=256,
-                                      max_constant_bytes=1024, benchmark_runs=0,
-                                      cold_start=False,
-                                      # tiny kernels (3x3x3x8): coarser than real ones
-                                      max_probability_error=0.1))
+                      OptimizeOptions(
+                          build=BuildOptions(quantize="int8",
+                                             quantize_min_elements=256,
+                                             max_constant_bytes=1024),
+                          measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+                          gate=GateOptions(max_probability_error=0.1)))
     assert report.quantized and report.parity.ok
     assert {q.dequantized for q in report.quantized} == {"at load (init op)"}
     ops = {n.op for n in _meta_graph(report.output_dir).graph_def.node}
@@ -279,14 +289,15 @@ def test_when_the_gate_refuses_dense_weights_only_the_tables_are_quantized(
                     if o.output == "probabilities")
 
     everything = optimize(src, str(tmp_path / "all"), OptimizeOptions(
-        quantize="int8", **LOOSE_GATE, **FAST))
+        build=BuildOptions(quantize="int8", **FAST_BUILD), **LOOSE_GATE, **FAST))
     worst = max_probability_error(everything)
     table_only = max_probability_error(tables_only_by_size)
     assert table_only < worst  # the dense weights add error on top of the table's
     # A gate between the two: everything quantized fails it, the tables alone pass.
     report = optimize(src, str(tmp_path / "gated"), OptimizeOptions(
-        quantize="int8", max_probability_error=(worst + table_only) / 2,
-        min_top1_agreement=0.0, **FAST))
+        build=BuildOptions(quantize="int8", **FAST_BUILD),
+        gate=GateOptions(max_probability_error=(worst + table_only) / 2, min_top1_agreement=0.0),
+        **FAST))
     assert report.published
     assert [q.name for q in report.quantized] == [EMBEDDING]
     assert any("only the embedding tables" in w for w in report.warnings)
@@ -320,7 +331,8 @@ def int4_text(text_classifier_base, tmp_path_factory):
     this untrained sample's clear rows, which the default gate refuses (tested below)."""
     return optimize(os.path.join(text_classifier_base, "1"),
                     str(tmp_path_factory.mktemp("q_int4")),
-                    OptimizeOptions(quantize="int4", **LOOSE_GATE, **FAST))
+                    OptimizeOptions(build=BuildOptions(quantize="int4", **FAST_BUILD), **LOOSE_GATE,
+                                    **FAST))
 
 
 def test_int4_packs_two_values_a_byte_with_a_scale_per_row(int4_text, text_classifier_base):
@@ -414,7 +426,7 @@ def test_int4_the_default_agreement_gate_refuses_it_here(text_classifier_base, t
     out = tmp_path / "out"
     with pytest.raises(ParityError) as failure:
         optimize(os.path.join(text_classifier_base, "1"), str(out),
-                 OptimizeOptions(quantize="int4", **FAST))
+                 OptimizeOptions(build=BuildOptions(quantize="int4", **FAST_BUILD), **FAST))
     assert "top-1 agreement" in failure.value.problem and "< 0.995" in failure.value.problem
     assert "--quantize=int4" in failure.value.fix
     report = failure.value.report
@@ -487,7 +499,7 @@ def test_int4_odd_width_keras_embedding_read_then_gathered(keras_odd_dir, tmp_pa
     import tensorflow as tf
 
     report = optimize(keras_odd_dir, str(tmp_path / "out"),
-                      OptimizeOptions(quantize="int4", **FAST))
+                      OptimizeOptions(build=BuildOptions(quantize="int4", **FAST_BUILD), **FAST))
     (table,) = [q for q in report.quantized]
     assert table.dequantized == "per request, gathered rows only"
     stored = _checkpoint(report.output_dir)
@@ -513,3 +525,52 @@ def test_int4_odd_width_keras_embedding_read_then_gathered(keras_odd_dir, tmp_pa
     key = next(iter(before))
     assert after[key].shape == before[key].shape
     assert np.abs(before[key].numpy() - after[key].numpy()).max() <= 0.05
+
+
+@pytest.mark.parametrize("mode", ["int8", "fp16", "int4"])
+@pytest.mark.parametrize("ids_shape", [(5,), (2, 3)])
+def test_the_rewritten_gather_serves_the_dequantized_rows(mode, ids_shape):
+    """The gather rewrite alone, in plain TensorFlow, on a small table: the rows it serves
+    are the stored ones dequantized independently (numpy), for any rank of ids."""
+    import tensorflow as tf
+    from tensorflow.core.framework import graph_pb2, types_pb2
+
+    from serving_opt.savedmodel.graph import attr, make_node
+    from serving_opt.stages import quantize as quantize_lib
+
+    table = np.random.default_rng(7).standard_normal((40, 9)).astype(np.float32)
+    table[3] = 0.0
+    graph_def = graph_pb2.GraphDef()
+    graph_def.node.extend([
+        make_node("ids", "Placeholder", dtype=attr(type=types_pb2.DT_INT64)),
+        make_node("gather", "ResourceGather", ["table", "ids"],
+                  dtype=attr(type=types_pb2.DT_FLOAT), Tindices=attr(type=types_pb2.DT_INT64),
+                  batch_dims=attr(i=0), validate_indices=attr(b=True))])
+    saved, kept, new_nodes = {}, [], []
+    qname, sname, dtype = quantize_lib._store("table", table, mode, "rows", saved, kept,
+                                              new_nodes)
+    nodes = {n.name: n for n in graph_def.node}
+    quantize_lib._gather_rows(nodes["gather"], nodes, qname, None if mode == "fp16" else sname,
+                              dtype, new_nodes, packed_width=9 if mode == "int4" else 0)
+    graph_def.node.extend(new_nodes)
+    # Independently: what each stored row means, from the stored arrays alone.
+    stored = saved[qname]
+    if mode == "int8":
+        want_table = stored.astype(np.float32) * saved[sname][:, None]
+    elif mode == "fp16":
+        want_table = stored.astype(np.float32)
+    else:
+        nibbles = np.concatenate([stored & 15, stored >> 4], axis=1)[:, :9]
+        want_table = (nibbles.astype(np.float32) - 8) * saved[sname][:, None]
+    assert np.abs(want_table - table).max() < (0.5 if mode == "int4" else 0.05)  # control
+    ids = np.random.default_rng(8).integers(0, 40, size=ids_shape)
+    ids.flat[0] = 3  # the all-zero row
+    with tf.Graph().as_default() as g:
+        tf.graph_util.import_graph_def(graph_def, name="")
+        with tf.compat.v1.Session(graph=g) as sess:
+            for name, value in saved.items():
+                sess.run(tf.raw_ops.AssignVariableOp(
+                    resource=g.get_tensor_by_name(f"{name}:0"), value=value))
+            got = sess.run("gather:0", {"ids:0": ids})
+    assert got.dtype == np.float32 and got.shape == ids_shape + (9,)
+    np.testing.assert_allclose(got, want_table[ids], rtol=1e-6, atol=0)

@@ -13,11 +13,13 @@ import pytest
 import tensorflow as tf
 from independent_check import assert_outputs_match, example
 
+from serving_opt.options import BuildOptions, MeasureOptions
 from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.samples.tf1 import save_with_tables
 from serving_opt.savedmodel import loader
+from serving_opt.stages.vocabulary import BLOCK, WORDS_PER_RANGE
 
-FAST = dict(benchmark_runs=0, cold_start=False)
+FAST = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 WORDS = [f"w{i}" for i in range(3000)] + ["ünïcode", "two words", "x" * 40, "日本語"]
 
 
@@ -62,10 +64,11 @@ def _lookup(model_dir: str, words: np.ndarray) -> tuple[np.ndarray, int]:
 def test_a_vocabulary_becomes_sorted_fingerprints_with_the_same_ids(vocabulary_model,
                                                                      tmp_path):
     report = optimize(vocabulary_model, str(tmp_path / "out"),
-                      OptimizeOptions(quantize="int8", quantize_min_elements=1000, **FAST))
+                      OptimizeOptions(
+                          build=BuildOptions(quantize="int8", quantize_min_elements=1000), **FAST))
     ops = _ops(report.output_dir)
     assert ops["HashTableV2"] == 0 and ops["InitializeTableFromTextFileV2"] == 0
-    assert ops["LowerBound"] == 1
+    assert ops["RightShift"] == 1 and ops["LowerBound"] == 0  # a range, no binary search
     unknown = ["", "w3000", "W1", "w1 ", "oov", "two", "x" * 39]
     keys = np.array(WORDS + unknown, dtype=object).reshape(1, -1)
     want_ids, want_size = _lookup(vocabulary_model, keys)
@@ -84,16 +87,18 @@ def test_a_vocabulary_becomes_sorted_fingerprints_with_the_same_ids(vocabulary_m
 
 def test_a_vocabulary_under_the_minimum_stays_a_hash_table(vocabulary_model, tmp_path):
     report = optimize(vocabulary_model, str(tmp_path / "out"),
-                      OptimizeOptions(quantize="int8", quantize_min_elements=len(WORDS) + 1,
-                                      **FAST))
+                      OptimizeOptions(
+                          build=BuildOptions(quantize="int8",
+                                             quantize_min_elements=len(WORDS) + 1),
+                          **FAST))
     ops = _ops(report.output_dir)
-    assert ops["HashTableV2"] == 1 and ops["LowerBound"] == 0
+    assert ops["HashTableV2"] == 1 and ops["RightShift"] == 0
 
 
 def test_lossless_optimization_keeps_the_hash_table(vocabulary_model, tmp_path):
     """Not exact for every key (a fingerprint collision): only with --quantize."""
     report = optimize(vocabulary_model, str(tmp_path / "out"),
-                      OptimizeOptions(quantize_min_elements=1000, **FAST))
+                      OptimizeOptions(build=BuildOptions(quantize_min_elements=1000), **FAST))
     assert _ops(report.output_dir)["HashTableV2"] == 1
 
 
@@ -125,9 +130,10 @@ def test_real_estimator_exports_vocabularies_are_compacted_and_pass_the_gate(ver
     # which the optimizer refuses to follow.
     source = shutil.copytree(corpus, str(tmp_path / "model"))
     report = optimize(source, str(tmp_path / "out"),
-                      OptimizeOptions(quantize="int8", quantize_min_elements=1, **FAST))
+                      OptimizeOptions(
+                          build=BuildOptions(quantize="int8", quantize_min_elements=1), **FAST))
     ops = _ops(report.output_dir)
-    assert ops["HashTableV2"] == 0 and ops["LowerBound"] >= 1
+    assert ops["HashTableV2"] == 0 and ops["RightShift"] >= 1
     # Every color of the vocabulary file, an unknown one and none; the ages spread.
     colors = ["red", "green", "blue", "mauve", ""]
     examples = np.array([example(color=colors[i % len(colors)], x=float(i - 6) / 2)
@@ -137,3 +143,61 @@ def test_real_estimator_exports_vocabularies_are_compacted_and_pass_the_gate(ver
     # Measured exact on these exports; a color given another id moves a logit by 0.1 or
     # more, far outside the tolerance int8 weights get here.
     assert_outputs_match(report.output_dir, source, feeds, rtol=1e-3, atol=1e-4)
+
+
+def _run_lookup(words: list[str], keys: np.ndarray, default: int = -1,
+                wide: bool = False) -> np.ndarray:
+    """The stage's lookup nodes alone, in plain TensorFlow: ``words``' fingerprints and
+    their ranges' starts (line numbers int64 with ``wide``), fed ``keys``."""
+    from tensorflow.core.framework import graph_pb2, types_pb2
+
+    from serving_opt.savedmodel.graph import attr, make_node, var_handle
+    from serving_opt.stages import vocabulary
+
+    fingerprints = tf.strings.to_hash_bucket_fast(words, (1 << 63) - 1).numpy()
+    lines = np.arange(len(words), dtype=np.int64) + ((1 << 40) if wide else 0)
+    dtype = np.int64 if wide else np.int32
+    fp, ids, starts, shift, span = vocabulary.index(fingerprints, lines, dtype)
+    values = {"fp": fp, "ids": ids, "starts": starts}
+    graph_def = graph_pb2.GraphDef()
+    graph_def.node.extend([
+        make_node("keys", "Placeholder", dtype=attr(type=types_pb2.DT_STRING)),
+        make_node("default", "Const", dtype=attr(type=types_pb2.DT_INT64),
+                  value=attr(tensor=tf.make_tensor_proto(default, tf.int64)))])
+    graph_def.node.extend(var_handle(name, tf.as_dtype(v.dtype).as_datatype_enum, v.shape)
+                          for name, v in values.items())
+    find = make_node("find", "LookupTableFindV2", ["table", "keys", "default"])
+    nodes, answer = vocabulary._lookup(
+        find, "fp", "ids", "starts", shift, span,
+        types_pb2.DT_INT64 if wide else types_pb2.DT_INT32)
+    graph_def.node.extend(nodes + [answer])
+    with tf.Graph().as_default() as g:
+        tf.graph_util.import_graph_def(graph_def, name="")
+        with tf.compat.v1.Session(graph=g) as sess:
+            for name, v in values.items():
+                sess.run(tf.raw_ops.AssignVariableOp(
+                    resource=g.get_tensor_by_name(f"{name}:0"), value=v))
+            return sess.run("find:0", {"keys:0": keys})
+
+
+@pytest.mark.parametrize("count", [1, BLOCK, 40 * WORDS_PER_RANGE + 5])
+def test_the_range_lookup_finds_every_word_and_only_them(count):
+    """One range, and many (their blocks then reach past the last word)."""
+    words = [f"word{i}" for i in range(count)]
+    unknown = [f"other{i}" for i in range(200)] + [""]
+    keys = np.array(words + unknown, dtype=object)
+    want = np.array([words.index(k) if k in words else -7 for k in keys.tolist()])
+    np.testing.assert_array_equal(_run_lookup(words, keys, default=-7), want)
+    # Control: unknown keys hash both below and above the words' fingerprints, so the
+    # first range and the last, whose window reaches into the pads, are both read.
+    hashes = tf.strings.to_hash_bucket_fast(keys, (1 << 63) - 1).numpy()
+    assert hashes[count:].min() < hashes[:count].min()
+    assert hashes[count:].max() > hashes[:count].max()
+    # Any shape of keys, an empty one included; line numbers past int32.
+    square = keys[:6].reshape(2, 3) if count >= 6 else keys[-6:].reshape(2, 3)
+    np.testing.assert_array_equal(_run_lookup(words, square, default=-7),
+                                  want[:6].reshape(2, 3) if count >= 6
+                                  else want[-6:].reshape(2, 3))
+    assert _run_lookup(words, np.zeros((0, 4), dtype=object)).shape == (0, 4)
+    wide = _run_lookup(words, keys, wide=True)
+    np.testing.assert_array_equal(wide, np.where(want >= 0, want + (1 << 40), -1))
