@@ -57,6 +57,8 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from serving_opt.options import GateOptions, InputOptions, MeasureOptions, OutputOptions, Tolerance
+
 ALL_KINDS = ("classifier", "regressor", "convnet", "keras", "mobilenet_v2", "resnet50",
              "text_classifier", "wide_deep")
 DEFAULT_KINDS = ("text_classifier", "wide_deep", "mobilenet_v2")
@@ -155,7 +157,7 @@ def mode_options(mode: str, base):
     """The OptimizeOptions of one mode, from the options every mode shares.
 
     Example:
-        >>> mode_options("int8", OptimizeOptions()).quantize
+        >>> mode_options("int8", OptimizeOptions()).build.quantize
         'int8'
     """
     if mode == "lossless":
@@ -163,13 +165,15 @@ def mode_options(mode: str, base):
     if mode in ("int8", "fp16"):
         # Agreement is judged by the bench, the same way for every row: the optimizer's
         # lossy gate must not refuse the candidate before it is measured.
-        return dataclasses.replace(base, quantize=mode, min_top1_agreement=0.0,
-                                   max_probability_error=1.0)
+        return dataclasses.replace(
+            base, build=dataclasses.replace(base.build, quantize=mode),
+            gate=dataclasses.replace(base.gate, min_top1_agreement=0.0, max_probability_error=1.0))
     if mode == "gtt":
         # The recipe works on constants: freeze every variable, keep constants constants.
-        return dataclasses.replace(base, transforms=GTT_RECIPE, freeze="always",
-                                   freeze_max_bytes=2**50, max_constant_bytes=None,
-                                   atol=1.0, rtol=1.0)
+        return dataclasses.replace(
+            base, build=dataclasses.replace(base.build, transforms=GTT_RECIPE, freeze="always",
+                                            freeze_max_bytes=2**50, max_constant_bytes=None),
+            tolerance=Tolerance(atol=1.0, rtol=1.0))
     raise ValueError(f"unknown mode {mode!r}")
 
 
@@ -205,9 +209,11 @@ def run_mode(case: Case, mode: str, source: str, examples: str | None,
     from serving_opt.stages import regression
 
     print(f"optimizing {case.name} ({mode}) ...", file=sys.stderr, flush=True)
-    base = OptimizeOptions(version=1, overwrite=True, benchmark_runs=args.runs,
-                           examples=examples, cold_start_rounds=args.cold_start_rounds,
-                           regression_tolerance=TOLERANCE, allow_regression=True)
+    base = OptimizeOptions(
+        output=OutputOptions(version=1, overwrite=True),
+        measure=MeasureOptions(benchmark_runs=args.runs, cold_start_rounds=args.cold_start_rounds),
+        inputs=InputOptions(examples=examples),
+        gate=GateOptions(regression_tolerance=TOLERANCE, allow_regression=True))
     options = mode_options(mode, base)
     output_base = os.path.join(args.out, "optimized", case.name, mode)
     notes, default_only = [], False
@@ -221,7 +227,8 @@ def run_mode(case: Case, mode: str, source: str, examples: str | None,
             # signature alone (the one the benchmark and cold start use anyway).
             print(f"  {case.name} (gtt): parity failed on all signatures; retrying with "
                   "serving_default only", file=sys.stderr, flush=True)
-            options = dataclasses.replace(options, signatures=("serving_default",))
+            options = dataclasses.replace(options, build=dataclasses.replace(
+                options.build, signatures=("serving_default",)))
             result = optimize(source, output_base, options)
             notes.append("serving_default only (other signatures' class ids differ)")
             default_only = True

@@ -29,6 +29,8 @@ import json
 import os
 import sys
 
+from serving_opt.tune.options import BudgetOptions, ModelOptions, ServerOptions, WorkloadOptions
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # independent_load beside it
 
 KINDS = ("mobilenet_v2", "text_classifier")
@@ -163,10 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     summary = {}
     for kind in [k for k in args.kinds.split(",") if k]:
         name, base, examples = build(kind, models_dir, args.full)
-        options = TuneOptions(clients=args.clients, slo_p99_ms=args.slo_p99_ms,
-                              examples=examples, duration=args.duration,
-                              profile_seconds=args.profile_seconds, rounds=args.rounds,
-                              protocols=tuple(args.protocols.split(",")))
+        options = TuneOptions(
+            workload=WorkloadOptions(clients=args.clients, slo_p99_ms=args.slo_p99_ms),
+            model=ModelOptions(examples=examples),
+            budget=BudgetOptions(duration=args.duration,
+                                 profile_seconds=args.profile_seconds,
+                                 rounds=args.rounds),
+            serving=ServerOptions(protocols=tuple(args.protocols.split(","))))
         report = tune(base, options, lambda m: print(m, file=sys.stderr, flush=True),
                       output_dir=os.path.join(args.out, "tune", name))
         more, ok = summarize(name, report, throughput_bar=kind == "mobilenet_v2")

@@ -14,10 +14,9 @@ validate share lives in ONE group that both trees hold: optimize's ``validate`` 
 validation runs with is built from the optimize tree (:meth:`OptimizeOptions.
 validate_options`), so the gates and the validation cannot judge differently.
 
-Flat keywords and reads still work as before the groups: ``OptimizeOptions(atol=1e-3)``
-sets ``tolerance.atol``, ``options.atol`` reads it, ``dataclasses.replace(options,
-atol=1e-3)`` replaces it; an unknown keyword is a TypeError. Code inside serving_opt
-uses the groups.
+Each option has one spelling, its group's: ``OptimizeOptions(tolerance=Tolerance(atol=
+1e-3))``, ``options.tolerance.atol``. A flat keyword (``OptimizeOptions(atol=1e-3)``) is
+a TypeError and a flat read an AttributeError, each naming the group to use.
 
 A field's ``help`` is its command-line flag's help: ``serving_opt/cli/option_flags.py``
 defines the flags (name, type, default) from these fields. A field without help has no
@@ -239,8 +238,9 @@ class GateOptions:
 
     def check(self) -> None:
         if self.parity_batch_size < 1 or self.parity_batches < 1:
-            raise UsageError("OptimizeOptions.parity_batch_size and parity_batches must be >= 1",
-                             "e.g. OptimizeOptions(parity_batch_size=16, parity_batches=2)")
+            raise UsageError("OptimizeOptions.gate.parity_batch_size and parity_batches must be "
+                             ">= 1", "e.g. OptimizeOptions(gate=GateOptions(parity_batch_size=16, "
+                             "parity_batches=2))")
         if not 0.0 <= self.min_top1_agreement <= 1.0:
             raise UsageError("--min_top1_agreement must be within [0, 1]", "e.g. 0.995")
         if not 0.0 <= self.max_probability_error <= 1.0:
@@ -465,7 +465,8 @@ class ServingCheck:
                 raise UsageError(f"{name}={value} must be a positive number of seconds",
                                  f"e.g. {name}=30")
         if self.batch_size < 1:
-            raise UsageError("batch_size must be >= 1", "e.g. ValidateOptions(batch_size=8)")
+            raise UsageError("batch_size must be >= 1",
+                             "e.g. ValidateOptions(serving=ServingCheck(batch_size=8))")
         parse_protocols(self.protocols)
         if self.docker_network not in DOCKER_NETWORKS:
             raise UsageError(f"--docker_network={self.docker_network} is not one of "
@@ -506,50 +507,51 @@ def _check_version(version: int | None, int64: str = "") -> None:
                          + (f" {int64}" if int64 else ""))
 
 
-# --- the trees: groups, plus the flat keywords and reads of before ----------------------
+# --- the trees: one spelling per option, the group's ---------------------------------
 
 _UNSET: Any = object()
 
 
+def _all_groups(cls: type) -> dict[str, type]:
+    return {**cls.OPTIONAL_GROUPS, **cls.GROUPS}
+
+
 @functools.cache
-def _flat_names(cls: type) -> dict[str, str]:
-    return {f.name: group for group, kind in cls.GROUPS.items()
+def _groups_of(cls: type) -> dict[str, str]:
+    return {f.name: group for group, kind in _all_groups(cls).items()
             for f in dataclasses.fields(kind)}
 
 
-class _Tree:
-    """Nested groups that still take and answer flat names (``atol`` for
-    ``tolerance.atol``): every field of a group in ``GROUPS`` is routed to it.
-    ``OptionTree`` is its public name, for the trees of other commands (tune's)."""
+def _not_a_field(cls: type, name: str) -> str:
+    """Why ``name`` is not ``cls``'s: the group that holds it, how to spell it there."""
+    group = _groups_of(cls).get(name)
+    if group is None:
+        return f"{cls.__name__} has no option {name!r}"
+    kind = _all_groups(cls)[group].__name__
+    return (f"{name} is an option of {cls.__name__}.{group}: "
+            f"{cls.__name__}({group}={kind}({name}=...))")
+
+
+class OptionTree:
+    """Nested groups: each option has one spelling, its group's (``options.tolerance.atol``,
+    ``OptimizeOptions(tolerance=Tolerance(atol=...))``). A flat keyword is a TypeError
+    and a flat read an AttributeError, each naming the group to use. Also the base of
+    other commands' trees (tune's)."""
 
     GROUPS: ClassVar[dict[str, type]] = {}
-
-    @classmethod
-    def flat_names(cls) -> dict[str, str]:
-        """Flat name -> the group holding it.
-
-        Example:
-            >>> OptimizeOptions.flat_names()["atol"]
-            'tolerance'
-        """
-        return _flat_names(cls)
+    # Groups that may be None (not made by default): named by errors all the same.
+    OPTIONAL_GROUPS: ClassVar[dict[str, type]] = {}
 
     def _assign_keywords(self, options: dict[str, Any]) -> None:
-        """``_assign`` with one set of keywords: the tree's own fields by name, the rest
-        routed to their groups as flat names."""
+        """``_assign`` with one set of keywords: the tree's own fields by name."""
         options = dict(options)
         given = {f.name: options.pop(f.name, _UNSET) for f in dataclasses.fields(self)}
         self._assign(given, options)
 
-    def _assign(self, given: dict[str, Any], flat: dict[str, Any]) -> None:
+    def _assign(self, given: dict[str, Any], unknown: dict[str, Any]) -> None:
         cls = type(self)
-        routes = cls.flat_names()
-        changes: dict[str, dict[str, Any]] = {}
-        for name, value in flat.items():
-            if name not in routes:
-                raise TypeError(f"{cls.__name__}.__init__() got an unexpected keyword "
-                                f"argument {name!r}")
-            changes.setdefault(routes[name], {})[name] = value
+        for name in unknown:
+            raise TypeError(_not_a_field(cls, name))
         for f in dataclasses.fields(cls):
             value = given[f.name]
             kind = cls.GROUPS.get(f.name)
@@ -559,34 +561,25 @@ class _Tree:
                 elif not isinstance(value, kind):
                     raise TypeError(f"{cls.__name__}.{f.name} must be a {kind.__name__}, "
                                     f"not a {type(value).__name__}")
-                if f.name in changes:
-                    value = dataclasses.replace(value, **changes[f.name])
             elif value is _UNSET:
                 value = f.default
             object.__setattr__(self, f.name, value)
 
     def __getattr__(self, name: str) -> Any:
-        # Only reached when the name is not a field: a flat name is read from its group.
-        if not name.startswith("_"):
-            group = type(self).flat_names().get(name)
-            if group is not None:
-                return getattr(object.__getattribute__(self, group), name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-
-OptionTree = _Tree
+        # Only reached when the name is not a field: say where the option lives.
+        if name.startswith("_") or name not in _groups_of(type(self)):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise AttributeError(_not_a_field(type(self), name))
 
 
 @dataclass(frozen=True, init=False)
-class ValidateOptions(_Tree):
+class ValidateOptions(OptionTree):
     """Options of ``serving-opt validate``: the served version, its reference, and the
     groups it shares with optimize.
 
     Example:
-        >>> ValidateOptions(server="local", concurrency=4, duration=2.0).serving.server
-        'local'
         >>> ValidateOptions(serving=ServingCheck(server="local"),
-        ...                 tolerance=Tolerance(atol=1e-3)).atol
+        ...                 tolerance=Tolerance(atol=1e-3)).tolerance.atol
         0.001
     """
 
@@ -606,16 +599,16 @@ class ValidateOptions(_Tree):
     def __init__(self, serving: ServingCheck = _UNSET, inputs: InputOptions = _UNSET,
                  tolerance: Tolerance = _UNSET, target: TargetOptions = _UNSET,
                  trust: TrustOptions = _UNSET, version: int | None = _UNSET,
-                 reference_dir: str | None = _UNSET, **flat: Any) -> None:
+                 reference_dir: str | None = _UNSET, **unknown: Any) -> None:
         self._assign(dict(serving=serving, inputs=inputs, tolerance=tolerance, target=target,
-                          trust=trust, version=version, reference_dir=reference_dir), flat)
+                          trust=trust, version=version, reference_dir=reference_dir), unknown)
 
     def check(self) -> None:
         """UsageError naming the first bad option; validate() calls it before starting
         anything, optimize's plan() before any work.
 
         Example:
-            >>> ValidateOptions(protocols=("carrier_pigeon",)).check()
+            >>> ValidateOptions(serving=ServingCheck(protocols=("carrier_pigeon",))).check()
             Traceback (most recent call last):
             UsageError: --protocols=carrier_pigeon must name grpc, rest or both
         """
@@ -627,14 +620,12 @@ class ValidateOptions(_Tree):
 
 
 @dataclass(frozen=True, init=False)
-class OptimizeOptions(_Tree):
+class OptimizeOptions(OptionTree):
     """Everything ``serving-opt optimize`` can be told; defaults are the safe choice.
 
     Example:
         >>> OptimizeOptions(build=BuildOptions(transforms="fold_constants"),
         ...                 measure=MeasureOptions(benchmark_runs=0))
-        >>> OptimizeOptions(atol=1e-3, benchmark_runs=0).tolerance.atol   # flat, as before
-        0.001
     """
 
     build: BuildOptions = field(default_factory=BuildOptions)
@@ -655,10 +646,11 @@ class OptimizeOptions(_Tree):
         "build": BuildOptions, "inputs": InputOptions, "tolerance": Tolerance,
         "gate": GateOptions, "measure": MeasureOptions, "target": TargetOptions,
         "trust": TrustOptions, "output": OutputOptions, "graph_def": GraphDefOptions}
+    OPTIONAL_GROUPS: ClassVar[dict[str, type]] = {"validate": ServingCheck}
 
     def __init__(self, **options: Any) -> None:
-        # Keywords only: a group by its name (build=BuildOptions(...)) or any field of a
-        # group by its flat name (atol=1e-3); ten groups make positional calls unreadable.
+        # Keywords only, a group by its name (build=BuildOptions(...)): ten groups make
+        # positional calls unreadable.
         self._assign_keywords(options)
         if isinstance(self.validate, ValidateOptions):
             object.__setattr__(self, "validate", self._own_serving_check(self.validate))
@@ -672,13 +664,13 @@ class OptimizeOptions(_Tree):
                 mine = getattr(getattr(self, group), f.name)
                 theirs = getattr(getattr(given, group), f.name)
                 if theirs != getattr(getattr(defaults, group), f.name) and theirs != mine:
-                    raise UsageError(f"ValidateOptions.{f.name}={theirs!r} disagrees with "
-                                     f"OptimizeOptions.{f.name}={mine!r}",
-                                     f"set {f.name} once, on OptimizeOptions")
+                    raise UsageError(f"ValidateOptions.{group}.{f.name}={theirs!r} disagrees "
+                                     f"with OptimizeOptions.{group}.{f.name}={mine!r}",
+                                     f"set {group}.{f.name} once, on OptimizeOptions")
         if given.version is not None and self.output.version is not None \
                 and given.version != self.output.version:
             raise UsageError(f"ValidateOptions.version={given.version} disagrees with "
-                             f"OptimizeOptions.version={self.output.version}",
+                             f"OptimizeOptions.output.version={self.output.version}",
                              "leave ValidateOptions.version unset: optimize validates the "
                              "version it writes")
         return given.serving
@@ -690,7 +682,7 @@ class OptimizeOptions(_Tree):
         exporter can fail at construction rather than after training.
 
         Example:
-            >>> OptimizeOptions(freeze="sometimes").check()
+            >>> OptimizeOptions(build=BuildOptions(freeze="sometimes")).check()
             Traceback (most recent call last):
             UsageError: --freeze=sometimes is not one of auto, always, never
         """
@@ -717,7 +709,8 @@ class OptimizeOptions(_Tree):
         own ``validate`` group (the version and reference are set when it runs).
 
         Example:
-            >>> OptimizeOptions(atol=1e-3, validate=ServingCheck()).validate_options().atol
+            >>> OptimizeOptions(tolerance=Tolerance(atol=1e-3),
+            ...                 validate=ServingCheck()).validate_options().tolerance.atol
             0.001
         """
         if self.validate is None:
@@ -730,10 +723,10 @@ def check_options(options: OptimizeOptions | ValidateOptions) -> None:
     """Raises UsageError naming the first bad option of either tree, before any work.
 
     Example:
-        >>> check_options(OptimizeOptions(freeze="sometimes"))
+        >>> check_options(OptimizeOptions(build=BuildOptions(freeze="sometimes")))
         Traceback (most recent call last):
         UsageError: --freeze=sometimes is not one of auto, always, never
-        >>> check_options(ValidateOptions(protocols=("carrier_pigeon",)))
+        >>> check_options(ValidateOptions(serving=ServingCheck(protocols=("carrier_pigeon",))))
         Traceback (most recent call last):
         UsageError: --protocols=carrier_pigeon must name grpc, rest or both
     """

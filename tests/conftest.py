@@ -130,14 +130,16 @@ def text_classifier_base(tmp_path_factory) -> str:
 
 
 @pytest.fixture
-def unsandboxed(monkeypatch) -> dict:
+def unsandboxed(monkeypatch):
     """No sandbox, as on a machine without bubblewrap (the user consents to that with the
-    options this returns): for tests that patch the pipeline in this process, which a
-    sandboxed worker would never see. tests/test_sandbox.py covers the sandboxed runs."""
+    TrustOptions this returns, for ``trust=``): for tests that patch the pipeline in this
+    process, which a sandboxed worker would never see. tests/test_sandbox.py covers the
+    sandboxed runs."""
     from serving_opt import sandbox
+    from serving_opt.options import TrustOptions
 
     monkeypatch.setattr(sandbox, "unavailable_reason", lambda: "switched off by the test")
-    return dict(allow_unsandboxed=True)
+    return TrustOptions(allow_unsandboxed=True)
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from independent_check import assert_outputs_match, example
 from serving_opt import samples
 from serving_opt.core.rendering import to_jsonable
 from serving_opt.errors import DiskFullError, ParityError, ServingOptError, UsageError
+from serving_opt.options import BuildOptions, GateOptions, MeasureOptions
 from serving_opt.pipeline import attempts
 from serving_opt.pipeline.attempts import (
     LOSSY_GATE_FAILED,
@@ -35,7 +36,7 @@ from serving_opt.stages import freeze as freeze_lib
 from serving_opt.stages import regression as regression_lib
 from serving_opt.stages.quantize import QuantizedTensor
 
-NOT_MEASURED = dict(benchmark_runs=0, cold_start=False)
+NOT_MEASURED = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 
 
 def _described(freeze: str, quantize: str) -> list[str]:
@@ -96,7 +97,7 @@ def test_a_frozen_candidate_that_cannot_be_built_falls_back_and_the_report_says_
         classifier_dir, tmp_path, monkeypatch, unsandboxed):
     monkeypatch.setattr(freeze_lib, "freeze_session_model", _broken_freeze)
     report = optimize(classifier_dir, str(tmp_path / "out"),
-                      OptimizeOptions(**NOT_MEASURED, **unsandboxed))
+                      OptimizeOptions(**NOT_MEASURED, trust=unsandboxed))
     assert report.published and not report.frozen
     examples = np.array([example(word=word, city=f"city-{i}", age=20.0 + 7 * i, clicks=i)
                          for i, word in enumerate([*samples.VOCABULARY, "not-a-word"])],
@@ -126,7 +127,8 @@ def test_always_ends_with_the_first_attempt_and_reports_it(classifier_dir, tmp_p
     monkeypatch.setattr(freeze_lib, "freeze_session_model", _broken_freeze)
     with pytest.raises(ServingOptError, match="could not freeze the variables") as failure:
         optimize(classifier_dir, str(tmp_path / "out"),
-                 OptimizeOptions(freeze="always", **NOT_MEASURED, **unsandboxed))
+                 OptimizeOptions(
+                     build=BuildOptions(freeze="always"), **NOT_MEASURED, trust=unsandboxed))
     (attempt,) = failure.value.report.attempts
     assert (attempt.outcome, attempt.then) == (UNUSABLE, "refused: nothing was published")
     assert os.listdir(tmp_path / "out") == []
@@ -147,7 +149,7 @@ def test_a_frozen_candidate_measured_worse_is_left_for_variables_kept(
         classifier_dir, tmp_path, monkeypatch, unsandboxed):
     _worse_while_frozen(monkeypatch)
     report = optimize(classifier_dir, str(tmp_path / "out"),
-                      OptimizeOptions(**NOT_MEASURED, **unsandboxed))
+                      OptimizeOptions(**NOT_MEASURED, trust=unsandboxed))
     assert report.published and not report.frozen
     assert "the frozen candidate was worse (load time 2.00x" in report.freeze_note
     assert [(a.outcome, a.then) for a in report.attempts] == [
@@ -160,14 +162,17 @@ def test_a_regression_with_nothing_to_fall_back_to_is_refused_or_allowed(
     _worse_while_frozen(monkeypatch)
     with pytest.raises(ServingOptError, match="worse than the original: load time") as failure:
         optimize(classifier_dir, str(tmp_path / "refused"),
-                 OptimizeOptions(freeze="always", **NOT_MEASURED, **unsandboxed))
+                 OptimizeOptions(
+                     build=BuildOptions(freeze="always"), **NOT_MEASURED, trust=unsandboxed))
     assert [(a.outcome, a.then) for a in failure.value.report.attempts] == [
         (REGRESSION, "refused: nothing was published")]
     assert os.listdir(tmp_path / "refused") == []
     _worse_while_frozen(monkeypatch)
     report = optimize(classifier_dir, str(tmp_path / "allowed"),
-                      OptimizeOptions(freeze="always", allow_regression=True, **NOT_MEASURED,
-                                      **unsandboxed))
+                      OptimizeOptions(
+                          build=BuildOptions(freeze="always"),
+                          gate=GateOptions(allow_regression=True), **NOT_MEASURED,
+                          trust=unsandboxed))
     assert report.published and report.frozen
     assert report.attempts[0].then == "taken despite the regression (--allow_regression)"
     assert any(w.startswith("published despite a regression") for w in report.warnings)

@@ -15,6 +15,7 @@ from conftest import TEXT_CLASSIFIER_VOCAB, tree_snapshot
 
 from serving_opt import samples
 from serving_opt.errors import ServingOptError
+from serving_opt.options import BuildOptions, GateOptions, MeasureOptions
 from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.pipeline.run import SizeReport
 from serving_opt.savedmodel import loader
@@ -27,7 +28,8 @@ TABLE_THRESHOLD = 512 * 1024
 # Cold start timed in fresh processes: on a busy machine noise may look like a regression
 # (and be confirmed). Tests not about the gate's verdict publish the frozen candidate
 # whatever the timings say (freeze=always: no retry with variables kept).
-WHATEVER_THE_TIMINGS = dict(freeze="always", allow_regression=True)
+WHATEVER_THE_TIMINGS = dict(gate=GateOptions(allow_regression=True))
+WHATEVER_THE_TIMINGS_BUILD = dict(freeze="always")
 # The frozen wide table's cold start is the subject: the Graph Transform Tool and Grappler
 # do not touch the table (a constant either way) and take half a minute on it, so the
 # tests of the regression gate skip them.
@@ -38,8 +40,10 @@ TABLE_AS_FROZEN = dict(transforms="none", grappler="none")
 def kept_table(text_classifier_base, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("kept"))
     report = optimize(os.path.join(text_classifier_base, "1"), out,
-                      OptimizeOptions(freeze_max_bytes=TABLE_THRESHOLD, benchmark_runs=0,
-                                      **WHATEVER_THE_TIMINGS))
+                      OptimizeOptions(
+                          build=BuildOptions(freeze_max_bytes=TABLE_THRESHOLD,
+                                             **WHATEVER_THE_TIMINGS_BUILD),
+                          measure=MeasureOptions(benchmark_runs=0), **WHATEVER_THE_TIMINGS))
     return report
 
 
@@ -192,8 +196,9 @@ def test_a_frozen_big_table_is_stored_as_a_variable_again(wide_table_dir, tmp_pa
     # Published whatever the timings say; the memory, which noise does not move by the
     # table's size, must not be worse.
     report = optimize(wide_table_dir, str(tmp_path / "out"),
-                      OptimizeOptions(freeze_max_bytes=2**40, benchmark_runs=0,
-                                      **WHATEVER_THE_TIMINGS))
+                      OptimizeOptions(
+                          build=BuildOptions(freeze_max_bytes=2**40, **WHATEVER_THE_TIMINGS_BUILD),
+                          measure=MeasureOptions(benchmark_runs=0), **WHATEVER_THE_TIMINGS))
     assert report.published and report.frozen
     assert not any("serving peak RSS" in w for w in report.warnings), report.warnings
     big = [v for v in report.variables_kept if v.nbytes > 50 * 2**20]
@@ -221,9 +226,10 @@ def test_a_frozen_big_table_is_refused_and_nothing_is_published(wide_table_dir, 
     out = str(tmp_path / "out")
     before = tree_snapshot(wide_table_dir)
     with pytest.raises(ServingOptError) as failure:
-        optimize(wide_table_dir, out, OptimizeOptions(freeze="always", freeze_max_bytes=2**40,
-                                                      max_constant_bytes=None,
-                                                      benchmark_runs=0, **TABLE_AS_FROZEN))
+        optimize(wide_table_dir, out, OptimizeOptions(
+            build=BuildOptions(freeze="always", freeze_max_bytes=2**40, max_constant_bytes=None,
+                               **TABLE_AS_FROZEN),
+            measure=MeasureOptions(benchmark_runs=0)))
     assert "worse than the original" in failure.value.problem
     assert "serving peak RSS" in failure.value.problem or "load time" in failure.value.problem
     assert failure.value.report is not None and failure.value.report.cold_start is not None
@@ -237,9 +243,12 @@ def test_a_frozen_big_table_is_refused_and_nothing_is_published(wide_table_dir, 
 
 def test_allow_regression_publishes_and_says_so(wide_table_dir, tmp_path):
     report = optimize(wide_table_dir, str(tmp_path / "out"),
-                      OptimizeOptions(freeze="always", freeze_max_bytes=2**40,
-                                      max_constant_bytes=None, benchmark_runs=0,
-                                      allow_regression=True, **TABLE_AS_FROZEN))
+                      OptimizeOptions(
+                          build=BuildOptions(freeze="always",
+                                             freeze_max_bytes=2**40,
+                                             max_constant_bytes=None, **TABLE_AS_FROZEN),
+                          measure=MeasureOptions(benchmark_runs=0),
+                          gate=GateOptions(allow_regression=True)))
     assert report.published
     assert any("--allow_regression" in w for w in report.warnings)
 
@@ -248,9 +257,11 @@ def test_auto_retries_with_variables_kept_when_frozen_is_worse(wide_table_dir, t
     # allow_regression: the retried candidate is published even if noise on a busy
     # machine made it look worse too; the retry itself is what is tested.
     report = optimize(wide_table_dir, str(tmp_path / "out"),
-                      OptimizeOptions(freeze_max_bytes=2**40, max_constant_bytes=None,
-                                      benchmark_runs=0, allow_regression=True,
-                                      **TABLE_AS_FROZEN))
+                      OptimizeOptions(
+                          build=BuildOptions(freeze_max_bytes=2**40, max_constant_bytes=None,
+                                             **TABLE_AS_FROZEN),
+                          measure=MeasureOptions(benchmark_runs=0),
+                          gate=GateOptions(allow_regression=True)))
     assert report.published and not report.frozen
     assert "frozen candidate was worse" in report.freeze_note
     assert sorted(os.listdir(tmp_path / "out")) == ["1"]
@@ -274,8 +285,9 @@ def keras_embedding_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def keras_embedding_unmeasured(keras_embedding_dir, tmp_path_factory):
     return optimize(keras_embedding_dir, str(tmp_path_factory.mktemp("keras_embedding_out")),
-                    OptimizeOptions(freeze_max_bytes=100_000, benchmark_runs=0,
-                                    cold_start=False))  # not about measuring
+                    OptimizeOptions(build=BuildOptions(freeze_max_bytes=100_000),  # not about
+                                    measure=MeasureOptions(benchmark_runs=0,  # measuring
+                                                           cold_start=False)))
 
 
 def test_tf2_a_large_embedding_is_kept_and_answers_both_ways(keras_embedding_dir,

@@ -17,6 +17,7 @@ from serving_opt import samples
 from serving_opt.compare import CompareOptions, compare, format_report  # noqa: E402
 from serving_opt.core import gates  # noqa: E402
 from serving_opt.errors import ServingOptError  # noqa: E402
+from serving_opt.options import BuildOptions, GateOptions, InputOptions, MeasureOptions
 from serving_opt.savedmodel import loader
 from serving_opt.savedmodel.loader import run_signature  # noqa: E402
 
@@ -161,8 +162,10 @@ def lossy_verdict(b: dict, c: dict, gate: gates.LossyGate) -> set[str]:
 # The embedding table only, kept a variable and gathered quantized: no weight is
 # dequantized at load, so a refusal by a gate is final (no retry with fewer weights
 # quantized). Judged on top-1 alone (max_probability_error=1).
-TABLE_INT8 = dict(quantize="int8", quantize_min_elements=100_000, freeze_max_bytes=512 * 1024,
-                  max_probability_error=1.0, benchmark_runs=0, cold_start=False)
+TABLE_INT8 = dict(build=BuildOptions(quantize="int8", quantize_min_elements=100_000,
+                                     freeze_max_bytes=512 * 1024),
+                  measure=MeasureOptions(benchmark_runs=0, cold_start=False))
+TABLE_INT8_GATE = dict(max_probability_error=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +176,7 @@ def table_int8_candidate(text_classifier_base, tmp_path_factory) -> tuple[str, s
 
     source = os.path.join(text_classifier_base, "1")
     published = optimize(source, str(tmp_path_factory.mktemp("probe")), OptimizeOptions(
-        min_top1_agreement=0.0, **TABLE_INT8)).output_dir
+        gate=GateOptions(min_top1_agreement=0.0, **TABLE_INT8_GATE), **TABLE_INT8)).output_dir
     return source, published
 
 
@@ -281,7 +284,8 @@ def test_optimize_compare_examples_gate(classifier_dir, shards, tmp_path):
 
     pattern, _, _ = shards
     report = optimize(classifier_dir, str(tmp_path / "models"), OptimizeOptions(
-        compare_examples=pattern, benchmark_runs=0, cold_start=False))
+        gate=GateOptions(compare_examples=pattern),
+        measure=MeasureOptions(benchmark_runs=0, cold_start=False)))
     assert os.path.isdir(report.output_dir)
     assert any(s.name == "compare" and "3000 examples: ok" in s.note for s in report.stages)
 
@@ -329,8 +333,10 @@ def test_optimize_refuses_what_compare_finds_and_publishes_nothing(table_int8_ca
     base = tmp_path / "models"
     with pytest.raises(ParityError) as failure:
         optimize(source, str(base), OptimizeOptions(
-            examples=parity_examples, compare_examples=pattern,
-            min_top1_agreement=gate.min_top1_agreement, **TABLE_INT8))
+            inputs=InputOptions(examples=parity_examples),
+            gate=GateOptions(compare_examples=pattern, min_top1_agreement=gate.min_top1_agreement,
+                             **TABLE_INT8_GATE),
+            **TABLE_INT8))
     report = failure.value.report
     assert report.parity is not None and report.parity.ok  # parity passed; compare refused
     stages = {s.name: s.note for s in report.stages}

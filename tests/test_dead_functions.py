@@ -19,6 +19,7 @@ from saved_model_io import edit_saved_model, save_tf1, serving_default
 
 from serving_opt import inspection
 from serving_opt.errors import ServingOptError
+from serving_opt.options import BuildOptions, MeasureOptions, TrustOptions
 from serving_opt.savedmodel import loader, untrusted
 
 v1 = tf.compat.v1
@@ -118,7 +119,9 @@ def test_optimize_publishes_the_dead_shape_and_nothing_can_call_it_there(
     model = model_copy(small_model)
     _with_dead_function(model, DEAD["alone"])
     report = optimize(model, str(tmp_path / "out"), OptimizeOptions(
-        allow_unsandboxed=True, benchmark_runs=0, cold_start=False, freeze=freeze))
+        trust=TrustOptions(allow_unsandboxed=True),
+        measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+        build=BuildOptions(freeze=freeze)))
     assert report.parity.ok
     published = _meta_graph(report.output_dir)
     assert untrusted.host_op_uses(published) == []

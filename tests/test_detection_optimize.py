@@ -26,7 +26,15 @@ from serving_opt import OptimizeOptions, optimize
 from serving_opt.detection import network
 from serving_opt.detection import sample as detection_sample
 from serving_opt.errors import UsageError
-from serving_opt.options import GRAPH_DEF_NAME, ServingCheck
+from serving_opt.options import (
+    GRAPH_DEF_NAME,
+    BuildOptions,
+    GraphDefOptions,
+    InputOptions,
+    MeasureOptions,
+    OutputOptions,
+    ServingCheck,
+)
 from serving_opt.savedmodel import examples as examples_lib
 from serving_opt.savedmodel import frozen_graph, loader
 from serving_opt.stages.parity import ParityInputs, check_parity
@@ -57,9 +65,10 @@ def published(sample, tmp_path_factory):
     work = tmp_path_factory.mktemp("optimized")
     frames = _frames_file(work / "frames.jsonl", 480, 640)
     options = OptimizeOptions(
-        graph_outputs=OUTPUTS, examples=frames, output_format="graphdef",
-        benchmark_runs=0, cold_start=False,
-        validate=ServingCheck(server="local", concurrency=0))
+        validate=ServingCheck(server="local", concurrency=0),
+        graph_def=GraphDefOptions(graph_outputs=OUTPUTS), inputs=InputOptions(examples=frames),
+        output=OutputOptions(output_format="graphdef"),
+        measure=MeasureOptions(benchmark_runs=0, cold_start=False))
     return optimize(sample.frozen_graph, str(work / "base"), options)
 
 
@@ -197,8 +206,10 @@ def test_a_folded_graph_with_a_corrupted_weight_fails_the_detection_gate(sample,
 
 
 @pytest.mark.parametrize("options,message", [
-    (OptimizeOptions(graph_outputs=("detection_boxes",)), "--outputs applies to a frozen"),
-    (OptimizeOptions(output_format="graphdef", freeze="never"), "--output_format=graphdef"),
+    (OptimizeOptions(graph_def=GraphDefOptions(graph_outputs=("detection_boxes",))),
+     "--outputs applies to a frozen"),
+    (OptimizeOptions(output=OutputOptions(output_format="graphdef"),
+                     build=BuildOptions(freeze="never")), "--output_format=graphdef"),
 ])
 def test_pb_flags_are_usage_errors_before_any_work(classifier_dir, tmp_path, options,
                                                    message):
@@ -210,7 +221,7 @@ def test_pb_flags_are_usage_errors_before_any_work(classifier_dir, tmp_path, opt
 def test_pb_usage_errors_name_the_fix(sample, tmp_path):
     with pytest.raises(UsageError, match="--signatures with a frozen GraphDef"):
         optimize(sample.frozen_graph, str(tmp_path / "out"),
-                 OptimizeOptions(signatures=("serving_default",)))
+                 OptimizeOptions(build=BuildOptions(signatures=("serving_default",))))
     with pytest.raises(UsageError, match="is not a file"):
         optimize(str(tmp_path / "missing.pb"), str(tmp_path / "out"), OptimizeOptions())
 
@@ -218,8 +229,9 @@ def test_pb_usage_errors_name_the_fix(sample, tmp_path):
 def test_an_output_the_graph_lacks_is_named(sample, tmp_path):
     with pytest.raises(UsageError, match="'detection_masks', which is not a node"):
         optimize(sample.frozen_graph, str(tmp_path / "out"),
-                 OptimizeOptions(graph_outputs=("detection_masks",), benchmark_runs=0,
-                                 cold_start=False))
+                 OptimizeOptions(
+                     graph_def=GraphDefOptions(graph_outputs=("detection_masks",)),
+                     measure=MeasureOptions(benchmark_runs=0, cold_start=False)))
     assert not [n for n in os.listdir(tmp_path / "out") if not n.startswith(".")]
 
 
@@ -267,5 +279,7 @@ def test_examples_that_fit_no_signature_are_a_usage_error_not_synthesized(sample
     with pytest.raises(UsageError, match="fits no signature: it has requests with keys "
                                          "images, and serving_default takes inputs"):
         optimize(sample.frozen_graph, str(tmp_path / "out"),
-                 OptimizeOptions(graph_outputs=OUTPUTS, examples=str(wrong),
-                                 benchmark_runs=0, cold_start=False))
+                 OptimizeOptions(
+                     graph_def=GraphDefOptions(graph_outputs=OUTPUTS),
+                     inputs=InputOptions(examples=str(wrong)),
+                     measure=MeasureOptions(benchmark_runs=0, cold_start=False)))

@@ -31,6 +31,7 @@ import pytest
 
 from serving_opt import samples
 from serving_opt.errors import ServingOptError, first_line
+from serving_opt.options import MeasureOptions, OutputOptions
 from serving_opt.savedmodel import staging as staging_lib
 from serving_opt.savedmodel import writer
 
@@ -203,7 +204,8 @@ def what_tf_serving_sees(base: str) -> dict[str, bool]:
 def next_run(source: str, base: str):
     from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 
-    return optimize(source, base, OptimizeOptions(benchmark_runs=0, cold_start=False))
+    return optimize(source, base, OptimizeOptions(
+        measure=MeasureOptions(benchmark_runs=0, cold_start=False)))
 
 
 @pytest.fixture(scope="module")
@@ -281,8 +283,9 @@ def test_a_live_runs_staging_dirs_are_never_removed_by_another_run(source, tmp_p
 def next_run_version(source: str, base: str, version: int):
     from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 
-    return optimize(source, base, OptimizeOptions(benchmark_runs=0, cold_start=False,
-                                                  version=version))
+    return optimize(source, base, OptimizeOptions(
+        measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+        output=OutputOptions(version=version)))
 
 
 # ------------------------------------------------------------------ owner records

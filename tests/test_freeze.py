@@ -7,6 +7,7 @@ import os
 import pytest
 
 from serving_opt.errors import ServingOptError
+from serving_opt.options import MeasureOptions
 from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.savedmodel import loader
 from serving_opt.stages import freeze
@@ -83,7 +84,8 @@ def test_assets_extra_is_copied_to_the_optimized_model(classifier_dir, model_cop
     os.makedirs(os.path.join(src, "assets.extra"))
     with open(os.path.join(src, "assets.extra", "notes.txt"), "w") as f:
         f.write("kept")
-    report = optimize(src, str(tmp_path / "out"), OptimizeOptions(benchmark_runs=0))
+    report = optimize(src, str(tmp_path / "out"), OptimizeOptions(
+        measure=MeasureOptions(benchmark_runs=0)))
     with open(os.path.join(report.output_dir, "assets.extra", "notes.txt")) as f:
         assert f.read() == "kept"
 

@@ -30,11 +30,12 @@ from conftest import tree_snapshot
 
 from serving_opt import inspection
 from serving_opt.errors import ServingOptError, UsageError
+from serving_opt.options import BuildOptions, MeasureOptions, OutputOptions, ServingCheck, Tolerance
 from serving_opt.pipeline.optimizer import OptimizeOptions, optimize, plan
 from serving_opt.savedmodel import writer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-QUICK = OptimizeOptions(benchmark_runs=0, cold_start=False)
+QUICK = OptimizeOptions(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 
 
 def _host_file(tmp_path, name: str, data: bytes) -> str:
@@ -112,7 +113,9 @@ def test_variables_file_symlink_is_refused_with_variables_kept(classifier_dir, m
     host = os.path.join(str(tmp_path), "host.data")
     shutil.move(data, host)
     os.symlink(host, data)
-    options = OptimizeOptions(benchmark_runs=0, cold_start=False, freeze="never")
+    options = OptimizeOptions(
+        measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+        build=BuildOptions(freeze="never"))
     message = _refused(model, str(tmp_path / "out"), options)
     assert "variables.data-00000-of-00001 is a symlink" in message
 
@@ -161,7 +164,7 @@ def test_validate_refuses_a_served_model_with_a_symlink_out(classifier_dir, tmp_
     os.remove(vocab)
     os.symlink(_host_file(tmp_path, "vocab.txt", b"a\nb\n"), vocab)
     with pytest.raises(ServingOptError, match="assets/vocab.txt is a symlink"):
-        validate(base, ValidateOptions(server="local", write_warmup=True))
+        validate(base, ValidateOptions(serving=ServingCheck(server="local", write_warmup=True)))
     assert not os.path.exists(os.path.join(base, "1", "assets.extra"))
 
 
@@ -185,7 +188,9 @@ def test_target_version_that_is_the_source_is_refused(classifier_dir, tmp_path):
     base = str(tmp_path / "B")
     model = os.path.join(base, "1")
     shutil.copytree(classifier_dir, model)
-    options = OptimizeOptions(benchmark_runs=0, cold_start=False, version=1, overwrite=True)
+    options = OptimizeOptions(
+        measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+        output=OutputOptions(version=1, overwrite=True))
     before = tree_snapshot(model)
     with pytest.raises(ServingOptError, match="is the input model") as info:
         optimize(model, base, options)
@@ -201,7 +206,9 @@ def test_target_version_reached_through_a_symlink_is_refused(classifier_dir, tmp
     other = str(tmp_path / "C")
     os.makedirs(other)
     os.symlink(model, os.path.join(other, "7"))
-    options = OptimizeOptions(benchmark_runs=0, cold_start=False, version=7, overwrite=True)
+    options = OptimizeOptions(
+        measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+        output=OutputOptions(version=7, overwrite=True))
     before = tree_snapshot(model)
     with pytest.raises(ServingOptError, match="is the input model"):
         optimize(os.path.join(other, "7"), other, options)
@@ -215,7 +222,9 @@ def test_target_version_containing_the_source_is_refused(classifier_dir, tmp_pat
     base = str(tmp_path / "B")
     model = os.path.join(base, "3", "export")
     shutil.copytree(classifier_dir, model)
-    options = OptimizeOptions(benchmark_runs=0, cold_start=False, version=3, overwrite=True)
+    options = OptimizeOptions(
+        measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+        output=OutputOptions(version=3, overwrite=True))
     before = tree_snapshot(model)
     with pytest.raises(ServingOptError, match="or contains it"):
         optimize(model, base, options)
@@ -226,10 +235,12 @@ def test_target_version_containing_the_source_is_refused(classifier_dir, tmp_pat
 def test_version_beyond_int64_is_refused(classifier_dir, tmp_path):
     for version in (99999999999999999999999, 2**63):
         message = _refused(classifier_dir, str(tmp_path / "out"),
-                           OptimizeOptions(benchmark_runs=0, version=version), UsageError)
+                           OptimizeOptions(
+                               measure=MeasureOptions(benchmark_runs=0),
+                               output=OutputOptions(version=version)), UsageError)
         assert "int64" in message
     assert plan(classifier_dir, str(tmp_path / "out"),
-                OptimizeOptions(version=2**63 - 1)).version == 2**63 - 1
+                OptimizeOptions(output=OutputOptions(version=2**63 - 1))).version == 2**63 - 1
 
 
 def test_non_ascii_digit_names_are_not_versions(classifier_dir, tmp_path):
@@ -253,7 +264,7 @@ def test_a_file_named_like_a_version_is_skipped(classifier_dir, tmp_path):
     assert writer.existing_versions(base) == []
     assert plan(classifier_dir, base, QUICK).version == 2
     with pytest.raises(ServingOptError, match="next free: 2"):
-        plan(classifier_dir, base, OptimizeOptions(version=1))
+        plan(classifier_dir, base, OptimizeOptions(output=OutputOptions(version=1)))
 
 
 def _unwritable_base(tmp_path) -> str:
@@ -292,7 +303,9 @@ def test_unwritable_base_is_refused_before_any_work(classifier_dir, tmp_path):
                                        (float("inf"), float("nan"))])
 def test_non_finite_tolerances_are_usage_errors(classifier_dir, tmp_path, atol, rtol):
     message = _refused(classifier_dir, str(tmp_path / "out"),
-                       OptimizeOptions(benchmark_runs=0, atol=atol, rtol=rtol), UsageError)
+                       OptimizeOptions(
+                           measure=MeasureOptions(benchmark_runs=0),
+                           tolerance=Tolerance(atol=atol, rtol=rtol)), UsageError)
     assert "must be finite" in message
 
 
@@ -450,7 +463,9 @@ def test_target_version_reached_through_a_bind_mount_is_refused(classifier_dir, 
     model = os.path.join(base, "1")
     shutil.copytree(classifier_dir, model)
     before = tree_snapshot(model)
-    options = OptimizeOptions(benchmark_runs=0, cold_start=False, version=1, overwrite=True)
+    options = OptimizeOptions(
+        measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+        output=OutputOptions(version=1, overwrite=True))
     with _bind_mount(base, str(tmp_path / "M")) as mounted:
         # realpath(M/1) is M/1, not B/1: only (st_dev, st_ino) says they are one directory.
         with pytest.raises(ServingOptError, match="is the input model") as info:
@@ -489,7 +504,9 @@ def test_overwriting_a_version_that_is_the_source_under_another_name_is_refused(
     base = str(tmp_path / "B")
     model = os.path.join(base, "01")
     shutil.copytree(classifier_dir, model)
-    options = OptimizeOptions(benchmark_runs=0, cold_start=False, version=1, overwrite=True)
+    options = OptimizeOptions(
+        measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+        output=OutputOptions(version=1, overwrite=True))
     message = _refused_keeping(model, base, options)
     assert "is the input model" in message and f"{base}/01" in message
     assert sorted(os.listdir(base)) == ["01"]
@@ -516,8 +533,9 @@ def test_overwrite_replaces_hard_linked_files_by_rename_and_never_writes_into_th
     pb = os.path.join(model, "saved_model.pb")
     assert os.stat(pb).st_nlink == 2
     writer.check_not_source(model, base, 1)  # a hard-linked file is not the directory
-    report = optimize(model, base, OptimizeOptions(benchmark_runs=0, cold_start=False,
-                                                   version=1, overwrite=True))
+    report = optimize(model, base, OptimizeOptions(
+        measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+        output=OutputOptions(version=1, overwrite=True)))
     assert tree_snapshot(model) == before
     published = os.path.join(report.output_dir, "saved_model.pb")
     assert os.stat(published).st_ino != os.stat(pb).st_ino
@@ -634,7 +652,7 @@ def test_version_names_tf_serving_reads_count_as_those_versions(classifier_dir, 
         writer.check_target(base, 2)
     assert "next free: 3" in str(info.value)
     with pytest.raises(ServingOptError, match="already exists"):
-        plan(classifier_dir, base, OptimizeOptions(version=2))
+        plan(classifier_dir, base, OptimizeOptions(output=OutputOptions(version=2)))
     os.makedirs(os.path.join(base, " 7"))  # safe_strto64 skips spaces: version 7
     assert writer.next_version(base) == 8
     assert writer.version_dirs(base) == {2: ["02"], 7: [" 7"]}

@@ -26,6 +26,7 @@ import tensorflow as tf
 from independent_check import assert_outputs_match, example
 
 from serving_opt.errors import ServingOptError
+from serving_opt.options import GateOptions, MeasureOptions
 from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.savedmodel import inputs as inputs_lib
 from serving_opt.savedmodel import loader
@@ -198,7 +199,7 @@ def test_optimize_end_to_end_with_cold_start(tmp_path):
     declared inputs would fail the first request)."""
     src = scalar_model(str(tmp_path / "src" / "1"))
     report = optimize(src, str(tmp_path / "out"),
-                      OptimizeOptions(benchmark_runs=0, cold_start=True))
+                      OptimizeOptions(measure=MeasureOptions(benchmark_runs=0, cold_start=True)))
     assert_outputs_match(report.output_dir, src, {KEY: {"threshold": np.float32(-2.5)}},
                          rtol=1e-6, atol=1e-6)
     assert report.parity.input_sources == {KEY: "synthesized (scalars)"}
@@ -209,7 +210,7 @@ def test_optimize_end_to_end_with_cold_start(tmp_path):
 def test_optimize_end_to_end_one_value_per_feature(tmp_path):
     src = one_value_model(str(tmp_path / "src" / "1"))
     report = optimize(src, str(tmp_path / "out"),
-                      OptimizeOptions(benchmark_runs=0, cold_start=False))
+                      OptimizeOptions(measure=MeasureOptions(benchmark_runs=0, cold_start=False)))
     examples = np.array([example(word="cat", age=41.0), example(word="dog"),
                          example(age=7.5)], dtype=object)
     assert_outputs_match(report.output_dir, src, {KEY: {"examples": examples}},
@@ -223,8 +224,9 @@ def test_the_benchmark_runs_on_the_inputs_parity_found(tmp_path):
     src = batch_one_model(str(tmp_path / "src" / "1"))
     report = optimize(src, str(tmp_path / "out"),
                       # Timing decides nothing here: a noisy machine must not fail it.
-                      OptimizeOptions(benchmark_runs=5, cold_start=False,
-                                      allow_regression=True))
+                      OptimizeOptions(
+                          measure=MeasureOptions(benchmark_runs=5, cold_start=False),
+                          gate=GateOptions(allow_regression=True)))
     assert report.parity.input_sources == {KEY: "synthesized (batch 1)"}
     assert report.benchmark is not None
     assert [lat.batch_size for lat in report.benchmark.after] == [1]

@@ -18,6 +18,7 @@ from independent_check import assert_outputs_match
 
 from serving_opt import OptimizeOptions, optimize
 from serving_opt.errors import ServingOptError, UsageError
+from serving_opt.options import BuildOptions, GateOptions, InputOptions, MeasureOptions
 from serving_opt.pipeline.report import format_optimize_report
 from serving_opt.savedmodel import loader
 from serving_opt.savedmodel import shapes as shapes_lib
@@ -69,11 +70,13 @@ def model_dir(tmp_path_factory) -> str:
     return path
 
 
-def _options(**kwargs) -> OptimizeOptions:
+def _options(input_shapes: str | None = None, benchmark_runs: int = 0,
+             build: dict | None = None, **groups) -> OptimizeOptions:
     # One parity batch: pinned to batch 1, the gate's 16 rows are 16 runs of each model
     # (two batches: 32), each sorting 1.3M floats unpinned.
-    defaults = dict(cold_start=False, benchmark_runs=0, parity_batches=1)
-    return OptimizeOptions(**{**defaults, **kwargs})
+    return OptimizeOptions(build=BuildOptions(input_shapes=input_shapes, **(build or {})),
+                           measure=MeasureOptions(cold_start=False, benchmark_runs=benchmark_runs),
+                           gate=GateOptions(parity_batches=1), **groups)
 
 
 def _ops(saved_model_dir: str) -> set[str]:
@@ -98,7 +101,7 @@ def test_entries_are_name_colon_dims_with_minus_one_left_free():
 @pytest.mark.parametrize("spec", ["x", "x:", "x:1,a", "x:1,,2", "x:0,3", "x:1;x:0:2"])
 def test_a_malformed_spec_is_a_usage_error_from_the_options(spec):
     with pytest.raises(UsageError, match="--input_shapes"):
-        OptimizeOptions(input_shapes=spec).check()
+        OptimizeOptions(build=BuildOptions(input_shapes=spec)).check()
 
 
 # --- resolved against the model, before anything runs it ---------------------------------
@@ -158,7 +161,7 @@ def test_the_users_requests_of_another_shape_are_refused(model_dir, tmp_path):
     examples.write_text(json.dumps({"x": np.ones((2, WIDTH)).tolist()}) + "\n")
     with pytest.raises(UsageError, match="pins x of serving_default to 1,64.*shape 2,64"):
         optimize(model_dir, str(tmp_path / "out"),
-                 _options(input_shapes="x:1,64", examples=str(examples)))
+                 _options(input_shapes="x:1,64", inputs=InputOptions(examples=str(examples))))
 
 
 # --- the pinned shape is what the gates and measurements feed ----------------------------
@@ -197,7 +200,7 @@ def test_a_pinned_candidate_that_measures_faster_is_published_pinned(model_dir, 
     # checkpoint freezing wrote (the first must not consume it).
     report = optimize(model_dir, str(tmp_path / "out"),
                       _options(input_shapes="x:1,64", benchmark_runs=15,
-                               freeze_max_bytes=512, max_constant_bytes=512))
+                               build=dict(freeze_max_bytes=512, max_constant_bytes=512)))
     pinning = report.input_shapes
     assert pinning["kept"], pinning
     assert sorted(v.name for v in report.variables_kept) == [

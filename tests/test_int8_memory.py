@@ -21,6 +21,7 @@ from conftest import TEXT_CLASSIFIER_VOCAB
 
 from serving_opt import samples
 from serving_opt.core import measuring
+from serving_opt.options import BuildOptions, GateOptions, MeasureOptions
 from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.pipeline.report import format_cold_start
 from serving_opt.savedmodel import loader, native_load
@@ -65,8 +66,9 @@ def quantized_convnet(convnet_dir, tmp_path_factory):
     """The conv net with its dense weights int8, dequantized at load by the init op."""
     out = str(tmp_path_factory.mktemp("q_convnet"))
     report = optimize(convnet_dir, out, OptimizeOptions(
-        quantize="int8", quantize_min_elements=256, max_constant_bytes=1024,
-        benchmark_runs=0, cold_start=False, max_probability_error=0.1))
+        build=BuildOptions(quantize="int8", quantize_min_elements=256, max_constant_bytes=1024),
+        measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+        gate=GateOptions(max_probability_error=0.1)))
     assert report.quantized and report.parity.ok
     return report
 
@@ -291,8 +293,8 @@ def quantized_mlp(tmp_path_factory):
                     {"x": x}, {"y": net})})
             builder.save()
     report = optimize(source, str(tmp_path_factory.mktemp("q_mlp")), OptimizeOptions(
-        quantize="int8", quantize_min_elements=1000, freeze_max_bytes=0,
-        benchmark_runs=0, cold_start=False))
+        build=BuildOptions(quantize="int8", quantize_min_elements=1000, freeze_max_bytes=0),
+        measure=MeasureOptions(benchmark_runs=0, cold_start=False)))
     assert report.parity.ok
     return report
 

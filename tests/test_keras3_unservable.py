@@ -14,9 +14,10 @@ import pytest
 
 from serving_opt import OptimizeOptions, inspection, optimize
 from serving_opt.errors import ServingOptError
+from serving_opt.options import BuildOptions, MeasureOptions, ServingCheck
 from serving_opt.serving.validate import ValidateOptions, validate
 
-NOT_MEASURED = dict(benchmark_runs=0, cold_start=False)
+NOT_MEASURED = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 
 
 def sequential_export(path: str) -> str:
@@ -156,7 +157,8 @@ def test_optimize_publishes_a_model_the_session_loader_answers_like_the_original
 @pytest.mark.golden
 def test_the_repaired_model_validates_over_grpc_and_rest(repaired):
     base, _ = repaired
-    report = validate(base, ValidateOptions(server="local", concurrency=2, duration=0.5))
+    report = validate(base, ValidateOptions(
+        serving=ServingCheck(server="local", concurrency=2, duration=0.5)))
     assert report.ok, report.failures
     names = {c.name for c in report.checks if c.ok}
     assert {"Predict serving_default", "REST Predict serving_default"} <= names
@@ -164,7 +166,8 @@ def test_the_repaired_model_validates_over_grpc_and_rest(repaired):
 
 def test_keeping_the_variables_is_refused_with_the_fix(export, tmp_path):
     with pytest.raises(ServingOptError, match="not servable as it is.*--freeze=auto"):
-        optimize(export, str(tmp_path / "out"), OptimizeOptions(freeze="never", **NOT_MEASURED))
+        optimize(export, str(tmp_path / "out"), OptimizeOptions(
+            build=BuildOptions(freeze="never"), **NOT_MEASURED))
     assert not os.path.exists(tmp_path / "out" / "1")
 
 

@@ -15,6 +15,8 @@ import sys
 import numpy as np
 import pytest
 
+from serving_opt.options import BuildOptions, MeasureOptions, OutputOptions
+
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
@@ -24,10 +26,12 @@ from serving_opt.errors import ParityError, UsageError  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FEATURES = 4
-LOSSY = OptimizeOptions(benchmark_runs=0, transforms="round_weights(num_steps=4)")
+LOSSY = OptimizeOptions(
+    measure=MeasureOptions(benchmark_runs=0),
+    build=BuildOptions(transforms="round_weights(num_steps=4)"))
 # Not about measuring: the cold start (on in the helper's default) is skipped where the
 # test is about versions, signatures or the callback's schedule.
-NOT_MEASURED = OptimizeOptions(benchmark_runs=0, cold_start=False)
+NOT_MEASURED = OptimizeOptions(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 
 
 def _data(seed: int = 0, n: int = 64):
@@ -168,7 +172,8 @@ def test_export_rejects_a_taken_version_before_exporting(model, tmp_path):
     base = tmp_path / "base"
     (base / "3").mkdir(parents=True)
     with pytest.raises(Exception, match="already exists"):
-        so_keras.export(model, str(base), options=OptimizeOptions(benchmark_runs=0, version=3))
+        so_keras.export(model, str(base), options=OptimizeOptions(
+            measure=MeasureOptions(benchmark_runs=0), output=OutputOptions(version=3)))
 
 
 @pytest.mark.parametrize("signatures, match", [
@@ -262,7 +267,7 @@ def test_callback_fatal_stops_training(data, tmp_path):
 @pytest.mark.parametrize("kwargs, match", [
     ({"keep": 0}, "keep=0"),
     ({"every_n_epochs": 0}, "every_n_epochs=0"),
-    ({"options": OptimizeOptions(version=1)}, "options.version is fixed"),
+    ({"options": OptimizeOptions(output=OutputOptions(version=1))}, "options.version is fixed"),
 ])
 def test_callback_rejects_bad_arguments(tmp_path, kwargs, match):
     with pytest.raises(UsageError, match=match):

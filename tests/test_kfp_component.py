@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import pytest
 
+from serving_opt.options import MeasureOptions
+
 kfp = pytest.importorskip("kfp")
 # `python -m pytest` puts the repository on sys.path, where docker/ (the images'
 # build files) imports as a namespace package that kfp.local takes for the Docker SDK and
@@ -132,7 +134,8 @@ def test_a_refused_model_fails_its_step_with_the_reason_and_nothing_downstream_r
              if line.strip().startswith("serving-opt: ")]
     # Exactly the line the Python API refuses the same model with.
     with pytest.raises(ServingOptError) as refused:
-        optimize(source, str(kfp_local / "direct"), OptimizeOptions(benchmark_runs=0))
+        optimize(source, str(kfp_local / "direct"), OptimizeOptions(
+            measure=MeasureOptions(benchmark_runs=0)))
     assert "ReadFile" in refused.value.one_line()
     assert lines == [f"serving-opt: {refused.value.one_line()}"], log[-3000:]
     assert "Task 'optimize' finished with status FAILURE" in log

@@ -19,11 +19,12 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from serving_opt.errors import ServingOptError
+from serving_opt.options import MeasureOptions
 from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.savedmodel import loader
 
 SERVE = frozenset({"serve"})
-FAST = OptimizeOptions(benchmark_runs=0, cold_start=False)
+FAST = OptimizeOptions(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 
 
 def _build(path: str, *, variable: bool, op: str | None = None, name: str = "w") -> str:

@@ -19,7 +19,7 @@ import pytest
 from serving_opt import optimize
 from serving_opt.cli import main as cli
 from serving_opt.errors import UsageError
-from serving_opt.options import MeasureOptions, OptimizeOptions
+from serving_opt.options import BuildOptions, GateOptions, MeasureOptions, OptimizeOptions
 from serving_opt.pipeline.report import format_optimize_report
 from serving_opt.stages import benchmark as benchmark_lib
 from serving_opt.stages import coldstart
@@ -179,7 +179,9 @@ def test_the_interval_of_a_median_is_made_of_order_statistics():
 def test_optimize_sizes_the_benchmark_from_the_budget_and_reports_it(sleepy_dir, tmp_path):
     said: list[str] = []
     report = optimize(sleepy_dir, str(tmp_path / "out"),
-                      OptimizeOptions(measure_seconds=90, allow_regression=True),
+                      OptimizeOptions(
+                          measure=MeasureOptions(measure_seconds=90),
+                          gate=GateOptions(allow_regression=True)),
                       progress=said.append)
     bench = report.benchmark
     assert bench is not None and bench.measure_seconds == 90
@@ -201,8 +203,12 @@ def test_optimize_sizes_the_benchmark_from_the_budget_and_reports_it(sleepy_dir,
 def test_benchmark_runs_overrides_the_budget(classifier_dir, tmp_path):
     # A budget nothing fits in, and an explicit count: the count is made, all of it.
     report = optimize(classifier_dir, str(tmp_path / "out"),
-                      OptimizeOptions(benchmark_runs=6, measure_seconds=0.001, cold_start=False,
-                                      freeze="always", allow_regression=True))
+                      OptimizeOptions(
+                          measure=MeasureOptions(benchmark_runs=6,
+                                                 measure_seconds=0.001,
+                                                 cold_start=False),
+                          build=BuildOptions(freeze="always"),
+                          gate=GateOptions(allow_regression=True)))
     bench = report.benchmark
     assert [(lat.batch_size, lat.runs) for lat in bench.after] == [(1, 6), (32, 6)]
     assert bench.skipped == () and bench.budget_seconds is None
@@ -215,7 +221,8 @@ def test_benchmark_runs_overrides_the_budget(classifier_dir, tmp_path):
 def test_a_bad_budget_is_a_usage_error_before_any_work(seconds, tmp_path):
     out = tmp_path / "out"
     with pytest.raises(UsageError, match=r"--measure_seconds=.* must be a positive, finite"):
-        optimize(str(tmp_path / "missing"), str(out), OptimizeOptions(measure_seconds=seconds))
+        optimize(str(tmp_path / "missing"), str(out), OptimizeOptions(
+            measure=MeasureOptions(measure_seconds=seconds)))
     with pytest.raises(UsageError, match="--measure_seconds"):
         MeasureOptions(measure_seconds=seconds).check()
     assert not out.exists()
@@ -236,7 +243,8 @@ def test_a_bad_budget_flag_exits_2_before_any_work(flag, tmp_path, capsys):
 
 def test_benchmark_runs_is_from_the_budget_unless_given():
     assert MeasureOptions().benchmark_runs is None
-    assert OptimizeOptions(benchmark_runs=0).measure.benchmark_runs == 0  # flat, as before
+    assert OptimizeOptions(
+        measure=MeasureOptions(benchmark_runs=0)).measure.benchmark_runs == 0
     MeasureOptions(benchmark_runs=7, measure_seconds=1e-3).check()
     with pytest.raises(UsageError, match="--benchmark_runs must be >= 0"):
         MeasureOptions(benchmark_runs=-1).check()

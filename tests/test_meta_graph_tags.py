@@ -13,8 +13,9 @@ import pytest
 
 from serving_opt import OptimizeOptions, inspection, optimize
 from serving_opt.errors import ServingOptError
+from serving_opt.options import InputOptions, MeasureOptions
 
-NOT_MEASURED = dict(benchmark_runs=0, cold_start=False)
+NOT_MEASURED = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 ROWS = np.arange(6, dtype=np.float32).reshape(3, 2)
 
 
@@ -83,7 +84,7 @@ def test_inspect_selects_it_by_the_empty_set(tagless):
 
 def test_optimize_api_publishes_it_with_the_same_answers(tagless, tmp_path):
     report = optimize(tagless, str(tmp_path / "out"),
-                      OptimizeOptions(saved_model_tags="", **NOT_MEASURED))
+                      OptimizeOptions(inputs=InputOptions(saved_model_tags=""), **NOT_MEASURED))
     np.testing.assert_allclose(_answer(report.output_dir), _answer(tagless), rtol=1e-6)
 
 

@@ -18,13 +18,20 @@ from independent_check import assert_outputs_match, example
 
 from serving_opt import samples
 from serving_opt.errors import ParityError, ServingOptError, UsageError
+from serving_opt.options import (
+    BuildOptions,
+    GateOptions,
+    InputOptions,
+    MeasureOptions,
+    OutputOptions,
+)
 from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.pipeline.run import SizeReport
 from serving_opt.savedmodel import loader
 
 # The cold-start gate times fresh processes: on a busy machine it may see noise, confirm
 # it and retry with variables kept (or refuse). Only the test about measuring turns it on.
-NOT_MEASURED = dict(benchmark_runs=0, cold_start=False)
+NOT_MEASURED = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 FAST = OptimizeOptions(**NOT_MEASURED)
 # Freezing and folding reorder float math: a few ulp of float32, far inside this.
 TOLERANCE = dict(rtol=1e-4, atol=1e-5)
@@ -162,7 +169,9 @@ def test_lossy_transform_is_caught_and_nothing_is_published(classifier_dir, tmp_
     base = tmp_path / "out"
     with pytest.raises(ParityError) as failure:
         optimize(classifier_dir, str(base),
-                 OptimizeOptions(transforms="round_weights(num_steps=2)", benchmark_runs=0))
+                 OptimizeOptions(
+                     build=BuildOptions(transforms="round_weights(num_steps=2)"),
+                     measure=MeasureOptions(benchmark_runs=0)))
     assert "parity failed" in failure.value.problem
     assert "nothing was published" in failure.value.problem
     assert failure.value.report is not None and not failure.value.report.published
@@ -197,7 +206,8 @@ def test_existing_version_is_refused_before_any_work(classifier_dir, tmp_path):
     base = tmp_path / "out"
     os.makedirs(base / "2")
     with pytest.raises(ServingOptError, match="already exists.*--overwrite"):
-        optimize(classifier_dir, str(base), OptimizeOptions(version=2, benchmark_runs=0))
+        optimize(classifier_dir, str(base), OptimizeOptions(
+            output=OutputOptions(version=2), measure=MeasureOptions(benchmark_runs=0)))
     assert os.listdir(base / "2") == []
 
 
@@ -205,7 +215,8 @@ def test_overwrite_replaces_an_existing_version(classifier_dir, tmp_path):
     base = tmp_path / "out"
     os.makedirs(base / "2")
     report = optimize(classifier_dir, str(base),
-                      OptimizeOptions(version=2, overwrite=True, **NOT_MEASURED))
+                      OptimizeOptions(
+                          output=OutputOptions(version=2, overwrite=True), **NOT_MEASURED))
     assert os.path.exists(os.path.join(report.output_dir, "saved_model.pb"))
     assert sorted(os.listdir(base)) == ["2"]
 
@@ -213,7 +224,7 @@ def test_overwrite_replaces_an_existing_version(classifier_dir, tmp_path):
 def test_unknown_transform_is_rejected_with_the_valid_names(classifier_dir, tmp_path):
     with pytest.raises(UsageError) as failure:
         optimize(classifier_dir, str(tmp_path / "out"),
-                 OptimizeOptions(transforms="fold_constants fold_batchnorms"))
+                 OptimizeOptions(build=BuildOptions(transforms="fold_constants fold_batchnorms")))
     message = failure.value.one_line()
     assert "fold_batchnorms" in message and "fold_batch_norms" in message
     assert not os.path.exists(tmp_path / "out")
@@ -222,18 +233,20 @@ def test_unknown_transform_is_rejected_with_the_valid_names(classifier_dir, tmp_
 def test_bad_transform_argument_is_rejected(classifier_dir, tmp_path):
     with pytest.raises(UsageError, match="round_weights has no argument 'steps'"):
         optimize(classifier_dir, str(tmp_path / "out"),
-                 OptimizeOptions(transforms="round_weights(steps=3)"))
+                 OptimizeOptions(build=BuildOptions(transforms="round_weights(steps=3)")))
 
 
 def test_unknown_signature_is_rejected(classifier_dir, tmp_path):
     with pytest.raises(ServingOptError, match="nope not in the model"):
         optimize(classifier_dir, str(tmp_path / "out"),
-                 OptimizeOptions(signatures=("nope",), benchmark_runs=0))
+                 OptimizeOptions(
+                     build=BuildOptions(signatures=("nope",)),
+                     measure=MeasureOptions(benchmark_runs=0)))
 
 
 def test_selected_signatures_only_are_kept(classifier_dir, tmp_path):
     report = optimize(classifier_dir, str(tmp_path / "out"),
-                      OptimizeOptions(signatures=("predict",), **NOT_MEASURED))
+                      OptimizeOptions(build=BuildOptions(signatures=("predict",)), **NOT_MEASURED))
     assert sorted(_signature_map(report.output_dir)) == ["predict"]
 
 
@@ -245,7 +258,7 @@ def test_output_inside_input_is_refused(model_copy, classifier_dir):
 
 def test_freeze_never_keeps_variables_and_still_matches(classifier_dir, tmp_path, feeds):
     report = optimize(classifier_dir, str(tmp_path / "out"),
-                      OptimizeOptions(freeze="never", **NOT_MEASURED))
+                      OptimizeOptions(build=BuildOptions(freeze="never"), **NOT_MEASURED))
     assert not report.frozen
     assert os.path.exists(os.path.join(report.output_dir, "variables", "variables.index"))
     assert_outputs_match(report.output_dir, classifier_dir, feeds["classifier_dir"],
@@ -259,7 +272,7 @@ def test_json_examples_drive_the_parity_check(convnet_dir, tmp_path):
         for _ in range(3):
             f.write(json.dumps({"images": rng.normal(size=(2, 16, 16, 3)).tolist()}) + "\n")
     report = optimize(convnet_dir, str(tmp_path / "out"),
-                      OptimizeOptions(examples=str(path), **NOT_MEASURED))
+                      OptimizeOptions(inputs=InputOptions(examples=str(path)), **NOT_MEASURED))
     assert report.parity.input_sources == {"serving_default": f"json:{path}"}
     assert report.parity.batches_run == 3
 
@@ -272,7 +285,9 @@ def test_tfrecord_examples_drive_the_parity_check(classifier_dir, tmp_path):
         for record in samples.sample_examples(20, seed=1):
             w.write(record)
     report = optimize(classifier_dir, str(tmp_path / "out"),
-                      OptimizeOptions(examples=path, parity_batch_size=8, **NOT_MEASURED))
+                      OptimizeOptions(
+                          inputs=InputOptions(examples=path),
+                          gate=GateOptions(parity_batch_size=8), **NOT_MEASURED))
     assert set(report.parity.input_sources.values()) == {f"examples:{path}"}
     assert report.parity.batches_run == 3 * 3  # 20 examples in batches of 8, 3 signatures
 
@@ -295,7 +310,10 @@ def test_report_has_sizes_stages_and_side_by_side_latency(classifier_dir, tmp_pa
     # frozen candidate is the one published, so the report's shape does not depend on the
     # machine's load; only a "confirm" stage may be added.
     report = optimize(classifier_dir, str(tmp_path / "out"),
-                      OptimizeOptions(benchmark_runs=5, freeze="always", allow_regression=True))
+                      OptimizeOptions(
+                          measure=MeasureOptions(benchmark_runs=5),
+                          build=BuildOptions(freeze="always"),
+                          gate=GateOptions(allow_regression=True)))
     assert stage_names_without_confirm(report) == [
         "read", "freeze", "transforms", "grappler", "rewrites", "externalize", "write",
         "target_check", "parity", "tf2_load", "cold_start", "benchmark"]
@@ -334,5 +352,7 @@ def test_inputs_the_original_rejects_are_a_clear_error(convnet_dir, tmp_path):
     path.write_text(json.dumps({"images": [[1.0, 2.0]]}) + "\n")  # wrong rank
     with pytest.raises(ServingOptError, match="the original model fails on json:.*--examples"):
         optimize(convnet_dir, str(tmp_path / "out"),
-                 OptimizeOptions(examples=str(path), benchmark_runs=0))
+                 OptimizeOptions(
+                     inputs=InputOptions(examples=str(path)),
+                     measure=MeasureOptions(benchmark_runs=0)))
     assert os.listdir(tmp_path / "out") == []

@@ -1,5 +1,6 @@
-"""The options tree: one place per value, checked once, flat names still working, and the
-command-line flags made from it (names, defaults, the model directory convention)."""
+"""The options tree: one place per value, one spelling per option (a flat name is an error
+naming its group), checked once, and the command-line flags made from it (names,
+defaults, the model directory convention)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,20 @@ from serving_opt.cli import option_flags
 from serving_opt.errors import UsageError
 from serving_opt.options import (
     BuildOptions,
+    InputOptions,
     MeasureOptions,
     OptimizeOptions,
+    OutputOptions,
     ServingCheck,
+    TargetOptions,
     Tolerance,
+    TrustOptions,
     ValidateOptions,
 )
+from serving_opt.tune.options import WorkloadOptions
 
-# Every keyword OptimizeOptions and ValidateOptions took before the groups, with a value
-# that is not the default: each must still be accepted and read back.
+# Every keyword OptimizeOptions and ValidateOptions took flat before the groups, with a
+# value that is not the default: each is refused now, naming the group that holds it.
 OLD_OPTIMIZE_KEYWORDS = dict(
     transforms="fold_constants", grappler="constfold", grappler_rounds=3,
     signatures=("predict",), saved_model_tags="serve,gpu", version=7, overwrite=True,
@@ -43,54 +49,91 @@ OLD_VALIDATE_KEYWORDS = dict(
     allow_unsandboxed=True)
 
 
-def test_every_old_keyword_is_routed_to_its_group_and_read_back():
-    options = OptimizeOptions(**OLD_OPTIMIZE_KEYWORDS)
-    assert {name: getattr(options, name) for name in OLD_OPTIMIZE_KEYWORDS} \
-        == OLD_OPTIMIZE_KEYWORDS
-    assert options.tolerance.atol == 1e-3 and options.build.quantize == "int8"
-    assert options.output.version == 7 and options.trust.sandbox_memory_bytes == 1 << 30
-    validate = ValidateOptions(**OLD_VALIDATE_KEYWORDS)
-    assert {name: getattr(validate, name) for name in OLD_VALIDATE_KEYWORDS} \
-        == OLD_VALIDATE_KEYWORDS
-    assert validate.serving.server == "local" and validate.inputs.seed == 3
+def _nested(tree, flat: dict):
+    """``flat`` spelled in ``tree``'s groups (read here from the dataclasses, apart from the
+    tree's own error messages)."""
+    own = {f.name for f in dataclasses.fields(tree)}
+    groups: dict = {}
+    for name, value in flat.items():
+        if name in own:
+            groups[name] = value
+            continue
+        group = next(g for g, kind in tree.GROUPS.items()
+                     if name in {f.name for f in dataclasses.fields(kind)})
+        groups.setdefault(group, {})[name] = value
+    return tree(**{g: tree.GROUPS[g](**v) if g in tree.GROUPS else v
+                   for g, v in groups.items()})
+
+
+@pytest.mark.parametrize("tree, old", [(OptimizeOptions, OLD_OPTIMIZE_KEYWORDS),
+                                       (ValidateOptions, OLD_VALIDATE_KEYWORDS)])
+def test_a_flat_name_is_an_error_naming_its_group(tree, old):
+    own = {f.name for f in dataclasses.fields(tree)}
+    refused = 0
+    for name, value in old.items():
+        if name in own:
+            continue  # the tree's own field (ValidateOptions.version)
+        group, kind = next((g, k) for g, k in tree.GROUPS.items()
+                           if name in {f.name for f in dataclasses.fields(k)})
+        expected = (f"{name} is an option of {tree.__name__}.{group}: "
+                    f"{tree.__name__}({group}={kind.__name__}({name}=...))")
+        with pytest.raises(TypeError) as keyword:
+            tree(**{name: value})
+        with pytest.raises(TypeError) as replaced:
+            dataclasses.replace(tree(), **{name: value})
+        with pytest.raises(AttributeError) as read:
+            getattr(tree(), name)
+        assert str(keyword.value) == str(replaced.value) == str(read.value) == expected
+        refused += 1
+    assert refused == len(set(old) - own) >= 20
+    # Control: the same values in their groups are taken and read back there.
+    nested = _nested(tree, old)
+    for name, value in old.items():
+        holder = nested if name in own else next(
+            getattr(nested, g) for g, k in tree.GROUPS.items()
+            if name in {f.name for f in dataclasses.fields(k)})
+        assert getattr(holder, name) == value, name
 
 
 def test_unknown_keywords_and_wrong_groups_are_type_errors():
-    with pytest.raises(TypeError, match="unexpected keyword argument 'frobnicate'"):
+    with pytest.raises(TypeError, match="OptimizeOptions has no option 'frobnicate'"):
         OptimizeOptions(frobnicate=1)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'server'"):
+    with pytest.raises(TypeError, match=r"server is an option of OptimizeOptions.validate: "
+                                        r"OptimizeOptions\(validate=ServingCheck\(server=\.\.\.\)\)"):
         OptimizeOptions(server="local")  # validate's own: only in its group
     with pytest.raises(TypeError, match="build must be a BuildOptions"):
         OptimizeOptions(build=Tolerance())
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match="has no attribute 'frobnicate'"):
         OptimizeOptions().frobnicate  # noqa: B018
 
 
-def test_replace_takes_flat_and_nested_names():
-    options = OptimizeOptions(build=BuildOptions(quantize="int8"), benchmark_runs=0)
-    flat = dataclasses.replace(options, atol=1e-2, version=3)
-    assert (flat.tolerance.atol, flat.output.version) == (1e-2, 3)
-    assert flat.build.quantize == "int8" and flat.measure.benchmark_runs == 0  # kept
-    nested = dataclasses.replace(options, measure=MeasureOptions(cold_start=False))
+def test_replace_takes_groups():
+    options = OptimizeOptions(
+        build=BuildOptions(quantize="int8"), measure=MeasureOptions(benchmark_runs=0))
+    nested = dataclasses.replace(options, measure=MeasureOptions(cold_start=False),
+                                 output=OutputOptions(version=3))
     assert nested.measure.benchmark_runs is None and nested.build.quantize == "int8"
-    validate = dataclasses.replace(ValidateOptions(server="local"), version=2, concurrency=0)
-    assert (validate.serving.server, validate.serving.concurrency, validate.version) \
-        == ("local", 0, 2)
+    assert nested.output.version == 3
+    validate = dataclasses.replace(ValidateOptions(serving=ServingCheck(server="local")),
+                                   version=2)
+    assert (validate.serving.server, validate.version) == ("local", 2)
 
 
 def test_options_pickle_compare_and_hash():
     # The sandboxed worker receives them pickled.
-    for options in (OptimizeOptions(**OLD_OPTIMIZE_KEYWORDS),
+    for options in (_nested(OptimizeOptions, OLD_OPTIMIZE_KEYWORDS),
                     OptimizeOptions(validate=ServingCheck(server="local")),
-                    ValidateOptions(**OLD_VALIDATE_KEYWORDS)):
+                    _nested(ValidateOptions, OLD_VALIDATE_KEYWORDS)):
         again = pickle.loads(pickle.dumps(options))
         assert again == options and hash(again) == hash(options)
-        assert again.atol == options.atol
+        assert again.tolerance.atol == options.tolerance.atol
 
 
 def test_validate_options_are_built_from_the_optimize_tree():
-    options = OptimizeOptions(atol=1e-3, examples="e.jsonl", serving_version="2.15.1",
-                              allow_file_ops=True, validate=ServingCheck(server="local"))
+    options = OptimizeOptions(
+        validate=ServingCheck(server="local"), tolerance=Tolerance(atol=1e-3),
+        inputs=InputOptions(examples="e.jsonl"), target=TargetOptions(serving_version="2.15.1"),
+        trust=TrustOptions(allow_file_ops=True))
     built = options.validate_options()
     # One place: the very groups of the optimize tree, not copies merged afterwards.
     for group in ("inputs", "tolerance", "target", "trust"):
@@ -100,28 +143,35 @@ def test_validate_options_are_built_from_the_optimize_tree():
 
 
 def test_a_validate_options_given_to_optimize_contributes_its_own_group_only():
-    options = OptimizeOptions(atol=1e-3, validate=ValidateOptions(server="local", atol=1e-3,
-                                                                  concurrency=3))
+    options = OptimizeOptions(
+        validate=ValidateOptions(
+            serving=ServingCheck(server="local", concurrency=3), tolerance=Tolerance(atol=1e-3)),
+        tolerance=Tolerance(atol=1e-3))
     assert options.validate == ServingCheck(server="local", concurrency=3)
-    with pytest.raises(UsageError, match="ValidateOptions.rtol=0.5 disagrees"):
-        OptimizeOptions(validate=ValidateOptions(rtol=0.5))
-    with pytest.raises(UsageError, match="set allow_file_ops once, on OptimizeOptions"):
-        OptimizeOptions(validate=ValidateOptions(allow_file_ops=True))
+    with pytest.raises(UsageError, match="ValidateOptions.tolerance.rtol=0.5 disagrees"):
+        OptimizeOptions(validate=ValidateOptions(tolerance=Tolerance(rtol=0.5)))
+    with pytest.raises(UsageError, match="set trust.allow_file_ops once, on OptimizeOptions"):
+        OptimizeOptions(validate=ValidateOptions(trust=TrustOptions(allow_file_ops=True)))
     with pytest.raises(UsageError, match="version"):
-        OptimizeOptions(version=1, validate=ValidateOptions(version=2))
+        OptimizeOptions(validate=ValidateOptions(version=2), output=OutputOptions(version=1))
 
 
 @pytest.mark.parametrize("options, message", [
-    (OptimizeOptions(freeze="sometimes"), "--freeze=sometimes is not one of auto"),
-    (OptimizeOptions(rtol=2.0), "rtol at most 1"),
-    (OptimizeOptions(version=-1), "--version=-1 is not a version"),
-    (OptimizeOptions(cold_start_rounds=0), "--cold_start_rounds must be >= 1"),
-    (OptimizeOptions(transforms="fold_batchnorm"), "unknown transform 'fold_batchnorm'"),
+    (OptimizeOptions(
+        build=BuildOptions(freeze="sometimes")), "--freeze=sometimes is not one of auto"),
+    (OptimizeOptions(tolerance=Tolerance(rtol=2.0)), "rtol at most 1"),
+    (OptimizeOptions(output=OutputOptions(version=-1)), "--version=-1 is not a version"),
+    (OptimizeOptions(
+        measure=MeasureOptions(cold_start_rounds=0)), "--cold_start_rounds must be >= 1"),
+    (OptimizeOptions(
+        build=BuildOptions(transforms="fold_batchnorm")), "unknown transform 'fold_batchnorm'"),
     (OptimizeOptions(validate=ServingCheck(protocols=("http",))), "--protocols=http"),
     (OptimizeOptions(validate={"server": "local"}), "not a ServingCheck"),
-    (ValidateOptions(rtol=2.0, server="local", concurrency=0), None),  # validate: no bound
-    (ValidateOptions(server="local", require_server="tf_serving"), "contradicts"),
-    (ValidateOptions(load_deadline=0), "load_deadline=0 must be a positive"),
+    (ValidateOptions(tolerance=Tolerance(rtol=2.0),  # validate: no bound
+                     serving=ServingCheck(server="local", concurrency=0)), None),
+    (ValidateOptions(
+        serving=ServingCheck(server="local", require_server="tf_serving")), "contradicts"),
+    (ValidateOptions(serving=ServingCheck(load_deadline=0)), "load_deadline=0 must be a positive"),
 ])
 def test_every_check_is_in_the_tree(options, message):
     if message is None:
@@ -137,16 +187,17 @@ def test_the_defaults_are_the_stages_own():
     from serving_opt.stages import freeze, grappler, quantize, regression
 
     options = OptimizeOptions()
-    assert (options.atol, options.rtol) == (gates.DEFAULT_ATOL, gates.DEFAULT_RTOL)
-    assert options.min_top1_agreement == gates.DEFAULT_MIN_TOP1_AGREEMENT
-    assert options.max_probability_error == gates.DEFAULT_MAX_PROBABILITY_ERROR
-    assert options.grappler_rounds == grappler.DEFAULT_ROUNDS
-    assert options.freeze_max_bytes == freeze.DEFAULT_FREEZE_MAX_BYTES
-    assert options.max_constant_bytes == checkpoint.DEFAULT_MAX_CONSTANT_BYTES
-    assert options.quantize_min_elements == quantize.DEFAULT_MIN_ELEMENTS
+    assert (options.tolerance.atol, options.tolerance.rtol) \
+        == (gates.DEFAULT_ATOL, gates.DEFAULT_RTOL)
+    assert options.gate.min_top1_agreement == gates.DEFAULT_MIN_TOP1_AGREEMENT
+    assert options.gate.max_probability_error == gates.DEFAULT_MAX_PROBABILITY_ERROR
+    assert options.build.grappler_rounds == grappler.DEFAULT_ROUNDS
+    assert options.build.freeze_max_bytes == freeze.DEFAULT_FREEZE_MAX_BYTES
+    assert options.build.max_constant_bytes == checkpoint.DEFAULT_MAX_CONSTANT_BYTES
+    assert options.build.quantize_min_elements == quantize.DEFAULT_MIN_ELEMENTS
     assert options_lib.QUANTIZE_MODES == quantize.MODES
-    assert options.regression_tolerance == regression.DEFAULT_TOLERANCE
-    assert options.saved_model_tags == loader.SERVE_TAG
+    assert options.gate.regression_tolerance == regression.DEFAULT_TOLERANCE
+    assert options.inputs.saved_model_tags == loader.SERVE_TAG
 
 
 # --- the flags ---------------------------------------------------------------------------
@@ -186,7 +237,8 @@ def test_flags_set_the_options_they_name():
     fv = _parsed("validate", "--model_base_path=b", "--reference_saved_model_dir=r",
                  "--version=3", "--server=local", "--rtol=0.01")
     assert validate.options_from_flags(fv) == ValidateOptions(
-        reference_dir="r", version=3, server="local", rtol=0.01)
+        reference_dir="r", version=3, serving=ServingCheck(server="local"),
+        tolerance=Tolerance(rtol=0.01))
 
 
 def test_optimize_and_validate_share_the_validate_flags():
@@ -245,17 +297,20 @@ def test_bazel_action_defaults_are_the_options_defaults():
     from serving_opt.integrations import bazel_build
 
     args = bazel_build._parser().parse_args(["--input_dir=m", "--output_dir=o"])
-    assert bazel_build.options(args) == OptimizeOptions(version=1, benchmark_runs=0)
+    assert bazel_build.options(args) == OptimizeOptions(
+        output=OutputOptions(version=1), measure=MeasureOptions(benchmark_runs=0))
     args = bazel_build._parser().parse_args(["--input_dir=m", "--output_dir=o", "--atol=0.01",
                                              "--signatures=a,b", "--nocold_start"])
     assert bazel_build.options(args) == OptimizeOptions(
-        version=1, benchmark_runs=0, atol=0.01, signatures=("a", "b"), cold_start=False)
+        output=OutputOptions(version=1),
+        measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+        tolerance=Tolerance(atol=0.01), build=BuildOptions(signatures=("a", "b")))
 
 
 # --- tune's tree ---------------------------------------------------------------------
 
 # Every keyword TuneOptions took when it was flat, with a value that is not the default:
-# each must still be accepted and read back (calibration_seconds and prove went with
+# each is read back from its group (calibration_seconds and prove went with
 # tune's scheduler model).
 OLD_TUNE_KEYWORDS = dict(
     slo_p99_ms=100.0, clients=16, rate=50.0, rows_per_request=2, model_name="m", version=3,
@@ -276,23 +331,28 @@ OLD_TUNE_FLAGS = {
     "allow_unsandboxed", "json", "progress"}
 
 
-def test_tune_options_are_a_tree_of_small_frozen_groups_that_take_flat_names():
+def test_tune_options_are_a_tree_of_small_frozen_groups_with_one_spelling():
     from serving_opt.tune.options import TuneOptions
 
-    options = TuneOptions(**OLD_TUNE_KEYWORDS)
-    for name, value in OLD_TUNE_KEYWORDS.items():
-        assert getattr(options, name) == value, name
+    options = _nested(TuneOptions, OLD_TUNE_KEYWORDS)
     assert options.workload.clients == 16 and options.serving.server == "local"
     assert options.search.intra_op == (0, 1) and options.budget.seed == 4
     for group in TuneOptions.GROUPS.values():
         assert dataclasses.is_dataclass(group) and len(dataclasses.fields(group)) <= 9
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(group(), dataclasses.fields(group)[0].name, None)
-    # dataclasses.replace with a flat name, as optimize --tune does with the version.
-    assert dataclasses.replace(options, version=9).model.version == 9
-    assert dataclasses.replace(options, version=9).clients == 16
+    # dataclasses.replace by group, as optimize --tune does with the version.
+    again = dataclasses.replace(options, model=dataclasses.replace(options.model, version=9))
+    assert again.model.version == 9 and again.workload.clients == 16
     assert pickle.loads(pickle.dumps(options)) == options  # it crosses into the sandbox
-    with pytest.raises(TypeError, match="unexpected keyword argument 'clients_'"):
+    with pytest.raises(TypeError, match=r"^clients is an option of TuneOptions.workload: "
+                                        r"TuneOptions\(workload=WorkloadOptions\(clients=\.\.\.\)\)$"):
+        TuneOptions(clients=3)
+    with pytest.raises(TypeError, match="clients is an option of TuneOptions.workload"):
+        dataclasses.replace(options, clients=3)
+    with pytest.raises(AttributeError, match="clients is an option of TuneOptions.workload"):
+        options.clients  # noqa: B018
+    with pytest.raises(TypeError, match="TuneOptions has no option 'clients_'"):
         TuneOptions(clients_=3)
 
 
@@ -310,7 +370,8 @@ def test_tune_flags_are_made_from_the_tree_and_keep_their_names_and_defaults():
     fv(["serving-opt", "--model_base_path=/m", "--output_dir=/o", "--slo_p99_ms=250",
         "--clients=4"])
     # No flag given: every option is the tree's default (no default written twice).
-    assert tune_cli.options_from_flags(fv) == TuneOptions(clients=4, slo_p99_ms=250)
+    assert tune_cli.options_from_flags(fv) == TuneOptions(
+        workload=WorkloadOptions(clients=4, slo_p99_ms=250))
     assert fv["slo_p99_ms"].default is None  # required: the objective is the user's
 
 
@@ -332,7 +393,7 @@ def test_tune_flags_spelled_as_before_give_the_same_options():
         "--allow_unsandboxed"])
     expected = {k: v for k, v in OLD_TUNE_KEYWORDS.items()
                 if k not in ("request_timeout", "seed")}  # never flags
-    assert tune_cli.options_from_flags(fv) == TuneOptions(**expected)
+    assert tune_cli.options_from_flags(fv) == _nested(TuneOptions, expected)
 
 
 @pytest.mark.parametrize("flag, message", [

@@ -34,6 +34,7 @@ from saved_model_io import edit_saved_model, read_saved_model
 from tensorflow.core.framework import types_pb2
 
 from serving_opt import inspection
+from serving_opt.options import MeasureOptions
 from serving_opt.savedmodel import host_ops, loader, untrusted
 from serving_opt.savedmodel.graph import node_name
 
@@ -536,7 +537,8 @@ def test_optimize_publishes_a_model_with_an_absent_unread_asset(tmp_path):
     model = _unread_asset_model(str(tmp_path / "src" / "1"), str(notes))
     os.remove(os.path.join(model, "assets", "notes.txt"))
     out = str(tmp_path / "out")
-    optimize(model, out, OptimizeOptions(benchmark_runs=0, cold_start=False))
+    optimize(model, out, OptimizeOptions(
+        measure=MeasureOptions(benchmark_runs=0, cold_start=False)))
     published = os.path.join(out, sorted(os.listdir(out))[-1]) \
         if not os.path.exists(os.path.join(out, "saved_model.pb")) else out
     mg = loader.find_meta_graph(loader.read_saved_model(published), {"serve"})

@@ -37,15 +37,14 @@ from hostile_models import (
 
 from serving_opt import OptimizeOptions, optimize, sandbox
 from serving_opt.errors import ServingOptError
-from serving_opt.options import MeasureOptions, ServingCheck, TrustOptions
+from serving_opt.options import GateOptions, MeasureOptions, ServingCheck, TrustOptions
 
 SECRET = "host-secret-7f3a9c"
 # The secret is the file's second line: a table filled from it looks SECRET up as id 1,
 # so the request answers w[1] = 2.0 (a missing key answers w[0] = 1.0).
 HOST_FILE = f"padding\n{SECRET}\n"
-QUICK = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False),
-             trust=TrustOptions(allow_file_ops=True),
-             gate=GateOptions(parity_batches=1))
+QUICK = OptimizeOptions(measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+                        trust=TrustOptions(allow_file_ops=True), gate=GateOptions(parity_batches=1))
 WRITE_ROUTES = [r for r, h in HOSTILE.items() if h.effect == "writes"]
 READ_ROUTES = [r for r, h in HOSTILE.items() if h.effect == "reads"]
 
@@ -119,10 +118,10 @@ def test_optimize_a_writing_model_leaves_the_host_untouched(route, tmp_path, hos
     out = tmp_path / "out"
     if HOSTILE[route].op == "SaveV2":
         with pytest.raises(ServingOptError, match=_saves_into_a_missing_directory(built)):
-            optimize(built.model, str(out), OptimizeOptions(**QUICK))
+            optimize(built.model, str(out), QUICK)
         assert not (out / "1").exists()
     else:
-        report = optimize(built.model, str(out), OptimizeOptions(**QUICK))
+        report = optimize(built.model, str(out), QUICK)
         assert report.published and report.sandbox.startswith("bubblewrap")
     assert canary_files(str(built.canary)) == [] and os.listdir(built.host) == []
     assert tree_snapshot(built.model) == before  # the input is never modified
@@ -135,7 +134,7 @@ def test_optimize_a_reading_model_never_sees_the_host_file(route, tmp_path, host
     built = hostile[route]
     out = tmp_path / "out"
     with pytest.raises(ServingOptError) as failure:
-        optimize(built.model, str(out), OptimizeOptions(**QUICK))
+        optimize(built.model, str(out), QUICK)
     # The table's read ran and found no file where the model runs: the sandbox hid it.
     assert str(built.canary) in str(failure.value), str(failure.value)
     assert "No such file" in str(failure.value) or "NOT_FOUND" in str(failure.value), \
@@ -237,7 +236,8 @@ def test_a_network_op_reaches_no_host_socket(tmp_path):
     worker_log = tmp_path / "worker-stderr.log"
     script = textwrap.dedent(f"""
         import tempfile, types
-        from serving_opt import OptimizeOptions, inspection, optimize, sandbox
+        from serving_opt import inspection, optimize, sandbox
+        from serving_opt.options import *  # QUICK's repr names the groups
         from serving_opt.savedmodel import untrusted
         untrusted.refuse_host_ops = lambda *a, **k: None
         inspection.inspect_saved_model = lambda *a, **k: types.SimpleNamespace(risks=[])
@@ -252,7 +252,7 @@ def test_a_network_op_reaches_no_host_socket(tmp_path):
         sandbox.tempfile = WorkerStderrToFile()
         try:
             optimize({model!r}, {str(tmp_path / 'out')!r},
-                     OptimizeOptions(**{QUICK!r}))
+                     {QUICK!r})
         except Exception as e:
             print("refused:", e)
     """)
@@ -481,7 +481,7 @@ def test_validate_never_runs_the_init_op_of_a_version_it_does_not_check(
                              concurrency=0,
                              protocols=("grpc",),
                              load_deadline=120),
-        trust=TrustOptions(allow_file_ops=True), **unsandboxed))
+        trust=TrustOptions(allow_file_ops=True, allow_unsandboxed=True)))
     assert report.ok, report.failures
     assert report.ignored_versions == (2,)
     assert os.listdir(built.host) == []

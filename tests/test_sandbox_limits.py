@@ -4,6 +4,7 @@ made and the host user is root (RLIMIT_NPROC does not apply to uid 0)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -17,8 +18,10 @@ from hostile_models_sandbox_view import _leaking_model, build_init_op_lists
 
 from serving_opt import OptimizeOptions, optimize, sandbox
 from serving_opt.errors import ServingOptError
+from serving_opt.options import GateOptions, MeasureOptions, ServingCheck, TrustOptions
 
-QUICK = dict(benchmark_runs=0, cold_start=False, allow_file_ops=True, parity_batches=1)
+QUICK = OptimizeOptions(measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+                        trust=TrustOptions(allow_file_ops=True), gate=GateOptions(parity_batches=1))
 MIB = 1 << 20
 
 
@@ -39,7 +42,7 @@ def test_a_model_lists_nothing_of_the_hosts_cgroups(tmp_path):
     assert os.listdir("/sys/fs/cgroup")  # CONTROL: the host has a tree to leak
     model = build_init_op_lists(str(tmp_path / "models"), "/sys/fs/cgroup/*")
     out = tmp_path / "out"
-    optimize(model, str(out), OptimizeOptions(**QUICK))
+    optimize(model, str(out), QUICK)
     published = b"".join(tree_snapshot(str(out)).values())
     assert b"nothing read" not in published  # the listing ran, and replaced it
     assert b"/sys/fs/cgroup" not in published
@@ -119,7 +122,8 @@ def test_optimize_of_a_model_writing_past_its_limit_is_stopped(tmp_path, monkeyp
     # The default (four times the input plus 1 GiB) is too much to write in a test.
     monkeypatch.setattr(sandbox, "write_limit", lambda size: 16 * MIB)
     with pytest.raises(ServingOptError, match="wrote more than 16 MiB to the host's disk") as e:
-        optimize(model, str(out), OptimizeOptions(**QUICK, sandbox_timeout_seconds=600))
+        optimize(model, str(out), dataclasses.replace(QUICK, trust=dataclasses.replace(
+            QUICK.trust, sandbox_timeout_seconds=600)))
     assert "\n" not in e.value.problem
     assert not (out / "1").exists()
 
@@ -169,8 +173,9 @@ def test_validate_of_a_model_that_blocks_for_ever_is_stopped(tmp_path):
 
     base = os.path.dirname(build_init_op_blocks(str(tmp_path / "models")))
     with pytest.raises(ServingOptError, match="--sandbox_timeout_seconds=20") as e:
-        validate(base, ValidateOptions(server="local", load_deadline=15,
-                                       sandbox_timeout_seconds=20))
+        validate(base, ValidateOptions(
+            serving=ServingCheck(server="local", load_deadline=15),
+            trust=TrustOptions(sandbox_timeout_seconds=20)))
     assert "\n" not in e.value.problem
 
 
@@ -178,7 +183,8 @@ def test_validate_has_a_time_limit_by_default(tmp_path):
     from serving_opt.options import ValidateOptions
     from serving_opt.serving import validate as validate_lib
 
-    policy = validate_lib._sandbox_policy(str(tmp_path), ValidateOptions(load_deadline=60))
+    policy = validate_lib._sandbox_policy(str(tmp_path), ValidateOptions(
+        serving=ServingCheck(load_deadline=60)))
     assert policy.timeout_seconds == 3660.0
 
 

@@ -10,6 +10,7 @@ The static check would refuse these models' ReadFile/WriteFile ops: the runs pas
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -30,8 +31,10 @@ from hostile_models_sandbox_view import (
 
 from serving_opt import OptimizeOptions, optimize, sandbox
 from serving_opt.errors import ServingOptError
+from serving_opt.options import GateOptions, MeasureOptions, TrustOptions
 
-QUICK = dict(benchmark_runs=0, cold_start=False, allow_file_ops=True, parity_batches=1)
+QUICK = OptimizeOptions(measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+                        trust=TrustOptions(allow_file_ops=True), gate=GateOptions(parity_batches=1))
 SECRET = "host-secret-30c4e1"
 
 
@@ -67,7 +70,7 @@ def test_a_model_reads_nothing_of_the_host_in_proc(tmp_path, monkeypatch, proc_r
     out = tmp_path / "out"
     # The init op's read ran and found no such file in the sandbox's /proc.
     with pytest.raises(ServingOptError, match=rf"{path}.*No such file or directory"):
-        optimize(proc_readers[path], str(out), OptimizeOptions(**QUICK))
+        optimize(proc_readers[path], str(out), QUICK)
     assert _published(out) == b""
 
 
@@ -224,7 +227,8 @@ def test_compare_examples_bind_only_the_matched_files(tmp_path, monkeypatch):
         listed = run_in_plain_tensorflow(model)["seen"][0]
         assert f"{SECRET}.txt".encode() in listed and b"agent.sock" in listed
         monkeypatch.chdir(data)
-        optimize(model, str(out), OptimizeOptions(**QUICK, compare_examples="eval-*.jsonl"))
+        optimize(model, str(out), dataclasses.replace(QUICK, gate=dataclasses.replace(
+            QUICK.gate, compare_examples="eval-*.jsonl")))
         published = _published(out)
         assert b"eval-0.jsonl" in published  # the model saw the examples
         assert SECRET.encode() not in published and b"agent.sock" not in published
@@ -278,7 +282,7 @@ def test_a_models_stderr_is_kept_to_its_tail(tmp_path, monkeypatch):
     from hostile_models_sandbox_view import _leaking_model
 
     model = _leaking_model(str(tmp_path / "models" / "shout" / "1"), shout)
-    optimize(model, str(tmp_path / "out"), OptimizeOptions(**QUICK))
+    optimize(model, str(tmp_path / "out"), QUICK)
     assert files and all(os.path.getsize(f) <= sandbox.STDERR_MAX_BYTES for f in files)
     # The 16 MiB print reached a worker's stderr, and only its tail was kept.
     assert any(b"e" * (64 << 10) in open(f, "rb").read() for f in files)  # noqa: SIM115
@@ -332,7 +336,8 @@ def test_a_model_that_blocks_for_ever_is_stopped(tmp_path, blocking_model):
     started = time.monotonic()
     with pytest.raises(ServingOptError, match="--sandbox_timeout_seconds=20"):
         optimize(model, str(tmp_path / "out"),
-                 OptimizeOptions(**QUICK, sandbox_timeout_seconds=20))
+                 dataclasses.replace(QUICK, trust=dataclasses.replace(
+                     QUICK.trust, sandbox_timeout_seconds=20)))
     assert time.monotonic() - started < 120
     assert not (tmp_path / "out" / "1").exists()
 
@@ -386,7 +391,7 @@ def test_files_the_model_wrote_into_its_candidate_are_not_published(tmp_path):
     assert (candidate / "planted.txt").read_text() == SECRET
     assert (candidate / "assets.extra" / "tf_serving_warmup_requests").exists()
     shutil.rmtree(out)
-    report = optimize(model, str(out), OptimizeOptions(**QUICK))
+    report = optimize(model, str(out), QUICK)
     published = tree_snapshot(str(out / "1"))
     assert sorted(published) == ["saved_model.pb"], sorted(published)  # frozen: no variables
     assert any("planted.txt" in warning for warning in report.warnings), report.warnings
@@ -404,7 +409,7 @@ def test_a_hard_linked_asset_is_refused(tmp_path, classifier_dir):
     assert (model / "assets" / "linked.txt").read_text() == SECRET
     out = tmp_path / "out"
     with pytest.raises(ServingOptError, match="hard link"):
-        optimize(str(model), str(out), OptimizeOptions(**QUICK))
+        optimize(str(model), str(out), QUICK)
     assert SECRET.encode() not in _published(out)
 
 

@@ -25,12 +25,13 @@ from saved_model_io import edit_saved_model, save_tf1, serving_default
 
 from serving_opt import inspection
 from serving_opt.errors import ServingOptError
+from serving_opt.options import MeasureOptions, ServingCheck, TrustOptions
 from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.savedmodel import host_ops, loader, untrusted
 from serving_opt.savedmodel.graph import node_name
 
 v1 = tf.compat.v1
-QUICK = dict(benchmark_runs=0, cold_start=False)
+QUICK = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 HOST_CODES = ("code_execution_op", "file_write_op", "file_read_op", "host_op")
 
 
@@ -151,7 +152,8 @@ def test_optimize_refuses_before_running_anything(hostile, route, tmp_path, noth
     before = tree_snapshot(model_dir)
     out = str(tmp_path / "out")
     with pytest.raises(ServingOptError) as info:
-        optimize(model_dir, out, OptimizeOptions(allow_unsandboxed=True, **QUICK))
+        optimize(model_dir, out, OptimizeOptions(
+            trust=TrustOptions(allow_unsandboxed=True), **QUICK))
     message = info.value.one_line()
     assert "\n" not in message
     subject = _risk(model_dir, route).subject
@@ -168,7 +170,8 @@ def test_validate_refuses_the_restore_hook(hostile, nothing_may_run):
     model_dir, canary = hostile["restore_hook"]
     with pytest.raises(ServingOptError, match="control input of save/restore_all"):
         validate(os.path.dirname(model_dir), ValidateOptions(
-            server="local", concurrency=0, allow_unsandboxed=True))
+            serving=ServingCheck(server="local", concurrency=0),
+            trust=TrustOptions(allow_unsandboxed=True)))
     assert canary_files(canary) == []
 
 

@@ -10,9 +10,10 @@ import numpy as np
 from independent_check import assert_outputs_match
 
 from serving_opt import OptimizeOptions, optimize
+from serving_opt.options import BuildOptions, MeasureOptions
 from serving_opt.stages.grappler import with_default_attrs
 
-NOT_MEASURED = dict(benchmark_runs=0, cold_start=False)
+NOT_MEASURED = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 
 
 def stripped_export(path: str) -> str:
@@ -63,7 +64,7 @@ def test_default_attrs_are_filled_for_grappler(tmp_path):
 def test_optimize_keeps_its_variables_and_publishes(tmp_path):
     src = stripped_export(str(tmp_path / "m" / "1"))
     report = optimize(src, str(tmp_path / "out"),
-                      OptimizeOptions(freeze="never", **NOT_MEASURED))
+                      OptimizeOptions(build=BuildOptions(freeze="never"), **NOT_MEASURED))
     assert not report.frozen
     # Words of unknown rank, as the stripped placeholder takes them: a 2-D batch.
     words = np.array([["a", "hello"], ["", "naïve"]], dtype=object)

@@ -12,9 +12,10 @@ import numpy as np
 from independent_check import assert_outputs_match, example
 
 from serving_opt import OptimizeOptions, optimize
+from serving_opt.options import MeasureOptions
 from serving_opt.savedmodel import inputs
 
-NOT_MEASURED = dict(benchmark_runs=0, cold_start=False)
+NOT_MEASURED = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 KEY = "tensorflow/serving/regress"
 
 

@@ -19,6 +19,7 @@ from conftest import COLORS, FRUITS, HOURS, KERAS_APPLICATIONS, TEXT_VOCABULARY,
 from independent_check import assert_outputs_match
 
 from serving_opt.errors import ParityError, ServingOptError
+from serving_opt.options import BuildOptions, GateOptions, MeasureOptions
 from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.savedmodel import inputs as inputs_lib
 from serving_opt.savedmodel import loader
@@ -29,7 +30,7 @@ from serving_opt.stages.transforms import apply_transforms, parse_transforms
 
 # Not about measuring: without the cold-start gate, a busy machine cannot turn a frozen
 # candidate into a variables-kept one (the gate's own tests are in test_big_models.py).
-FAST = OptimizeOptions(benchmark_runs=0, cold_start=False)
+FAST = OptimizeOptions(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 SERVE = frozenset({"serve"})
 MODELS = ["tf_module", "text_lstm", "mobilenet_v2", "resnet50"]
 CALL_OPS = {"PartitionedCall", "StatefulPartitionedCall"}
@@ -62,8 +63,10 @@ def optimized_resnet50(resnet50_dir, tmp_path_factory):
 def optimized_text_lstm(text_lstm_dir, tmp_path_factory):
     # The one run with the benchmark: the smallest model whose source loads quickly.
     return text_lstm_dir, _optimize(text_lstm_dir, tmp_path_factory, "text_lstm",
-                                    OptimizeOptions(benchmark_runs=3, freeze="always",
-                                                    allow_regression=True))
+                                    OptimizeOptions(
+                                        measure=MeasureOptions(benchmark_runs=3),
+                                        build=BuildOptions(freeze="always"),
+                                        gate=GateOptions(allow_regression=True)))
 
 
 @pytest.fixture(scope="module")
@@ -341,7 +344,7 @@ def test_auto_keeps_variables_when_the_frozen_path_fails(tf_module_dir, tmp_path
                                                         unsandboxed):
     monkeypatch.setattr(grappler_lib, "inline_functions", _failing_inline)
     report = optimize(tf_module_dir, str(tmp_path / "out"),
-                      dataclasses.replace(FAST, **unsandboxed))
+                      dataclasses.replace(FAST, trust=unsandboxed))
     assert report.published and not report.frozen
     assert "inliner exploded" in report.freeze_note
     assert any("variables kept" in w and "inliner exploded" in w for w in report.warnings)
@@ -357,8 +360,9 @@ def test_always_turns_a_freezing_failure_into_one_clear_error(tf_module_dir, tmp
     monkeypatch.setattr(grappler_lib, "inline_functions", _failing_inline)
     base = tmp_path / "out"
     with pytest.raises(ServingOptError) as failure:
-        optimize(tf_module_dir, str(base), OptimizeOptions(freeze="always", benchmark_runs=0,
-                                                           **unsandboxed))
+        optimize(tf_module_dir, str(base), OptimizeOptions(
+            build=BuildOptions(freeze="always"), measure=MeasureOptions(benchmark_runs=0),
+            trust=unsandboxed))
     line = failure.value.one_line()
     assert "could not freeze" in line and "inliner exploded" in line and "\n" not in line
     assert not os.path.exists(base) or os.listdir(base) == []
@@ -385,20 +389,24 @@ def test_a_parity_failure_of_the_frozen_graph_falls_back(tf_module_dir, tmp_path
     monkeypatch.setattr(freeze_lib, "freeze_session_model",
                         _freeze_with_a_wrong_weight(freeze_lib.freeze_session_model))
     report = optimize(tf_module_dir, str(tmp_path / "auto"),
-                      dataclasses.replace(FAST, **unsandboxed))
+                      dataclasses.replace(FAST, trust=unsandboxed))
     assert report.published and not report.frozen
     assert "parity failed" in report.freeze_note
     assert_outputs_match(report.output_dir, tf_module_dir, _feeds("tf_module"), rtol=1e-4,
                          atol=1e-5)
     with pytest.raises(ParityError):
         optimize(tf_module_dir, str(tmp_path / "always"),
-                 OptimizeOptions(freeze="always", benchmark_runs=0, **unsandboxed))
+                 OptimizeOptions(
+                     build=BuildOptions(freeze="always"),
+                     measure=MeasureOptions(benchmark_runs=0), trust=unsandboxed))
     assert os.listdir(tmp_path / "always") == []
 
 
 def test_freeze_never_keeps_the_functions_and_variables(text_lstm_dir, tmp_path):
     report = optimize(text_lstm_dir, str(tmp_path / "out"),
-                      OptimizeOptions(freeze="never", benchmark_runs=0, cold_start=False))
+                      OptimizeOptions(
+                          build=BuildOptions(freeze="never"),
+                          measure=MeasureOptions(benchmark_runs=0, cold_start=False)))
     assert report.published and not report.frozen
     assert [s.name for s in report.stages][:3] == ["read", "freeze", "transforms"]
     out = _meta_graph(report.output_dir)
@@ -415,7 +423,9 @@ def test_a_lossy_transform_still_fails_the_gate_on_tf2(tf_module_dir, tmp_path):
     # Keeping variables would make round_weights a no-op and pass; it must not be tried.
     with pytest.raises(ParityError) as failure:
         optimize(tf_module_dir, str(tmp_path / "out"),
-                 OptimizeOptions(transforms="round_weights(num_steps=2)", benchmark_runs=0))
+                 OptimizeOptions(
+                     build=BuildOptions(transforms="round_weights(num_steps=2)"),
+                     measure=MeasureOptions(benchmark_runs=0)))
     assert failure.value.report.frozen
     assert os.listdir(tmp_path / "out") == []
 

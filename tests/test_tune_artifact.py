@@ -20,6 +20,7 @@ from tune_reports import synthetic_report
 
 from serving_opt.model_server.batching import parse_batching_parameters
 from serving_opt.tune import decide, hardware, outputs, tuner
+from serving_opt.tune.options import SearchOptions, WorkloadOptions
 from serving_opt.tune.report import UPSTREAM_LABEL, format_report, headline
 from serving_opt.tune.settings import BatchingSettings, ServingSettings, ThreadSettings, cores
 
@@ -266,7 +267,9 @@ def test_tensorflows_default_threads_are_always_profiled():
     # their curve is still measured and shown.
     from serving_opt.tune.options import TuneOptions
 
-    threads = tuner.plan(TuneOptions(clients=4, intra_op=(1,)), 2).thread_settings
+    threads = tuner.plan(TuneOptions(workload=WorkloadOptions(clients=4),
+                                     search=SearchOptions(intra_op=(1,))), 2).thread_settings
     assert threads == (ThreadSettings(0, 0), ThreadSettings(1, 0))
-    assert tuner.plan(TuneOptions(clients=4, intra_op=(0, 1)), 2).thread_settings == (
+    assert tuner.plan(TuneOptions(workload=WorkloadOptions(clients=4),
+                                  search=SearchOptions(intra_op=(0, 1))), 2).thread_settings == (
         ThreadSettings(0, 0), ThreadSettings(1, 0))

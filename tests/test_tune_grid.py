@@ -9,7 +9,7 @@ import pytest
 
 from serving_opt.model_server.batching import parse_batching_parameters
 from serving_opt.tune import grid, tuner
-from serving_opt.tune.options import TuneOptions
+from serving_opt.tune.options import SearchOptions, TuneOptions, WorkloadOptions
 from serving_opt.tune.profile import LatencyCurve, ModelProfile
 from serving_opt.tune.settings import ThreadSettings
 
@@ -94,14 +94,17 @@ def test_the_grid_is_small_and_every_setting_is_one_tf_serving_accepts():
 
 
 @pytest.mark.parametrize("options, sizes", [
-    (TuneOptions(clients=16), (1, 2, 4, 8, 16, 32)),
-    (TuneOptions(clients=6, rows_per_request=3), (3, 6, 9, 12, 18, 24, 36)),
-    (TuneOptions(clients=4, max_batch_size_bound=4), (1, 2, 4)),
+    (TuneOptions(workload=WorkloadOptions(clients=16)), (1, 2, 4, 8, 16, 32)),
+    (TuneOptions(workload=WorkloadOptions(clients=6, rows_per_request=3)),
+     (3, 6, 9, 12, 18, 24, 36)),
+    (TuneOptions(workload=WorkloadOptions(clients=4),
+                 search=SearchOptions(max_batch_size_bound=4)), (1, 2, 4)),
 ])
 def test_the_profile_measures_one_requests_batch_and_the_clients_rows(options, sizes):
     plan = tuner.plan(options, 2)
     assert plan.batch_sizes == sizes
-    r = options.rows_per_request
+    r = options.workload.rows_per_request
     # The grid needs L (one request's batch) and the closed loop's fill.
     assert r in plan.batch_sizes
-    assert options.clients * r in plan.batch_sizes or options.clients * r > max(sizes)
+    clients = options.workload.clients
+    assert clients * r in plan.batch_sizes or clients * r > max(sizes)

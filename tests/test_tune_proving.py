@@ -13,7 +13,7 @@ import contextlib
 from tune_reports import measured
 
 from serving_opt.tune import decide, grid, tuner
-from serving_opt.tune.options import TuneOptions
+from serving_opt.tune.options import BudgetOptions, TuneOptions, WorkloadOptions
 from serving_opt.tune.settings import (
     BatchingSettings,
     ServingSettings,
@@ -78,13 +78,15 @@ class FakeRun:
         return measured(*figures, workload=workload, protocol=protocol)
 
 
-def _options(**extra):
-    return TuneOptions(slo_p99_ms=100, **{"clients": 8, "rounds": 3, **extra})
+def _options(workload: dict | None = None, budget: dict | None = None):
+    return TuneOptions(
+        workload=WorkloadOptions(**{"slo_p99_ms": 100, "clients": 8, **(workload or {})}),
+        budget=BudgetOptions(**{"rounds": 3, **(budget or {})}))
 
 
 def test_every_setting_gets_a_server_of_its_own_and_the_references_every_protocol():
     objective = grid.Objective(100, clients=8, rate=50)
-    run = FakeRun(_options(rate=50), {})
+    run = FakeRun(_options(workload=dict(rate=50)), {})
     current = BatchingSettings(4, 500, 3, 1)
     points, answered = tuner.prove_all(run, [FAST, SLOW], objective, current)
     assert answered == ("fake server", "x")
@@ -102,7 +104,7 @@ def test_every_setting_gets_a_server_of_its_own_and_the_references_every_protoco
     assert by_label["grid #1"] == by_label["grid #2"] == {("closed", "grpc"), ("open", "grpc")}
     assert points[-1].label == tuner.AGAIN_LABEL
     assert tuner.AGAIN_LABEL not in {p.label for p in tuner.prove_all(
-        FakeRun(_options(recheck=False), {}), [FAST], objective)[0]}
+        FakeRun(_options(budget=dict(recheck=False)), {}), [FAST], objective)[0]}
 
 
 def test_the_measured_best_within_the_slo_on_every_workload_is_recommended():
@@ -126,7 +128,7 @@ def test_the_measured_best_within_the_slo_on_every_workload_is_recommended():
 def test_an_open_loop_alone_recommends_the_lowest_p99_that_keeps_up():
     objective = grid.Objective(100, rate=50)
     figures = {FAST: (50.0, 30.0), SLOW: (50.0, 20.0), THREADED: (50.0, 10.0)}
-    run = FakeRun(_options(clients=0, rate=50), figures)
+    run = FakeRun(_options(workload=dict(clients=0, rate=50)), figures)
     points, _ = tuner.prove_all(run, [FAST, SLOW, THREADED], objective)
     assert {p.workload for p in points} == {"open"}
     assert tuner.recommend(points, objective, "grpc", "m").settings == THREADED
@@ -140,7 +142,7 @@ def test_an_open_loop_alone_recommends_the_lowest_p99_that_keeps_up():
 
 def _decided(figures, candidates, rounds=3):
     objective = grid.Objective(100, clients=8)
-    run = FakeRun(_options(rounds=rounds), figures)
+    run = FakeRun(_options(budget=dict(rounds=rounds)), figures)
     points, _ = tuner.prove_all(run, candidates, objective)
     best = tuner.recommend(points, objective, "grpc", "m")
     run.servers.clear()

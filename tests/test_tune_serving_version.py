@@ -22,7 +22,7 @@ from serving_opt.errors import UsageError
 from serving_opt.serving import backends
 from serving_opt.serving import runtime as runtime_lib
 from serving_opt.tune import tuner
-from serving_opt.tune.options import ServerOptions, TuneOptions
+from serving_opt.tune.options import ServerOptions, TuneOptions, WorkloadOptions
 from serving_opt.tune.profile import ProfilePlan, profile
 from serving_opt.tune.report import format_report
 from serving_opt.tune.settings import ThreadSettings, tf_serving_default
@@ -56,7 +56,9 @@ def wrapped(tmp_path) -> tuple[runtime_lib.Runtime, str]:
 
 
 def test_this_venvs_release_resolves_to_this_interpreter_without_installing(empty_cache):
-    options = TuneOptions(clients=4, serving_version=runtime_lib.major_minor(THIS_TF))
+    options = TuneOptions(
+        workload=WorkloadOptions(clients=4),
+        serving=ServerOptions(serving_version=runtime_lib.major_minor(THIS_TF)))
     runtime, note = tuner.local_runtime(options)
     assert runtime is not None and runtime.python == sys.executable
     assert runtime.source == "current interpreter" and runtime.tf_version == THIS_TF
@@ -65,7 +67,9 @@ def test_this_venvs_release_resolves_to_this_interpreter_without_installing(empt
 
 
 def test_without_serving_version_a_missing_target_runtime_is_a_note(empty_cache):
-    options = TuneOptions(clients=4, image="tensorflow/serving:2.3.0")
+    options = TuneOptions(
+        workload=WorkloadOptions(clients=4),
+        serving=ServerOptions(image="tensorflow/serving:2.3.0"))
     runtime, note = tuner.local_runtime(options)
     assert runtime is None
     assert f"the stand-in ran TensorFlow {THIS_TF}, not the target TF Serving's 2.3" in note
@@ -80,7 +84,8 @@ def test_without_serving_version_a_missing_target_runtime_is_a_note(empty_cache)
     ({}, backends.DEFAULT_IMAGE),
 ])
 def test_docker_image_follows_serving_version_unless_image_is_given(given, image):
-    options = TuneOptions(clients=4, server="docker", **given)
+    options = TuneOptions(workload=WorkloadOptions(clients=4),
+                          serving=ServerOptions(server="docker", **given))
     options.check()
     assert options.serving.docker_image() == image
 
@@ -93,7 +98,8 @@ def test_docker_image_follows_serving_version_unless_image_is_given(given, image
 def test_python_api_usage_errors_before_any_work(tmp_path, given, message):
     with pytest.raises(UsageError) as raised:
         # The model base does not exist: the usage error comes first.
-        tuner.tune(str(tmp_path / "none"), TuneOptions(clients=4, **given))
+        tuner.tune(str(tmp_path / "none"), TuneOptions(
+            workload=WorkloadOptions(clients=4), serving=ServerOptions(**given)))
     assert message in raised.value.one_line()
     assert raised.value.fix
 
@@ -113,7 +119,8 @@ def test_the_profile_runs_under_the_runtimes_interpreter(convnet_dir, wrapped):
 def test_a_runs_servers_start_under_the_runtimes_interpreter(convnet_base, wrapped):
     runtime, log = wrapped
     spec = backends.ServerSpec(model_name="convnet", model_base=convnet_base, version=1)
-    run = tuner._Run(convnet_base, 1, TuneOptions(clients=4), "local", lambda m: None,
+    run = tuner._Run(convnet_base, 1, TuneOptions(
+        workload=WorkloadOptions(clients=4)), "local", lambda m: None,
                      "convnet", spec, ("grpc",), (), None, runtime)
     server = run.launch(tf_serving_default(ThreadSettings()))
     try:

@@ -17,11 +17,18 @@ from conftest import tree_snapshot
 
 from serving_opt import inspection
 from serving_opt.errors import ServingOptError
+from serving_opt.options import (
+    BuildOptions,
+    InputOptions,
+    MeasureOptions,
+    ServingCheck,
+    TrustOptions,
+)
 from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.savedmodel import host_ops, loader
 from serving_opt.stages import parity
 
-QUICK = dict(benchmark_runs=0, cold_start=False)
+QUICK = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 BAD_ROW = [[1000.0, 0.0, 0.0]]  # the assertion models reject values above 100
 
 
@@ -184,7 +191,7 @@ def test_validate_refuses_a_model_that_writes_files(tmp_path):
     src = build_tf1_write(os.path.join(base, "1"), target)
     before = tree_snapshot(src)
     with pytest.raises(ServingOptError) as info:
-        validate(base, ValidateOptions(server="local", concurrency=0))
+        validate(base, ValidateOptions(serving=ServingCheck(server="local", concurrency=0)))
     assert "WriteFile" in info.value.problem and "serving_default" in info.value.problem
     assert not os.path.exists(target)
     assert tree_snapshot(src) == before
@@ -207,9 +214,10 @@ def test_allow_file_ops_runs_the_model_and_only_then(tmp_path, unsandboxed):
     src = build_tf1_write(str(tmp_path / "src" / "1"), target)
     base = str(tmp_path / "out")
     with pytest.raises(ServingOptError):
-        optimize(src, base, OptimizeOptions(**QUICK, **unsandboxed))
+        optimize(src, base, OptimizeOptions(**QUICK, trust=unsandboxed))
     assert not os.path.exists(target)
-    report = optimize(src, base, OptimizeOptions(allow_file_ops=True, **QUICK, **unsandboxed))
+    report = optimize(src, base, OptimizeOptions(
+        trust=TrustOptions(allow_file_ops=True, allow_unsandboxed=True), **QUICK))
     assert _versions(base) == ["1"]
     assert os.path.exists(target)  # parity ran the model, as the user allowed
     assert any("file_write_op" in w for w in report.warnings)
@@ -225,13 +233,15 @@ def test_read_file_of_a_host_path_is_never_folded(tmp_path, unsandboxed):
     src = build_tf1_read(str(tmp_path / "src" / "1"), str(secret))
     base = str(tmp_path / "out")
     with pytest.raises(ServingOptError, match="ReadFile"):
-        optimize(src, base, OptimizeOptions(**QUICK, **unsandboxed))
+        optimize(src, base, OptimizeOptions(**QUICK, trust=unsandboxed))
     # Every fold the tool has, on purpose: the read must stay a read.
-    options = OptimizeOptions(allow_file_ops=True, freeze="always",
-                              transforms="fold_constants(ignore_errors=true) "
+    options = OptimizeOptions(
+        trust=TrustOptions(allow_file_ops=True, allow_unsandboxed=True),
+        build=BuildOptions(freeze="always",
+                           transforms="fold_constants(ignore_errors=true) "
                                          "strip_unused_nodes remove_nodes(op=Identity)",
-                              grappler="constfold,arithmetic,dependency,pruning", **QUICK,
-                              **unsandboxed)
+                           grappler="constfold,arithmetic,dependency,pruning"),
+        **QUICK)
     report = optimize(src, base, options)
     with open(os.path.join(report.output_dir, "saved_model.pb"), "rb") as f:
         assert b"HOST-SECRET" not in f.read()
@@ -300,7 +310,7 @@ def test_parity_compares_errors_on_user_inputs(tmp_path):
 def test_optimize_with_examples_the_original_rejects(tmp_path):
     src = build_tf1_assert(str(tmp_path / "src" / "1"))
     report = optimize(src, str(tmp_path / "out"),
-                      OptimizeOptions(examples=_examples(tmp_path), **QUICK))
+                      OptimizeOptions(inputs=InputOptions(examples=_examples(tmp_path)), **QUICK))
     assert report.parity.ok
     with pytest.raises(tf.errors.InvalidArgumentError):
         _run(report.output_dir, BAD_ROW)

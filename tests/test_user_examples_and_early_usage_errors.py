@@ -14,6 +14,15 @@ import pytest
 
 from serving_opt import OptimizeOptions, optimize
 from serving_opt.errors import ServingOptError, UsageError
+from serving_opt.options import (
+    BuildOptions,
+    GateOptions,
+    InputOptions,
+    MeasureOptions,
+    ServingCheck,
+    TargetOptions,
+    Tolerance,
+)
 from serving_opt.serving.validate import ValidateOptions, validate
 
 CLI = [sys.executable, "-m", "serving_opt.cli"]
@@ -60,8 +69,11 @@ def test_cold_start_and_benchmark_use_the_users_examples(checked_model, tmp_path
     # (noisy) timings say, instead of a retry with variables kept that measures it all
     # again; the measurements, not the gate, are this test's subject.
     report = optimize(checked_model, str(tmp_path / "out"),
-                      OptimizeOptions(examples=examples, benchmark_runs=3, freeze="always",
-                                      allow_regression=True))
+                      OptimizeOptions(
+                          inputs=InputOptions(examples=examples),
+                          measure=MeasureOptions(benchmark_runs=3),
+                          build=BuildOptions(freeze="always"),
+                          gate=GateOptions(allow_regression=True)))
     assert report.published
     assert report.cold_start is not None and report.benchmark is not None
     # Both batch sizes were measured, from the examples grown to the batch named.
@@ -73,7 +85,8 @@ def test_a_refused_synthesized_input_keeps_the_ops_own_message(checked_model, tm
     # them, and the user must read the Assert's text, not TF's empty header.
     with pytest.raises(ServingOptError) as failure:
         optimize(checked_model, str(tmp_path / "out"),
-                 OptimizeOptions(benchmark_runs=0, parity_batches=1))
+                 OptimizeOptions(
+                     measure=MeasureOptions(benchmark_runs=0), gate=GateOptions(parity_batches=1)))
     assert "x must be >= 0" in str(failure.value)
     assert not os.path.exists(tmp_path / "out" / "1")
 
@@ -127,34 +140,40 @@ def test_cli_usage_errors_exit_2_before_reading_the_model(flags, tmp_path):
 def test_api_checks_validate_options_in_plan(tmp_path):
     with pytest.raises(UsageError, match="protocols"):
         optimize(str(tmp_path / "missing"), str(tmp_path / "out"),
-                 OptimizeOptions(validate=ValidateOptions(protocols=("http",))))
+                 OptimizeOptions(validate=ValidateOptions(
+                     serving=ServingCheck(protocols=("http",)))))
     with pytest.raises(UsageError, match="concurrency"):
         optimize(str(tmp_path / "missing"), str(tmp_path / "out"),
-                 OptimizeOptions(validate=ValidateOptions(concurrency=-5)))
+                 OptimizeOptions(validate=ValidateOptions(serving=ServingCheck(concurrency=-5))))
 
 
 def test_shared_settings_cannot_disagree(tmp_path):
     with pytest.raises(UsageError, match="atol"):
         optimize(str(tmp_path / "missing"), str(tmp_path / "out"),
-                 OptimizeOptions(atol=1e-3, validate=ValidateOptions(atol=0.5)))
+                 OptimizeOptions(
+                     validate=ValidateOptions(
+                         tolerance=Tolerance(atol=0.5)), tolerance=Tolerance(atol=1e-3)))
     with pytest.raises(UsageError, match="serving_version"):
         optimize(str(tmp_path / "missing"), str(tmp_path / "out"),
-                 OptimizeOptions(serving_version="2.15.1",
-                                 validate=ValidateOptions(serving_version="2.20.0")))
+                 OptimizeOptions(
+                     validate=ValidateOptions(target=TargetOptions(serving_version="2.20.0")),
+                     target=TargetOptions(serving_version="2.15.1")))
 
 
 def test_shared_settings_flow_from_optimize_to_validate():
     from serving_opt.pipeline.optimizer import validate_options
 
-    merged = validate_options(OptimizeOptions(atol=1e-3, rtol=1e-2, examples="e.jsonl",
-                                              validate=ValidateOptions()))
-    assert (merged.atol, merged.rtol, merged.examples) == (1e-3, 1e-2, "e.jsonl")
+    merged = validate_options(OptimizeOptions(
+        validate=ValidateOptions(), tolerance=Tolerance(atol=1e-3, rtol=1e-2),
+        inputs=InputOptions(examples="e.jsonl")))
+    assert (merged.tolerance.atol, merged.tolerance.rtol, merged.inputs.examples) \
+        == (1e-3, 1e-2, "e.jsonl")
 
 
 def test_parity_option_hint_names_real_settings(tmp_path):
     with pytest.raises(UsageError) as failure:
         optimize(str(tmp_path / "missing"), str(tmp_path / "out"),
-                 OptimizeOptions(parity_batch_size=0))
+                 OptimizeOptions(gate=GateOptions(parity_batch_size=0)))
     assert "--parity_batch_size" not in failure.value.one_line()
     assert "OptimizeOptions" in failure.value.one_line()
 
@@ -171,10 +190,13 @@ def test_warmup_is_not_written_when_the_answers_differ(checked_model, tmp_path):
     # Served: the model with other weights; reference: the original. The answers differ.
     base = str(tmp_path / "base")
     build_checked_model(os.path.join(base, "1"), scale=2.0)
-    report = validate(base, ValidateOptions(server="local", write_warmup=True,
-                                            reference_dir=checked_model, concurrency=0,
-                                            protocols=("grpc",),
-                                            examples=write_examples(str(tmp_path / "x.jsonl"))))
+    report = validate(base, ValidateOptions(
+        reference_dir=checked_model,
+        serving=ServingCheck(server="local",
+                             write_warmup=True,
+                             concurrency=0,
+                             protocols=("grpc",)),
+        inputs=InputOptions(examples=write_examples(str(tmp_path / "x.jsonl")))))
     assert not report.ok
     assert report.warmup_file is None
     assert not os.path.exists(os.path.join(base, "1", "assets.extra"))
@@ -182,9 +204,12 @@ def test_warmup_is_not_written_when_the_answers_differ(checked_model, tmp_path):
 
 def test_warmup_is_written_once_the_answers_matched(checked_model, tmp_path):
     base = _copy_base(checked_model, str(tmp_path / "base"))
-    report = validate(base, ValidateOptions(server="local", write_warmup=True, concurrency=0,
-                                            protocols=("grpc",),
-                                            examples=write_examples(str(tmp_path / "x.jsonl"))))
+    report = validate(base, ValidateOptions(
+        serving=ServingCheck(server="local",
+                             write_warmup=True,
+                             concurrency=0,
+                             protocols=("grpc",)),
+        inputs=InputOptions(examples=write_examples(str(tmp_path / "x.jsonl")))))
     assert report.ok, report.failures
     assert report.warmup_file == os.path.join(base, "1", "assets.extra",
                                               "tf_serving_warmup_requests")
@@ -198,8 +223,12 @@ def test_validate_serves_only_the_version_it_checks(regressor_dir, tmp_path):
     os.makedirs(os.path.join(base, "2"))
     with open(os.path.join(base, "2", "saved_model.pb"), "wb") as f:
         f.write(b"not a SavedModel")
-    report = validate(base, ValidateOptions(server="local", version=1, concurrency=0,
-                                            protocols=("grpc",), load_deadline=120))
+    report = validate(base, ValidateOptions(
+        version=1,
+        serving=ServingCheck(server="local",
+                             concurrency=0,
+                             protocols=("grpc",),
+                             load_deadline=120)))
     assert report.ok, report.failures
     assert report.version == 1
     assert report.ignored_versions == (2,)
@@ -220,7 +249,10 @@ def test_validate_reads_a_zero_padded_directory_as_its_version(regressor_dir, tm
     # TF Serving reads "02" as version 2; validate serves and checks that directory.
     base = str(tmp_path / "base")
     shutil.copytree(regressor_dir, os.path.join(base, "02"))
-    report = validate(base, ValidateOptions(server="local", concurrency=0,
-                                            protocols=("grpc",), load_deadline=120))
+    report = validate(base, ValidateOptions(
+        serving=ServingCheck(server="local",
+                             concurrency=0,
+                             protocols=("grpc",),
+                             load_deadline=120)))
     assert report.ok, report.failures
     assert report.version == 2

@@ -13,8 +13,9 @@ import pytest
 
 from serving_opt import OptimizeOptions, inspection, optimize
 from serving_opt.errors import ServingOptError
+from serving_opt.options import BuildOptions, MeasureOptions
 
-NOT_MEASURED = dict(benchmark_runs=0, cold_start=False)
+NOT_MEASURED = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 TRAINED = np.float32(3.25)  # the checkpoint's value; the initializer says 1.0
 
 
@@ -81,5 +82,5 @@ def test_optimize_rewrites_it_as_tf_serving_restores(v1_dir, tmp_path):
 def test_keeping_its_variables_is_refused_with_the_fix(v1_dir, tmp_path):
     with pytest.raises(ServingOptError, match="V1-format checkpoint.*--freeze=auto"):
         optimize(v1_dir, str(tmp_path / "out"),
-                 OptimizeOptions(freeze="never", **NOT_MEASURED))
+                 OptimizeOptions(build=BuildOptions(freeze="never"), **NOT_MEASURED))
     assert not os.path.exists(os.path.join(tmp_path, "out", "1"))

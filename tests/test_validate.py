@@ -19,13 +19,14 @@ import time
 
 import pytest
 
+from serving_opt.options import BuildOptions, MeasureOptions, ServingCheck, Tolerance
 from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.serving import backends
 from serving_opt.serving.validate import ValidateOptions, validate, write_marker
 
-QUICK = ValidateOptions(server="local", concurrency=2, duration=0.5)
+QUICK = ValidateOptions(serving=ServingCheck(server="local", concurrency=2, duration=0.5))
 # validate is the subject here, not the optimizer's measurements.
-NOT_MEASURED = dict(benchmark_runs=0, cold_start=False)
+NOT_MEASURED = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 
 
 def _port_closed(address: str) -> bool:
@@ -42,8 +43,8 @@ def optimized_with_validate(classifier_dir, tmp_path_factory):
     validate an optimized classifier use this base too."""
     base = str(tmp_path_factory.mktemp("served") / "clf")
     report = optimize(classifier_dir, base, OptimizeOptions(
-        **NOT_MEASURED, validate=ValidateOptions(server="local", concurrency=2, duration=0.5,
-                                                   write_warmup=True)))
+        **NOT_MEASURED, validate=ValidateOptions(
+            serving=ServingCheck(server="local", concurrency=2, duration=0.5, write_warmup=True))))
     return base, report, sorted(os.listdir(base))
 
 
@@ -56,8 +57,9 @@ def optimized_classifier_base(optimized_with_validate):
 def classifier_validated(optimized_classifier_base, classifier_dir):
     """The optimized classifier validated against the original, with a load phase."""
     return validate(optimized_classifier_base,
-                    ValidateOptions(server="local", reference_dir=classifier_dir,
-                                    concurrency=4, duration=1.0))
+                    ValidateOptions(
+                        reference_dir=classifier_dir,
+                        serving=ServingCheck(server="local", concurrency=4, duration=1.0)))
 
 
 @pytest.mark.golden
@@ -78,8 +80,8 @@ def regressor_validated(regressor_dir, tmp_path_factory):
     validated with a short load phase, warm-up records written."""
     base = tmp_path_factory.mktemp("validated") / "reg"
     shutil.copytree(regressor_dir, base / "1")
-    return validate(str(base), ValidateOptions(server="local", concurrency=2, duration=0.5,
-                                               write_warmup=True))
+    return validate(str(base), ValidateOptions(
+        serving=ServingCheck(server="local", concurrency=2, duration=0.5, write_warmup=True)))
 
 
 def test_regressor_gets_regress_requests(regressor_validated):
@@ -105,9 +107,10 @@ def test_wrong_answers_are_not_validated(regressor_dir, tmp_path):
     # Deliberately lossy, with the parity gate loosened so it gets published.
     base = str(tmp_path / "lossy")
     optimize(regressor_dir, base, OptimizeOptions(
-        transforms="round_weights(num_steps=2)", atol=1e3, rtol=1.0, **NOT_MEASURED))
-    report = validate(base, ValidateOptions(server="local", reference_dir=regressor_dir,
-                                            concurrency=0))
+        build=BuildOptions(transforms="round_weights(num_steps=2)"),
+        tolerance=Tolerance(atol=1e3, rtol=1.0), **NOT_MEASURED))
+    report = validate(base, ValidateOptions(
+        reference_dir=regressor_dir, serving=ServingCheck(server="local", concurrency=0)))
     assert not report.ok
     failed = [c for c in report.checks if not c.ok]
     assert any(c.name.startswith("Predict") and "differ" in c.detail for c in failed)
@@ -119,8 +122,8 @@ def test_model_that_fails_to_load_ends_with_the_servers_error(classifier_dir, mo
     base = tmp_path / "broken"
     broken = model_copy(classifier_dir, "broken/1")
     os.remove(os.path.join(broken, "assets", "vocab.txt"))  # the init op will fail
-    report = validate(str(base), ValidateOptions(server="local", reference_dir=classifier_dir,
-                                                 load_deadline=60))
+    report = validate(str(base), ValidateOptions(
+        reference_dir=classifier_dir, serving=ServingCheck(server="local", load_deadline=60)))
     assert not report.ok
     assert "failed to load" in report.failures[0] and "vocab.txt" in report.failures[0]
     assert _port_closed(report.address)

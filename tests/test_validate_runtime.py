@@ -28,6 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from serving_opt.errors import ServingOptError, UsageError
+from serving_opt.options import MeasureOptions, ServingCheck, TargetOptions, TrustOptions
 from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.serving import backends, rest_client, runtime
 from serving_opt.serving.markers import MARKER_OK, write_marker
@@ -38,7 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 PY215 = os.path.join(ROOT, ".venv-tf215", "bin", "python")
 needs_tf215 = pytest.mark.skipif(not os.path.exists(PY215),
                                  reason="needs the TF 2.15 venv (make venv-tf215)")
-BOTH = ValidateOptions(server="local", concurrency=2, duration=0.5)
+BOTH = ValidateOptions(serving=ServingCheck(server="local", concurrency=2, duration=0.5))
 
 
 @pytest.fixture(autouse=True)
@@ -78,8 +79,8 @@ def test_validate_over_grpc_and_rest_passes_on_a_real_model(classifier_validated
 
 
 def test_rest_only(regressor_base):
-    report = validate(regressor_base, ValidateOptions(server="local", protocols=("rest",),
-                                                      concurrency=1, duration=0.3))
+    report = validate(regressor_base, ValidateOptions(
+        serving=ServingCheck(server="local", protocols=("rest",), concurrency=1, duration=0.3)))
     assert report.ok, report.failures
     assert all(c.name.startswith("REST ") for c in report.checks)
     assert report.load_test.requests > 0 and report.rest_load_test is None
@@ -142,8 +143,8 @@ def test_a_wrong_rest_answer_fails_validation_while_grpc_is_right(regressor_base
 
     monkeypatch.setattr(backends.ServerProcess, "rest_address", property(through_proxy))
     try:
-        report = validate(regressor_base, ValidateOptions(server="local", concurrency=0,
-                                                          **unsandboxed))
+        report = validate(regressor_base, ValidateOptions(
+            serving=ServingCheck(server="local", concurrency=0), trust=unsandboxed))
     finally:
         proxy.http.shutdown()
     assert not report.ok
@@ -200,13 +201,14 @@ def test_the_default_image_is_the_release_the_target_check_assumes():
     spec = backends.ServerSpec(model_name="clf", model_base="/srv/models/clf")
     command = backends.docker_command(spec, 9123, "so-test", 9124)
     assert command[command.index("MODEL_BASE_PATH=/models") + 1] == backends.DEFAULT_IMAGE
-    assert ValidateOptions().image == backends.DEFAULT_IMAGE
+    assert ValidateOptions().serving.image == backends.DEFAULT_IMAGE
     assert runtime.image_version(backends.DEFAULT_IMAGE) == runtime.DEFAULT_SERVING_VERSION
 
 
 def test_bad_protocols_are_a_usage_error(regressor_base):
     with pytest.raises(UsageError, match="--protocols"):
-        validate(regressor_base, ValidateOptions(server="local", protocols=("http",)))
+        validate(regressor_base, ValidateOptions(
+            serving=ServingCheck(server="local", protocols=("http",))))
 
 
 # --- the target runtime ---------------------------------------------------------------------
@@ -234,8 +236,8 @@ def test_optimize_refuses_an_op_the_target_runtime_lacks(tmp_path):
     base = str(tmp_path / "out")
     with pytest.raises(ServingOptError) as raised:
         optimize(model, base, OptimizeOptions(
-            benchmark_runs=0, cold_start=False, serving_version="2.15.1",
-            serving_runtime_python=PY215))
+            measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+            target=TargetOptions(serving_version="2.15.1", serving_runtime_python=PY215)))
     message = raised.value.problem
     assert "DecodeWebP" in message and "2.15.1" in message and "\n" not in message
     assert not os.path.exists(os.path.join(base, "1"))  # nothing published
@@ -249,13 +251,13 @@ def test_optimize_refuses_an_op_the_target_runtime_lacks(tmp_path):
 @needs_tf215
 def test_optimize_checks_against_the_target_and_says_so(regressor_dir, tmp_path):
     report = optimize(regressor_dir, str(tmp_path / "ok"), OptimizeOptions(
-        benchmark_runs=0, cold_start=False, serving_version="2.15.1",
-        serving_runtime_python=PY215))
+        measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+        target=TargetOptions(serving_version="2.15.1", serving_runtime_python=PY215)))
     note = next(s.note for s in report.stages if s.name == "target_check")
     assert "TensorFlow 2.15.1" in note
     # Without --serving_version and no 2.20 runtime here: skipped, and the report says so.
     report = optimize(regressor_dir, str(tmp_path / "default"),
-                      OptimizeOptions(benchmark_runs=0, cold_start=False))
+                      OptimizeOptions(measure=MeasureOptions(benchmark_runs=0, cold_start=False)))
     note = next(s.note for s in report.stages if s.name == "target_check")
     assert note.startswith("skipped") and "--serving_version=2.20.0" in note
 
@@ -279,8 +281,11 @@ def test_local_validation_under_the_tf215_runtime(regressor_base, tmp_path, monk
     # The runtime given by variable, as CI would: no download.
     monkeypatch.setenv("SERVING_OPT_RUNTIME_2_15", PY215)
     report = validate(regressor_base, ValidateOptions(
-        server="local", serving_version="2.15.1", protocols=("grpc", "rest"), concurrency=1,
-        duration=0.3))
+        serving=ServingCheck(server="local",
+                             protocols=("grpc", "rest"),
+                             concurrency=1,
+                             duration=0.3),
+        target=TargetOptions(serving_version="2.15.1")))
     assert report.ok, (report.failures, report.server_log_tail)
     assert report.tensorflow_version == "2.15.1"
     assert report.server == "local:serving-opt serve (stand-in) on TensorFlow 2.15.1"
@@ -413,7 +418,8 @@ def test_binary_backend_names_the_binary_and_the_version_it_reports(regressor_ba
                      "echo 'TensorFlow Library: 2.20.0'\nexit 0\nfi\n"
                      f"exec {sys.executable} -m serving_opt.cli serve \"$@\"\n")
     monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ["PATH"])
-    report = validate(regressor_base, ValidateOptions(server="binary", concurrency=0))
+    report = validate(regressor_base, ValidateOptions(
+        serving=ServingCheck(server="binary", concurrency=0)))
     assert report.ok, report.failures
     assert report.backend == "binary" and _port_closed(report.address)
     binary = os.path.join(bin_dir, "tensorflow_model_server")
@@ -441,12 +447,15 @@ def test_require_tf_serving_fails_when_only_the_stand_in_can_run(regressor_base,
                                                                  monkeypatch):
     path = _path_without_servers(tmp_path)
     monkeypatch.setenv("PATH", path)
-    options = ValidateOptions(require_server="tf_serving", allow_unsandboxed=True)
+    options = ValidateOptions(
+        serving=ServingCheck(require_server="tf_serving"),
+        trust=TrustOptions(allow_unsandboxed=True))
     with pytest.raises(ServingOptError, match="only the local stand-in") as raised:
         validate(regressor_base, options)
     assert "\n" not in raised.value.problem
     with pytest.raises(UsageError, match="contradicts --server=local"):
-        validate(regressor_base, ValidateOptions(server="local", require_server="tf_serving"))
+        validate(regressor_base, ValidateOptions(
+            serving=ServingCheck(server="local", require_server="tf_serving")))
     result = subprocess.run(
         [sys.executable, "-m", "serving_opt.cli", "validate", f"--model_base={regressor_base}",
          "--require_server=tf_serving", "--allow_unsandboxed", f"--report={tmp_path}/r.json"],
@@ -462,7 +471,7 @@ def test_require_tf_serving_accepts_a_binary_on_path(regressor_base, tmp_path, m
     # nothing: validation then fails on the server, not on --require_server) is on PATH.
     monkeypatch.setenv("PATH", _path_without_servers(
         tmp_path, ("tensorflow_model_server", "#!/bin/sh\nexit 1\n")))
-    report = validate(regressor_base, ValidateOptions(require_server="tf_serving",
-                                                      allow_unsandboxed=True,
-                                                      concurrency=0, load_deadline=30))
+    report = validate(regressor_base, ValidateOptions(
+        serving=ServingCheck(require_server="tf_serving", concurrency=0, load_deadline=30),
+        trust=TrustOptions(allow_unsandboxed=True)))
     assert report.backend == "binary" and not report.ok

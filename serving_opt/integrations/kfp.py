@@ -16,6 +16,8 @@ import os
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
 
+from serving_opt.options import BuildOptions, InputOptions, MeasureOptions, OutputOptions
+
 REPORT_NAME = "serving_opt_report.json"
 
 
@@ -87,11 +89,15 @@ def run_step(model, optimized, metrics, report, examples, params: dict) -> dict:
 
     runs = params["benchmark_runs"]
     options = serving_opt.OptimizeOptions(
-        quantize=params["quantize"], transforms=params["transforms"] or None,
-        signatures=tuple(s.strip() for s in params["signatures"].split(",") if s.strip()),
-        examples=examples.path if examples is not None else None,
-        benchmark_runs=None if runs < 0 else runs, measure_seconds=params["measure_seconds"],
-        cold_start=params["cold_start"], version=1)
+        build=BuildOptions(quantize=params["quantize"],
+                           transforms=params["transforms"] or None,
+                           signatures=tuple(s.strip() for s in params["signatures"].split(",")
+                                            if s.strip())),
+        inputs=InputOptions(examples=examples.path if examples is not None else None),
+        measure=MeasureOptions(benchmark_runs=None if runs < 0 else runs,
+                               measure_seconds=params["measure_seconds"],
+                               cold_start=params["cold_start"]),
+        output=OutputOptions(version=1))
     try:
         result = serving_opt.optimize(_saved_model_dir(model.path), optimized.path, options)
     except ServingOptError as e:

@@ -167,8 +167,8 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),  # n
     # validate); what follows reads the model with it: quietly, as every command does.
     tf_process.quiet_tensorflow_import()
     _admit(model_dir, options)
-    sandboxed = sandbox_lib.require(options.allow_unsandboxed, f"validate {model_dir}")
-    if sandboxed and options.allow_unsandboxed and options.server == "docker":
+    sandboxed = sandbox_lib.require(options.trust.allow_unsandboxed, f"validate {model_dir}")
+    if sandboxed and options.trust.allow_unsandboxed and options.serving.server == "docker":
         sandboxed = False  # the Docker client cannot run in a sandbox; the user trusts it
     resolved, runtime_note = _resolve(options, version, sandboxed, say)
     if sandboxed:
@@ -179,7 +179,7 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),  # n
     else:
         report = execute(model_base, resolved, runtime_note, say)
     report = dataclasses.replace(report, sandbox=sandbox_lib.describe(sandboxed))
-    if report.ok and options.write_warmup:
+    if report.ok and options.serving.write_warmup:
         report = _write_warmup(report, model_dir, say)
     return dataclasses.replace(report, warmup_records=())
 
@@ -195,9 +195,10 @@ def execute(model_base: str, options: ValidateOptions, runtime_note: str = "",
     probes, served = requests.build_probes(
         target.model_dir, target.reference_dir, target.model_name, target.version,
         target.tags,
-        inputs=requests.ProbeInputs(examples=options.examples, batch_size=options.batch_size,
-                                    seed=options.seed),
-        atol=options.atol, rtol=options.rtol)
+        inputs=requests.ProbeInputs(examples=options.inputs.examples,
+                                    batch_size=options.serving.batch_size,
+                                    seed=options.inputs.seed),
+        atol=options.tolerance.atol, rtol=options.tolerance.rtol)
     runtime = _local_runtime(options, say)[0] if target.backend == "local" else None
     if target.ignored:
         say(f"serving version {target.version} only; ignoring version(s) "
@@ -209,7 +210,7 @@ def execute(model_base: str, options: ValidateOptions, runtime_note: str = "",
     with server:
         outcome = _serve(server, target, probes, served, options, say)
         report = _report(target, server, outcome)  # while its whole log is still there
-    if options.write_warmup and report.ok:
+    if options.serving.write_warmup and report.ok:
         report = dataclasses.replace(report, warmup_records=warmup.records(probes))
     return report
 
@@ -220,9 +221,11 @@ def _serve(server: ServerProcess, target: Target, probes: Sequence[requests.Prob
     answers; then, for a model that answers right, the load phase."""
     with ExitStack() as stack:
         clients = [stack.enter_context(CLIENTS[p](
-            server.endpoints[p], target.model_name, target.version, options.request_timeout))
+            server.endpoints[p], target.model_name, target.version,
+            options.serving.request_timeout))
             for p in target.protocols]
-        checks = _wait_until_available(clients, server, target.version, options.load_deadline)
+        checks = _wait_until_available(clients, server, target.version,
+                                       options.serving.load_deadline)
         if not checks[-1].ok:
             return Outcome(tuple(checks), failures=(checks[-1].detail,))
         say("checking metadata and answers over " + " and ".join(target.protocols))
@@ -232,10 +235,10 @@ def _serve(server: ServerProcess, target: Target, probes: Sequence[requests.Prob
         failures = [f"{c.name}: {c.detail}" for c in checks if not c.ok]
         # Load only a model that answers right: errors under load would just repeat
         # the failures already reported.
-        if failures or not (options.concurrency > 0 and options.duration > 0):
+        if failures or not (options.serving.concurrency > 0 and options.serving.duration > 0):
             return Outcome(tuple(checks), tuple(failures))
-        say(f"load phase: {options.concurrency} clients ({', '.join(target.protocols)}) for "
-            f"{options.duration:g} s")
+        say(f"load phase: {options.serving.concurrency} clients "
+            f"({', '.join(target.protocols)}) for {options.serving.duration:g} s")
         load_tests = _load_phase(clients, sendable, options)
         failures += [f"load phase ({protocol}): {lt.errors} of {lt.requests} requests failed "
                      f"({lt.first_error})" for protocol, lt in load_tests.items() if lt.errors]
@@ -282,13 +285,13 @@ def _load_phase(clients: Sequence[ModelServerClient], sendable: Mapping[str, lis
     active = [c for c in clients if sendable[c.protocol]]
     if not active:
         return {}
-    n, extra = divmod(options.concurrency, len(active))
+    n, extra = divmod(options.serving.concurrency, len(active))
     share = {c.protocol: max(1, n + (1 if i < extra else 0)) for i, c in enumerate(active)}
     results: dict[str, LoadTest] = {}
 
     def run(client: ModelServerClient) -> None:
         results[client.protocol] = client.run_load_test(
-            sendable[client.protocol], share[client.protocol], options.duration)
+            sendable[client.protocol], share[client.protocol], options.serving.duration)
 
     threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in active]
     for t in threads:
@@ -333,13 +336,14 @@ def _target(model_base: str, options: ValidateOptions, runtime_note: str) -> Tar
     model_dir = version_dir(model_base, version)
     return Target(
         model_base=model_base,
-        model_name=options.model_name or os.path.basename(model_base.rstrip("/")) or "model",
+        model_name=options.serving.model_name or os.path.basename(model_base.rstrip("/"))
+        or "model",
         version=version,
         model_dir=model_dir,
         reference_dir=options.reference_dir or model_dir,
-        tags=loader.parse_tags(options.saved_model_tags),
-        backend=options.server,
-        protocols=parse_protocols(options.protocols),
+        tags=loader.parse_tags(options.inputs.saved_model_tags),
+        backend=options.serving.server,
+        protocols=parse_protocols(options.serving.protocols),
         ignored=tuple(sorted(v for v in _versions(model_base) if v != version)),
         runtime_note=runtime_note,
     )
@@ -349,9 +353,10 @@ def _server_spec(target: Target, options: ValidateOptions) -> backends.ServerSpe
     """A specific version policy: the server loads (and runs the init op of) this version
     and no other, whatever else the base holds."""
     return backends.ServerSpec(model_name=target.model_name, model_base=target.model_base,
-                               image=options.image, saved_model_tags=options.saved_model_tags,
+                               image=options.serving.image,
+                               saved_model_tags=options.inputs.saved_model_tags,
                                rest_api="rest" in target.protocols, version=target.version,
-                               allow_file_ops=options.allow_file_ops,
+                               allow_file_ops=options.trust.allow_file_ops,
                                docker_network=options.serving.docker_network)
 
 
@@ -362,10 +367,10 @@ def _admit(model_dir: str, options: ValidateOptions) -> None:
     # file written into assets.extra/, not by the reference run.
     for checked in dict.fromkeys((model_dir, reference_dir)):
         model_files.check_model_files(checked)
-    if not options.allow_file_ops:
+    if not options.trust.allow_file_ops:
         # A SavedModel is code: refused before the reference run or the server runs it.
         _refuse_host_ops(dict.fromkeys((model_dir, reference_dir)),
-                         loader.parse_tags(options.saved_model_tags))
+                         loader.parse_tags(options.inputs.saved_model_tags))
 
 
 def _resolve(options: ValidateOptions, version: int, sandboxed: bool,
@@ -373,9 +378,9 @@ def _resolve(options: ValidateOptions, version: int, sandboxed: bool,
     """``options`` as the executor runs them (the concrete backend, the version, the local
     runtime's interpreter, absolute paths: it runs elsewhere, cwd /tmp, in its sandbox),
     and the runtime note."""
-    backend = backends.resolve_backend(options.server, sandboxed=sandboxed,
+    backend = backends.resolve_backend(options.serving.server, sandboxed=sandboxed,
                                        image=options.serving.image)
-    if options.require_server == "tf_serving" and backend == "local":
+    if options.serving.require_server == "tf_serving" and backend == "local":
         raise ServingOptError(
             "--require_server=tf_serving: only the local stand-in can run here (no "
             f"{backends.BINARY_NAME} on PATH" + (", and Docker cannot be driven from the "
@@ -388,12 +393,16 @@ def _resolve(options: ValidateOptions, version: int, sandboxed: bool,
         # Resolved (installed, when asked) here: no sandbox has the network.
         runtime, runtime_note = _local_runtime(options, say)
         if runtime is not None:
-            options = dataclasses.replace(options, serving_runtime_python=runtime.python)
+            options = dataclasses.replace(options, target=dataclasses.replace(
+                options.target, serving_runtime_python=runtime.python))
+    examples = options.inputs.examples
     return dataclasses.replace(
-        options, server=backend, version=version,
+        options, version=version,
+        serving=dataclasses.replace(options.serving, server=backend),
+        inputs=dataclasses.replace(options.inputs,
+                                   examples=os.path.abspath(examples) if examples else None),
         reference_dir=os.path.abspath(options.reference_dir) if options.reference_dir
-        else None,
-        examples=os.path.abspath(options.examples) if options.examples else None), runtime_note
+        else None), runtime_note
 
 
 def _write_warmup(report: ValidationReport, model_dir: str,
@@ -408,26 +417,27 @@ def _write_warmup(report: ValidationReport, model_dir: str,
 def _sandbox_policy(model_base: str, options: ValidateOptions) -> sandbox_lib.Policy:
     """Read: the served base, the reference, the examples, the runtime; write: nothing."""
     read_only = [model_base]
-    for path in (options.reference_dir, options.examples):
+    for path in (options.reference_dir, options.inputs.examples):
         if path:
             read_only.append(path)
-    read_only += sandbox_lib.interpreter_dirs(options.serving_runtime_python)
+    read_only += sandbox_lib.interpreter_dirs(options.target.serving_runtime_python)
     read_only += binary_dirs(options)
     # A model can block for ever: an hour for the probes and load test, plus the load.
-    timeout = options.sandbox_timeout_seconds or 3600.0 + options.load_deadline
+    timeout = options.trust.sandbox_timeout_seconds or 3600.0 + options.serving.load_deadline
     return sandbox_lib.Policy(read_only=tuple(read_only), timeout_seconds=timeout)
 
 
 def binary_dirs(options: ValidateOptions) -> list[str]:
     """Where ``--server=binary``'s tensorflow_model_server is (its name's directory, then
     the file's own): bound read-only in the sandbox, the first on its PATH."""
-    return backends.binary_dirs() if options.server == "binary" else []
+    return backends.binary_dirs() if options.serving.server == "binary" else []
 
 
 def _local_runtime(options: ValidateOptions, say) -> tuple:
     """The runtime the local stand-in runs under, and a note when it is not the target."""
-    return runtime_lib.stand_in_runtime(options.serving_version,
-                                        options.serving_runtime_python, options.image, say)
+    return runtime_lib.stand_in_runtime(options.target.serving_version,
+                                        options.target.serving_runtime_python,
+                                        options.serving.image, say)
 
 
 def _refuse_host_ops(model_dirs, tags) -> None:

@@ -8,7 +8,10 @@ and write what to deploy, ``tuner`` is the run in order. See docs/tune.md.
 
 from __future__ import annotations
 
-__all__ = ["TuneOptions", "TuneReport", "tune"]
+# TuneOptions and its groups: each option is spelled in its group.
+_OPTIONS = ("BudgetOptions", "ModelOptions", "SearchOptions", "ServerOptions", "TuneOptions",
+            "WorkloadOptions")
+__all__ = [*_OPTIONS, "TuneReport", "tune"]
 
 
 def __getattr__(name: str):
@@ -17,10 +20,10 @@ def __getattr__(name: str):
         from serving_opt.tune.tuner import tune
 
         return tune
-    if name == "TuneOptions":
-        from serving_opt.tune.options import TuneOptions
+    if name in _OPTIONS:
+        from serving_opt.tune import options
 
-        return TuneOptions
+        return getattr(options, name)
     if name == "TuneReport":
         from serving_opt.tune.report import TuneReport
 

@@ -4,16 +4,17 @@ A tree of small frozen groups, like ``OptimizeOptions``: the load and its object
 (``WorkloadOptions``), the model and how it is called (``ModelOptions``), the settings
 the grid is read from (``SearchOptions``), the time spent measuring (``BudgetOptions``), the server
 the proof runs on (``ServerOptions``, the group ``serving``) and what the model is trusted with
-(``TrustOptions``, optimize's own group). Flat names still work both ways
-(``TuneOptions(clients=16).clients``). Each field with ``help`` is a flag of
+(``TrustOptions``, optimize's own group). Each option has one spelling, its group's
+(``TuneOptions(workload=WorkloadOptions(clients=16))``, ``options.workload.clients``).
+Each field with ``help`` is a flag of
 ``serving-opt tune`` (``serving_opt.cli.option_flags`` makes them).
 
 Every bad value is a UsageError naming the flag and the fix, raised by
 :func:`check_options` before anything is measured.
 
 Example:
-    >>> check_options(TuneOptions(clients=16, slo_p99_ms=250))
-    >>> check_options(TuneOptions(slo_p99_ms=250))
+    >>> check_options(TuneOptions(workload=WorkloadOptions(clients=16, slo_p99_ms=250)))
+    >>> check_options(TuneOptions(workload=WorkloadOptions(slo_p99_ms=250)))
     Traceback (most recent call last):
     UsageError: nothing to tune for: give --clients=N (closed loop) and/or --rate=R ...
 """
@@ -305,11 +306,9 @@ TRUST_FLAGS_SKIPPED = ("sandbox_memory_bytes",)
 
 @dataclass(frozen=True, init=False)
 class TuneOptions(OptionTree):
-    """Options of ``serving-opt tune``: groups, or their fields by flat name.
+    """Options of ``serving-opt tune``: one group per concern.
 
     Example:
-        >>> TuneOptions(clients=16, slo_p99_ms=250, duration=15.0).budget.duration
-        15.0
         >>> TuneOptions(workload=WorkloadOptions(clients=4), serving=ServerOptions(server="local"))
     """
 
@@ -331,7 +330,8 @@ class TuneOptions(OptionTree):
         """UsageError for the first bad option, before any work.
 
         Example:
-            >>> TuneOptions(clients=4, rounds=999).check()
+            >>> TuneOptions(workload=WorkloadOptions(clients=4),
+            ...             budget=BudgetOptions(rounds=999)).check()
             Traceback (most recent call last):
             UsageError: --rounds=999 must be within [1, 100]
         """
@@ -346,7 +346,7 @@ def check_options(options: TuneOptions) -> None:
     """Raises UsageError for the first bad option (before any work).
 
     Example:
-        >>> check_options(TuneOptions(clients=0, rate=0))
+        >>> check_options(TuneOptions(workload=WorkloadOptions(clients=0, rate=0)))
         Traceback (most recent call last):
         UsageError: nothing to tune for: ...
     """

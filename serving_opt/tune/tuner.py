@@ -74,38 +74,39 @@ def tune(model_base: str, options: TuneOptions | None = None,
     model_base = os.path.abspath(model_base)
     from serving_opt.serving import validate
 
-    version = validate.resolve_version(model_base, options.version)
+    version = validate.resolve_version(model_base, options.model.version)
     model_dir = validate.version_dir(model_base, version)
     model_files.check_model_files(model_dir)
-    tags = loader.parse_tags(options.saved_model_tags)
+    tags = loader.parse_tags(options.model.saved_model_tags)
     if not tags:
         raise UsageError("--saved_model_tags is empty", "e.g. --saved_model_tags=serve")
     meta_graph = loader.find_meta_graph(loader.read_saved_model(model_dir), tags, model_dir)
     signatures = loader.serving_signatures(meta_graph)
-    if options.signature_name not in signatures:
-        raise UsageError(f"--signature_name={options.signature_name} is not a signature of "
+    if options.model.signature_name not in signatures:
+        raise UsageError(f"--signature_name={options.model.signature_name} is not a signature of "
                          f"{model_dir} (it has {', '.join(sorted(signatures)) or 'none'})",
                          "pass one of those")
-    if not options.allow_file_ops:
+    if not options.trust.allow_file_ops:
         from serving_opt.savedmodel import untrusted
 
         untrusted.refuse_host_ops(meta_graph, sorted(signatures), "serve")
-    examples = os.path.abspath(options.examples) if options.examples else None
+    examples = os.path.abspath(options.model.examples) if options.model.examples else None
     if examples:
         from serving_opt.savedmodel import examples as examples_lib
 
         examples_lib.read_examples_file(examples)
-    current = read_current_parameters(options.current_parameters_file)
+    current = read_current_parameters(options.serving.current_parameters_file)
     if output_dir is not None:
         from serving_opt.tune import outputs
 
         outputs.prepare(output_dir)
-    sandboxed = sandbox_lib.require(options.allow_unsandboxed, f"tune {model_dir}")
-    if sandboxed and options.allow_unsandboxed and options.server == "docker":
+    sandboxed = sandbox_lib.require(options.trust.allow_unsandboxed, f"tune {model_dir}")
+    if sandboxed and options.trust.allow_unsandboxed and options.serving.server == "docker":
         sandboxed = False  # the Docker client cannot run in a sandbox; the user trusts it
-    backend = backends.resolve_backend(options.server, sandboxed=sandboxed)
-    options = dataclasses.replace(options, examples=examples,
-                                  image=options.serving.docker_image())
+    backend = backends.resolve_backend(options.serving.server, sandboxed=sandboxed)
+    options = dataclasses.replace(
+        options, model=dataclasses.replace(options.model, examples=examples),
+        serving=dataclasses.replace(options.serving, image=options.serving.docker_image()))
     # Resolved (installed, when asked) here: no sandbox has the network.
     runtime, runtime_note = local_runtime(options, say) if backend == "local" else (None, "")
     started = time.monotonic()
@@ -116,7 +117,7 @@ def tune(model_base: str, options: TuneOptions | None = None,
         report = sandbox_lib.call(
             "serving_opt.tune.tuner:execute", model_base, version, options, backend, current,
             policy=sandbox_lib.Policy(read_only=tuple(read_only),
-                                      timeout_seconds=options.sandbox_timeout_seconds),
+                                      timeout_seconds=options.trust.sandbox_timeout_seconds),
             progress=say,
             # The worker imports TensorFlow as it starts and forks a process per thread
             # setting to profile: the server's environment must be its own from the start.
@@ -144,8 +145,9 @@ def local_runtime(options: TuneOptions, say: Callable[[str], None] = lambda m: N
     sandbox, which has no network); without it, the default target's runtime is used
     only when it is already here.
     """
-    return runtime_lib.stand_in_runtime(options.serving_version,
-                                        options.serving_runtime_python, options.image, say)
+    return runtime_lib.stand_in_runtime(options.serving.serving_version,
+                                        options.serving.serving_runtime_python,
+                                        options.serving.image, say)
 
 
 def read_current_parameters(path: str | None) -> BatchingSettings | None:
@@ -191,22 +193,23 @@ def plan(options: TuneOptions, cpus: int) -> profile_lib.ProfilePlan:
     """What the profile measures for ``options``: one request's rows times 1, 2, 4, ...
     and the clients' rows and half of them, up to the bound; TensorFlow's default threads
     and ``--tensorflow_*_op_parallelism``'s."""
-    r = options.rows_per_request
-    n = options.clients
-    if options.max_batch_size_bound:
-        bound = options.max_batch_size_bound
+    r = options.workload.rows_per_request
+    n = options.workload.clients
+    if options.search.max_batch_size_bound:
+        bound = options.search.max_batch_size_bound
     else:
         want = 2 * n * r if n else 0
-        if options.rate:
+        if options.workload.rate:
             # What arrives in half the SLO could share a batch.
-            want = max(want, int(options.rate * options.slo_p99_ms / 2000.0) * r)
+            want = max(want, int(options.workload.rate * options.workload.slo_p99_ms / 2000.0) * r)
         bound = min(MAX_AUTO_BOUND * r, max(32, want, r))
     sizes = {r * 2 ** j for j in range(0, 21) if r * 2 ** j <= bound}
     if n:
         sizes |= {x for x in (n * r, max(1, n // 2) * r) if x <= bound}
     sizes.add(bound)
-    intra = options.intra_op if options.intra_op is not None else ((0, 1) if cpus > 1 else (0,))
-    inter = options.inter_op if options.inter_op is not None else (0,)
+    search = options.search
+    intra = search.intra_op if search.intra_op is not None else ((0, 1) if cpus > 1 else (0,))
+    inter = search.inter_op if search.inter_op is not None else (0,)
     threads = tuple(dict.fromkeys(ThreadSettings(a, b) for a in intra for b in inter))
     if DEFAULT_THREADS not in threads:
         # TF Serving's default and upstream's batching defaults run with TensorFlow's own
@@ -214,9 +217,9 @@ def plan(options: TuneOptions, cpus: int) -> profile_lib.ProfilePlan:
         threads = (DEFAULT_THREADS, *threads)
     return profile_lib.ProfilePlan(
         batch_sizes=tuple(sorted(sizes)), thread_settings=threads,
-        seconds=options.profile_seconds, max_latency_s=options.slo_p99_ms / 1000.0,
-        tags=tuple(sorted(loader.parse_tags(options.saved_model_tags))),
-        examples=options.examples, seed=options.seed)
+        seconds=options.budget.profile_seconds, max_latency_s=options.workload.slo_p99_ms / 1000.0,
+        tags=tuple(sorted(loader.parse_tags(options.model.saved_model_tags))),
+        examples=options.model.examples, seed=options.budget.seed)
 
 
 @dataclasses.dataclass
@@ -242,12 +245,12 @@ class _Run:
                             deployed)
 
     def load_for(self, workload: str) -> load.Load:
-        o = self.options
+        o, b = self.options.workload, self.options.budget
         if workload == "closed":
-            return load.Load("closed", clients=o.clients, duration=o.duration,
-                             warmup=o.warmup, timeout=o.request_timeout, seed=o.seed)
-        return load.Load("open", rate=o.rate, duration=o.duration, warmup=o.warmup,
-                         timeout=o.request_timeout, seed=o.seed)
+            return load.Load("closed", clients=o.clients, duration=b.duration,
+                             warmup=b.warmup, timeout=b.request_timeout, seed=b.seed)
+        return load.Load("open", rate=o.rate, duration=b.duration, warmup=b.warmup,
+                         timeout=b.request_timeout, seed=b.seed)
 
     def measure(self, target: load.Target, what: load.Load, label: str) -> load.LoadResult:
         result = self.generator.run(target, what,
@@ -262,18 +265,18 @@ class _Run:
         AVAILABLE and warm: its first requests (Grappler on the first run, each new
         shape's kernels) answered before anything counts."""
         with prove.running(self.backend, self.spec, settings, self.runtime,
-                           self.options.load_deadline, self.say, started,
+                           self.options.serving.load_deadline, self.say, started,
                            deployed) as server:
             for target in self.targets(server).values():
                 self.generator.run(target, load.Load(
-                    "closed", clients=max(1, min(self.options.clients or 4, 4)),
-                    duration=max(0.5, self.options.warmup), warmup=0.0,
-                    timeout=max(self.options.request_timeout, 120.0)))
+                    "closed", clients=max(1, min(self.options.workload.clients or 4, 4)),
+                    duration=max(0.5, self.options.budget.warmup), warmup=0.0,
+                    timeout=max(self.options.budget.request_timeout, 120.0)))
             yield server
 
     def targets(self, server) -> dict[str, load.Target]:
         return payloads.targets(server.address, server.rest_address, self.name, self.version,
-                                self.payloads, self.options.rows_per_request)
+                                self.payloads, self.options.workload.rows_per_request)
 
 
 DEFAULT_THREADS = ThreadSettings()
@@ -290,31 +293,32 @@ def execute(model_base: str, version: int, options: TuneOptions, backend: str,
     from serving_opt.serving import validate
 
     model_dir = validate.version_dir(model_base, version)
-    name = options.model_name or os.path.basename(model_base.rstrip("/")) or "model"
+    name = options.model.model_name or os.path.basename(model_base.rstrip("/")) or "model"
     cpus = cores()
-    protocols = tuple(p for p in ("grpc", "rest") if p in options.protocols)
-    objective = grid.Objective(options.slo_p99_ms, options.clients, options.rate,
-                               options.rows_per_request, options.max_reject_fraction,
-                               options.padding, options.seed)
+    protocols = tuple(p for p in ("grpc", "rest") if p in options.serving.protocols)
+    workload = options.workload
+    objective = grid.Objective(workload.slo_p99_ms, workload.clients, workload.rate,
+                               workload.rows_per_request, options.search.max_reject_fraction,
+                               options.search.padding, options.budget.seed)
     the_plan = dataclasses.replace(plan(options, cpus),
                                    env=tuple(sorted(backends.runtime_env(backend).items())))
     say(f"1/3 measuring {model_dir} as TF Serving runs it: batch sizes "
         f"{', '.join(map(str, the_plan.batch_sizes))}, threads "
         f"{'; '.join(t.describe() for t in the_plan.thread_settings)} "
-        f"({options.profile_seconds:g} s per point, a fresh process per thread setting)")
+        f"({options.budget.profile_seconds:g} s per point, a fresh process per thread setting)")
     # Profiled under the server's TensorFlow: the curves are that server's.
-    model_profile = profile_lib.profile(model_dir, options.signature_name, the_plan, say,
+    model_profile = profile_lib.profile(model_dir, options.model.signature_name, the_plan, say,
                                         runtime=runtime)
     candidates, grid_notes = grid.candidates(model_profile, objective, cpus)
     for note in grid_notes:
         say(f"  {note}")
-    built = payloads.build(model_dir, name, version, options.signature_name,
-                           options.rows_per_request, the_plan.tags, options.examples,
-                           options.seed)
-    spec = backends.ServerSpec(model_name=name, model_base=model_base, image=options.image,
-                               saved_model_tags=options.saved_model_tags,
+    built = payloads.build(model_dir, name, version, options.model.signature_name,
+                           options.workload.rows_per_request, the_plan.tags, options.model.examples,
+                           options.budget.seed)
+    spec = backends.ServerSpec(model_name=name, model_base=model_base, image=options.serving.image,
+                               saved_model_tags=options.model.saved_model_tags,
                                rest_api="rest" in protocols, version=version,
-                               allow_file_ops=options.allow_file_ops)
+                               allow_file_ops=options.trust.allow_file_ops)
     with load.Generator() as generator:  # one process for every load point
         run = _Run(model_base, version, options, backend, say, name, spec, protocols, built,
                    generator, runtime)
@@ -325,7 +329,7 @@ def execute(model_base: str, version: int, options: TuneOptions, backend: str,
     ceiling_batch, ceiling, ceiling_how, ceiling_threads = _ceiling(model_profile)
     report = TuneReport(
         model_base=model_base, model_dir=model_dir, model_name=name, version=version,
-        signature=options.signature_name, objective=objective, backend=backend,
+        signature=options.model.signature_name, objective=objective, backend=backend,
         backend_note=backends.BACKEND_NOTES[backend], server=server[0],
         tensorflow_version=server[1], cores=cpus, profile=model_profile,
         grid=tuple(grid_notes), proven=tuple(points), recommendation=recommendation,
@@ -355,11 +359,11 @@ def prove_all(run, candidates: list[ServingSettings], objective: grid.Objective,
     if current is not None:
         to_prove.append((CURRENT_LABEL, ServingSettings(current, DEFAULT_THREADS),
                          run.protocols))
-    if o.recheck:
+    if o.budget.recheck:
         # Upstream's defaults once more, last: how far the machine itself moved while
         # everything above was measured (a difference below that is noise).
         to_prove.append((AGAIN_LABEL, upstream_batching(DEFAULT_THREADS), (primary,)))
-    run.say(f"2/3 proving {len(to_prove)} settings on the server, {o.duration:g} s per load "
+    run.say(f"2/3 proving {len(to_prove)} settings on the server, {o.budget.duration:g} s per load "
             "point")
     points: list[ProvenPoint] = []
     answered = ("", "")
@@ -386,7 +390,7 @@ def decide_rounds(run, best: Recommendation | None, points: list[ProvenPoint],
     met the SLO."""
     o = run.options
     upstream = upstream_batching(DEFAULT_THREADS)
-    if best is None or best.settings == upstream or o.rounds < 1:
+    if best is None or best.settings == upstream or o.budget.rounds < 1:
         return None
     winner = next((p.label for p in points if p.settings == best.settings
                    and p.label != AGAIN_LABEL), GRID_LABEL)
@@ -406,8 +410,8 @@ def decide_rounds(run, best: Recommendation | None, points: list[ProvenPoint],
                                if not f.startswith("--tensorflow_")))))
     workload = objective.workloads()[0]
     protocol = run.protocols[0]
-    run.say(f"3/3 deciding: {', '.join(label for label, _, _ in contenders)} in {o.rounds} "
-            f"interleaved rounds of {o.duration:g} s ({workload}/{protocol})")
+    run.say(f"3/3 deciding: {', '.join(label for label, _, _ in contenders)} in {o.budget.rounds} "
+            f"interleaved rounds of {o.budget.duration:g} s ({workload}/{protocol})")
     rows: dict[str, list[float]] = {label: [] for label, _, _ in contenders}
     p99: dict[str, list[float]] = {label: [] for label, _, _ in contenders}
     share = 0.0
@@ -421,7 +425,7 @@ def decide_rounds(run, best: Recommendation | None, points: list[ProvenPoint],
         targets = {label: run.targets(stack.enter_context(
                        run.serve(settings, server, deployed)))[protocol]
                    for (label, settings, deployed), server in zip(contenders, started)}
-        for i in range(o.rounds):
+        for i in range(o.budget.rounds):
             for label in decide.order(i, list(targets)):
                 m = run.measure(targets[label], run.load_for(workload), label)
                 rows[label].append(m.rows_per_second)

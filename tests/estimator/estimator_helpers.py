@@ -14,12 +14,15 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from serving_opt.options import GateOptions, MeasureOptions
+
 REPO = Path(__file__).resolve().parents[2]
 WORDS = ("apple", "banana", "cherry", "date", "elderberry", "fig")
 OOV_WORD = "kiwi"  # not in the vocabulary: exercises the OOV bucket
 SERVE = frozenset({"serve"})
 # Small parity and no benchmark: the suite checks behaviour, not speed.
-FAST = dict(benchmark_runs=0, parity_batch_size=8, parity_batches=1)
+FAST = dict(measure=MeasureOptions(benchmark_runs=0),
+            gate=GateOptions(parity_batch_size=8, parity_batches=1))
 
 CLASSIFY = "tensorflow/serving/classify"
 REGRESS = "tensorflow/serving/regress"

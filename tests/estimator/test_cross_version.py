@@ -26,6 +26,7 @@ SCRIPT = textwrap.dedent("""
     import sys
     import tensorflow as tf
     from serving_opt import OptimizeOptions, optimize, samples
+    from serving_opt.options import GateOptions, MeasureOptions  # FAST's repr names them
 
     out, estimator_export = sys.argv[1], sys.argv[2]
     options = OptimizeOptions(**{fast!r})

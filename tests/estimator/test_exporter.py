@@ -21,6 +21,7 @@ from serving_opt.integrations.estimator import (
     OptimizingExporter,
     raw_export_base,
 )
+from serving_opt.options import BuildOptions, OutputOptions
 
 from .estimator_helpers import (
     CLASSIFY,
@@ -127,7 +128,8 @@ def test_failed_optimization_publishes_plain_export_and_logs(tmp_path, vocab_pat
     estimator, receiver = dnn_classifier(str(tmp_path / "model"), vocab_path)
     # A real failure inside the optimizer: the model has no such signature.
     exporter = OptimizingExporter(
-        "clf", receiver, OptimizeOptions(signatures=("no_such_signature",), **FAST),
+        "clf", receiver, OptimizeOptions(
+            build=BuildOptions(signatures=("no_such_signature",)), **FAST),
         exports_to_keep=1)
 
     with caplog.at_level(logging.ERROR, logger="serving_opt.estimator"):
@@ -170,7 +172,8 @@ def test_unexpected_exception_is_not_fatal_either(trained_classifier, tmp_path, 
 def test_fatal_option_stops_training_and_publishes_nothing(tmp_path, vocab_path):
     estimator, receiver = dnn_classifier(str(tmp_path / "model"), vocab_path)
     exporter = OptimizingExporter(
-        "clf", receiver, OptimizeOptions(signatures=("no_such_signature",), **FAST),
+        "clf", receiver, OptimizeOptions(
+            build=BuildOptions(signatures=("no_such_signature",)), **FAST),
         fatal=True)
 
     with pytest.raises(ExportOptimizationError) as info:
@@ -193,9 +196,10 @@ def test_bad_configuration_fails_at_construction():
     with pytest.raises(UsageError, match="belong to the wrapped exporter"):
         OptimizingExporter(tf.estimator.LatestExporter("clf", receiver), receiver)
     with pytest.raises(UsageError, match="version/overwrite"):
-        OptimizingExporter("clf", receiver, OptimizeOptions(version=3))
+        OptimizingExporter("clf", receiver, OptimizeOptions(output=OutputOptions(version=3)))
     with pytest.raises(UsageError):
-        OptimizingExporter("clf", receiver, OptimizeOptions(transforms="no_such_transform"))
+        OptimizingExporter("clf", receiver, OptimizeOptions(
+            build=BuildOptions(transforms="no_such_transform")))
     with pytest.raises(UsageError, match="exports_to_keep"):
         OptimizingExporter("clf", receiver, exports_to_keep=0)
     with pytest.raises(UsageError, match="tf.estimator.Exporter"):

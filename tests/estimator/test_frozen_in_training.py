@@ -42,6 +42,7 @@ from serving_opt.integrations.estimator import (
     export_optimized_saved_model,
     raw_export_base,
 )
+from serving_opt.options import MeasureOptions, TrustOptions
 
 from .estimator_helpers import (
     FAST,
@@ -62,8 +63,10 @@ EMBEDDING_SHAPE = [VOCAB_SIZE + 1, DIMENSION]  # + the OOV bucket
 EMBEDDING_BYTES = (VOCAB_SIZE + 1) * DIMENSION * 4
 # Cold start off: on this shared 2-core machine a slow fresh process could make the
 # regression gate fall back to kept variables, which is not what these tests are about.
-OPTIONS = OptimizeOptions(cold_start=False, **FAST)
-KEPT_OPTIONS = dataclasses.replace(OPTIONS, freeze_max_bytes=EMBEDDING_BYTES // 2)
+OPTIONS = OptimizeOptions(**{**FAST, "measure": MeasureOptions(benchmark_runs=0,
+                                                                 cold_start=False)})
+KEPT_OPTIONS = dataclasses.replace(OPTIONS, build=dataclasses.replace(
+    OPTIONS.build, freeze_max_bytes=EMBEDDING_BYTES // 2))
 # What each exporter's checkpoint must hold, and nothing else (name -> shape).
 EXPECTED_CHECKPOINT = {
     "clf": {f"{EMBEDDING}/serving_opt_variable": EMBEDDING_SHAPE},
@@ -88,7 +91,9 @@ def _mode(mode: str) -> Iterator[None]:
 
 
 def _options(name: str, mode: str) -> OptimizeOptions:
-    return dataclasses.replace(EXPECTED_OPTIONS[name], allow_unsandboxed=mode == "in_process")
+    options = EXPECTED_OPTIONS[name]
+    return dataclasses.replace(options, trust=dataclasses.replace(
+        options.trust, allow_unsandboxed=mode == "in_process"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +166,8 @@ def test_hook_publishes_what_serving_opt_optimize_makes(trained, name, tmp_path)
         # The same plain export, optimized outside any training loop, as the CLI does
         # (sandboxed where bubblewrap runs; allow_unsandboxed changes nothing there).
         report = optimize(raw, str(tmp_path / os.path.basename(raw)),
-                          dataclasses.replace(EXPECTED_OPTIONS[name], allow_unsandboxed=True))
+                          dataclasses.replace(EXPECTED_OPTIONS[name],
+                                              trust=TrustOptions(allow_unsandboxed=True)))
         assert report.frozen, report.freeze_note
         assert op_histogram(published) == op_histogram(report.output_dir)
         assert variable_nodes(published) == variable_nodes(report.output_dir)

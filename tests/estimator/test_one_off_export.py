@@ -15,6 +15,7 @@ from serving_opt.integrations.estimator import (
     export_optimized_saved_model,
     raw_export_base,
 )
+from serving_opt.options import BuildOptions
 
 from .estimator_helpers import (
     CLASSIFY,
@@ -60,7 +61,7 @@ def test_one_off_export_publishes_the_optimized_model(trained_classifier, tmp_pa
 def test_one_off_failure_raises_by_default_and_can_publish_plain(trained_classifier, tmp_path):
     estimator, receiver = trained_classifier
     base = str(tmp_path / "clf")
-    bad = OptimizeOptions(signatures=("no_such_signature",), **FAST)
+    bad = OptimizeOptions(build=BuildOptions(signatures=("no_such_signature",)), **FAST)
 
     with pytest.raises(ExportOptimizationError, match="no_such_signature"):
         export_optimized_saved_model(estimator, base, receiver, bad)
@@ -90,8 +91,8 @@ def test_one_off_export_int8_gathers_the_real_estimators_table_quantized(trained
     base = str(tmp_path / "models" / "clf")
     # The suite's Estimator is tiny: every variable counts as large, every weight as big
     # enough, so the real embedding_column table takes the --quantize path.
-    options = OptimizeOptions(quantize="int8", quantize_min_elements=0, freeze_max_bytes=0,
-                              **FAST)
+    options = OptimizeOptions(
+        build=BuildOptions(quantize="int8", quantize_min_elements=0, freeze_max_bytes=0), **FAST)
 
     result = export_optimized_saved_model(estimator, base, receiver, options)
 

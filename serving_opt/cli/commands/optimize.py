@@ -123,18 +123,22 @@ def tune_options(fv: flags.FlagValues, options: options_lib.OptimizeOptions):
 
     The model's inputs, tags and trust are optimize's own: one setting, not two.
     """
-    from serving_opt.tune.options import TuneOptions, check_options
+    from serving_opt.tune.options import ModelOptions, TuneOptions, WorkloadOptions, check_options
 
     if not fv.tune_output_dir or fv.slo_p99_ms is None:
         raise UsageError("--tune needs --tune_output_dir and --slo_p99_ms",
                          "e.g. --tune --tune_output_dir=build/tune --slo_p99_ms=100 "
                          "--clients=16")
     tuning = TuneOptions(
-        slo_p99_ms=fv.slo_p99_ms, clients=fv.clients, rate=fv.rate,
-        rows_per_request=fv.rows_per_request, version=options.output.version,
-        saved_model_tags=options.inputs.saved_model_tags, examples=options.inputs.examples,
-        allow_file_ops=options.trust.allow_file_ops,
-        allow_unsandboxed=options.trust.allow_unsandboxed)
+        workload=WorkloadOptions(slo_p99_ms=fv.slo_p99_ms,
+                                 clients=fv.clients,
+                                 rate=fv.rate,
+                                 rows_per_request=fv.rows_per_request),
+        model=ModelOptions(version=options.output.version,
+                           saved_model_tags=options.inputs.saved_model_tags,
+                           examples=options.inputs.examples),
+        trust=options_lib.TrustOptions(allow_file_ops=options.trust.allow_file_ops,
+                                       allow_unsandboxed=options.trust.allow_unsandboxed))
     check_options(tuning)
     return tuning
 
@@ -148,8 +152,8 @@ def _tune(fv: flags.FlagValues, tuning, result, progress) -> int:
     from serving_opt.tune.report import format_report
 
     version = int(os.path.basename(os.path.normpath(result.output_dir)))
-    tuned = tune(fv.model_base_path, dataclasses.replace(tuning, version=version), progress,
-                 output_dir=fv.tune_output_dir)
+    tuning = dataclasses.replace(tuning, model=dataclasses.replace(tuning.model, version=version))
+    tuned = tune(fv.model_base_path, tuning, progress, output_dir=fv.tune_output_dir)
     print(format_report(tuned))
     if not tuned.ok:
         print(f"{cli.PROG} optimize: error: published {result.output_dir}, but no tuned "

@@ -109,8 +109,8 @@ def main(fv: flags.FlagValues) -> int:
     else:
         print(format_report(result))
     if not result.ok:
-        print(f"{cli.PROG} tune: error: no proven setting met p99 <= {options.slo_p99_ms:g} ms "
-              "under the load; raise --slo_p99_ms or lower --clients/--rate (the report "
-              "shows how close each came)", file=sys.stderr)
+        print(f"{cli.PROG} tune: error: no proven setting met p99 <= "
+              f"{options.workload.slo_p99_ms:g} ms under the load; raise --slo_p99_ms or lower "
+              "--clients/--rate (the report shows how close each came)", file=sys.stderr)
         return 1
     return 0
