@@ -29,7 +29,7 @@ from serving_opt.errors import ServingOptError
 from serving_opt.options import GateOptions, MeasureOptions
 from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.savedmodel import inputs as inputs_lib
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import loader, parse_spec
 from serving_opt.stages import parity
 
 SERVE = frozenset({"serve"})
@@ -127,8 +127,8 @@ def _declared_inputs_fail_on_the_original(path: str) -> None:
         synthesizer = inputs_lib.InputSynthesizer(seed=0)
         feed = {}
         for alias, info in signature.inputs.items():
-            if inputs_lib.example_input_alias(mg.graph_def, signature) is not None:
-                spec = inputs_lib.find_example_spec(mg.graph_def, info.name)
+            if parse_spec.example_input_alias(mg.graph_def, signature) is not None:
+                spec = parse_spec.find_example_spec(mg.graph_def, info.name)
                 feed[alias] = np.array(synthesizer.examples(spec, 16), dtype=object)
             else:
                 feed[alias] = synthesizer.tensor(info.dtype, inputs_lib.tensor_info_shape(info),

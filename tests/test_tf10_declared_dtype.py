@@ -13,7 +13,7 @@ from independent_check import assert_outputs_match, example
 
 from serving_opt import OptimizeOptions, optimize
 from serving_opt.options import MeasureOptions
-from serving_opt.savedmodel import inputs
+from serving_opt.savedmodel import parse_spec
 
 NOT_MEASURED = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 KEY = "tensorflow/serving/regress"
@@ -54,7 +54,7 @@ def test_the_graph_not_the_declaration_says_it_takes_tf_examples(tmp_path):
 
     path = half_plus_three_shape(str(tmp_path / "m" / "1"))
     meta_graph = loader.find_meta_graph(loader.read_saved_model(path), ["serve"], path)
-    found = inputs.example_input_alias(meta_graph.graph_def, meta_graph.signature_def[KEY])
+    found = parse_spec.example_input_alias(meta_graph.graph_def, meta_graph.signature_def[KEY])
     assert found is not None and found[0] == "inputs"
 
 

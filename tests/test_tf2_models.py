@@ -21,8 +21,7 @@ from independent_check import assert_outputs_match
 from serving_opt.errors import ParityError, ServingOptError
 from serving_opt.options import BuildOptions, GateOptions, MeasureOptions
 from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
-from serving_opt.savedmodel import inputs as inputs_lib
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import loader, parse_spec
 from serving_opt.savedmodel.graph import ServingGraph
 from serving_opt.stages import freeze as freeze_lib
 from serving_opt.stages import grappler as grappler_lib
@@ -326,13 +325,13 @@ def test_module_keeps_control_flow_init_op_and_example_parsing(optimized_tf_modu
 
 def test_example_spec_is_found_inside_the_signature_function(tf_module_dir):
     meta_graph = _meta_graph(tf_module_dir)
-    alias, spec = inputs_lib.example_input_alias(meta_graph.graph_def,
+    alias, spec = parse_spec.example_input_alias(meta_graph.graph_def,
                                                  meta_graph.signature_def["serving_default"])
     assert alias == "examples"
     assert {f.key: f.dtype for f in spec.features} == {
         "word": "string", "color": "string", "age": "float"}
     assert {f.key for f in spec.features if f.required} == {"age"}
-    assert inputs_lib.example_input_alias(meta_graph.graph_def,
+    assert parse_spec.example_input_alias(meta_graph.graph_def,
                                           meta_graph.signature_def["predict_raw"]) is None
 
 
@@ -517,8 +516,8 @@ def test_synthesized_text_inputs_use_the_in_graph_vocabulary(text_lstm_dir):
     # parity inputs must draw from it or every lookup would be out of vocabulary.
     from conftest import TEXT_VOCABULARY
 
-    from serving_opt.savedmodel import inputs, loader
+    from serving_opt.savedmodel import loader, vocabulary_words
 
     meta_graph = loader.find_meta_graph(loader.read_saved_model(text_lstm_dir), {"serve"})
-    words = inputs.model_vocabulary(meta_graph, text_lstm_dir)
+    words = vocabulary_words.model_vocabulary(meta_graph, text_lstm_dir)
     assert set(TEXT_VOCABULARY) <= set(words)

@@ -130,7 +130,7 @@ def _plans(meta_graph, candidate_mg, keys: Sequence[str], explicit: bool, kind: 
     from tensorflow.python.framework import dtypes
 
     from serving_opt.compare.pipeline import SignaturePlan
-    from serving_opt.savedmodel import inputs as inputs_lib
+    from serving_opt.savedmodel import parse_spec
 
     plans, skipped = [], {}
     for key in keys:
@@ -145,7 +145,7 @@ def _plans(meta_graph, candidate_mg, keys: Sequence[str], explicit: bool, kind: 
         example = None
         reason = ""
         if kind == "tfrecord":
-            found = inputs_lib.example_input_alias(meta_graph.graph_def, sig)
+            found = parse_spec.example_input_alias(meta_graph.graph_def, sig)
             if found is None:
                 reason = "it does not take serialized tf.Examples"
             else:

@@ -25,7 +25,7 @@ from serving_opt.core import gates
 from serving_opt.errors import ServingOptError, first_line
 from serving_opt.savedmodel import examples as examples_lib
 from serving_opt.savedmodel import inputs as inputs_lib
-from serving_opt.savedmodel import loader
+from serving_opt.savedmodel import loader, parse_spec
 from serving_opt.serving.api import ServingApi, serving_api
 
 
@@ -165,7 +165,7 @@ def build_probes(model_dir: str, reference_dir: str, model_name: str, version: i
             probes.append(Probe(f"Predict {key}", "Predict", request, check_predict))
 
             method = ref_sig.method_name
-            example_input = inputs_lib.example_input_alias(ref_mg.graph_def, ref_sig)
+            example_input = parse_spec.example_input_alias(ref_mg.graph_def, ref_sig)
             if method in (loader.METHOD_CLASSIFY, loader.METHOD_REGRESS) and example_input:
                 alias = example_input[0]
                 records = [bytes(r) for r in feed[alias]]
