@@ -255,14 +255,19 @@ def _start_validate(base: str, *flags: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _until_load_phase(process: subprocess.Popen) -> str:
-    """Reads the run's progress until its load phase starts (the container serves)."""
+def _until_container_runs(process: subprocess.Popen) -> str:
+    """Reads the run's progress until it starts its server, then waits for the container
+    to run; returns the container's name."""
     seen = []
     for line in process.stderr:
         seen.append(line)
-        if line.startswith("load phase"):
-            return "".join(seen)
-    pytest.fail("validate ended before its load phase:\n" + "".join(seen))
+        if line.startswith("starting the docker server"):
+            break
+    else:
+        pytest.fail("validate ended before it started a server:\n" + "".join(seen))
+    running = _wait(lambda: [n for n, state in _containers(process.pid).items()
+                             if state == "running"], f"run {process.pid}'s container runs")
+    return running[0]
 
 
 def _docker_client(pid: int) -> int:
@@ -279,23 +284,19 @@ def _docker_client(pid: int) -> int:
 def test_no_container_outlives_a_failed_interrupted_or_killed_run(classifier_dir, tmp_path):
     base = tmp_path / "clf"
     shutil.copytree(classifier_dir, base / "1")
-    # Four runs at once (each waits for its container): failed, Ctrl-C, SIGKILL of
-    # serving-opt, SIGKILL of serving-opt and its docker client.
+    # Four runs at once: failed, and, once their containers run (the model loading or
+    # served: the guarantee holds in every phase), Ctrl-C, SIGKILL of serving-opt, SIGKILL
+    # of serving-opt and its docker client.
     broken = tmp_path / "broken"
+    broken.mkdir()
     _publish(str(base / "1"), str(broken), 1, warmup=b"not TFRecords")
     failing = _start_validate(str(broken), "--concurrency=0")
     runs = {kind: _start_validate(str(base), "--concurrency=1", "--duration=300")
             for kind in ("sigint", "sigkill", "sigkill_both")}
     try:
         for process in runs.values():
-            _until_load_phase(process)
-            assert list(_containers(process.pid).values()) == ["running"]
-
-        # Failure: the container read the bad warmup file, the load failed, it is gone.
-        out, err = failing.communicate(timeout=600)
-        assert failing.returncode == 1, err
-        assert "warmup" in (out + err).lower()
-        assert _containers(failing.pid) == {}
+            _until_container_runs(process)
+            assert len(_containers(process.pid)) == 1
 
         # Ctrl-C: validate stops the server it started and says so.
         interrupted = runs["sigint"]
@@ -305,7 +306,8 @@ def test_no_container_outlives_a_failed_interrupted_or_killed_run(classifier_dir
         assert _containers(interrupted.pid) == {}
 
         # SIGKILL of serving-opt: the kernel's parent-death SIGTERM reaches the docker
-        # client, which passes it to the container (--sig-proxy); --rm removes it.
+        # client, which passes it to the container (--sig-proxy; --init's PID 1 passes it
+        # to the server); --rm removes it.
         killed = runs["sigkill"]
         killed.kill()
         killed.wait()
@@ -319,9 +321,15 @@ def test_no_container_outlives_a_failed_interrupted_or_killed_run(classifier_dir
         both.wait()
         (orphan,) = _containers(both.pid)
         assert _inspect(orphan)["State"]["Running"] is True
-        assert orphan in backends.remove_stale_containers()
+        # Only it: the failing run's container, its owner alive, stays.
+        assert backends.remove_stale_containers() == [orphan]
         assert _containers(both.pid) == {}
-        assert _containers(os.getpid()) == {}  # a live owner's containers stay (none here)
+
+        # Failure: the container read the bad warmup file, the load failed, it is gone.
+        out, err = failing.communicate(timeout=600)
+        assert failing.returncode == 1, err
+        assert "warmup" in (out + err).lower()
+        assert _containers(failing.pid) == {}
     finally:
         for process in (failing, *runs.values()):
             process.kill()

@@ -215,6 +215,9 @@ def docker_command(spec: ServerSpec, host_port: int, container_name: str,
     args = [
         "docker", "run", "--rm", "--name", container_name,
         "--label", f"{OWNER_LABEL}={owner()}", *network,
+        # An init as PID 1: the kernel drops a SIGTERM to a namespace's PID 1 that has no
+        # handler (the server still starting, or tensorflow_model_server itself).
+        "--init",
         "-v", f"{os.path.abspath(spec.model_base)}:{container_base}:ro",
         *(["-v", f"{config_dir}:{CONTAINER_CONFIG_DIR}:ro"] if config_dir else []),
         "-e", f"MODEL_NAME={spec.model_name}",
