@@ -28,7 +28,7 @@ from collections.abc import Sequence
 SCRATCH_PREFIX = ".serving-opt-bazel-"
 
 
-# The optimize options the rule passes, by group (serving_opt/options.py): each is a flag
+# The optimize options the rule passes, by group (serving_opt/options/): each is a flag
 # of the same name whose default is the option's own (None here: the option's default).
 _OPTIONS = {
     "build": ("transforms", "grappler", "grappler_rounds", "signatures", "freeze", "quantize",
