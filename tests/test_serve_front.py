@@ -260,3 +260,79 @@ def _send_ignoring_errors(sock: socket.socket, data: bytes) -> None:
         sock.sendall(data)
     except OSError:
         pass
+
+
+_BODIES = {
+    "length": (b"Content-Length: 5\r\n", b"hello" + b"GET / HTTP/1.1\r\n\r\n"),
+    "chunked": (b"Transfer-Encoding: chunked\r\n",
+                b"5;ext=1\r\nhello\r\n3\r\n!!!\r\n0\r\nTrailer: x\r\n\r\nGET / HTTP/1.1\r\n"),
+    "bad size line": (b"Transfer-Encoding: chunked\r\n", b"5\r\nhello\r\nzz\r\n0\r\n\r\n"),
+    "chunks over the limit": (b"Transfer-Encoding: chunked\r\n", b"40\r\n" + b"x" * 64),
+    "no CRLF after data": (b"Transfer-Encoding: chunked\r\n", b"5\r\nhelloXY\r\n0\r\n\r\n"),
+    "chunk line too long": (b"Transfer-Encoding: chunked\r\n", b"1" * 5000 + b"\r\n"),
+    "too many trailers": (b"Transfer-Encoding: chunked\r\n", b"0\r\n" + b"t: 1\r\n" * 101),
+    "other coding": (b"Transfer-Encoding: gzip\r\n", b"hello"),
+    "codings on two lines": (b"Transfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n",
+                             b"0\r\n\r\n"),
+    "conflicting lengths": (b"Content-Length: 5\r\nContent-Length: 6\r\n", b"hello!"),
+    "length over the limit": (b"Content-Length: 100\r\n", b"x" * 100),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BODIES))
+def test_the_front_passes_a_body_exactly_as_far_as_rest_reads_it(case):
+    # The sandbox's rest.py and the front share the framing (http_connections): the
+    # front must pass what rest.py reads of a body, no byte more or less, and refuse
+    # from the head alone what rest.py refuses from it.
+    import http.client
+    import io
+
+    from serving_opt.model_server import http_connections, rest
+
+    fields, stream = _BODIES[case]
+    limit = 50
+    rfile = io.BytesIO(stream)
+    try:
+        rest.read_body(http.client.parse_headers(io.BytesIO(fields + b"\r\n")), rfile, limit)
+        refused = None
+    except http_connections.HttpError as e:
+        refused = e.status
+    read = stream[:rfile.tell()]
+
+    client, client_end = socket.socketpair()
+    upstream, upstream_end = socket.socketpair()
+    with client, client_end, upstream, upstream_end, socket.socket() as listener:
+        client_end.sendall(stream)
+        client_end.shutdown(socket.SHUT_WR)
+        lines = fields.rstrip(b"\r\n").split(b"\r\n")
+        try:
+            framing = http_connections.body_framing(
+                rest_front._values(lines, b"transfer-encoding"),
+                rest_front._values(lines, b"content-length"), limit)
+        except http_connections.HttpError:
+            framing = "refused"
+        front = rest_front.RestFront(listener, lambda name: "", limit)
+        complete = front._pass_body(rest_front._Reader(client), upstream, framing, b"")
+        upstream.shutdown(socket.SHUT_WR)
+        passed = b""
+        while piece := upstream_end.recv(65536):
+            passed += piece
+    assert passed == read
+    assert complete == (refused is None)
+    if case in ("length", "chunked"):
+        assert refused is None and read and not read.endswith(b"HTTP/1.1\r\n")  # control
+    else:
+        assert refused in (400, 413, 501)
+
+
+def test_the_front_imports_neither_tensorflow_nor_the_protos():
+    import subprocess
+    import sys
+
+    code = ("import sys; import serving_opt.serving.front.rest_front; "
+            "import serving_opt.serving.sandboxed_server; "
+            "print(sorted(m for m in ('tensorflow', 'google.protobuf', "
+            "'serving_opt.model_server.server') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"

@@ -4,7 +4,8 @@ batcher's, open-loop arrivals exactly the seeded Poisson sequence.
 A local server with ``--enable_batching`` (one batch thread, batches of one request,
 one batch allowed to wait) runs in-process on loopback; the generator is its own
 process, as in a tuning run. Nothing here depends on how fast this machine is: counts
-of what was sent and how it was answered, not times.
+of what was sent and how it was answered, not times (where a load point needs an event
+to happen, it is retried; where rates are compared, the bound is generous).
 """
 
 from __future__ import annotations
@@ -44,14 +45,20 @@ def targets(server, convnet_dir):
 
 def test_a_full_batch_queue_is_counted_as_rejected(targets):
     # Sixteen clients against one running batch and one waiting: the rest get UNAVAILABLE
-    # from the batcher, and the client keeps them apart from answers.
+    # from the batcher, and the client keeps them apart from answers. A rejection needs
+    # three requests at the server at once, which a starved machine may not give in one
+    # short point: up to three points, each checked, one must see it.
     with load.Generator() as generator:
-        result = generator.run(targets["grpc"], load.Load("closed", clients=16, duration=1.0,
-                                                          warmup=0.2))
-    assert result.ok > 0
+        for attempt in range(3):
+            result = generator.run(targets["grpc"], load.Load(
+                "closed", clients=16, duration=1.0 + attempt, warmup=0.2))
+            assert result.ok > 0
+            assert result.errors.get("UNAVAILABLE", 0) == result.rejected
+            assert set(result.errors) <= {"UNAVAILABLE"}, result.first_error
+            assert result.requests == result.ok + sum(result.errors.values())
+            if result.rejected:
+                break
     assert result.rejected > 0
-    assert result.errors.get("UNAVAILABLE") == result.rejected
-    assert result.requests == result.ok + sum(result.errors.values())
     assert "queue" in result.first_error
 
 
@@ -94,7 +101,7 @@ def test_the_generator_reports_its_own_processor_time_per_request(targets):
 def timer_bound_server(convnet_base, tmp_path_factory):
     # Batches that never fill (8 clients, room for 64) run when their 50 ms timeout
     # expires: the server's rate is set by that timer, not by how fast this machine is,
-    # so two generators measured one after the other must agree however loaded it is.
+    # so two generators measured one after the other agree however loaded it is.
     running = _batching_server(convnet_base, tmp_path_factory.mktemp("timer"),
                                BatchingSettings(max_batch_size=64, batch_timeout_micros=50_000,
                                                 max_enqueued_batches=100, num_batch_threads=1))
@@ -102,10 +109,15 @@ def timer_bound_server(convnet_base, tmp_path_factory):
     running.stop()
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "rest"])
 def test_the_generator_measures_what_an_independent_one_measures(timer_bound_server,
-                                                                convnet_dir):
-    # benchmarks/independent_load.py: plain threads sending pre-serialized bytes, written
-    # apart from serving_opt.tune.load. Rounds alternate so that drift costs both alike.
+                                                                convnet_dir, protocol):
+    # benchmarks/independent_load.py: plain threads sending pre-built bytes (gRPC) or
+    # http.client bodies (REST), written apart from serving_opt.tune.load. Rounds
+    # alternate so that drift costs both alike. The bound is generous: the timer sets
+    # both rates, and a load point that stalls on the client's own doing (Nagle's
+    # algorithm against a delayed ACK costs 40 ms a request, almost the timer's 50)
+    # still falls far outside it.
     import os
     import statistics
     import sys
@@ -114,10 +126,12 @@ def test_the_generator_measures_what_an_independent_one_measures(timer_bound_ser
         os.path.abspath(__file__))), "benchmarks"))
     import independent_load
 
-    grpc_payloads = payloads.build(convnet_dir, "convnet", 1, "serving_default", 1)
-    target = payloads.targets(timer_bound_server.address, None, "convnet", 1,
-                              grpc_payloads, 1)["grpc"]
-    port = int(timer_bound_server.address.rsplit(":", 1)[1])
+    built = payloads.build(convnet_dir, "convnet", 1, "serving_default", 1)
+    target = payloads.targets(timer_bound_server.address, timer_bound_server.rest_address,
+                              "convnet", 1, built, 1)[protocol]
+    address = timer_bound_server.address if protocol == "grpc" else \
+        timer_bound_server.rest_address
+    port = int(address.rsplit(":", 1)[1])
     ours, theirs = [], []
     with load.Generator() as generator:
         for _ in range(3):
@@ -125,9 +139,14 @@ def test_the_generator_measures_what_an_independent_one_measures(timer_bound_ser
                                                      warmup=0.5))
             assert result.ok == result.requests > 0
             ours.append(result.rows_per_second)
-            figures = independent_load.closed_loop(port, list(target.payloads), clients=8,
-                                                   seconds=3.0, warmup=0.5)
+            if protocol == "grpc":
+                figures = independent_load.closed_loop(port, list(target.payloads),
+                                                       clients=8, seconds=3.0, warmup=0.5)
+            else:
+                figures = independent_load.rest_closed_loop(
+                    port, target.path, list(target.payloads), clients=8, seconds=3.0,
+                    warmup=0.5)
             assert figures["errors"] == 0
             theirs.append(figures["requests_per_second"])
     ratio = statistics.median(ours) / statistics.median(theirs)
-    assert 0.9 <= ratio <= 1.1, (ours, theirs)
+    assert 0.75 <= ratio <= 1.33, (ours, theirs)

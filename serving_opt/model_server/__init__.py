@@ -12,20 +12,16 @@ Modules mirror tensorflow_serving/: ``servable`` (one loaded version), ``predict
 ``json_dtypes``, ``json_predict`` and ``json_examples``), ``server`` (start/stop),
 ``tflite`` (--prefer_tflite_model), ``monitoring`` (Prometheus metrics), ``extra_services``
 (profiler and health services) with ``extra_protos``.
-
-Example:
-    >>> from serving_opt.model_server import ServerOptions, serve
-    >>> server = serve(ServerOptions(model_name="m", model_base_path="/models/m", port=0))
-    >>> server.port > 0
-    True
-    >>> server.stop()
 """
 
-from serving_opt.model_server.server import (
-    RunningServer,
-    ServerOptions,
-    ServerStartError,
-    serve,
-)
-
 __all__ = ["RunningServer", "ServerOptions", "ServerStartError", "serve"]
+
+
+def __getattr__(name: str):
+    # Imported on first use: the host-side front end (serving/front) imports this
+    # package's TF-free http_connections, and must not load TensorFlow with it.
+    if name in __all__:
+        from serving_opt.model_server import server
+
+        return getattr(server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,12 +12,6 @@ Two request shapes, as TF Serving's REST API takes them (json_tensor.cc):
 
 Values go through :mod:`.json_dtypes`. Where C++ iterates a protobuf map (whose order is
 unspecified) this module uses sorted names.
-
-Example:
-    >>> request, fmt = parse_predict_request(b'{"instances": [[1.0, 2.0]]}', "m", None,
-    ...                                      None, lambda sig: signature.inputs)
-    >>> predict_response_json(response.outputs, fmt)
-    b'{\\n    "predictions": [\\n        [0.25, 0.75]\\n    ]\\n}'
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from tensorflow.core.framework import tensor_pb2
+from tensorflow.core.framework import tensor_pb2, types_pb2
 
 from serving_opt.model_server.json_dtypes import (
     add_value,
@@ -41,8 +35,11 @@ from serving_opt.model_server.json_read import (
     signature_name,
 )
 from serving_opt.model_server.json_write import (
+    Array,
+    Raw,
     SingleLine,
     debug_string,
+    decimals,
     dumps,
     single_lines,
 )
@@ -52,6 +49,9 @@ from serving_opt.model_server.tensors import MAX_DIMENSIONS
 
 ROW = "row"
 COLUMNAR = "columnar"
+# Outputs written by json_write.decimals in bulk: dtype -> (TensorProto field, double).
+_DECIMAL_FIELDS = {types_pb2.DT_FLOAT: ("float_val", False),
+                   types_pb2.DT_DOUBLE: ("double_val", True)}
 
 # The Python-object path (json.loads and lists of Python numbers) takes ~50 bytes of
 # memory per value: a body it must decode is refused past this many values (commas),
@@ -73,12 +73,6 @@ def parse_predict_request(
     ``input_infos(signature_name)`` returns the signature's inputs map (it raises for an
     unknown model or signature, like the C++ ``GetInfoMap``). A body decoded as Python
     objects is refused first where its values would cost more than ``max_bytes``.
-
-    Example:
-        >>> request, fmt = parse_predict_request(b'{"inputs": {"x": [1.0]}}', "m", None,
-        ...                                      None, lambda sig: signature.inputs)
-        >>> fmt, list(request.inputs["x"].float_val)
-        ('columnar', [1.0])
     """
     from tensorflow_serving.apis import predict_pb2
 
@@ -135,10 +129,6 @@ def _check_object_tree_size(body: bytes, max_bytes: int) -> None:
 
 def predict_response_json(outputs, fmt: str) -> bytes:
     """``MakeJsonFromTensors``: ``{"predictions": [...]}`` (row) or ``{"outputs": ...}``.
-
-    Example:
-        >>> predict_response_json(response.outputs, ROW)
-        b'{\\n    "predictions": [\\n        [0.25, 0.75]\\n    ]\\n}'
     """
     if not outputs:
         raise invalid_argument("Cannot convert empty tensor map to JSON")
@@ -320,8 +310,10 @@ def _shape_text(shape) -> str:
 
 def _nest(name: str, tensor, first_dim: int):
     """The tensor as nested lists from dimension ``first_dim`` on, one item per leading row."""
-    values = json_values(tensor, name)
     shape = [d.size for d in tensor.tensor_shape.dim]
+    if tensor.dtype in _DECIMAL_FIELDS and shape:
+        return _float_rows(tensor, shape, first_dim)
+    values = json_values(tensor, name)
     if int(np.prod(shape, dtype=np.int64)) > len(values):
         raise invalid_argument(
             f"Failed to write JSON value for tensor type: {dtype_string(tensor.dtype)}"
@@ -340,5 +332,26 @@ def _nest(name: str, tensor, first_dim: int):
     return [build(1) for _ in range(shape[0])]
 
 
+def _float_rows(tensor, shape: list[int], first_dim: int):
+    """:func:`_nest` of a float or double tensor, as :class:`~.json_write.Array` blocks."""
+    field, double = _DECIMAL_FIELDS[tensor.dtype]
+    values = getattr(tensor, field)
+    count = int(np.prod(shape, dtype=np.int64))
+    if count > len(values):
+        raise invalid_argument(
+            f"Failed to write JSON value for tensor type: {dtype_string(tensor.dtype)}"
+        )
+    texts = decimals(np.array(values[:count] if count < len(values) else values,
+                              dtype=np.float64 if double else np.float32), double)
+    if first_dim == 0:
+        return Array(texts, shape)
+    row = count // shape[0] if shape[0] else 0
+    if len(shape) == 1:
+        return [Raw(text) for text in texts]
+    return [Array(texts[i * row:(i + 1) * row], shape[1:]) for i in range(shape[0])]
+
+
 def _one_line(value):
+    if isinstance(value, Array):
+        return Array(value.texts, value.shape, single=True)
     return SingleLine(single_lines(value)) if isinstance(value, list) else value

@@ -18,14 +18,6 @@ Anything else (not an object, duplicate keys, a BOM, trailing bytes, ``NaN``, in
 beyond 64 bits, an unknown key holding an array or object, empty or ragged arrays, b64
 objects, other dtypes) returns None: the caller decodes the body another way, and the
 Python-object path writes every error text.
-
-Example:
-    >>> infos = {"x": TensorInfo(dtype=DT_FLOAT)}
-    >>> signature, tensors, fmt = simd_predict_tensors(b'{"inputs": [[1, 2.5]]}',
-    ...                                                lambda s: infos)
-    >>> values, shape, dtype = tensors["x"]
-    >>> fmt, values.tolist(), shape
-    ('columnar', [1.0, 2.5], [1, 2])
 """
 
 from __future__ import annotations
@@ -71,6 +63,8 @@ _NOT_SKELETON = b"0123456789.eE+- \t\r\n"
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _OPENS_OBJECT = re.compile(rb"[ \t\r\n]*\{")  # simdjson would skip a BOM; rapidjson not
 _SIMDJSON_ERRORS = (ValueError, RuntimeError, TypeError, KeyError, IndexError)
+_COMMA = ord(",")
+_COUNT_SLICE = 1 << 20
 
 
 class _NotSimd(Exception):
@@ -80,25 +74,22 @@ class _NotSimd(Exception):
 def simd_memory(body: bytes) -> int:
     """Roughly the most memory, in bytes, :func:`simd_predict_tensors` takes for ``body``
     besides the body itself (one number per comma).
-
-    Example:
-        >>> simd_memory(b'{"inputs": [1, 2, 3]}')
-        139
     """
-    return len(body) + BYTES_PER_NUMBER * (body.count(b",") + 1)
+    return len(body) + BYTES_PER_NUMBER * (_commas(body) + 1)
+
+
+def _commas(body: bytes) -> int:
+    # Vectorised, ~10x bytes.count's one-byte search; in slices, so the temporary mask
+    # stays small whatever the body's size.
+    data = np.frombuffer(body, dtype=np.uint8)
+    return sum(int(np.count_nonzero(data[i:i + _COUNT_SLICE] == _COMMA))
+               for i in range(0, data.size, _COUNT_SLICE))
 
 
 def simd_predict_tensors(body: bytes, input_infos: Callable[[str], object]):
     """``(signature_name or None, {alias: (values, shape, dtype)}, "row" | "columnar")``
     decoded with simdjson, or None where this module cannot promise the old path's
     arrays (the caller then decodes ``body`` another way).
-
-    Example:
-        >>> infos = {"x": TensorInfo(dtype=DT_INT64)}
-        >>> _, tensors, fmt = simd_predict_tensors(b'{"instances": [[1], [2]]}',
-        ...                                        lambda s: infos)
-        >>> fmt, tensors["x"][0].tolist(), tensors["x"][1]
-        ('row', [1, 2], [2, 1])
     """
     if simdjson is None or not _OPENS_OBJECT.match(body):
         return None

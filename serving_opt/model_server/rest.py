@@ -25,12 +25,6 @@ bounded by ``max_request_bytes``: over it the answer is 413 before the rest is r
 ``Content-Length`` that is not a byte count or malformed chunking is 400, another
 transfer coding 501; these answers are ``{"error": ...}`` too and close the connection,
 since the body's end is unknown.
-
-Example:
-    >>> rest = start_rest_server(core, RequestOptions(), host="127.0.0.1", port=0)
-    >>> urllib.request.urlopen(f"http://127.0.0.1:{rest.port}/v1/models/m").status
-    200
-    >>> rest.stop()
 """
 
 from __future__ import annotations
@@ -49,9 +43,16 @@ import grpc
 from serving_opt.model_server import json_codec, request_cost
 from serving_opt.model_server.core import ServerCore
 from serving_opt.model_server.http_connections import (
+    CHUNKED,
     READ_BUFFER_BYTES,
     BoundedHTTPServer,
+    ClientGone,
     DeadlineReader,
+    HttpError,
+    SocketWriter,
+    body_framing,
+    chunked_parts,
+    fixed_parts,
 )
 from serving_opt.model_server.monitoring import METRICS
 from serving_opt.model_server.request_options import (
@@ -105,12 +106,6 @@ _NOT_FOUND_PAGE = (
     b"</BODY></HTML>\n"
 )
 _INT64_MAX = 2**63 - 1
-# Bodies are read in pieces of this size: never one buffer of a size the client declared.
-_READ_PIECE = 1 << 20
-_CONTENT_LENGTH = re.compile(r"[0-9]{1,19}")  # more digits overflow int64 (upstream's type)
-_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
-_MAX_CHUNK_LINE = 4096  # a chunk-size line with its extensions
-_MAX_TRAILERS = 100
 # After an error answer that leaves a body unread, the rest is read and dropped (for at
 # most this long / this much) so that closing does not reset the connection before the
 # client has read the answer.
@@ -118,120 +113,26 @@ _LINGER_SECONDS = 2.0
 _LINGER_BYTES = 64 << 20
 
 
-class HttpError(Exception):
-    """A request the HTTP layer refuses before the API sees it: (status, message)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-class _ClientGone(Exception):
-    """The connection ended in the middle of a body: nobody to answer."""
-
-
 def read_body(headers, rfile, max_bytes: int) -> bytes:
-    """The request body, framed by ``Transfer-Encoding: chunked`` or ``Content-Length``.
-
-    Raises HttpError: 413 when the body is (or declares itself) over ``max_bytes``, 400
-    for a ``Content-Length`` that is not a byte count or malformed chunking, 501 for
-    another transfer coding. Memory grows with what arrives, never with what is declared.
-
-    Example:
-        >>> headers = email.message.Message()
-        >>> headers["Content-Length"] = "2"
-        >>> read_body(headers, io.BytesIO(b"{}"), 1 << 20)
-        b'{}'
-    """
-    coding = headers.get("Transfer-Encoding")
-    if coding is not None:
-        codings = [c.strip().lower() for c in coding.split(",") if c.strip()]
-        if codings != ["chunked"]:
-            raise HttpError(
-                501, f"Transfer-Encoding: {coding!r} is not supported; send the body as is "
-                "or chunked"
-            )
-        # RFC 9112: chunked framing wins over any Content-Length.
-        return _read_chunked(rfile, max_bytes)
-    lengths = {v.strip() for v in headers.get_all("Content-Length", [])}
-    if not lengths:
-        return b""
-    if len(lengths) > 1:
-        raise HttpError(400, f"conflicting Content-Length headers: {', '.join(sorted(lengths))}")
-    text = lengths.pop()
-    if not _CONTENT_LENGTH.fullmatch(text):
-        if text.isascii() and text.isdigit():
-            raise HttpError(413, f"request body of {text} bytes is over the {max_bytes}-byte "
-                                 "limit (--max_request_bytes)")
-        raise HttpError(400, f"Content-Length: {text!r} is not a number of bytes")
-    length = int(text)
-    if length > max_bytes:
-        raise HttpError(413, f"request body of {length} bytes is over the {max_bytes}-byte "
-                             "limit (--max_request_bytes)")
-    return _read_exactly(rfile, length)
-
-
-def _read_exactly(rfile, length: int) -> bytes:
-    pieces = []
-    left = length
-    while left > 0:
-        piece = rfile.read(min(left, _READ_PIECE))
-        if not piece:
-            raise _ClientGone()
-        pieces.append(piece)
-        left -= len(piece)
-    return b"".join(pieces)
-
-
-def _read_chunked(rfile, max_bytes: int) -> bytes:
-    pieces = []
-    total = 0
-    while True:
-        line = rfile.readline(_MAX_CHUNK_LINE + 1)
-        if not line:
-            raise _ClientGone()
-        if not line.endswith(b"\n"):
-            raise HttpError(400, "malformed chunked body: chunk size line too long")
-        size_text = line.split(b";", 1)[0].strip()  # chunk extensions are ignored
-        if not _CHUNK_SIZE.fullmatch(size_text):
-            shown = size_text[:32].decode("latin-1")
-            raise HttpError(400, f"malformed chunked body: bad chunk size line {shown!r}")
-        size = int(size_text, 16)
-        if size == 0:
-            break
-        total += size
-        if total > max_bytes:
-            raise HttpError(413, f"chunked request body is over the {max_bytes}-byte limit "
-                                 "(--max_request_bytes)")
-        pieces.append(_read_exactly(rfile, size))
-        if rfile.readline(3) not in (b"\r\n", b"\n"):
-            raise HttpError(400, "malformed chunked body: chunk data not followed by CRLF")
-    for _ in range(_MAX_TRAILERS):  # trailer fields, dropped, up to the empty line
-        line = rfile.readline(_MAX_CHUNK_LINE + 1)
-        if not line:
-            raise _ClientGone()
-        if line in (b"\r\n", b"\n"):
-            return b"".join(pieces)
-    raise HttpError(400, f"malformed chunked body: more than {_MAX_TRAILERS} trailer lines")
+    """The request body, framed by ``Transfer-Encoding: chunked`` or ``Content-Length``
+    (http_connections.body_framing: HttpError 413, 400 or 501 as it says). Memory grows
+    with what arrives, never with what is declared."""
+    framing = body_framing(headers.get_all("Transfer-Encoding", []),
+                           headers.get_all("Content-Length", []), max_bytes)
+    if framing == CHUNKED:
+        return b"".join(data for data, is_data in
+                        chunked_parts(rfile.readline, rfile.read, max_bytes) if is_data)
+    return b"".join(fixed_parts(rfile.read, framing))
 
 
 def http_status(code: grpc.StatusCode) -> int:
     """Upstream's gRPC-code -> HTTP-status mapping.
-
-    Example:
-        >>> http_status(grpc.StatusCode.FAILED_PRECONDITION)
-        400
     """
     return _HTTP_STATUS.get(code, 500)
 
 
 class RestApiHandler:
     """``HttpRestApiHandler::ProcessRequest``: (method, path, body) -> (HTTP status, body).
-
-    Example:
-        >>> RestApiHandler(core, RequestOptions()).process("GET", "/v1/models/m", b"")[0]
-        200
     """
 
     def __init__(self, core: ServerCore, options: RequestOptions) -> None:
@@ -397,9 +298,14 @@ def _make_handler_class(
         def setup(self) -> None:
             # Reads go through a deadline (http_connections); writes get the body timeout.
             self.connection = self.request
+            if self.connection.family in (socket.AF_INET, socket.AF_INET6):
+                # An answer is written while the client waits: with Nagle's algorithm a
+                # kept-alive connection's next answer waits for the client's delayed ACK
+                # (40 ms on Linux).
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.reader = DeadlineReader(self.connection, limits.body_timeout_seconds)
             self.rfile = io.BufferedReader(self.reader, READ_BUFFER_BYTES)
-            self.wfile = self.connection.makefile("wb", 0)
+            self.wfile = SocketWriter(self.connection)
 
         def handle(self) -> None:
             try:
@@ -442,18 +348,24 @@ def _make_handler_class(
                 self.send_header("Access-Control-Allow-Methods", "POST, GET")
                 self.send_header("Access-Control-Allow-Headers", "Content-Type")
             self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
+            # Head and body in one write: one segment where they fit, one wakeup of the
+            # reader (the front, or the client).
+            self._headers_buffer.append(b"\r\n")
             if self.command != "HEAD":
-                self.wfile.write(body)
+                self._headers_buffer.append(body)
+            self.flush_headers()
 
         def handle_expect_100(self) -> bool:
             # "Expect: 100-continue" with a body that will be refused: send the refusal
             # (from _handle) instead of inviting the client to send the body.
-            length = (self.headers.get("Content-Length") or "").strip()
-            if self.headers.get("Transfer-Encoding") is None and not (
-                _CONTENT_LENGTH.fullmatch(length) and int(length) <= max_body_bytes
-            ):
+            try:
+                framing = body_framing(self.headers.get_all("Transfer-Encoding", []),
+                                       self.headers.get_all("Content-Length", []),
+                                       max_body_bytes)
+            except HttpError:
                 return True
+            if framing != CHUNKED and not self.headers.get_all("Content-Length"):
+                return True  # no body to invite
             return super().handle_expect_100()
 
         def _linger(self) -> None:
@@ -484,7 +396,7 @@ def _make_handler_class(
             self.connection.settimeout(limits.body_timeout_seconds)
             try:
                 body = read_body(self.headers, self.rfile, max_body_bytes)
-            except (_ClientGone, TimeoutError):
+            except (ClientGone, TimeoutError):
                 self.close_connection = True
                 return
             except HttpError as e:

@@ -8,18 +8,17 @@ merged, each model's series being in its own sandbox's page.
 Bounds, as upstream's libevent front end has them: at most ``max_connections`` client
 connections, a head must arrive within :data:`HEADER_TIMEOUT` of its first byte, a kept-
 alive connection may idle :data:`IDLE_TIMEOUT`. A connection past the limit closes the
-oldest idle connection (else the oldest that waits on its client, else the oldest);
-running out of descriptors closes the oldest idle one: idle clients can delay a request,
-never lock the port. The body's
-framing is read as the sandbox's ``rest.py`` reads it, so where that refuses a body
-(413 over ``--max_request_bytes``, 400, 501) the front stops passing bytes at the same
-point and relays the sandbox's own answer.
+longest idle connection (else the one longest reading from its client, else the one
+longest waiting on its sandbox); running out of descriptors closes the longest idle one:
+idle clients can delay a request, never lock the port. Connections and body framing are
+the sandbox's own (``model_server.http_connections``, TF-free), so where ``rest.py``
+refuses a body (413 over ``--max_request_bytes``, 400, 501) the front stops passing bytes
+at the same point and relays the sandbox's own answer.
 """
 
 from __future__ import annotations
 
 import errno
-import itertools
 import json
 import re
 import socket
@@ -27,6 +26,19 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable
+
+from serving_opt.model_server.http_connections import (
+    BUSY,
+    CHUNKED,
+    CLIENT,
+    IDLE,
+    ClientGone,
+    Connections,
+    HttpError,
+    body_framing,
+    chunked_parts,
+    fixed_parts,
+)
 
 MAX_CONNECTIONS = 512
 HEADER_TIMEOUT = 20.0
@@ -42,10 +54,11 @@ _BACKOFF_SECONDS = 0.05
 # Accept errors that say nothing about the listener: each ends one connection attempt.
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _MODEL = re.compile(r"/v1/models/([^/:]+)", re.IGNORECASE)
-_CONTENT_LENGTH = re.compile(rb"[0-9]{1,19}")  # rest.py's framing rules, mirrored
-_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
-_MAX_CHUNK_LINE = 4096
-_MAX_TRAILERS = 100
+_CONTENT_LENGTH = re.compile(rb"[0-9]{1,19}")  # of an answer
+# Past the limit: the longest idle connection, else the one longest reading from its
+# client, else any.
+_MAKE_ROOM = ((IDLE,), (CLIENT,), (IDLE, CLIENT, BUSY))
+_IDLE_ONLY = ((IDLE,),)
 
 
 class _Gone(Exception):
@@ -87,8 +100,16 @@ class _Reader:
                 raise _Gone()
 
     def take(self, limit: int, timeout: float | None) -> bytes:
-        if not self.buffer and not self.fill(timeout):
-            raise _Gone()
+        if not self.buffer:  # straight from the socket: no copy through the buffer
+            self.sock.settimeout(timeout)
+            piece = self.sock.recv(min(limit, _PIECE))
+            if not piece:
+                raise _Gone()
+            return piece
+        if len(self.buffer) <= limit:
+            piece = bytes(self.buffer)
+            self.buffer.clear()
+            return piece
         piece = bytes(self.buffer[:limit])
         del self.buffer[:limit]
         return piece
@@ -123,11 +144,8 @@ def _send(sock: socket.socket, data: bytes) -> None:
 
 
 class _Connection:
-    def __init__(self, sock: socket.socket, order: int) -> None:
+    def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.order = order
-        self.idle = True  # between requests: nothing of the next one has arrived
-        self.waiting_on_client = True
         self.evicted = False
         self.upstreams: dict[str, _Reader] = {}
 
@@ -152,10 +170,7 @@ class RestFront:
         self._route = route
         self._everyone = everyone
         self._max_body = max_body_bytes
-        self._max_connections = max_connections
-        self._lock = threading.Lock()
-        self._connections: dict[int, _Connection] = {}
-        self._order = itertools.count()
+        self._connections = Connections(max_connections, close=_Connection.evict)
         self._closed = False
         self._thread = threading.Thread(target=self._accept, name="serving-opt-rest-front",
                                         daemon=True)
@@ -171,9 +186,7 @@ class RestFront:
         except OSError:
             pass
         self._listener.close()
-        with self._lock:
-            for connection in self._connections.values():
-                connection.evict()
+        self._connections.close_all()
 
     def _accept(self) -> None:
         while not self._closed:
@@ -183,15 +196,11 @@ class RestFront:
                 if self._closed or e.errno in (errno.EBADF, errno.EINVAL):
                     return  # the listener was closed
                 if e.errno in _OUT_OF_RESOURCES:
-                    self._evict(idle_only=True)  # a descriptor for the one waiting
+                    self._connections.evict(_IDLE_ONLY)  # a descriptor for the one waiting
                 time.sleep(_BACKOFF_SECONDS)  # ECONNABORTED, EPERM, ...: the next one
                 continue
-            connection = _Connection(sock, next(self._order))
-            with self._lock:
-                if sum(not c.evicted for c in self._connections.values()) >= \
-                        self._max_connections:
-                    self._evict_locked(idle_only=False)
-                self._connections[connection.order] = connection
+            connection = _Connection(sock)
+            self._connections.admit(connection, _MAKE_ROOM)
             try:
                 threading.Thread(target=self._serve, args=(connection,), daemon=True,
                                  name="serving-opt-rest-conn").start()
@@ -199,21 +208,8 @@ class RestFront:
                 self._forget(connection)
                 time.sleep(_BACKOFF_SECONDS)
 
-    def _evict(self, idle_only: bool) -> None:
-        with self._lock:
-            self._evict_locked(idle_only)
-
-    def _evict_locked(self, idle_only: bool) -> None:
-        live = [c for c in self._connections.values() if not c.evicted]
-        candidates = [c for c in live if c.idle]
-        if not idle_only:
-            candidates = candidates or [c for c in live if c.waiting_on_client] or live
-        if candidates:
-            min(candidates, key=lambda c: c.order).evict()
-
     def _forget(self, connection: _Connection) -> None:
-        with self._lock:
-            self._connections.pop(connection.order, None)
+        self._connections.release(connection)
         for reader in connection.upstreams.values():
             reader.sock.close()
         connection.sock.close()
@@ -225,7 +221,7 @@ class RestFront:
             client = _Reader(connection.sock)
             while not connection.evicted and self._exchange(connection, client):
                 pass
-        except (_Gone, OSError):
+        except (_Gone, ClientGone, OSError):
             pass
         except _HeadTooLarge:
             _answer(connection.sock, 431, f"request head over {MAX_HEAD_BYTES} bytes")
@@ -234,10 +230,12 @@ class RestFront:
 
     def _exchange(self, connection: _Connection, client: _Reader) -> bool:
         """One request and its answer; whether the connection stays open."""
-        connection.waiting_on_client = connection.idle = True
+        if not self._connections.enter(connection, IDLE):
+            return False
         if not client.buffer and not client.fill(IDLE_TIMEOUT):
             return False
-        connection.idle = False
+        if not self._connections.enter(connection, CLIENT):
+            return False
         head = client.head(HEADER_TIMEOUT)
         if head is None:
             return False
@@ -248,7 +246,11 @@ class RestFront:
             return False
         method, target, version = request_line
         fields = _fields(lines[1:])
-        framing = _framing(fields, self._max_body)
+        try:
+            framing = body_framing(_values(lines[1:], b"transfer-encoding"),
+                                   _values(lines[1:], b"content-length"), self._max_body)
+        except HttpError:
+            framing = "refused"  # the sandbox answers it from the head
         if framing != "refused" and b"100-continue" in fields.get(b"expect", b"").lower():
             connection.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
         forwarded = b"".join(line + b"\r\n" for line in lines
@@ -256,19 +258,18 @@ class RestFront:
         name = _model(target)
         if (name is None and len(self._everyone) > 1 and method == b"GET" and framing == 0
                 and not target.lower().startswith(b"/v1/")):
-            connection.waiting_on_client = False
+            self._connections.enter(connection, BUSY)
             self._gather(connection, forwarded)
             return b"close" not in fields.get(b"connection", b"").lower() and \
                 version != b"HTTP/1.0"
         upstream = self._upstream(connection, self._route(name))
         try:
-            _send(upstream.sock, forwarded)
-            complete = self._pass_body(client, upstream.sock, framing)
+            complete = self._pass_body(client, upstream.sock, framing, forwarded)
         except _SandboxStopped:
             complete = False
-        connection.waiting_on_client = False
+        self._connections.enter(connection, BUSY)
         keep = self._pass_answer(connection, upstream, method == b"HEAD")
-        connection.waiting_on_client = True
+        self._connections.enter(connection, CLIENT)
         connection_field = fields.get(b"connection", b"").lower()
         if version == b"HTTP/1.0":
             keep = keep and b"keep-alive" in connection_field
@@ -317,20 +318,23 @@ class RestFront:
             if error.errno not in _OUT_OF_RESOURCES or time.monotonic() > deadline:
                 _answer(connection.sock, 503, "the model's server is not reachable")
                 raise _Gone() from None
-            self._evict(idle_only=True)
+            self._connections.evict(_IDLE_ONLY)
             time.sleep(_BACKOFF_SECONDS)
 
-    def _pass_body(self, client: _Reader, upstream: socket.socket, framing) -> bool:
-        """Passes the body as far as the sandbox will read it; whether it read it all."""
-        if framing == "refused":
-            return False
-        if framing == "chunked":
-            return _pass_chunked(client, upstream, self._max_body)
-        left = framing
-        while left:
-            piece = client.take(min(left, _PIECE), HEADER_TIMEOUT)
-            _send(upstream, piece)
-            left -= len(piece)
+    def _pass_body(self, client: _Reader, upstream: socket.socket, framing,
+                   head: bytes) -> bool:
+        """Passes the head, then the body as far as the sandbox will read it; whether it
+        read it all. What of the body has arrived goes with the head, in one write."""
+        if framing == "refused" or framing == CHUNKED or not client.buffer:
+            _send(upstream, head)
+            if framing == "refused":
+                return False
+            if framing == CHUNKED:
+                return _pass_chunked(client, upstream, self._max_body)
+            head = b""
+        for piece in fixed_parts(lambda n: client.take(n, HEADER_TIMEOUT), framing):
+            _send(upstream, head + piece if head else piece)
+            head = b""
         return True
 
     def _pass_answer(self, connection: _Connection, upstream: _Reader, head_only: bool) -> bool:
@@ -340,8 +344,6 @@ class RestFront:
         lines = [line.rstrip(b"\r") for line in head.split(b"\n")]
         status = int(lines[0].split()[1])
         fields = _fields(lines[1:])
-        connection.sock.settimeout(WRITE_TIMEOUT)
-        connection.sock.sendall(head)
         length = fields.get(b"content-length")
         if head_only or status in (204, 304) or 100 <= status < 200:
             left = 0
@@ -349,14 +351,23 @@ class RestFront:
             left = int(length)
         else:
             left = -1  # to the end of the connection
+        connection.sock.settimeout(WRITE_TIMEOUT)
+        if not left or not upstream.buffer:
+            connection.sock.sendall(head)
+            head = b""
+        # else the head goes with what of the body has arrived: one write, one segment
+        # for a small answer
         while left:
             try:
                 piece = upstream.take(_PIECE if left < 0 else min(left, _PIECE), None)
             except _Gone:
                 if left < 0:
+                    if head:
+                        connection.sock.sendall(head)
                     return False
                 raise
-            connection.sock.sendall(piece)
+            connection.sock.sendall(head + piece if head else piece)
+            head = b""
             left -= len(piece) if left > 0 else 0
         if b"close" in fields.get(b"connection", b"").lower():
             path = next(p for p, r in connection.upstreams.items() if r is upstream)
@@ -421,54 +432,26 @@ def _fields(lines: list[bytes]) -> dict[bytes, bytes]:
     return fields
 
 
-def _framing(fields: dict[bytes, bytes], max_body: int):
-    """How rest.py will read the body: a byte count, "chunked", or "refused" (it answers
-    from the head alone: an unknown transfer coding, a bad, conflicting or too large
-    Content-Length)."""
-    coding = fields.get(b"transfer-encoding")
-    if coding is not None:
-        codings = [c.strip().lower() for c in coding.split(b",") if c.strip()]
-        return "chunked" if codings == [b"chunked"] else "refused"
-    length = fields.get(b"content-length")
-    if length is None:
-        return 0
-    values = {v.strip() for v in length.split(b",")}
-    if len(values) > 1:
-        return "refused"
-    text = values.pop()
-    if not _CONTENT_LENGTH.fullmatch(text) or int(text) > max_body:
-        return "refused"
-    return int(text)
+def _values(lines: list[bytes], name: bytes) -> list[str]:
+    """The value of each header line named ``name`` (lower case), as rest.py's
+    ``headers.get_all`` gives them."""
+    found = []
+    for line in lines:
+        key, _, value = line.partition(b":")
+        if key.strip().lower() == name:
+            found.append(value.strip().decode("latin-1"))
+    return found
 
 
 def _pass_chunked(client: _Reader, upstream: socket.socket, max_body: int) -> bool:
-    total = 0
-    while True:
-        line = client.line(_MAX_CHUNK_LINE + 1, HEADER_TIMEOUT)
-        _send(upstream, line)
-        size_text = line.split(b";", 1)[0].strip()
-        if not line.endswith(b"\n") or not _CHUNK_SIZE.fullmatch(size_text):
-            return False
-        size = int(size_text, 16)
-        if size == 0:
-            break
-        total += size
-        if total > max_body:
-            return False
-        while size:
-            piece = client.take(min(size, _PIECE), HEADER_TIMEOUT)
-            _send(upstream, piece)
-            size -= len(piece)
-        end = client.line(3, HEADER_TIMEOUT)
-        _send(upstream, end)
-        if end not in (b"\r\n", b"\n"):
-            return False
-    for _ in range(_MAX_TRAILERS):
-        line = client.line(_MAX_CHUNK_LINE + 1, HEADER_TIMEOUT)
-        _send(upstream, line)
-        if line in (b"\r\n", b"\n"):
-            return True
-    return False
+    """Passes a chunked body as far as rest.py reads it; whether it read it all."""
+    try:
+        for wire, _ in chunked_parts(lambda n: client.line(n, HEADER_TIMEOUT),
+                                     lambda n: client.take(n, HEADER_TIMEOUT), max_body):
+            _send(upstream, wire)
+    except HttpError:
+        return False
+    return True
 
 
 def _model(target: bytes) -> str | None:
