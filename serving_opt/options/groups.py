@@ -41,7 +41,7 @@ def check_version(version: str) -> str:
 
 FREEZE_MODES = ("auto", "always", "never")
 # stages.quantize.MODES (a test keeps them equal)
-QUANTIZE_MODES = ("none", "int8", "int4", "fp16")
+QUANTIZE_MODES = ("none", "int8", "int4", "fp16", "bf16")
 PROTOCOLS = ("grpc", "rest")
 REQUIRE_SERVER = ("any", "tf_serving")
 MAX_RTOL = 1.0  # optimize: a relative tolerance above 100% lets any answer through
@@ -96,8 +96,9 @@ class BuildOptions:
         "output channel otherwise) or fp16. Tables are gathered quantized and only the "
         "gathered rows dequantized; other weights are dequantized once, at load. int4: "
         "embedding tables only (two values a byte, a scale per row; about half int8's "
-        "table memory, coarser), dense weights stay float32. Lossy: the lossy gate "
-        "decides.", choices=QUANTIZE_MODES)
+        "table memory, coarser), dense weights stay float32. bf16: compute (convolutions, "
+        "matmuls) in bfloat16, float32 at the inputs and outputs; refused on a CPU without "
+        "AVX-512-BF16 or AMX-BF16. Lossy: the lossy gate decides.", choices=QUANTIZE_MODES)
     quantize_min_elements: int = _opt(16384, "Weights with fewer elements stay float.")
     input_shapes: str | None = _opt(
         None, "Pin inputs' unknown dimensions, like strip_unused_nodes(shape=...): "
@@ -121,9 +122,14 @@ class BuildOptions:
                              "e.g. --freeze_max_bytes=10485760 (0 keeps every variable)")
         if self.quantize not in QUANTIZE_MODES:
             raise UsageError(f"--quantize={self.quantize} is not one of "
-                             f"{', '.join(QUANTIZE_MODES)}", "use --quantize=int8, int4 or fp16")
+                             f"{', '.join(QUANTIZE_MODES)}",
+                             "use --quantize=int8, int4, fp16 or bf16")
         if self.quantize_min_elements < 0:
             raise UsageError("--quantize_min_elements must be >= 0", "e.g. 16384")
+        if self.quantize == "bf16":
+            from serving_opt.stages import bf16
+
+            bf16.check_cpu()
         from serving_opt.stages import grappler as grappler_lib
         from serving_opt.stages import transforms as transforms_lib
 

@@ -68,6 +68,8 @@ class Candidate:
         what = "frozen" if self.frozen else "variables kept"
         if self.quantize == "none":
             return what
+        if self.quantize == "bf16":
+            return f"{what}, bf16 compute"
         return f"{what}, {self.quantize}: " + ("tables only" if self.tables_only
                                                else "all large weights")
 
@@ -112,7 +114,7 @@ def candidates(freeze: str, quantize: str) -> tuple[Candidate, ...]:
     """
     # int4 quantizes the tables alone (dense weights dequantized at load would shrink
     # the files, not the server): its candidates say so, and no retry drops dense ones.
-    scopes = {"none": (False,), "int4": (True,)}.get(quantize, (False, True))
+    scopes = {"none": (False,), "bf16": (False,), "int4": (True,)}.get(quantize, (False, True))
     frozen = tuple(Candidate(True, quantize, tables) for tables in scopes)
     if freeze == "never":
         return (Candidate(False, quantize, scopes[0]),)  # no retry: nothing to fall back to

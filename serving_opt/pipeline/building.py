@@ -17,6 +17,7 @@ from serving_opt.pipeline.attempts import Candidate
 from serving_opt.pipeline.run import Run, SizeReport
 from serving_opt.savedmodel import checkpoint, graph_diff, writer
 from serving_opt.savedmodel.graph import ServingGraph, prune_library
+from serving_opt.stages import bf16 as bf16_lib
 from serving_opt.stages import freeze as freeze_lib
 from serving_opt.stages import grappler as grappler_lib
 from serving_opt.stages import quantize as quantize_lib
@@ -114,6 +115,16 @@ def rewrite(run: Run, graph: ServingGraph) -> ServingGraph:
                 notes.append(f"{removed} unused library functions dropped")
         run.graph = graph
         stage.done(graph, "; ".join(notes))
+    return graph
+
+
+def bf16(run: Run, graph: ServingGraph) -> ServingGraph:
+    """Stage 5a (``--quantize=bf16``): compute in bfloat16, while the weights are still
+    constants (folded to bfloat16 once, not cast on every request)."""
+    with run.stage("bf16", "bfloat16 compute", step="-") as stage:
+        graph, converted = bf16_lib.to_bf16(graph)
+        run.graph = graph
+        stage.done(graph, f"{converted} ops compute in bfloat16")
     return graph
 
 

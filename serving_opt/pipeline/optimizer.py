@@ -218,9 +218,11 @@ def build_from(run: Run, graph, candidate: attempts.Candidate) -> str:
     graph = building.transform(run, graph)
     graph = building.grappler(run, graph)
     graph = building.rewrite(run, graph)
+    if candidate.quantize == "bf16":
+        graph = building.bf16(run, graph)
     if candidate.frozen and run.plan.build.max_constant_bytes is not None:
         graph = building.externalize(run, graph)
-    if candidate.quantize != "none":
+    if candidate.quantize not in ("none", "bf16"):
         graph = building.quantize(run, graph, candidate)
     staging = building.write(run, graph)
     try:

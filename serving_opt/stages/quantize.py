@@ -34,7 +34,7 @@ from serving_opt.savedmodel import checkpoint
 from serving_opt.savedmodel.checkpoint import SAVER_SCOPE, KeptVariable
 from serving_opt.savedmodel.graph import attr, data_consumers, make_node, var_handle
 
-MODES = ("none", "int8", "int4", "fp16")
+MODES = ("none", "int8", "int4", "fp16", "bf16")  # bf16: stages.bf16, not the weights
 DEFAULT_MIN_ELEMENTS = 16384
 _SCOPE = "serving_opt_quantized"
 _CHUNK_ROWS = 65536  # rows quantized at a time: bounded memory for a 1 GB table
@@ -361,7 +361,7 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
     import tensorflow as tf
     from tensorflow.core.framework import types_pb2
 
-    if mode == "none" or not graph.kept_variables:
+    if mode in ("none", "bf16") or not graph.kept_variables:
         return graph, []
     # int4 dense weights would be dequantized at load: a smaller file, the same server.
     tables_only = tables_only or mode == "int4"
