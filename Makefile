@@ -92,7 +92,7 @@ UNIT_TESTS := $(addprefix tests/test_,$(addsuffix .py, \
   tune_serving_version tune_fast_decode tune_grid tune_proving model_server_batching \
   model_server_concurrency sandbox_results static_check static_check_bounds \
   static_check_hidden_routes asset_paths dead_functions terminal_escapes inspect load_errors \
-  freeze independent_check validate_reference_failures))
+  freeze independent_check validate_reference_failures doctests))
 
 check: $(STAMP) lint
 	$(PY) -m pytest -q -p no:cacheprovider $(UNIT_TESTS)

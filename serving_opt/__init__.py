@@ -1,11 +1,4 @@
 """serving_opt: smaller, faster, proven-equivalent TensorFlow SavedModels for TF Serving.
-
-Example:
-    >>> from serving_opt import BuildOptions, OptimizeOptions, optimize
-    >>> report = optimize("exports/1700000000", "/models/clf",
-    ...                   OptimizeOptions(build=BuildOptions(quantize="int8")))
-    >>> report.output_dir
-    '/models/clf/1'
 """
 
 from __future__ import annotations

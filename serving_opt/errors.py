@@ -31,13 +31,6 @@ def first_line(e: BaseException) -> str:
 
     TensorFlow's errors start with a header ("Graph execution error:") and give the cause
     lines later, after the node and a stack trace: then the header, the cause and the node.
-
-    Example:
-        >>> first_line(ValueError("bad shape\n  details..."))
-        'bad shape'
-        >>> first_line(RuntimeError("Graph execution error:\n\nDetected at node 'r' "
-        ...                         "defined at:\nNode: 'r'\nRead less bytes than requested"))
-        'Graph execution error: Read less bytes than requested (node r)'
     """
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
     if not lines:
@@ -56,10 +49,6 @@ def first_line(e: BaseException) -> str:
 
 class ServingOptError(Exception):
     """A failure with a user-facing explanation.
-
-    Example:
-        >>> raise ServingOptError("no saved_model.pb in /tmp/x", fix="point --input_dir at "
-        ...                       "a SavedModel directory")
     """
 
     exit_code = EXIT_FAILURE
@@ -158,13 +147,6 @@ def storage_error(e: BaseException, where: str | None = None,
     ``where`` names the place (a failed ``write()`` has no file name); without it the
     error's own path is used; either way a path inside a hidden staging directory is
     named by its model base. ``published`` says what was published anyway.
-
-    Example:
-        >>> storage_error(OSError(errno.ENOSPC, "No space left on device"),
-        ...               "/models/clf/.serving-opt-staging-3-x")
-        DiskFullError('the disk is full at /models/clf (No space left on device); nothing ...')
-        >>> storage_error(ValueError("x")) is None
-        True
     """
     found = _storage_errno(e)
     if found is None:

@@ -99,9 +99,6 @@ def _terminate_like_interrupt() -> None:
 
 def run(argv: Sequence[str] | None = None, default_command: str | None = None) -> int:
     """Parses ``argv`` (default ``sys.argv``) and runs one command; exits the process.
-
-    Example:
-        >>> run(["serving-opt", "inspect", "--saved_model_dir=build/sample/1"])
     """
     sys.exit(main(argv, default_command))
 
@@ -111,10 +108,6 @@ def main(argv: Sequence[str] | None = None, default_command: str | None = None) 
 
     Ctrl-C (or SIGTERM) at any point, TensorFlow's import included, ends with one line
     saying what was published, and exit code 130.
-
-    Example:
-        >>> main(["serving-opt", "inspect", "--saved_model_dir=/nonexistent"])
-        1
     """
     argv = list(sys.argv if argv is None else argv)
     try:
@@ -139,13 +132,6 @@ def check_version_flag(text: str) -> int:
     absl would read ``--version=0x10`` as 16 and ``--version=٣`` as 3, and publish them as
     directories 16 and 3. Raises UsageError (exit code 2). Values beyond int64 pass here
     and are refused, with the int64 range in the message, by the optimizer's checks.
-
-    Example:
-        >>> check_version_flag("12")
-        12
-        >>> check_version_flag("0x10")
-        Traceback (most recent call last):
-        UsageError: --version='0x10' is not a version: ...
     """
     if not (text.isascii() and text.isdigit()):
         raise UsageError(f"--version={text!r} is {_NOT_A_VERSION}",
@@ -176,9 +162,6 @@ class _DecimalIntegerParser(flags.IntegerParser):
 def strict_integer_flags(fv: flags.FlagValues) -> None:
     """Makes every integer flag of ``fv`` accept decimal ASCII digits only (see
     :func:`check_version_flag`); a bad value is then absl's usage error (exit code 2).
-
-    Example:
-        >>> strict_integer_flags(fv)
     """
     for name in list(fv):
         flag = fv[name]
@@ -198,10 +181,6 @@ def _published_statement() -> str:
 
 def interrupted_message(command: str | None) -> str:
     """The one line for an interrupted command: a true statement of what was published.
-
-    Example:
-        >>> interrupted_message("optimize")
-        'serving-opt optimize: interrupted; nothing was published; ...'
     """
     # Only writer.publish() publishes, and it records each version it renamed into place.
     staging = sys.modules.get("serving_opt.savedmodel.staging")
@@ -320,10 +299,6 @@ def required(flag_name: str, fv: flags.FlagValues) -> None:
     """Marks a flag as required for the CLI's missing-flag check (exit 2).
 
     absl's own mark_flag_as_required registers a validator on the global FLAGS only.
-
-    Example:
-        >>> flags.DEFINE_string("saved_model_dir", None, "dir", flag_values=fv)
-        >>> required("saved_model_dir", fv)
     """
     fv[flag_name]._required = True
 
@@ -340,9 +315,6 @@ def define_model_dir(fv: flags.FlagValues, name: str, help_text: str, *,
                      aliases: Sequence[str] = (), is_required: bool = True) -> None:
     """Defines one model directory flag (``name`` follows the convention above) and its
     old names as aliases, for the calling command.
-
-    Example:
-        >>> define_model_dir(fv, MODEL_BASE_PATH, "Model base.", aliases=("model_base",))
     """
     check_model_dir_name(name)
     module_name = sys._getframe(1).f_globals["__name__"]
@@ -355,9 +327,6 @@ def define_model_dir(fv: flags.FlagValues, name: str, help_text: str, *,
 
 def check_model_dir_name(name: str) -> None:
     """ValueError unless ``name`` follows the model directory flag convention.
-
-    Example:
-        >>> check_model_dir_name("baseline_saved_model_dir")
     """
     if name not in (SAVED_MODEL_DIR, MODEL_BASE_PATH) \
             and not name.endswith("_" + SAVED_MODEL_DIR):
@@ -366,9 +335,6 @@ def check_model_dir_name(name: str) -> None:
 
 def alias(old: str, name: str, fv: flags.FlagValues, module_name: str | None = None) -> None:
     """``--old`` sets ``--name``, as it did before the flag was renamed.
-
-    Example:
-        >>> alias("input_dir", "saved_model_dir", fv)
     """
     module_name = module_name or sys._getframe(1).f_globals["__name__"]
     flags.DEFINE_alias(old, name, flag_values=fv, module_name=module_name)

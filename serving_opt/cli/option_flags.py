@@ -24,10 +24,6 @@ from absl import flags
 
 def flag_fields(group: type, skip: Iterable[str] = ()) -> list[dataclasses.Field]:
     """The fields of ``group`` that are flags (they have help), in field order.
-
-    Example:
-        >>> [f.name for f in flag_fields(Tolerance)]
-        ['atol', 'rtol']
     """
     return [f for f in dataclasses.fields(group)
             if f.metadata.get("help") and f.name not in set(skip)]
@@ -36,10 +32,6 @@ def flag_fields(group: type, skip: Iterable[str] = ()) -> list[dataclasses.Field
 def flag_name(f: dataclasses.Field, rename: Mapping[str, str] | None = None) -> str:
     """The flag of field ``f``: ``rename``'s, else the field's ``flag`` metadata, else
     its name.
-
-    Example:
-        >>> flag_name(dataclasses.fields(SearchOptions)[0])
-        'tensorflow_intra_op_parallelism'
     """
     return (rename or {}).get(f.name) or f.metadata.get("flag") or f.name
 
@@ -77,10 +69,6 @@ def define(fv: flags.FlagValues, group: type, *, skip: Iterable[str] = (),
 
     ``help_prefix`` starts every help (``"With --validate: "``); ``help`` replaces one
     field's; ``rename`` gives a field another flag name.
-
-    Example:
-        >>> define(fv, Tolerance)
-        ('atol', 'rtol')
     """
     # Listed under the calling command in --help, and found by its required-flag check.
     module_name = module_name or sys._getframe(1).f_globals["__name__"]
@@ -131,10 +119,6 @@ def read(fv: flags.FlagValues, group: type, *, skip: Iterable[str] = (),
          rename: Mapping[str, str] | None = None, **fixed):
     """``group`` built from the parsed flags its fields define; ``fixed`` values win, and
     fields without a flag keep their defaults.
-
-    Example:
-        >>> read(fv, Tolerance)        # after --atol=1e-3
-        Tolerance(atol=0.001, rtol=0.0001)
     """
     values = {f.name: value(fv, f, flag_name(f, rename))
               for f in flag_fields(group, skip) if f.name not in fixed}

@@ -29,9 +29,6 @@ _DEFAULT_OPTIONS = CompareOptions()
 
 def require_beam() -> None:
     """Raises the one-line error when Apache Beam is not installed.
-
-    Example:
-        >>> require_beam()  # nothing when it is
     """
     try:
         import apache_beam  # noqa: F401
@@ -265,12 +262,6 @@ def compare(baseline: str, candidate: str, examples: str,
             options: CompareOptions = _DEFAULT_OPTIONS,
             progress: Callable[[str], None] | None = None) -> CompareReport:
     """Compares two SavedModels' answers on every example matching ``examples``.
-
-    Example:
-        >>> r = compare("build/sample/1", "build/models/classifier/1",
-        ...             "build/eval/part-*.tfrecord", CompareOptions(direct_num_workers=2))
-        >>> r.ok, r.examples
-        (True, 100000)
     """
     require_beam()
     say = progress or (lambda _m: None)

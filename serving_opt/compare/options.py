@@ -13,10 +13,6 @@ DEFAULT_BATCH_SIZE = 256
 class CompareOptions:
     """What ``serving-opt compare`` can be told. ``pipeline_args`` go to Beam as they are
     (``--project=... --region=...``); ``runner`` and ``direct_num_workers`` are shortcuts.
-
-    Example:
-        >>> CompareOptions(signatures=("predict",), direct_num_workers=2).batch_size
-        256
     """
 
     signatures: tuple[str, ...] = ()  # empty: every signature the examples fit

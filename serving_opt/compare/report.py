@@ -43,10 +43,6 @@ class OutputComparison:
         """The output as the gates measure it. Integers and strings agree by examples
         (all of an example's values equal; for class ids, their top-1 agreement);
         classifiers' probabilities by their top-1 class.
-
-        Example:
-            >>> LossyGate().judge(comparison.check()).ok
-            True
         """
         kind = gates.Kind(self.kind)
         agreement = self.top1_agreement
@@ -84,10 +80,6 @@ class CompareReport:
     def failures(self, lossy: gates.LossyGate | None = None) -> list[str]:
         """What fails the gate: the tolerance rule (atol/rtol), or with ``lossy`` the
         lossy gate's (top-1 agreement and max probability error for classifier outputs).
-
-        Example:
-            >>> report.failures(gates.LossyGate())
-            ['predict/class_ids: agreement 0.9900 < 0.995']
         """
         gate: gates.Gate = lossy or gates.ToleranceGate(self.atol, self.rtol)
         out = []
@@ -117,10 +109,6 @@ def report_from_lines(lines: list[dict], baseline: str, candidate: str, pattern:
                       shards: int, options: CompareOptions, skipped: dict,
                       seconds: float) -> CompareReport:
     """The report from the pipeline's result lines (``pipeline.result_line``).
-
-    Example:
-        >>> report_from_lines(lines, "a/1", "b/1", "eval-*", 4, CompareOptions(), {}, 3.2).ok
-        True
     """
     labels = histogram_labels()
     count = next((line["examples"] for line in lines if line["kind"] == "count"), 0)
@@ -161,9 +149,6 @@ def _g(x: float) -> str:
 def format_report(report: CompareReport) -> str:
     """The report as aligned tables: one row per output, then histograms, the worst
     examples and the classes that moved.
-
-    Example:
-        >>> print(format_report(report))
     """
     from serving_opt.core.rendering import table
 

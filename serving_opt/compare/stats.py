@@ -8,12 +8,6 @@ classes x classes, at most ``worst_k`` worst examples). Pure numpy; no Beam, no 
 Definitions (the tolerance rule of ``serving_opt.core.gates``, the parity gate's): an element
 mismatches when not ``|c - b| <= atol + rtol * |b|`` (NaN equal to NaN); integers,
 booleans and strings must be equal. Relative diff is ``|c - b| / |b|`` where ``b != 0``.
-
-Example:
-    >>> s = OutputStats.empty("predict", "probabilities", 1e-5, 1e-4)
-    >>> s.add_batch(["a:0", "a:1"], np.array([[.9, .1], [.2, .8]]), np.array([[.9, .1], [.6, .4]]))
-    >>> s.mismatches, s.top1_agree, s.worst[0][1]
-    (2, 1, 'a:1')
 """
 
 from __future__ import annotations
@@ -35,10 +29,6 @@ DEFAULT_WORST_K = 10
 
 def histogram_labels() -> list[str]:
     """Labels of HISTOGRAM_BOUNDS: '0', '<=1e-09', ..., '<=1', '>1'.
-
-    Example:
-        >>> histogram_labels()[:2]
-        ['0', '<=1e-09']
     """
     labels = ["0"]
     for bound in HISTOGRAM_BOUNDS[1:-1]:

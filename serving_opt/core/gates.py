@@ -17,12 +17,6 @@ Each output is measured into an :class:`OutputCheck` (its :class:`Kind`, how man
 differ and by how much, how often the answer agrees), and a gate judges it into a
 :class:`Verdict`. Callers read the verdict only, so a new kind of output (detections
 matched by IoU, top-k sets) is a new kind, its measurement and its rule, all here.
-
-Example:
-    >>> gate = LossyGate()
-    >>> check = check_output("predict", "probabilities", [(reference, candidate)], gate)
-    >>> check.kind, check.verdict.ok
-    (<Kind.PROBABILITIES: 'probabilities'>, True)
 """
 
 from __future__ import annotations
@@ -65,40 +59,24 @@ NOT_GATED = "reported, not gated (lossy)"
 
 def is_float_dtype(dtype: str) -> bool:
     """Whether a dtype name (numpy's) is a floating or complex type.
-
-    Example:
-        >>> is_float_dtype("float32"), is_float_dtype("bfloat16"), is_float_dtype("int64")
-        (True, True, False)
     """
     return dtype.startswith(("float", "complex", "bfloat"))
 
 
 def is_probability_output(name: str) -> bool:
     """Whether an output's name says it holds a classifier's probabilities or scores.
-
-    Example:
-        >>> is_probability_output("Probabilities"), is_probability_output("logits")
-        (True, False)
     """
     return name.lower() in PROBABILITY_OUTPUTS
 
 
 def is_class_id_output(name: str) -> bool:
     """Whether an output's name says it holds one class id per row.
-
-    Example:
-        >>> is_class_id_output("class_ids")
-        True
     """
     return name.lower() in CLASS_ID_OUTPUTS
 
 
 def has_class_rows(shape: Iterable[int]) -> bool:
     """Whether an answer of this shape (batch first) holds rows of two or more classes.
-
-    Example:
-        >>> has_class_rows((16, 4)), has_class_rows((16,)), has_class_rows((16, 1))
-        (True, False, False)
     """
     shape = tuple(shape)
     return len(shape) >= 2 and shape[-1] >= 2
@@ -117,10 +95,6 @@ class Kind(str, enum.Enum):
 
 def output_kind(name: str, dtype: str, class_rows: bool) -> Kind:
     """The kind of an output from its name, dtype name and whether it has class rows.
-
-    Example:
-        >>> output_kind("scores", "float32", True), output_kind("scores", "float32", False)
-        (<Kind.PROBABILITIES: 'probabilities'>, <Kind.VALUES: 'values'>)
     """
     if not is_float_dtype(dtype):
         return Kind.DISCRETE
@@ -142,10 +116,6 @@ class FloatDifferences(NamedTuple):
 
 def float_differences(reference, candidate, atol: float, rtol: float) -> FloatDifferences:
     """The tolerance rule element by element, for float arrays of one shape.
-
-    Example:
-        >>> float_differences(np.array([1.0, 2.0]), np.array([1.0, 2.5]), 1e-5, 1e-4).close
-        array([ True, False])
     """
     ref = np.asarray(reference).astype(np.float64)
     cand = np.asarray(candidate).astype(np.float64)
@@ -158,10 +128,6 @@ def float_differences(reference, candidate, atol: float, rtol: float) -> FloatDi
 
 def structural_break(reference, candidate) -> str:
     """What makes two arrays incomparable (shape or dtype), or "" when they compare.
-
-    Example:
-        >>> structural_break(np.zeros(2), np.zeros(3))
-        'shape (3,) != (2,)'
     """
     reference, candidate = np.asarray(reference), np.asarray(candidate)
     if reference.shape != candidate.shape:
@@ -183,10 +149,6 @@ class ArrayDiff(NamedTuple):
 
 def compare_arrays(reference, candidate, atol: float, rtol: float) -> ArrayDiff:
     """How ``candidate`` differs from ``reference`` under the tolerance rule.
-
-    Example:
-        >>> compare_arrays(np.array([1.0, 2.0]), np.array([1.0, 2.5]), 1e-5, 1e-4)[:2]
-        (1, 0.5)
     """
     reference, candidate = np.asarray(reference), np.asarray(candidate)
     broken = structural_break(reference, candidate)
@@ -204,10 +166,6 @@ def top1_classes(answer) -> np.ndarray | None:
     """The top-1 class of each row of a float answer with class rows, or None.
 
     Rows are the answer's last axis (``(batch, ..., classes)`` read as rows of classes).
-
-    Example:
-        >>> top1_classes(np.array([[0.9, 0.1], [0.2, 0.8]])).tolist()
-        [0, 1]
     """
     answer = np.asarray(answer)
     if answer.dtype.kind not in "fc" or not has_class_rows(answer.shape):
@@ -262,12 +220,6 @@ def row_agreement(pairs: Iterable[tuple], cap: float = np.inf) -> RowAgreement |
     (``|dp1| + |dp2|``) in the rows that kept their class, at :data:`NEAR_TIE_QUANTILE`,
     and at most ``cap`` (the lossy gate: twice its probability bound). Flipped rows are
     left out of it: one broken row must not excuse the others.
-
-    Example:
-        >>> ra = row_agreement([(np.array([[0.9, 0.1], [0.5, 0.5], [0.6, 0.4]]),
-        ...                      np.array([[0.8, 0.2], [0.49, 0.51], [0.3, 0.7]]))])
-        >>> ra.count()
-        AgreementCount(rows=2, agreeing=1, near_ties=1, near_tie_flips=1, tie_margin=0.2)
     """
     top2, kept_moves = [], []
     for expected, actual in pairs:
@@ -296,10 +248,6 @@ def row_agreement(pairs: Iterable[tuple], cap: float = np.inf) -> RowAgreement |
 
 def changed_rows(expected, actual) -> np.ndarray:
     """bool [rows] (first axis): rows of an exact-compared output where a value differs.
-
-    Example:
-        >>> changed_rows(np.array([[1], [2]]), np.array([[1], [3]])).tolist()
-        [False, True]
     """
     expected, actual = np.asarray(expected), np.asarray(actual)
     differs = np.asarray(expected != actual)
@@ -325,10 +273,6 @@ class Verdict:
 
 def wilson_interval(agreeing: int, rows: int, z: float = CONFIDENCE_Z) -> tuple[float, float]:
     """The Wilson score interval of a proportion (95% by default).
-
-    Example:
-        >>> [round(x, 4) for x in wilson_interval(509, 512)]
-        [0.9829, 0.998]
     """
     if rows <= 0:
         return 0.0, 1.0
@@ -346,10 +290,6 @@ class AgreementCount:
     ``near_ties`` rows are left out of ``rows``: the original's top-1 margin there was
     within ``tie_margin``, what the quantization moves a margin, so a flip is a tie
     decided the other way (``near_tie_flips`` of them flipped).
-
-    Example:
-        >>> AgreementCount(rows=2048, agreeing=2047).interval
-        (0.9972..., 0.9999...)
     """
 
     rows: int
@@ -421,10 +361,6 @@ class Gate(Protocol):
 @dataclass(frozen=True)
 class ToleranceGate:
     """The tolerance rule: no element may differ beyond ``atol + rtol * |reference|``.
-
-    Example:
-        >>> ToleranceGate().judge(OutputCheck("s", "y", Kind.VALUES, differing=2)).ok
-        False
     """
 
     atol: float = DEFAULT_ATOL
@@ -446,11 +382,6 @@ class LossyGate:
     ``max_probability_error``. Integer and string outputs (class ids, class names):
     at least ``min_top1_agreement`` of the elements equal. Other float outputs
     (logits, embeddings) are reported, not gated. Differences are counted exactly.
-
-    Example:
-        >>> LossyGate().judge(OutputCheck("s", "probabilities", Kind.PROBABILITIES,
-        ...                               max_abs_diff=0.01, agreement=0.999)).ok
-        True
     """
 
     min_top1_agreement: float = DEFAULT_MIN_TOP1_AGREEMENT
@@ -515,10 +446,6 @@ def _agreement_text(check: OutputCheck) -> str:
 
 def judged(check: OutputCheck, gate: Gate) -> OutputCheck:
     """``check`` with ``gate``'s verdict.
-
-    Example:
-        >>> judged(OutputCheck("s", "y", Kind.VALUES), ToleranceGate()).verdict.ok
-        True
     """
     return dataclasses.replace(check, verdict=gate.judge(check))
 
@@ -527,11 +454,6 @@ def check_output(signature: str, output: str, pairs: Iterable[tuple], gate: Gate
     """Measures one output over batches of ``(expected, actual)`` answers and judges it.
 
     ``actual`` is None where the candidate did not return the output.
-
-    Example:
-        >>> check_output("predict", "y", [(np.array([1, 2]), np.array([1, 3]))],
-        ...              ToleranceGate()).differing
-        1
     """
     pairs = list(pairs)
     differing = elements = 0
@@ -591,12 +513,6 @@ def check_signature(signature: str, per_output: dict[str, list], gate: Gate,
     the lossy gate, an integer or string output with one value per row of a
     probabilities output (class ids, class names) is counted on that output's decisive
     rows: where the original's top-1 was a near-tie, its class id may flip with it.
-
-    Example:
-        >>> checks = check_signature("predict", {"probabilities": pairs,
-        ...                                      "class_ids": id_pairs}, LossyGate())
-        >>> checks["class_ids"].count.near_ties == checks["probabilities"].count.near_ties
-        True
     """
     checks = {alias: check_output(signature, alias, pairs, gate)
               for alias, pairs in per_output.items() if pairs}

@@ -61,11 +61,6 @@ class Budget:
     ``time.monotonic`` is one clock for every process of the machine, so a measuring
     process is handed the deadline itself (:attr:`deadline`), not a duration that its
     start-up (importing TensorFlow) would silently extend.
-
-    Example:
-        >>> budget = Budget(120.0)
-        >>> 0 < budget.left() <= 120.0
-        True
     """
 
     seconds: float
@@ -85,10 +80,6 @@ class Budget:
 
 def seconds_until(deadline: float | None) -> float:
     """Seconds from now until a ``time.monotonic`` deadline (0 once past; inf for None).
-
-    Example:
-        >>> seconds_until(None)
-        inf
     """
     return math.inf if deadline is None else max(0.0, deadline - time.monotonic())
 
@@ -98,9 +89,6 @@ def say(message: str) -> None:
 
     The job's child writes it on the pipe its result will follow on; the helper prints
     nothing while a child runs, so lines never interleave.
-
-    Example:
-        >>> say("benchmark: 2 batch sizes x 14 runs, about 95 s left")
     """
     sys.stdout.write(json.dumps({_PROGRESS: str(message)}) + "\n")
     sys.stdout.flush()
@@ -114,11 +102,6 @@ def run_jobs(jobs: list[dict], timeout: float, *, what: str, skip: str,
     ``what`` names the measurement and ``skip`` the flag that skips it, for the error
     when the process itself fails or overruns ``timeout`` seconds. Lines a job
     :func:`say` s go to ``progress`` as they come (called in this thread).
-
-    Example:
-        >>> run_jobs([{"run": "serving_opt.stages.coldstart:cold_start_job", ...}], 600,
-        ...          what="the cold-start measurement", skip="--nocold_start")[0]["load_seconds"]
-        0.8
     """
     # Measure with TensorFlow's defaults, as TF Serving runs, whatever the optimizer
     # process chose for itself (see tf_process.configure_for_optimizing).
@@ -218,10 +201,6 @@ def peak_rss_bytes() -> int:
     (A process started by ``exec``, by contrast, starts with the high-water mark of the
     address space the ``exec`` replaced, which the kernel carries over: through vfork, as
     ``subprocess`` spawns, that is the spawning parent's whole peak.)
-
-    Example:
-        >>> peak_rss_bytes() > 0
-        True
     """
     import resource
 
@@ -239,10 +218,6 @@ def held_rss_bytes() -> int:
     anything, is therefore what this process holds privately: what a steady serving
     process keeps, without the code pages every TF process shares through the page cache.
     Costs one fork (a few ms for a 1 GB process: page tables only, no copy).
-
-    Example:
-        >>> 0 < held_rss_bytes() <= peak_rss_bytes()
-        True
     """
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -265,10 +240,6 @@ def rss_bytes(field: str) -> int:
     ``VmHWM``: the peak), in bytes; 0 where there is none (no ``/proc``, as in the
     sandbox once its ``/proc`` is synthetic: use :func:`peak_rss_bytes` and
     :func:`held_rss_bytes` there).
-
-    Example:
-        >>> rss_bytes("VmHWM") >= rss_bytes("VmRSS") > 0
-        True
     """
     try:
         with open("/proc/self/status") as f:

@@ -16,14 +16,13 @@ _SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def printable(text: object) -> str:
-    """``str(text)`` with control and format characters escaped as in ``repr``.
+    r"""``str(text)`` with control and format characters escaped as in ``repr``.
 
     A signature key, tensor name or path with a newline or an escape sequence in it
     would otherwise break a table's rows or recolour the terminal; names are data.
 
-    Example:
-        >>> printable("pre\ndict\x1b[31m")
-        'pre\\ndict\\x1b[31m'
+    >>> printable("pre\ndict\x1b[31m")
+    'pre\\ndict\\x1b[31m'
     """
     text = str(text)
     if text.isprintable() and text.isascii():
@@ -44,9 +43,8 @@ def printable(text: object) -> str:
 def human_bytes(n: int | None) -> str:
     """1536 -> '1.5 KiB'; None (not measured) -> '-'.
 
-    Example:
-        >>> human_bytes(1536), human_bytes(3 * 2**40), human_bytes(None)
-        ('1.5 KiB', '3.0 TiB', '-')
+    >>> human_bytes(1536), human_bytes(3 * 2**40), human_bytes(None)
+    ('1.5 KiB', '3.0 TiB', '-')
     """
     if n is None or n < 0:
         return "-"
@@ -59,11 +57,10 @@ def human_bytes(n: int | None) -> str:
 
 
 def ratio(before: float | None, after: float | None) -> str:
-    """'after/before' as a multiplier, e.g. '0.42x'.
+    """'after/before' as a multiplier.
 
-    Example:
-        >>> ratio(100, 42)
-        '0.42x'
+    >>> ratio(100, 42)
+    '0.42x'
     """
     if not before or after is None:
         return "-"
@@ -75,14 +72,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, indent: s
     """A plain aligned text table, every line prefixed with ``indent``; ``rule`` draws
     dashes under the headers. Cells are :func:`printable`: one row is one line.
 
-    Example:
-        >>> print(table(["a", "b"], [[1, 2]]))
-        a  b
-        -  -
-        1  2
-        >>> print(table(["a", "b"], [[1, 2]], indent="  ", rule=False))
-          a  b
-          1  2
+    >>> print(table(["a", "b"], [[1, 2]]))
+    a  b
+    -  -
+    1  2
     """
     cells = [[printable(h) for h in headers]] + [[printable(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
@@ -113,10 +106,6 @@ def to_jsonable(value):
 
 def write_json(report, path: str) -> str:
     """Writes a report as JSON atomically (a reader never sees half a file).
-
-    Example:
-        >>> write_json(report, "build/report.json")
-        'build/report.json'
     """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)

@@ -13,14 +13,6 @@ functions are reported without fetchable feeds):
   thresholds and sizes, which are constants);
 * whether the signature looks like a detection model (boxes, scores, classes and
   optionally a count, from an NMS op), and its output keys.
-
-Example:
-    >>> a = analyze(graph_def, signature_def)
-    >>> a.discontinuous_keys(), a.feeding_tensors()
-    (('detection_boxes', 'detection_classes', 'detection_scores', 'num_detections'),
-     ('Postprocessor/ExpandDims:0', 'Postprocessor/strided_slice:0'))
-    >>> a.detection
-    DetectionKeys(boxes='detection_boxes', scores='detection_scores', ...)
 """
 
 from __future__ import annotations
@@ -55,10 +47,6 @@ _FLOAT_TYPES = frozenset({1, 2, 14, 19})  # DT_FLOAT, DT_DOUBLE, DT_BFLOAT16, DT
 
 def kind(op: str) -> str | None:
     """"nms", "topk", "argmax", "comparison", "selection", "rounding", "cast" or None.
-
-    Example:
-        >>> kind("NonMaxSuppressionV5"), kind("MatMul")
-        ('nms', None)
     """
     for name, ops in (("nms", NMS_OPS), ("topk", TOPK_OPS), ("argmax", ARG_OPS),
                       ("comparison", COMPARISON_OPS), ("selection", SELECTION_OPS),
@@ -164,10 +152,6 @@ class Analysis:
     def feeding_tensors(self) -> tuple[str, ...]:
         """The tensors to fetch and compare elementwise in both runs: the feeds of
         :meth:`first_ops`, in graph order of the ops.
-
-        Example:
-            >>> analyze(frozen, signature).feeding_tensors()
-            ('Postprocessor/ExpandDims:0', 'Postprocessor/strided_slice:0')
         """
         out: list[str] = []
         for o in self.first_ops():
@@ -229,10 +213,6 @@ def analyze(graph_def, signature_def, signature_key: str = "serving_default") ->
     included: the OD API's NMS runs inside one, and its feeds, which cannot be fetched
     there, are replaced by the tensors entering the loop); a call op whose function holds
     a discontinuous op is reported with ``function`` set and no feeds.
-
-    Example:
-        >>> analyze(frozen_graph_def, sig).detection.boxes
-        'detection_boxes'
     """
     nodes = {n.name: n for n in graph_def.node}
     library = {f.signature.name: f for f in graph_def.library.function}
@@ -381,11 +361,6 @@ def detection_keys(signature_def, analysis: Analysis) -> DetectionKeys | None:
     """The signature's detection outputs when it looks like a detection model: outputs
     named for boxes, scores and classes (and optionally a count) whose boxes and scores
     come out of an NMS op; None otherwise.
-
-    Example:
-        >>> detection_keys(sig, analysis)
-        DetectionKeys(boxes='detection_boxes', scores='detection_scores',
-        classes='detection_classes', num='num_detections')
     """
     paths = {p.key: p for p in analysis.outputs}
     roles: dict[str, str] = {}
@@ -417,10 +392,6 @@ def pair_feeds(before: Analysis, after: Analysis) -> list[tuple[str, str]]:
     original's :meth:`Analysis.first_ops`: ops are paired by name, else by op type in
     order. Rewrites rename what feeds an op (fold_batch_norms gives the folded conv the
     Mul's name), rarely the NMS itself; unpaired feeds are left out.
-
-    Example:
-        >>> pair_feeds(analyze(original, sig), analyze(optimized, sig))
-        [('Postprocessor/ExpandDims:0', 'Postprocessor/ExpandDims:0'), ...]
     """
     by_name = {o.name: o for o in after.first_ops()}
     by_type: dict[str, list[DiscontinuousOp]] = collections.defaultdict(list)

@@ -8,14 +8,6 @@ detections matched by class and IoU (:func:`match_detections`), as top-k sets
 one-line summary. :func:`near_tie_verdict` is the lossless rule of issue 22: a changed
 discrete answer is accepted only for rows where the continuous tensors feeding the
 discontinuous op agree within tolerance (a near-tie decided the other way by rounding).
-
-Example:
-    >>> m = match_detections(original_outputs, optimized_outputs)
-    >>> m.summary()
-    '9 of 9 detections matched (IoU >= 0.99), 1 moved by at most 0.004 (score 1.2e-07)'
-    >>> near_tie_verdict(m.changed_images(), original_feeds, optimized_feeds,
-    ...                  atol=1e-5, rtol=1e-4).accepted
-    True
 """
 
 from __future__ import annotations
@@ -142,10 +134,6 @@ class DetectionMatch:
     def summary(self) -> str:
         """One line, e.g. "9 of 9 detections matched (IoU >= 0.99), 1 moved by at most
         0.004 (score 1.2e-07)".
-
-        Example:
-            >>> match_detections(a, a).summary()
-            '9 of 9 detections matched (IoU >= 0.99), none moved'
         """
         text = (f"{self.matched} of {self.reference} detections matched "
                 f"(IoU >= {self.iou_threshold:g})")
@@ -175,10 +163,6 @@ class DetectionMatch:
 def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """IoU of each box of ``a`` [n, 4] with each of ``b`` [m, 4] (ymin, xmin, ymax, xmax
     or any consistent corner order): [n, m]. Empty boxes overlap nothing.
-
-    Example:
-        >>> iou_matrix(np.array([[0, 0, 1, 1.]]), np.array([[0, 0, 1, 0.5]]))
-        array([[0.5]])
     """
     a = np.asarray(a, np.float64).reshape(-1, 4)
     b = np.asarray(b, np.float64).reshape(-1, 4)
@@ -223,10 +207,6 @@ def match_image(ref_boxes, ref_scores, ref_classes, cand_boxes, cand_scores, can
                 iou_threshold: float = LOSSLESS_IOU, score_atol: float = 1e-5,
                 score_rtol: float = 1e-4) -> ImageMatch:
     """Matches one image's detections (already cut to the valid count) by class and IoU.
-
-    Example:
-        >>> match_image([[0, 0, 1, 1]], [0.9], [1], [[0, 0, 1, 1]], [0.9], [1]).identical
-        True
     """
     rb, rs, rc = _image(ref_boxes, ref_scores, ref_classes, len(ref_scores))
     cb, cs, cc = _image(cand_boxes, cand_scores, cand_classes, len(cand_scores))
@@ -277,10 +257,6 @@ def match_detections(reference: Mapping[str, np.ndarray], candidate: Mapping[str
                      ) -> DetectionMatch:
     """Matches two runs' detections image by image: OD-API outputs (boxes [batch, n, 4],
     scores and classes [batch, n], num_detections [batch]) by output name.
-
-    Example:
-        >>> match_detections(original, folded).summary()
-        '9 of 9 detections matched (IoU >= 0.99), 1 moved by at most 0.004 (score 1.2e-07)'
     """
     ref_counts, cand_counts = _counts(reference, keys), _counts(candidate, keys)
     if len(ref_counts) != len(cand_counts):
@@ -321,10 +297,6 @@ class TopKAgreement:
 
 def topk_agreement(reference, candidate) -> TopKAgreement:
     """Compares top-k index outputs row by row (the last axis holds the k indices).
-
-    Example:
-        >>> topk_agreement([[3, 1]], [[1, 3]]).summary()
-        '1 of 1 rows have the same top-2 set (0 in the same order)'
     """
     ref = np.asarray(reference)
     cand = np.asarray(candidate)
@@ -370,10 +342,6 @@ class ArgmaxChanges:
 
 def argmax_changes(reference, candidate) -> ArgmaxChanges:
     """Counts argmax answers that differ between two runs.
-
-    Example:
-        >>> argmax_changes([1, 2, 0], [1, 0, 0]).summary()
-        '1 of 3 argmax answers changed'
     """
     ref = np.asarray(reference)
     cand = np.asarray(candidate)
@@ -435,11 +403,6 @@ def rows_within_tolerance(reference, candidate, rows: int, atol: float, rtol: fl
     """bool [rows]: where ``candidate`` is within ``atol + rtol * |reference|`` of
     ``reference`` (NaN equal to NaN). A tensor whose first axis is not ``rows`` long
     (no batch axis) counts for every row; a shape change fails every row.
-
-    Example:
-        >>> rows_within_tolerance(np.zeros((2, 3)), np.array([[0, 0, 0], [0, 1, 0.]]), 2,
-        ...                       1e-5, 1e-4)[0]
-        array([ True, False])
     """
     ref = np.asarray(reference)
     cand = np.asarray(candidate)
@@ -476,11 +439,6 @@ def near_tie_verdict(changed_rows, reference_feeds: Mapping[str, np.ndarray],
     excused only when every feeding tensor agrees there within ``atol + rtol *
     |reference|``: the discrete op saw (nearly) the same numbers and a near-tie went
     the other way. Any other change fails.
-
-    Example:
-        >>> near_tie_verdict([False, True], {"scores": s}, {"scores": s + 1e-7},
-        ...                  1e-5, 1e-4).accepted
-        True
     """
     changed = np.asarray(changed_rows, dtype=bool).reshape(-1)
     rows = len(changed)

@@ -15,14 +15,6 @@ graphs: :func:`candidate_tensors`) and hands every batch here (:func:`rejudge`):
 * lossy work (``--quantize``): a detection model's outputs are judged by detection
   agreement (same class, IoU >= 0.5, the share matched at least the lossy gate's
   ``min_top1_agreement``), not by elementwise drift or top-1 rows.
-
-Example:
-    >>> discrete = plan(graph_def, signature_def, "serving_default")
-    >>> discrete.feeds
-    ('Postprocessor/ExpandDims:0', 'Postprocessor/scores:0')
-    >>> checks = rejudge(checks, batches, discrete, ToleranceGate())
-    >>> checks["detection_boxes"].verdict.reason
-    'detections: 9 of 9 matched (IoU >= 0.99), 1 moved by at most 0.004 ...'
 """
 
 from __future__ import annotations
@@ -72,10 +64,6 @@ class Batch:
 def plan(graph_def, signature_def, key: str) -> DiscreteOutputs | None:
     """The signature's discontinuous outputs and what to fetch with them; None when
     every output is continuous (parity then compares elementwise only).
-
-    Example:
-        >>> plan(classifier_graph, sig, "serving_default").keys
-        ('class_ids',)
     """
     analysis = discontinuous.analyze(graph_def, signature_def, key)
     if not analysis.discontinuous_keys():
@@ -87,10 +75,6 @@ def candidate_tensors(discrete: DiscreteOutputs, graph_def, signature_def,
                       key: str) -> dict[str, str]:
     """Reference feed tensor -> the candidate's tensor feeding the same op (rewrites
     rename nodes; :func:`discontinuous.pair_feeds`). Unpaired feeds are left out.
-
-    Example:
-        >>> candidate_tensors(discrete, folded_graph, sig, "serving_default")
-        {'Postprocessor/ExpandDims:0': 'Postprocessor/ExpandDims:0', ...}
     """
     after = discontinuous.analyze(graph_def, signature_def, key)
     wanted = set(discrete.feeds)
@@ -102,10 +86,6 @@ def rejudge(checks: Mapping[str, OutputCheck], batches: Sequence[Batch],
             discrete: DiscreteOutputs, gate: gates.Gate) -> dict[str, OutputCheck]:
     """``checks`` (one signature's outputs, measured elementwise and judged) with the
     discontinuous outputs judged as what they mean.
-
-    Example:
-        >>> rejudge(checks, batches, discrete, ToleranceGate())["class_ids"].verdict
-        Verdict(ok=True, reason='1 of 32 rows changed, accepted as near-ties: ...')
     """
     out = dict(checks)
     detection = discrete.detection

@@ -74,10 +74,6 @@ def frame(height: int = REFERENCE_FRAME[0], width: int = REFERENCE_FRAME[1],
 
     Shapes are placed in normalized coordinates, so 480x640 and 720x1280 frames of one
     seed show the same objects (stretched); the noise differs with the size.
-
-    Example:
-        >>> frame(480, 640).shape
-        (1, 480, 640, 3)
     """
     rng = np.random.default_rng(seed)
     ys = (np.arange(height, dtype=np.float32)[:, None] + 0.5) / height
@@ -123,11 +119,6 @@ def build(output_dir: str, size: int = DEFAULT_SIZE, seed: int = 0,
     2x and 4x). The SavedModel keeps its variables, as a user's training export has
     them; the frozen graph is the same model with variables as constants. Deterministic
     for (size, width, seed) on one machine.
-
-    Example:
-        >>> sample = build("/tmp/det")
-        >>> sample.detections, os.path.basename(sample.frozen_graph)
-        (9, 'frozen_inference_graph.pb')
     """
     import tensorflow as tf
 
@@ -159,10 +150,6 @@ def run_frozen_graph(frozen_graph: str, images: np.ndarray,
 
     For this project's own samples and tests: a user's .pb is untrusted and never run
     on the build host outside the sandbox.
-
-    Example:
-        >>> run_frozen_graph(sample.frozen_graph, frame())["num_detections"]
-        array([9.], dtype=float32)
     """
     import tensorflow as tf
 
@@ -190,10 +177,6 @@ def time_per_image(frozen_graph: str, images: int = 3,
                    shape: tuple[int, int] = REFERENCE_FRAME) -> Timing:
     """Runs ``images`` frames (batch 1) through the frozen graph after a warm-up run and
     returns the median wall and CPU time of one.
-
-    Example:
-        >>> time_per_image(sample.frozen_graph).wall_seconds < 0.1
-        True
     """
     import tensorflow as tf
 

@@ -9,12 +9,6 @@ variables; and a list of risks. ``to_json()`` is the stable machine format
 
 The parts: ``facts`` reads the directory, ``risks`` judges what was read, ``report``
 holds the result and its JSON form, ``text`` its table.
-
-Example:
-    >>> report = inspect_saved_model("build/sample/1")
-    >>> [s.key for s in report.meta_graphs[0].signatures]
-    ['classification', 'predict', 'serving_default']
-    >>> print(report.format_table())  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -60,11 +54,6 @@ def inspect_saved_model(
     the one with no tags, as saved_model_cli's ``--tag_set ''``); None inspects all.
     Raises ServingOptError (one line: problem and fix) when the directory is missing,
     holds no or a corrupt saved_model.pb, or has no such tag set.
-
-    Example:
-        >>> report = inspect_saved_model("build/sample/1", tags="serve")
-        >>> report.meta_graphs[0].init_op
-        InitOp(name='group_deps', source='main_op')
     """
     path = os.fspath(path)
     # Read here, not imported into the parts: the limit is this module's to change.

@@ -4,11 +4,6 @@ Only saved_model.pb and the checkpoint's index/data are read: per MetaGraph its
 signatures, init op, assets and op histograms; for the directory its sizes on disk and
 its variables. Nothing is judged here (serving_opt.inspection.risks does that); paths
 that come from the untrusted proto are never followed out of the model.
-
-Example:
-    >>> saved_model = loader.read_saved_model("build/sample/1")
-    >>> meta_graph_report(saved_model.meta_graphs[0], "build/sample/1").kind
-    'tf1'
 """
 
 from __future__ import annotations
@@ -57,10 +52,6 @@ class CheckpointRead:
 def meta_graph_report(meta_graph, path: str) -> MetaGraphReport:
     """One MetaGraph of the SavedModel in ``path``: tags, kind, signatures, init op,
     assets and node counts.
-
-    Example:
-        >>> meta_graph_report(saved_model.meta_graphs[0], "build/sample/1").init_op.source
-        'main_op'
     """
     graph_def = meta_graph.graph_def
     functions = graph_def.library.function
@@ -136,10 +127,6 @@ def _signature_report(key: str, sig) -> SignatureReport:
 
 def under(path: str, directory: str) -> bool:
     """Whether ``path`` is ``directory`` or inside it (by name; no link is followed).
-
-    Example:
-        >>> under("/m/variables/variables.index", "/m/variables"), under("/m2", "/m")
-        (True, False)
     """
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
@@ -182,20 +169,12 @@ V1_CHECKPOINT = "v1 checkpoint"
 
 def variables_prefix(path: str) -> str:
     """The checkpoint prefix of the SavedModel in ``path`` (``variables/variables``).
-
-    Example:
-        >>> variables_prefix("/m/1")
-        '/m/1/variables/variables'
     """
     return os.path.join(path, "variables", "variables")
 
 
 def unread_variables(limit_bytes: int, status: str = "unreadable") -> VariablesReport:
     """The report of a checkpoint that is not read (``status``: unreadable or absent).
-
-    Example:
-        >>> unread_variables(2**31).status
-        'unreadable'
     """
     return VariablesReport(status, None, 0, 0, (), limit_bytes)
 
@@ -203,10 +182,6 @@ def unread_variables(limit_bytes: int, status: str = "unreadable") -> VariablesR
 def read_variables(path: str, limit_bytes: int) -> CheckpointRead:
     """The variables checkpoint of the SavedModel in ``path``; ``limit_bytes`` is the
     protobuf limit the report compares the total with.
-
-    Example:
-        >>> read_variables("build/sample/1", 2**31 - 1).report.naming
-        'graph'
     """
     prefix = variables_prefix(path)
     # A V1 checkpoint is one file at the prefix itself, with no index: TF's Python
@@ -276,10 +251,6 @@ def _tensor_bytes(reader, key: str, shape: tuple[int, ...], dtype) -> int:
 
 def disk_usage(path: str) -> DiskUsage:
     """Bytes on disk of the SavedModel in ``path`` and of its parts.
-
-    Example:
-        >>> disk_usage("build/sample/1").total_bytes > 0
-        True
     """
     proto = os.path.join(path, "saved_model.pb")
     if not os.path.isfile(proto):

@@ -6,12 +6,6 @@ outputs (nodes nothing consumes) with dtype and shape, the op histogram, which o
 pass through discontinuous ops (NMS, TopK, ArgMax: parity judges them as detections or
 near-ties) and the batch norms and CheckNumerics the transforms would fold or remove.
 Ops that touch the host are ERROR risks, as in a SavedModel. Reads the file only.
-
-Example:
-    >>> print(inspect_graph_def("frozen_inference_graph.pb").format_table())
-    frozen GraphDef frozen_inference_graph.pb (171.6 KiB, 242 nodes)
-      candidate inputs:  image_tensor:0 (uint8 [?,?,?,3])
-    ...
 """
 
 from __future__ import annotations
@@ -73,10 +67,6 @@ class GraphDefReport:
 
 def inspect_graph_def(path: str) -> GraphDefReport:
     """Reads the ``.pb`` at ``path`` (never runs it) and reports on it.
-
-    Example:
-        >>> inspect_graph_def("frozen_inference_graph.pb").inputs
-        ('image_tensor:0 (uint8 [?,?,?,3])',)
     """
     graph_def = frozen_graph.read_graph_def(path)
     found = frozen_graph.interface(graph_def)

@@ -5,11 +5,6 @@
 (:func:`format_report`, at the end: the directory's sizes and largest variables, then
 per MetaGraph its signatures, assets and most frequent ops, then the risks). The text
 lives here, beside the dataclasses it prints, so that neither module imports the other.
-
-Example:
-    >>> report = inspect_saved_model("build/sample/1")
-    >>> report.variables.to_dict()["status"]
-    'ok'
 """
 
 from __future__ import annotations
@@ -253,10 +248,6 @@ class InspectionReport:
 
     def to_dict(self) -> JsonDict:
         """The report as plain dicts/lists, the structure of docs/inspect-json-schema.md.
-
-        Example:
-            >>> inspect_saved_model("build/sample/1").to_dict()["meta_graphs"][0]["kind"]
-            'tf1'
         """
         return {
             "schema_version": SCHEMA_VERSION,
@@ -270,20 +261,11 @@ class InspectionReport:
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         """The report as JSON text.
-
-        Example:
-            >>> json.loads(inspect_saved_model("build/sample/1").to_json())["risks"]
-            []
         """
         return json.dumps(self.to_dict(), indent=indent)
 
     def format_table(self) -> str:
         """The report as aligned, human-readable text.
-
-        Example:
-            >>> print(inspect_saved_model("build/sample/1").format_table())  # doctest: +SKIP
-            SavedModel build/sample/1
-            ...
         """
         return "\n".join(format_report(self))
 
@@ -360,10 +342,6 @@ def _format_meta_graph(m: MetaGraphReport) -> list[str]:
 
 def format_report(r: InspectionReport) -> list[str]:
     """The lines of ``InspectionReport.format_table()``.
-
-    Example:
-        >>> format_report(inspect_saved_model("build/sample/1"))[0]
-        'SavedModel build/sample/1'
     """
     d = r.disk
     v = r.variables

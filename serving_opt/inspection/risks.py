@@ -6,10 +6,6 @@ op missing from the graph, an escaping asset, a missing asset that an op reads, 
 symlink out of the model, an unreadable or missing variables checkpoint. Warnings: a
 missing asset that no op reads (the loaders only build its path), a variable, or
 variables plus graph, over the 2 GiB protobuf limit (such a model cannot be frozen).
-
-Example:
-    >>> [r.code for r in meta_graph_risks(meta_graph, report, variables, path, 2**31 - 1)]
-    []
 """
 
 from __future__ import annotations
@@ -70,10 +66,6 @@ _OP_RISKS = {
 def ordered(risks: Iterable[Risk]) -> tuple[Risk, ...]:
     """One risk per (code, subject, MetaGraph), however many ways it was found; errors
     first, then by code and subject.
-
-    Example:
-        >>> [r.severity for r in ordered([warning, error, error])]
-        ['error', 'warning']
     """
     unique: dict = {}
     for risk in risks:
@@ -88,10 +80,6 @@ def meta_graph_risks(
 ) -> list[Risk]:
     """The risks of one MetaGraph of the SavedModel in ``path`` (``report`` and
     ``variables`` are what facts read of it).
-
-    Example:
-        >>> meta_graph_risks(meta_graph, report, variables, "build/sample/1", 2**31 - 1)
-        []
     """
     tags = report.tags
     graph_def = meta_graph.graph_def
@@ -111,11 +99,6 @@ def meta_graph_risks(
 
 def variable_risks(checkpoint: CheckpointRead, path: str, limit_bytes: int) -> list[Risk]:
     """An unreadable checkpoint, or every variable over the protobuf limit.
-
-    Example:
-        >>> variable_risks(read_variables("build/sample/1", 2**31 - 1), "build/sample/1",
-        ...                2**31 - 1)
-        []
     """
     if checkpoint.error is not None:
         prefix = variables_prefix(path)
@@ -140,10 +123,6 @@ def variable_risks(checkpoint: CheckpointRead, path: str, limit_bytes: int) -> l
 
 def link_risk(link: model_files.UnsafeLink, model_dir: str) -> Risk:
     """A symlink out of the model (or to nowhere).
-
-    Example:
-        >>> link_risk(model_files.unsafe_links(model)[0], model).code
-        'symlink'
     """
     subject = os.path.relpath(link.path, model_dir)
     return Risk(

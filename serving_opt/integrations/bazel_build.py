@@ -66,9 +66,6 @@ def _parser() -> argparse.ArgumentParser:
 def options(args: argparse.Namespace):
     """The OptimizeOptions of the action: the flags given, the options' defaults for the
     others; version 1 and no benchmark (timing on a busy build machine means nothing).
-
-    Example:
-        >>> options(_parser().parse_args(["--input_dir=m", "--output_dir=o", "--atol=1e-3"]))
     """
     from serving_opt import options as options_lib
 
@@ -87,10 +84,6 @@ def options(args: argparse.Namespace):
 
 def copy_model(input_dir: str, srcs: Sequence[str], dest: str) -> str:
     """Copies the declared files of the model at ``input_dir`` (or all of it) into ``dest``.
-
-    Example:
-        >>> copy_model("examples/tiny_model", ["examples/tiny_model/saved_model.pb"], "/tmp/m")
-        '/tmp/m'
     """
     from serving_opt.errors import UsageError
 
@@ -114,9 +107,6 @@ def copy_model(input_dir: str, srcs: Sequence[str], dest: str) -> str:
 
 def build(args: argparse.Namespace) -> None:
     """Optimizes ``args.input_dir`` into the (empty or new) ``args.output_dir``.
-
-    Example:
-        >>> build(_parser().parse_args(["--input_dir=m", "--output_dir=out"]))
     """
     from serving_opt.core import rendering as report_lib
     from serving_opt.pipeline.optimizer import optimize
@@ -147,10 +137,6 @@ def build(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``//serving_opt:bazel_build``; returns the exit code.
-
-    Example:
-        >>> main(["--input_dir=examples/tiny_model", "--output_dir=/tmp/out"])
-        0
     """
     args = _parser().parse_args(argv)
     if args.verbosity <= 0:

@@ -33,13 +33,6 @@ local (or mounted) directories: ``gs://`` model dirs are exported plain, with an
 ``tf.estimator`` exists up to TF 2.15 (with ``tensorflow-estimator``); elsewhere
 the exporter and :func:`export_optimized_saved_model` raise a
 :class:`~serving_opt.errors.ServingOptError` saying so.
-
-Example:
-    >>> exporter = OptimizingExporter(
-    ...     tf.estimator.LatestExporter("clf", receiver_fn, exports_to_keep=3),
-    ...     options=OptimizeOptions(benchmark_runs=0))
-    >>> tf.estimator.train_and_evaluate(
-    ...     estimator, train_spec, tf.estimator.EvalSpec(eval_input_fn, exporters=[exporter]))
 """
 
 from __future__ import annotations
@@ -100,10 +93,6 @@ def raw_export_base(export_dir_base: str) -> str:
     """Where the plain exports for the served base ``export_dir_base`` are kept.
 
     A sibling directory, outside the base TF Serving watches.
-
-    Example:
-        >>> raw_export_base("/tmp/model/export/clf")
-        '/tmp/model/export/clf_raw'
     """
     return os.path.normpath(os.fsdecode(export_dir_base)) + RAW_SUFFIX
 
@@ -122,10 +111,6 @@ class ExportOptimizationError(ServingOptError):
 @dataclass(frozen=True)
 class OptimizedExport:
     """One export: what TF Serving now serves and where the plain export is.
-
-    Example:
-        >>> result.export_dir, result.optimized
-        ('/tmp/model/export/clf/1700000000', True)
     """
 
     export_dir: str  # <base>/<version>: the optimized model, or the plain one on fallback
@@ -234,10 +219,6 @@ def isolated_from_caller_graph() -> Iterator[None]:
     process of its own; in this process (no bubblewrap, ``allow_unsandboxed``) the
     stages build their ops in graphs of their own, and this keeps anything else (TF's
     own loaders) away from the caller's graph, device scopes and graph mode too.
-
-    Example:
-        >>> with isolated_from_caller_graph():
-        ...     report = optimizer_lib.optimize(raw_dir, base, options)
     """
     import tensorflow as tf
     from tensorflow.python.eager import context
@@ -325,14 +306,6 @@ class OptimizingExporter(_ExporterBase):
         assets_extra, as_text: with a name only, as for ``LatestExporter``.
 
     ``last_export`` holds the :class:`OptimizedExport` of the latest export.
-
-    Example:
-        >>> exporter = OptimizingExporter(
-        ...     tf.estimator.BestExporter(name="best", serving_input_receiver_fn=fn,
-        ...                               exports_to_keep=3),
-        ...     options=OptimizeOptions(benchmark_runs=0))
-        >>> exporter.name
-        'best'
     """
 
     def __init__(
@@ -399,10 +372,6 @@ class OptimizingExporter(_ExporterBase):
         returned bytes, like the Estimator does), or None when the wrapped exporter
         skipped this evaluation (a ``BestExporter`` without improvement, a
         ``FinalExporter`` before the end).
-
-        Example:
-            >>> exporter.export(estimator, "/m/export/clf", ckpt, metrics, False)
-            b'/m/export/clf/1700000000'
         """
         base = os.path.normpath(os.fsdecode(export_path))
         if _is_remote(base):
@@ -442,12 +411,6 @@ def export_optimized_saved_model(
     Unlike the exporter, a failure raises :class:`ExportOptimizationError` by default
     (nothing published); ``fatal=False`` publishes the plain export instead and says
     why in the result's ``error``. Nothing is garbage collected.
-
-    Example:
-        >>> result = export_optimized_saved_model(
-        ...     estimator, "/models/clf", receiver_fn, OptimizeOptions(benchmark_runs=0))
-        >>> result.export_dir, result.report.parity.ok
-        ('/models/clf/1700000000', True)
     """
     _require_estimator()
     options = _check_options(options if options is not None else OptimizeOptions())

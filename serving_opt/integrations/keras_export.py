@@ -78,16 +78,6 @@ def export(
     Raises ParityError when the optimized model does not answer like Keras' export
     (nothing is published), UsageError for bad ``signatures``/options, and
     ServingOptError for any other failure; the temporary export is always removed.
-
-    Example:
-        >>> import serving_opt.keras
-        >>> serving_opt.keras.export(model, "/models/clf").output_dir
-        '/models/clf/1'
-        >>> serving_opt.keras.export(model, "/models/clf", signatures={
-        ...     "predict": [tf.TensorSpec([None, 4], tf.float32, name="features")],
-        ...     "embed": (lambda x: embedder(x), [tf.TensorSpec([None, 4], tf.float32)]),
-        ... }).signatures
-        ('embed', 'predict', 'serving_default')
     """
     if signatures is not None and not signatures:
         raise UsageError("signatures={} names no endpoint",
@@ -151,10 +141,6 @@ def prune_versions(export_dir_base: str, keep: int) -> list[str]:
 
     Each one is first renamed to a hidden name (TF Serving ignores non-integer names),
     so a server polling the base sees a version vanish at once, never half deleted.
-
-    Example:
-        >>> prune_versions("/models/clf", keep=2)   # versions 1..4 existed
-        ['/models/clf/1', '/models/clf/2']
     """
     if keep < 1:
         raise UsageError(f"keep={keep} would delete every version", "pass keep >= 1 or None")
@@ -186,12 +172,6 @@ class OptimizedExportCallback(keras.callbacks.Callback):
 
     Place it after ``EarlyStopping(restore_best_weights=True)`` in ``callbacks`` so the
     final export sees the restored weights (Keras runs callbacks in list order).
-
-    Example:
-        >>> cb = OptimizedExportCallback("/models/clf", every_n_epochs=5, keep=3)
-        >>> model.fit(x, y, epochs=20, callbacks=[cb])
-        >>> [r.version for r in cb.reports]
-        [1, 2, 3, 4]
     """
 
     def __init__(

@@ -30,13 +30,6 @@ run stays whole), and the low-priority queue options.
 
 The proto is not shipped in the ``tensorflow-serving-api`` wheel, so its message type is
 built here from the field list of session_bundle_config.proto.
-
-Example:
-    >>> read_batching_parameters("/etc/batching.config")["max_batch_size"]
-    32
-    >>> scheduler = BatchScheduler(BatchingOptions.from_values({"max_batch_size": 32}))
-    >>> servable.enable_batching(scheduler)   # concurrent runs now share session runs
-    >>> scheduler.stop()
 """
 
 from __future__ import annotations
@@ -105,11 +98,6 @@ def _message_class():
 
 def parse_batching_parameters(text: str, source: str = "<batching parameters>") -> dict:
     """Parses and validates a text BatchingParameters; returns the values that were set.
-
-    Example:
-        >>> parse_batching_parameters("max_batch_size { value: 8 } allowed_batch_sizes: 4 "
-        ...                           "allowed_batch_sizes: 8")
-        {'max_batch_size': 8, 'allowed_batch_sizes': [4, 8]}
     """
     from google.protobuf import text_format
 
@@ -180,10 +168,6 @@ def read_batching_parameters(path: str) -> dict:
 @dataclass(frozen=True)
 class BatchingOptions:
     """The scheduler and session options of one BatchingParameters (upstream defaults).
-
-    Example:
-        >>> BatchingOptions.from_values({"max_batch_size": 8}).batch_size_limit
-        8
     """
 
     max_batch_size: int = 1000
@@ -256,10 +240,6 @@ class BatchScheduler:
     """The server-wide scheduler (upstream SharedBatchScheduler): queues and threads.
 
     ``batches`` counts the batches processed, for tests and logs.
-
-    Example:
-        >>> scheduler = BatchScheduler(BatchingOptions(max_batch_size=4))
-        >>> scheduler.stop()
     """
 
     def __init__(self, options: BatchingOptions) -> None:
@@ -440,11 +420,6 @@ class BatchingSession:
     ``run_direct(feeds, fetches, timeout_ms)`` is the wrapped session's run. ``runs``
     counts the merged session runs made (not the bypassed ones), ``tasks`` the runs that
     went through a queue.
-
-    Example:
-        >>> session = BatchingSession(scheduler, servable.signature_defs, servable.run_direct)
-        >>> [f.value.shape for f in session.run({"x:0": batch}, ["y:0"])]
-        [(2, 4)]
     """
 
     def __init__(self, scheduler: BatchScheduler, signature_defs, run_direct) -> None:

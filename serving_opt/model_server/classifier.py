@@ -4,11 +4,6 @@ The signature must look like a classification signature (one input "inputs"; out
 "classes" DT_STRING and/or "scores" DT_FLOAT, both [batch, k]); an unknown signature is
 INVALID_ARGUMENT here, unlike Predict. Examples are fed as one DT_STRING batch and each
 row becomes one ``Classifications`` (label empty without a classes output).
-
-Example:
-    >>> response = run_classify(servable, request, RequestOptions(), version=1)
-    >>> [c.label for c in response.result.classifications[0].classes]
-    ['negative', 'neutral', 'positive']
 """
 
 from __future__ import annotations
@@ -31,10 +26,6 @@ SCORES = "scores"
 
 def find_signature(signature_defs, signature_name: str, options: RequestOptions):
     """Looks up and structure-checks a classification signature (``GetClassificationSignatureDef``).
-
-    Example:
-        >>> find_signature(servable.signature_defs, "", RequestOptions()).method_name
-        'tensorflow/serving/classify'
     """
     return find_method_signature(signature_defs, signature_name, options, METHOD_CLASSIFY,
                                  "classification", tensor_names)
@@ -42,10 +33,6 @@ def find_signature(signature_defs, signature_name: str, options: RequestOptions)
 
 def tensor_names(signature, options: RequestOptions) -> tuple[str, list[str]]:
     """(input tensor, [classes tensor?, scores tensor?]) after the structure checks.
-
-    Example:
-        >>> tensor_names(signature, RequestOptions())
-        ('input_example_tensor:0', ['classes:0', 'probabilities:0'])
     """
     if options.signature_method_name_check and signature.method_name != METHOD_CLASSIFY:
         raise method_name_error(signature, METHOD_CLASSIFY, "classification")
@@ -88,9 +75,6 @@ def _check_matrix(kind: str, fetched: Fetched, dtype: int, num_examples: int) ->
 
 def fill_result(signature, num_examples: int, output_names, fetched, result) -> None:
     """Validates the fetched tensors and fills a ``ClassificationResult`` (C++ post-processing).
-
-    Example:
-        >>> fill_result(signature, 2, names, fetched, response.result)
     """
     from tensorflow.core.framework import types_pb2
 
@@ -133,10 +117,6 @@ def fill_result(signature, num_examples: int, output_names, fetched, result) -> 
 
 def run_classify(servable: Servable, request, options: RequestOptions, version: int | None):
     """Runs a ``ClassificationRequest``; returns the ``ClassificationResponse``.
-
-    Example:
-        >>> len(run_classify(servable, request, RequestOptions(), 1).result.classifications)
-        8
     """
     from tensorflow_serving.apis import classification_pb2
 

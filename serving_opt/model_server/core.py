@@ -15,14 +15,6 @@ AvailabilityPreservingPolicy do together:
 Version states (START, LOADING, AVAILABLE, UNLOADING, END) are kept per model, END
 included, for GetModelStatus. Requests take a handle on an AVAILABLE version; an unload
 waits for in-flight handles before closing the session.
-
-Example:
-    >>> core = ServerCore(CoreOptions())
-    >>> core.reload_config(model_config.single_model_config("m", "/models/m"))
-    >>> with core.servable_handle(model_pb2.ModelSpec(name="m")) as handle:
-    ...     handle.id.version
-    1
-    >>> core.stop()
 """
 
 from __future__ import annotations
@@ -68,10 +60,6 @@ class State(enum.IntEnum):
 @dataclass(frozen=True)
 class VersionStatus:
     """One version's last state and error (None: OK).
-
-    Example:
-        >>> VersionStatus(1, State.END, invalid_argument("bad")).error.code.name
-        'INVALID_ARGUMENT'
     """
 
     version: int
@@ -85,10 +73,6 @@ class CoreOptions:
 
     ``file_system_poll_wait_seconds``: 0 polls once, negative never polls.
     ``load_retry_interval_micros``: negative retries without waiting.
-
-    Example:
-        >>> CoreOptions(max_num_load_retries=0).load_retry_interval_micros
-        60000000
     """
 
     load_options: LoadOptions = field(default_factory=LoadOptions)
@@ -126,22 +110,12 @@ class _Harness:
 
 def servable_request_text(name: str, version: int | None) -> str:
     """C++ ``ServableRequest::DebugString``, quoted in NOT_FOUND errors.
-
-    Example:
-        >>> servable_request_text("m", None), servable_request_text("m", 3)
-        ('Latest(m)', 'Specific(m, 3)')
     """
     return f"Latest({name})" if version is None else f"Specific({name}, {version})"
 
 
 class ServerCore:
     """Models, their versions and the manager thread; see the module docstring.
-
-    Example:
-        >>> core = ServerCore(CoreOptions(file_system_poll_wait_seconds=1))
-        >>> core.reload_config(config)   # blocks until every model is AVAILABLE or fails
-        >>> core.version_statuses("m")[0].state
-        <State.AVAILABLE: 30>
     """
 
     def __init__(self, options: CoreOptions) -> None:
@@ -177,9 +151,6 @@ class ServerCore:
 
         Blocks until every *new* model has a version AVAILABLE, like ServerCore::ReloadConfig;
         raises ServingStatusError if one ends in END instead (or ``timeout`` passes).
-
-        Example:
-            >>> core.reload_config(model_config.single_model_config("m", "/models/m"))
         """
         model_config.validate(config)
         with self._lock:
@@ -295,10 +266,6 @@ class ServerCore:
 
     def version_statuses(self, name: str) -> list[VersionStatus]:
         """Every version ever seen of ``name``, highest first (GetModelStatus order).
-
-        Example:
-            >>> [(s.version, s.state.name) for s in core.version_statuses("m")]
-            [(2, 'AVAILABLE'), (1, 'END')]
         """
         with self._lock:
             versions = self._states.get(name, {})
@@ -320,10 +287,6 @@ class ServerCore:
 
     def resolve(self, model_spec) -> tuple[str, int | None]:
         """ModelSpec -> (name, version or None for latest), per ServableRequestFromModelSpec.
-
-        Example:
-            >>> core.resolve(model_pb2.ModelSpec(name="m", version_label="stable"))
-            ('m', 1)
         """
         if not model_spec.name:
             raise invalid_argument("ModelSpec has no name specified.")
@@ -345,11 +308,6 @@ class ServerCore:
         """Holds an AVAILABLE version for the duration of one request.
 
         Raises NOT_FOUND "Servable not found for request: Latest(m)" / "Specific(m, 3)".
-
-        Example:
-            >>> with core.servable_handle(model_pb2.ModelSpec(name="m")) as handle:
-            ...     sorted(handle.servable.signature_defs)[:1]
-            ['__saved_model_init_op']
         """
         name, version = self.resolve(model_spec)
         with self._lock:
@@ -554,9 +512,6 @@ class ServerCore:
 
     def stop(self, timeout: float | None = 30.0) -> None:
         """Stops polling and closes every loaded session (waits for requests in flight).
-
-        Example:
-            >>> core.stop()
         """
         self._stopping.set()
         self._wake.set()

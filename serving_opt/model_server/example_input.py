@@ -6,12 +6,6 @@ the serialized context followed by the serialized example - a byte concatenation
 parses as the merge of the two protos. :class:`ExampleApi` runs Classify or Regress on
 such a batch (upstream's ``RunClassify`` / ``RunRegress``, which differ only in the
 signature they look for and the result they fill).
-
-Example:
-    >>> from tensorflow_serving.apis import input_pb2
-    >>> batch = serialized_examples(input_pb2.Input(example_list={"examples": [{}, {}]}))
-    >>> batch.shape
-    (2,)
 """
 
 from __future__ import annotations
@@ -36,11 +30,6 @@ def serialized_examples(input_proto, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES)
     Refused first (INVALID_ARGUMENT) where the batch would hold more than ``max_bytes``:
     each example costs a string element (tensors.STRING_ELEMENT_BYTES) and its serialized
     bytes twice, with the context copied into every one.
-
-    Example:
-        >>> serialized_examples(input_pb2.Input())
-        Traceback (most recent call last):
-        ServingStatusError: INVALID_ARGUMENT: Input is empty.
     """
     kind = input_proto.WhichOneof("kind")
     _check_batch_size(input_proto, kind, max_bytes)
@@ -86,9 +75,6 @@ class ExampleApi:
     checks its signature (``find_signature(defs, name, options)``), names the tensors to
     feed and fetch (``tensor_names(signature, options)``) and fills its result
     (``fill_result(signature, num_examples, output_names, fetched, result)``).
-
-    Example:
-        >>> CLASSIFY = ExampleApi(find_signature, tensor_names, fill_result)
     """
 
     find_signature: Callable
@@ -97,9 +83,6 @@ class ExampleApi:
 
     def run(self, servable, request, response, options: RequestOptions, version: int | None):
         """Runs ``request`` on ``servable`` and fills ``response`` (returned).
-
-        Example:
-            >>> CLASSIFY.run(servable, request, ClassificationResponse(), RequestOptions(), 1)
         """
         signature = self.find_signature(
             servable.signature_defs, request.model_spec.signature_name, options

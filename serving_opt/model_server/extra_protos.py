@@ -7,11 +7,6 @@ TensorFlow's C++ only) and gRPC's ``grpc.health.v1`` messages. Each is declared 
 upstream's package, names and field numbers (only the fields the server reads or writes;
 others in a request are kept as unknown fields), in a pool of its own so it can never
 clash with a generated module that a user's environment may have.
-
-Example:
-    >>> config = message_class("tensorflow.serving.MonitoringConfig")()
-    >>> text_format.Parse('prometheus_config { enable: true }', config).prometheus_config.enable
-    True
 """
 
 from __future__ import annotations
@@ -92,10 +87,6 @@ def _pool():
 @functools.cache
 def message_class(full_name: str):
     """The message class of ``full_name`` (e.g. "tensorflow.ProfileResponse").
-
-    Example:
-        >>> message_class("grpc.health.v1.HealthCheckResponse")(status=1).SerializeToString()
-        b'\\x08\\x01'
     """
     from google.protobuf import message_factory
 

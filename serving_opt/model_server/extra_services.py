@@ -11,9 +11,6 @@
 * ``grpc.health.v1.Health`` (``--enable_grpc_healthcheck_service``): gRPC's default health
   service, as upstream enables it: SERVING for "" and the server's services, NOT_FOUND for
   other names.
-
-Example:
-    >>> server.add_generic_rpc_handlers([profiler_handler(), health_handler(SERVICES)])
 """
 
 from __future__ import annotations

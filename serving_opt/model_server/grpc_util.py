@@ -1,8 +1,4 @@
 """Turning ServingStatusError into gRPC statuses, and client deadlines into run timeouts.
-
-Example:
-    >>> def Predict(self, request, context):
-    ...     return answer(context, lambda: run_predict(...))
 """
 
 from __future__ import annotations
@@ -29,9 +25,6 @@ def answer(context: grpc.ServicerContext, compute: Callable[[], T]) -> T:
 
     Anything that is not a ServingStatusError is a bug here: it becomes INTERNAL with the
     exception text, and is logged with its traceback.
-
-    Example:
-        >>> answer(context, lambda: predict_pb2.PredictResponse())
     """
     try:
         return compute()
@@ -50,10 +43,6 @@ def truncate_message(message: str) -> str:
     """``ToGRPCStatus``: a message over 1024 bytes keeps its first 1024 + "...TRUNCATED".
 
     Only gRPC answers are cut; REST error bodies carry the whole message, as upstream.
-
-    Example:
-        >>> truncate_message("x" * 1100)[-15:]
-        'xxx...TRUNCATED'
     """
     raw = message.encode("utf-8", "surrogatepass")
     if len(raw) <= ERROR_MESSAGE_LIMIT:
@@ -66,10 +55,6 @@ def deadline_to_timeout_ms(context: grpc.ServicerContext) -> int | None:
 
     TF Serving sets ``RunOptions.timeout_in_ms`` from it, so a slow run stops when the
     client has given up instead of burning CPU.
-
-    Example:
-        >>> deadline_to_timeout_ms(context_with_2s_deadline)
-        1999
     """
     remaining = context.time_remaining()
     if remaining is None or remaining > _NO_DEADLINE_SECONDS:

@@ -18,13 +18,6 @@ This module is the API rest.py uses; the work is done, one idea a module, by:
 * :mod:`.json_examples`: classify and regress (``examples``, ``context``, ``results``).
 
 Errors are ``{"error": "<message>"}``.
-
-Example:
-    >>> from serving_opt.model_server import json_codec
-    >>> json_codec.parse_json(b'{"inputs": [1, 2]}')
-    {'inputs': [1, 2]}
-    >>> json_codec.error_json("Missing 'inputs' or 'instances' key")[:14]
-    b'{\\n    "error"'
 """
 
 from __future__ import annotations

@@ -8,12 +8,6 @@ values are written back (``WriteValue``): floats with :func:`~.json_write.decima
 integers and bools as they are, strings raw or, for an output whose name ends in
 ``_bytes``, as ``{"b64": ...}``. Other dtypes are UNIMPLEMENTED in a request and
 INVALID_ARGUMENT in a response, as upstream.
-
-Example:
-    >>> tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_INT64)
-    >>> add_value(7, types_pb2.DT_INT64, tensor)
-    >>> list(tensor.int64_val), json_values(tensor, "ids")
-    ([7], [7])
 """
 
 from __future__ import annotations
@@ -104,10 +98,6 @@ CODECS: dict[int, Codec] = {
 
 def dtype_string(dtype: int) -> str:
     """TF ``DataTypeString``: ``float``, ``int64``, ``string``, ``half``...
-
-    Example:
-        >>> dtype_string(1)
-        'float'
     """
     try:
         name = types_pb2.DataType.Name(dtype)
@@ -118,10 +108,6 @@ def dtype_string(dtype: int) -> str:
 
 def is_b64(value) -> bool:
     """``{"b64": "<string>"}`` and nothing else.
-
-    Example:
-        >>> is_b64({"b64": "aGk="}), is_b64({"b64": "aGk=", "x": 1})
-        (True, False)
     """
     return isinstance(value, dict) and len(value) == 1 and isinstance(value.get("b64"), str)
 
@@ -129,10 +115,6 @@ def is_b64(value) -> bool:
 def decode_b64(value) -> bytes:
     """The bytes of a ``{"b64": ...}`` object (standard or URL-safe alphabet, padding
     optional, as ``absl::Base64Unescape``).
-
-    Example:
-        >>> decode_b64({"b64": "aGk"})
-        b'hi'
     """
     if not is_b64(value):
         raise invalid_argument(
@@ -148,10 +130,6 @@ def decode_b64(value) -> bytes:
 
 def type_error(value, dtype: int) -> ServingStatusError:
     """A JSON value of the wrong type for ``dtype``.
-
-    Example:
-        >>> type_error("x", types_pb2.DT_FLOAT).message
-        'JSON Value: "x" Type: String is not of expected type: float'
     """
     return invalid_argument(
         f"JSON Value: {debug_string(value)} Type: {json_type(value)} is not of expected "
@@ -161,11 +139,6 @@ def type_error(value, dtype: int) -> ServingStatusError:
 
 def add_value(value, dtype: int, tensor) -> None:
     """Appends one JSON scalar (or b64 object) to ``tensor`` as a ``dtype`` element.
-
-    Example:
-        >>> add_value({"b64": "aGk="}, types_pb2.DT_STRING, tensor)
-        >>> list(tensor.string_val)
-        [b'hi']
     """
     codec = CODECS.get(dtype)
     if isinstance(value, dict):
@@ -184,11 +157,6 @@ def add_value(value, dtype: int, tensor) -> None:
 
 def json_values(tensor, name: str) -> list:
     """The flat values of response tensor ``name`` as JSON-ready items.
-
-    Example:
-        >>> json_values(tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING,
-        ...                                    string_val=[b"hi"]), "text_bytes")
-        [{'b64': 'aGk='}]
     """
     codec = CODECS.get(tensor.dtype)
     if codec is None:

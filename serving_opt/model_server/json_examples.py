@@ -6,12 +6,6 @@ float goes to a ``float_list``, an integer or bool to an ``int64_list``, a strin
 ``{"b64": ...}`` object to a ``bytes_list``; one feature's values must agree on the
 list. Answers are ``{"results": ...}``: per example a one-line list of
 ``[label, score]`` pairs (classify), or one value per example (regress).
-
-Example:
-    >>> request = classification_pb2.ClassificationRequest()
-    >>> parse_classify_regress_request(request, b'{"examples": [{"age": 31.5}]}')
-    >>> request.input.example_list.examples[0].features.feature["age"].float_list.value
-    [31.5]
 """
 
 from __future__ import annotations
@@ -35,11 +29,6 @@ _KIND_NAMES = {"bytes_list": "bytes", "float_list": "float", "int64_list": "int6
 def parse_classify_regress_request(request, body: bytes,
                                    max_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
     """``FillClassificationRequestFromJson`` / ``FillRegressionRequestFromJson``.
-
-    Example:
-        >>> parse_classify_regress_request(request, b'{"examples": [{"x": [1, 2]}]}')
-        >>> request.input.example_list.examples[0].features.feature["x"].int64_list.value
-        [1, 2]
     """
     check_object_tree(body, max_bytes)
     doc = parse_json(body)
@@ -74,10 +63,6 @@ def parse_classify_regress_request(request, body: bytes,
 
 def classify_response_json(result) -> bytes:
     """``MakeJsonFromClassificationResult``: ``{"results": [[[label, score], ...], ...]}``.
-
-    Example:
-        >>> classify_response_json(response.result)
-        b'{\\n    "results": [\\n        [["negative", 0.25], ["positive", 0.75]]\\n    ]\\n}'
     """
     if not result.classifications:
         raise invalid_argument("Cannot convert empty ClassificationResults to JSON")
@@ -90,10 +75,6 @@ def classify_response_json(result) -> bytes:
 
 def regress_response_json(result) -> bytes:
     """``MakeJsonFromRegressionResult``: ``{"results": [v, ...]}``.
-
-    Example:
-        >>> regress_response_json(response.result)
-        b'{\\n    "results": [0.5, 1.25]\\n}'
     """
     if not result.regressions:
         raise invalid_argument("Cannot convert empty RegressionResults to JSON")

@@ -21,14 +21,6 @@ Fast or not, the answer is the old path's: :func:`fast_predict_tensors` returns 
 unless the body is one the old path accepts *and* decodes to the same arrays: same
 values bit for bit (a float is the correctly rounded double of its text, then cast as
 the proto's float field does; a JSON integer ``-0`` is ``+0.0``), dtypes and shapes.
-
-Example:
-    >>> infos = {"x": TensorInfo(dtype=DT_FLOAT)}
-    >>> body = b'{"instances": [[1, 2.5]]}'
-    >>> signature, tensors, fmt = fast_predict_tensors(body, lambda s: infos, min_bytes=0)
-    >>> values, shape, dtype = tensors["x"]
-    >>> fmt, values.tolist(), shape
-    ('row', [1.0, 2.5], [1, 2])
 """
 
 from __future__ import annotations
@@ -82,13 +74,6 @@ def fast_predict_tensors(
 
     None means: decode ``body`` the ordinary way (it may be fine, or an error whose text
     that path writes).
-
-    Example:
-        >>> infos = {"x": TensorInfo(dtype=DT_UINT8)}
-        >>> _, tensors, fmt = fast_predict_tensors(b'{"inputs": [[0, 255]]}',
-        ...                                        lambda s: infos, min_bytes=0)
-        >>> fmt, tensors["x"][0].tolist(), tensors["x"][1]
-        ('columnar', [0, 255], [1, 2])
     """
     if len(body) < min_bytes:
         return None
@@ -103,12 +88,6 @@ def fast_predict_tensors(
 def numpy_predict_tensors(body: bytes, input_infos: Callable[[str], object]):
     """:func:`fast_predict_tensors` with the numpy reader alone (no simdjson, no size
     threshold).
-
-    Example:
-        >>> infos = {"x": TensorInfo(dtype=DT_FLOAT)}
-        >>> _, tensors, fmt = numpy_predict_tensors(b'{"inputs": [1, -0]}', lambda s: infos)
-        >>> fmt, tensors["x"][0].tolist()
-        ('columnar', [1.0, 0.0])
     """
     if b"\\u0000" in body:
         return None  # the placeholders' marker

@@ -5,10 +5,6 @@ the first JSON value (trailing bytes are ignored), ``NaN`` and ``Infinity`` are 
 integers beyond uint64 become doubles and numbers beyond the double range are refused;
 an error is rapidjson's ``GetParseError_En`` text with its offset ("JSON Parse error:
 The document is empty"). The value must be an object.
-
-Example:
-    >>> parse_json(b'{"instances": [1]} trailing bytes are ignored')
-    {'instances': [1]}
 """
 
 from __future__ import annotations
@@ -81,10 +77,6 @@ def check_object_tree(body: bytes, max_bytes: int, max_values: int = MAX_OBJECT_
 
 def parse_json(body: bytes) -> dict:
     """``ParseJson``: the body's first JSON value, which must be an object.
-
-    Example:
-        >>> parse_json(b'{"instances": [1]} trailing bytes are ignored')
-        {'instances': [1]}
     """
     if not body:
         raise invalid_argument("JSON Parse error: The document is empty")
@@ -120,10 +112,6 @@ def parse_json(body: bytes) -> dict:
 
 def json_type(value) -> str:
     """rapidjson's type name of a parsed value, as error messages print it.
-
-    Example:
-        >>> json_type([1]), json_type(1.5), json_type(None)
-        ('Array', 'Number', 'Null')
     """
     if value is None:
         return "Null"
@@ -142,10 +130,6 @@ def json_type(value) -> str:
 
 def signature_name(doc: dict) -> str | None:
     """The document's ``signature_name``, None when it has none; it must be a string.
-
-    Example:
-        >>> signature_name({"signature_name": "predict", "instances": [1]})
-        'predict'
     """
     if "signature_name" not in doc:
         return None
@@ -159,11 +143,6 @@ def signature_name(doc: dict) -> str | None:
 
 def fill_model_spec(spec, name: str, version: int | None, label: str | None) -> None:
     """``FillModelSpecWithNameVersionAndLabel``: the URL's model, version or label.
-
-    Example:
-        >>> fill_model_spec(spec, "m", 2, None)
-        >>> (spec.name, spec.version.value)
-        ('m', 2)
     """
     spec.name = name
     if version is not None and label is not None:

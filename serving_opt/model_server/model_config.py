@@ -2,12 +2,6 @@
 
 Builds and validates the same ``tensorflow.serving.ModelServerConfig`` proto TF Serving
 uses, with its rules: unique model names, absolute base paths, platform "tensorflow".
-
-Example:
-    >>> config = single_model_config("m", "/models/m")
-    >>> validate(config)
-    >>> config.model_config_list.config[0].model_platform
-    'tensorflow'
 """
 
 from __future__ import annotations
@@ -23,10 +17,6 @@ _URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 def single_model_config(name: str, base_path: str):
     """The config TF Serving builds from ``--model_name`` and ``--model_base_path``.
-
-    Example:
-        >>> single_model_config("m", "/models/m").model_config_list.config[0].name
-        'm'
     """
     from tensorflow_serving.config import model_server_config_pb2
 
@@ -40,11 +30,6 @@ def single_model_config(name: str, base_path: str):
 
 def parse_config_text(text: str, source: str = "<config>"):
     """Parses a text-format ModelServerConfig.
-
-    Example:
-        >>> parse_config_text("model_config_list { config { name: 'm' base_path: '/m' "
-        ...                   "model_platform: 'tensorflow' } }").model_config_list.config[0].name
-        'm'
     """
     from google.protobuf import text_format
     from tensorflow_serving.config import model_server_config_pb2
@@ -62,20 +47,12 @@ def parse_config_text(text: str, source: str = "<config>"):
 
 def read_config_file(path: str):
     """Reads ``--model_config_file`` (text ModelServerConfig).
-
-    Example:
-        >>> read_config_file("/etc/models.config").WhichOneof("config")
-        'model_config_list'
     """
     return parse_config_text(read_text_file(path), path)
 
 
 def read_text_file(path: str) -> str:
     """A text config file the server was given, failing with the server's status errors.
-
-    Example:
-        >>> read_text_file("/etc/models.config")[:18]
-        'model_config_list '
     """
     try:
         with open(path, encoding="utf-8") as f:
@@ -88,10 +65,6 @@ def read_text_file(path: str) -> str:
 
 def platform_of(model) -> str:
     """A ModelConfig's platform, honouring the deprecated ``model_type`` like C++ GetPlatform.
-
-    Example:
-        >>> platform_of(single_model_config("m", "/m").model_config_list.config[0])
-        'tensorflow'
     """
     from tensorflow_serving.config import model_server_config_pb2
 
@@ -116,11 +89,6 @@ def platform_of(model) -> str:
 
 def validate(config) -> None:
     """Raises ServingStatusError for a config TF Serving would refuse (or we cannot serve).
-
-    Example:
-        >>> validate(single_model_config("m", "relative/path"))
-        Traceback (most recent call last):
-        ServingStatusError: INVALID_ARGUMENT: Expected model m to have an absolute path ...
     """
     kind = config.WhichOneof("config")
     if kind == "custom_model_config":
@@ -156,10 +124,6 @@ def validate(config) -> None:
 
 def model_configs(config) -> list:
     """The ModelConfig entries (none for an empty config).
-
-    Example:
-        >>> [m.name for m in model_configs(single_model_config("m", "/m"))]
-        ['m']
     """
     if config.WhichOneof("config") != "model_config_list":
         return []

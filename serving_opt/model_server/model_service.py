@@ -1,7 +1,4 @@
 """The ``tensorflow.serving.ModelService`` gRPC servicer: GetModelStatus and config reloads.
-
-Example:
-    >>> model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(core), server)
 """
 
 from __future__ import annotations
@@ -20,10 +17,6 @@ from serving_opt.model_server.status import (
 
 class ModelService(model_service_pb2_grpc.ModelServiceServicer):
     """Version states from the core's monitor; config reloads through ServerCore.
-
-    Example:
-        >>> ModelService(core).GetModelStatus(request, context).model_version_status[0].state
-        30
     """
 
     def __init__(self, core: ServerCore) -> None:

@@ -19,13 +19,6 @@ TensorFlow metrics upstream's page also lists are not kept here. Label values ar
 as the text format requires (backslash, double quote, newline); a client names the model
 of a failed request, so such values are cut to MAX_LABEL_CHARS and their series bounded
 by MAX_SERIES.
-
-Example:
-    >>> METRICS.record("m", "Predict", "GRPC", "OK", 1234)
-    >>> print(METRICS.prometheus_page())
-    # TYPE :tensorflow:serving:request_count counter
-    :tensorflow:serving:request_count{model_name="m",status="OK"} 1
-    ...
 """
 
 from __future__ import annotations
@@ -61,10 +54,6 @@ class PrometheusSettings:
 def read_monitoring_config(path: str) -> PrometheusSettings:
     """Parses a text ``tensorflow.serving.MonitoringConfig`` file, as upstream's
     ``ParseProtoTextFile``; raises ServingStatusError (INVALID_ARGUMENT) on a bad file.
-
-    Example:
-        >>> read_monitoring_config("/etc/monitoring.config")
-        PrometheusSettings(enable=True, path='/monitoring/prometheus/metrics')
     """
     from google.protobuf import text_format
 
@@ -85,10 +74,6 @@ def read_monitoring_config(path: str) -> PrometheusSettings:
 
 def prometheus_name(name: str) -> str:
     """``GetPrometheusMetricName``.
-
-    Example:
-        >>> prometheus_name("/tensorflow/serving/request_count")
-        ':tensorflow:serving:request_count'
     """
     new = re.sub(r"[^a-zA-Z0-9_]", ":", name)
     return "_" + new if new[:1].isdigit() else new

@@ -4,11 +4,6 @@ Mirrors multi_inference.cc: every task names the same model, signatures are dist
 methods are classify or regress only (anything else UNIMPLEMENTED); the union of the
 tasks' inputs is fed the same examples and the union of their outputs is fetched once;
 results come back in task order.
-
-Example:
-    >>> response = run_multi_inference(servable, request, RequestOptions(), version=1)
-    >>> [r.WhichOneof("result") for r in response.results]
-    ['classification_result', 'regression_result']
 """
 
 from __future__ import annotations
@@ -30,10 +25,6 @@ def run_multi_inference(
     servable: Servable, request, options: RequestOptions, version: int | None
 ):
     """Runs a ``MultiInferenceRequest``; returns the ``MultiInferenceResponse``.
-
-    Example:
-        >>> len(run_multi_inference(servable, request, RequestOptions(), 1).results)
-        2
     """
     from tensorflow_serving.apis import inference_pb2
 

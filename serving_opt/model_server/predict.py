@@ -4,11 +4,6 @@ Order of checks and their texts follow the C++ server: signature lookup
 (FAILED_PRECONDITION), optional method-name check, input count, alias-to-tensor mapping
 with SignatureDef.defaults, output_filter, then one session run whose errors (wrong dtype,
 bad shape) come from TensorFlow itself.
-
-Example:
-    >>> response = run_predict(servable, request, RequestOptions(), version=1)
-    >>> response.model_spec.signature_name
-    'serving_default'
 """
 
 from __future__ import annotations
@@ -38,9 +33,6 @@ def _keys(mapping) -> list[str]:
 
 def verify_signature(signature, options: RequestOptions) -> None:
     """The optional method_name check (``--enable_signature_method_name_check``).
-
-    Example:
-        >>> verify_signature(signature, RequestOptions())  # never fails when the check is off
     """
     if options.signature_method_name_check and signature.method_name not in (
         METHOD_PREDICT,
@@ -56,11 +48,6 @@ def verify_signature(signature, options: RequestOptions) -> None:
 
 def verify_inputs_size(signature, request) -> None:
     """More inputs than the signature, or fewer without defaults, is INVALID_ARGUMENT.
-
-    Example:
-        >>> verify_inputs_size(signature, request_with_extra_input)
-        Traceback (most recent call last):
-        ServingStatusError: INVALID_ARGUMENT: input size does not match signature: ...
     """
     sent, expected = len(request.inputs), len(signature.inputs)
     if sent > expected or (sent < expected and not signature.defaults):
@@ -83,10 +70,6 @@ def input_feeds(
     A missing alias takes its SignatureDef.defaults entry; every request alias must be
     used. Every tensor is checked, and their decoded sizes summed against ``max_bytes``,
     before any is decoded: a refused request allocates nothing.
-
-    Example:
-        >>> sorted(input_feeds(signature, request.inputs))
-        ['images:0']
     """
     protos = {}
     used = set()
@@ -137,10 +120,6 @@ def input_feeds(
 
 def output_selection(signature, output_filter) -> list[tuple[str, str]]:
     """(alias, tensor name) pairs to fetch: the filter in order, or every output.
-
-    Example:
-        >>> output_selection(signature, ["scores"])
-        [('scores', 'scores:0')]
     """
     selected = []
     seen = set()
@@ -168,10 +147,6 @@ def run_predict(
     """Runs a ``PredictRequest`` on ``servable``; returns the ``PredictResponse``.
 
     ``version`` is echoed in the reply's model_spec (None for warmup replays, like C++).
-
-    Example:
-        >>> run_predict(servable, request, RequestOptions(), version=1).outputs["scores"].dtype
-        1
     """
     from tensorflow_serving.apis import predict_pb2
 

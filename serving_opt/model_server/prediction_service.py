@@ -3,11 +3,6 @@
 Each RPC checks for a model_spec ("Missing ModelSpec"), takes a handle on the version the
 spec resolves to (NOT_FOUND "Servable not found for request: ..."), and runs the request
 with the client's deadline as the session timeout, as prediction_service_impl.cc does.
-
-Example:
-    >>> server = grpc.server(executor)
-    >>> prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-    ...     PredictionService(core, RequestOptions()), server)
 """
 
 from __future__ import annotations
@@ -33,9 +28,6 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     """Predict, Classify, Regress, MultiInference and GetModelMetadata over a ServerCore.
 
     ``enforce_session_run_timeout`` mirrors the C++ option (on by default).
-
-    Example:
-        >>> PredictionService(core, RequestOptions(signature_method_name_check=True))
     """
 
     def __init__(

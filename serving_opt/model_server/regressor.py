@@ -3,11 +3,6 @@
 A regression signature has exactly one input "inputs" and one output "outputs", a
 DT_FLOAT tensor of shape [batch] or [batch, 1]; each example yields one ``Regression``.
 An unknown signature is INVALID_ARGUMENT.
-
-Example:
-    >>> response = run_regress(servable, request, RequestOptions(), version=1)
-    >>> len(response.result.regressions)
-    8
 """
 
 from __future__ import annotations
@@ -29,10 +24,6 @@ OUTPUTS = "outputs"
 
 def find_signature(signature_defs, signature_name: str, options: RequestOptions):
     """Looks up and structure-checks a regression signature (``GetRegressionSignatureDef``).
-
-    Example:
-        >>> find_signature(servable.signature_defs, "regression", RequestOptions()).method_name
-        'tensorflow/serving/regress'
     """
     return find_method_signature(signature_defs, signature_name, options, METHOD_REGRESS,
                                  "regression", tensor_names)
@@ -40,10 +31,6 @@ def find_signature(signature_defs, signature_name: str, options: RequestOptions)
 
 def tensor_names(signature, options: RequestOptions) -> tuple[str, list[str]]:
     """(input tensor, [output tensor]) after the structure checks.
-
-    Example:
-        >>> tensor_names(signature, RequestOptions())
-        ('input_example_tensor:0', ['predictions:0'])
     """
     if options.signature_method_name_check and signature.method_name != METHOD_REGRESS:
         raise method_name_error(signature, METHOD_REGRESS, "regression")
@@ -60,9 +47,6 @@ def tensor_names(signature, options: RequestOptions) -> tuple[str, list[str]]:
 
 def fill_result(signature, num_examples: int, output_names, fetched, result) -> None:
     """Validates the output tensor and fills a ``RegressionResult`` (C++ post-processing).
-
-    Example:
-        >>> fill_result(signature, 2, ["predictions:0"], fetched, response.result)
     """
     from tensorflow.core.framework import types_pb2
 
@@ -101,10 +85,6 @@ def fill_result(signature, num_examples: int, output_names, fetched, result) -> 
 
 def run_regress(servable: Servable, request, options: RequestOptions, version: int | None):
     """Runs a ``RegressionRequest``; returns the ``RegressionResponse``.
-
-    Example:
-        >>> run_regress(servable, request, RequestOptions(), 1).model_spec.signature_name
-        'serving_default'
     """
     from tensorflow_serving.apis import regression_pb2
 

@@ -1,8 +1,4 @@
 """Per-request settings every inference path needs (one place, not loose arguments).
-
-Example:
-    >>> RequestOptions(timeout_ms=250).with_timeout(None).timeout_ms is None
-    True
 """
 
 from __future__ import annotations
@@ -35,10 +31,6 @@ class RequestOptions:
     tensors.STRING_ELEMENT_BYTES plus its characters twice; an example batch likewise).
     So a request holds at most about 4x ``max_request_bytes`` (the session's copy of
     numeric feeds included), beside what the model itself allocates.
-
-    Example:
-        >>> RequestOptions(signature_method_name_check=True).signature_method_name_check
-        True
     """
 
     signature_method_name_check: bool = False
@@ -85,19 +77,12 @@ DEFAULT_REST_LIMITS = RestLimits()
 
 def resolve_signature_name(name: str) -> str:
     """Empty means ``serving_default``, as in every TF Serving API.
-
-    Example:
-        >>> resolve_signature_name("")
-        'serving_default'
     """
     return name or DEFAULT_SIGNATURE
 
 
 def method_name_error(signature, method: str, kind: str):
     """The error for a signature of the wrong method (``kind``: classification, regression).
-
-    Example:
-        >>> method_name_error(sig, METHOD_REGRESS, "regression").code
     """
     return invalid_argument(f"Expected {kind} signature method_name to be {method}. "
                             f"Was: {signature.method_name}")
@@ -108,11 +93,6 @@ def find_method_signature(signature_defs, signature_name: str, options: RequestO
     """C++ ``GetClassificationSignatureDef`` / ``GetRegressionSignatureDef``: the named
     signature, checked for its method name when that check is on, else for the structure
     (``check_structure(signature, options)``) the API needs.
-
-    Example:
-        >>> find_method_signature(defs, "", RequestOptions(), METHOD_CLASSIFY,
-        ...                       "classification", classifier.tensor_names).method_name
-        'tensorflow/serving/classify'
     """
     name = resolve_signature_name(signature_name)
     signature = signature_defs.get(name)
@@ -128,13 +108,6 @@ def find_method_signature(signature_defs, signature_name: str, options: RequestO
 
 def fill_model_spec(spec, name: str, signature_name: str | None, version: int | None) -> None:
     """C++ ``MakeModelSpec``: name, resolved signature (if given) and the version served.
-
-    Example:
-        >>> from tensorflow_serving.apis import model_pb2
-        >>> spec = model_pb2.ModelSpec()
-        >>> fill_model_spec(spec, "m", "", 3)
-        >>> (spec.signature_name, spec.version.value)
-        ('serving_default', 3)
     """
     spec.Clear()
     spec.name = name

@@ -17,12 +17,6 @@ whose rank differs from its placeholder's is refused before the run, because one
 convolution kernels (``TF_ENABLE_ONEDNN_OPTS``, TF's default on AVX-512 CPUs) abort the
 whole process on one (a failed CHECK in tensor_format.h) where Eigen's fail the request.
 The graph decides, not the CPU: every other feed runs, as TF Serving runs it.
-
-Example:
-    >>> servable = Servable.load(ServableId("m", 1), "/models/m/1", LoadOptions())
-    >>> [f.value.shape for f in servable.run({"images:0": batch}, ["scores:0"])]
-    [(2, 4)]
-    >>> servable.close()
 """
 
 from __future__ import annotations
@@ -55,10 +49,6 @@ SAVED_MODEL_PBTXT = "saved_model.pbtxt"
 @dataclass(frozen=True, order=True)
 class ServableId:
     """A model name and version, printed like C++ ``ServableId::DebugString``.
-
-    Example:
-        >>> str(ServableId("m", 3))
-        '{name: m version: 3}'
     """
 
     name: str
@@ -73,10 +63,6 @@ class LoadOptions:
     """How a version is loaded.
 
     ``session_config`` is an optional ``tf.compat.v1.ConfigProto`` (threads, ...).
-
-    Example:
-        >>> LoadOptions(tags=("serve", "gpu")).tags
-        ('serve', 'gpu')
     """
 
     tags: tuple[str, ...] = ("serve",)
@@ -103,10 +89,6 @@ def read_saved_model(export_dir: str):
     links) within protobuf's 2 GiB limit (model_files.read_model_file): a FIFO would hang the
     load and a link to /dev/zero would be read until memory runs out; both fail the load
     with DATA_LOSS instead, upstream's code for a file it cannot parse.
-
-    Example:
-        >>> len(read_saved_model("/models/m/1").meta_graphs)
-        1
     """
     import grpc
     from google.protobuf import message, text_format
@@ -163,11 +145,6 @@ def _unsafe_file_status(error) -> ServingStatusError:
 def refuse_host_ops(meta_graph_def, export_dir: str) -> None:
     """A SavedModel is code: the version fails to load (FAILED_PRECONDITION, the whole
     story in one line) when the static check finds a host op, before anything runs.
-
-    Example:
-        >>> refuse_host_ops(meta_graph_with_write_file, "/models/m/1")
-        Traceback (most recent call last):
-        ServingStatusError: FAILED_PRECONDITION: /models/m/1: WriteFile node 'w', ...
     """
     from serving_opt.errors import ServingOptError
     from serving_opt.savedmodel import loader, untrusted
@@ -187,10 +164,6 @@ TF_TEXT_PACKAGE = "tensorflow-text"
 def load_custom_op_libraries() -> list[str]:
     """Registers the ops of the op libraries TF Serving links in (TensorFlow Text), by
     importing them when installed; returns the modules imported.
-
-    Example:
-        >>> load_custom_op_libraries()
-        ['tensorflow_text']
     """
     import importlib.util
 
@@ -205,10 +178,6 @@ def load_custom_op_libraries() -> list[str]:
 def with_custom_op_hint(error: ServingStatusError) -> ServingStatusError:
     """A load error for an op this TensorFlow does not know says which package TF
     Serving's build links that may provide it (TensorFlow Text), when it is not installed.
-
-    Example:
-        >>> with_custom_op_hint(not_found("Op type not registered 'ConstrainedSequence' ..."))
-        ServingStatusError(NOT_FOUND, "... install the `tensorflow-text` package ...")
     """
     import importlib.util
 
@@ -252,11 +221,6 @@ def check_bundle_directory(export_dir: str) -> None:
 
     A legacy SessionBundle (``export.meta``) is UNIMPLEMENTED; a directory with neither
     ``saved_model.pb`` nor ``saved_model.pbtxt`` is NOT_FOUND, with upstream's texts.
-
-    Example:
-        >>> check_bundle_directory("/models/m/empty")
-        Traceback (most recent call last):
-        ServingStatusError: NOT_FOUND: Specified file path does not appear to contain a ...
     """
     if os.path.exists(os.path.join(export_dir, "export.meta")):
         raise unimplemented("Session Bundle is deprecated and removed.")
@@ -272,10 +236,6 @@ def check_bundle_directory(export_dir: str) -> None:
 
 def find_meta_graph(saved_model, tags: Sequence[str]):
     """The MetaGraphDef whose tag set equals ``tags`` exactly (C++ ``FindMetaGraphDef``).
-
-    Example:
-        >>> find_meta_graph(read_saved_model("/models/m/1"), ["serve"]).meta_info_def.tags
-        ['serve']
     """
     wanted = set(tags)
     for meta_graph in saved_model.meta_graphs:
@@ -292,10 +252,6 @@ def find_meta_graph(saved_model, tags: Sequence[str]):
 def onednn_kernels_on() -> bool:
     """Whether this process's TensorFlow runs oneDNN's kernels (TF's default on x86 CPUs
     with AVX-512 VNNI and newer, unless ``TF_ENABLE_ONEDNN_OPTS=0``).
-
-    Example:
-        >>> os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"; onednn_kernels_on()
-        False
     """
     try:
         from tensorflow.python.util import _pywrap_util_port
@@ -367,11 +323,6 @@ def _canonical_tensor_name(name: str) -> str:
 
 class Servable:
     """A loaded SavedModel version. Thread-safe: TF sessions run concurrently.
-
-    Example:
-        >>> s = Servable.load(ServableId("m", 1), "/models/m/1", LoadOptions())
-        >>> sorted(s.signature_defs)
-        ['__saved_model_init_op', 'serving_default']
     """
 
     def __init__(self, servable_id: ServableId, path: str, session, meta_graph_def) -> None:
@@ -405,10 +356,6 @@ class Servable:
     @classmethod
     def load(cls, servable_id: ServableId, path: str, options: LoadOptions) -> Servable:
         """Loads ``path`` into a new graph and session; raises ServingStatusError.
-
-        Example:
-            >>> Servable.load(ServableId("m", 2), "/models/m/2", LoadOptions()).id.version
-            2
         """
         import tensorflow as tf
 
@@ -474,10 +421,6 @@ class Servable:
         timeout_ms: int | None = None,
     ) -> list[Fetched]:
         """``Session::Run`` through the batcher when batching is on, else :meth:`run_direct`.
-
-        Example:
-            >>> [f.dtype for f in servable.run({"x:0": np.ones([1, 5], np.float32)}, ["y:0"])]
-            [1]
         """
         self._check_ranks(feeds)
         if self.batching is not None:
@@ -511,11 +454,6 @@ class Servable:
 
         ``timeout_ms`` becomes ``RunOptions.timeout_in_ms`` (how TF Serving enforces a
         client's gRPC deadline). Raises ServingStatusError with TF's code and message.
-
-        Example:
-            >>> [f.dtype for f in servable.run_direct({"x:0": np.ones([1, 5], np.float32)},
-            ...                                       ["y:0"])]
-            [1]
         """
         import tensorflow as tf
         from tensorflow.python.client import pywrap_tf_session

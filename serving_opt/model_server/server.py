@@ -5,11 +5,6 @@ Like ``tensorflow_model_server``: build the model config, load every model (retr
 ModelService, INT32_MAX message limits and client deadlines enforced as session
 timeouts. Unlike it: binds 127.0.0.1 unless told otherwise, port 0 picks a free port, and
 a failed start raises instead of exiting.
-
-Example:
-    >>> server = serve(ServerOptions(model_name="m", model_base_path="/models/m", port=0))
-    >>> channel = grpc.insecure_channel(server.address)
-    >>> server.stop()
 """
 
 from __future__ import annotations
@@ -60,10 +55,6 @@ class ServerOptions:
     ``max_request_bytes`` (not a TF Serving flag; default TF Serving's INT32_MAX message
     limit) bounds what one request may carry or make the server allocate: the gRPC
     receive limit, a REST body, and the decoded size of a request's input tensors.
-
-    Example:
-        >>> ServerOptions(model_base_path="/models/m").model_name
-        'default'
     """
 
     model_name: str = "default"
@@ -128,10 +119,6 @@ class ServerOptions:
 
 def build_model_server_config(options: ServerOptions):
     """The ModelServerConfig the options describe (file, or single model).
-
-    Example:
-        >>> build_model_server_config(ServerOptions(model_name="m", model_base_path="/m"))
-        model_config_list { config { name: "m" base_path: "/m" model_platform: "tensorflow" } }
     """
     if options.model_config_file:
         return model_config.read_config_file(options.model_config_file)
@@ -147,10 +134,6 @@ def build_model_server_config(options: ServerOptions):
 
 def core_options(options: ServerOptions) -> CoreOptions:
     """Maps server flags to the core's loading options.
-
-    Example:
-        >>> core_options(ServerOptions(saved_model_tags="serve,gpu")).load_options.tags
-        ('serve', 'gpu')
     """
 
     tags = tuple(t for t in options.saved_model_tags.split(",") if t)
@@ -184,11 +167,6 @@ def session_config_of(options: ServerOptions):
     ``mixed_precision`` "bfloat16" turns on oneDNN's bfloat16 auto mixed precision (other
     values: INVALID_ARGUMENT here, where upstream logs a warning and ignores them). None
     when nothing is configured (TensorFlow's defaults).
-
-    Example:
-        >>> session_config_of(ServerOptions(tensorflow_session_parallelism=2))
-        intra_op_parallelism_threads: 2
-        inter_op_parallelism_threads: 2
     """
     import tensorflow as tf
     from google.protobuf import text_format
@@ -234,10 +212,6 @@ def session_config_of(options: ServerOptions):
 
 def grpc_channel_arguments(text: str) -> list[tuple[str, int | str]]:
     """``parseGrpcChannelArgs``: "k=v,k=v" -> gRPC options, ints where they parse.
-
-    Example:
-        >>> grpc_channel_arguments("grpc.max_connection_age_ms=1000,grpc.primary_user_agent=x")
-        [('grpc.max_connection_age_ms', 1000), ('grpc.primary_user_agent', 'x')]
     """
     result: list[tuple[str, int | str]] = []
     for item in (part for part in text.split(",") if part):
@@ -261,11 +235,6 @@ class RunningServer:
     """A started server: ``port``, ``address``, ``core``; ``stop()`` shuts it down.
 
     Usable as a context manager.
-
-    Example:
-        >>> with serve(ServerOptions(model_base_path="/models/m", port=0)) as server:
-        ...     server.available_versions()
-        {'default': [1]}
     """
 
     def __init__(
@@ -317,10 +286,6 @@ class RunningServer:
 
     def ready_line(self) -> str:
         """The one line the ``serve`` command prints once the port is open.
-
-        Example:
-            >>> server.ready_line()
-            "serving-opt serve: model 'm' version 1 AVAILABLE on 127.0.0.1:8500 (local ..."
         """
         parts = []
         for name, versions in self.available_versions().items():
@@ -429,12 +394,6 @@ def serve(
     ``config`` (a ModelServerConfig proto) overrides the model flags, for callers that
     build it in memory. ``on_ready`` receives :meth:`RunningServer.ready_line`. Raises
     ServerStartError (a ServingOptError) if a model does not load or the port is taken.
-
-    Example:
-        >>> server = serve(ServerOptions(model_name="m", model_base_path="/models/m", port=0,
-        ...                              max_num_load_retries=0), on_ready=print)
-        serving-opt serve: model 'm' version 1 AVAILABLE on 127.0.0.1:40123 (...)
-        >>> server.stop()
     """
     import grpc
     from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc

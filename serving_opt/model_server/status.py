@@ -4,13 +4,6 @@ Every layer of the server raises :class:`ServingStatusError`; the gRPC servicers
 into the RPC status and GetModelStatus turns it into a ``StatusProto``. Keeping one type
 means a load error, a warmup error and a request error all carry the same code and text
 the real ``tensorflow_model_server`` would report.
-
-Example:
-    >>> try:
-    ...     raise invalid_argument("Input is empty.")
-    ... except ServingStatusError as e:
-    ...     (e.code.name, e.message)
-    ('INVALID_ARGUMENT', 'Input is empty.')
 """
 
 from __future__ import annotations
@@ -23,10 +16,6 @@ _CODE_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 class ServingStatusError(Exception):
     """A non-OK status: what the server answers instead of a response.
-
-    Example:
-        >>> ServingStatusError(grpc.StatusCode.NOT_FOUND, "x").to_text()
-        'NOT_FOUND: x'
     """
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
@@ -40,20 +29,12 @@ class ServingStatusError(Exception):
 
     def to_proto(self):
         """The ``tensorflow.serving.StatusProto`` GetModelStatus reports for a version.
-
-        Example:
-            >>> ServingStatusError(grpc.StatusCode.DATA_LOSS, "bad").to_proto().error_code
-            15
         """
         return status_proto(self)
 
 
 def status_proto(error: ServingStatusError | None):
     """``StatusProto`` for an optional error: None is OK (code 0, empty message).
-
-    Example:
-        >>> status_proto(None).error_code
-        0
     """
     from tensorflow_serving.apis import status_pb2
 
@@ -64,21 +45,12 @@ def status_proto(error: ServingStatusError | None):
 
 def code_from_number(number: int) -> grpc.StatusCode:
     """Maps a TF/absl error code number to the gRPC code with the same number.
-
-    Example:
-        >>> code_from_number(3).name
-        'INVALID_ARGUMENT'
     """
     return _CODE_BY_NUMBER.get(number, grpc.StatusCode.UNKNOWN)
 
 
 def from_tf_error(error: BaseException) -> ServingStatusError:
     """Converts a TensorFlow ``OpError`` (or anything else) into a status, keeping TF's text.
-
-    Example:
-        >>> import tensorflow as tf
-        >>> from_tf_error(tf.errors.InvalidArgumentError(None, None, "bad")).code.name
-        'INVALID_ARGUMENT'
     """
     if isinstance(error, ServingStatusError):
         return error

@@ -6,10 +6,6 @@ optional ``-`` but no ``+``, ASCII digits, within int64) are versions, anything 
 ignored; ``02`` and ``2`` are both version 2 and the later name in sorted order is served,
 with upstream's warning. The version policy picks the latest N (default 1), all, or
 specific versions. A missing base path is an error for the whole poll, as in C++.
-
-Example:
-    >>> aspired_versions("m", "/models/m", policy)  # /models/m holds 1/, 2/ and tmp/
-    [AspiredVersion(version=2, path='/models/m/2')]
 """
 
 from __future__ import annotations
@@ -37,10 +33,6 @@ def parse_version(name: str) -> int | None:
 
     The optimizer's writer counts versions with the same function, so the version it
     publishes is the one this server (and TF Serving) serves.
-
-    Example:
-        >>> parse_version("0003"), parse_version("3a"), parse_version("+3")
-        (3, None, None)
     """
     return served_version(name)
 
@@ -65,10 +57,6 @@ def aspired_versions(name: str, base_path: str, policy) -> list[AspiredVersion]:
     """Polls ``base_path`` once; ``policy`` is a ``ServableVersionPolicy`` proto.
 
     Raises ServingStatusError INVALID_ARGUMENT if the base path does not exist.
-
-    Example:
-        >>> [v.version for v in aspired_versions("m", "/models/m", policy)]
-        [2]
     """
     if not os.path.exists(base_path):
         raise invalid_argument(

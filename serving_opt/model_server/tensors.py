@@ -10,14 +10,6 @@ many bytes the decoded tensor will hold, so a 30-byte request declaring a 12 GB 
 refused instead of allocated (see predict.py's per-request bound). Replies are encoded
 like ``Tensor::AsProtoField``: dtype, shape and every element in the typed field
 (``float_val``, ``int_val``, ``half_val`` as uint16 bits...), never ``tensor_content``.
-
-Example:
-    >>> import numpy as np
-    >>> proto = to_proto_field(np.array([[1.5, 2.0]], np.float32), types_pb2.DT_FLOAT)
-    >>> list(proto.float_val), [d.size for d in proto.tensor_shape.dim]
-    ([1.5, 2.0], [1, 2])
-    >>> from_proto(proto).tolist()
-    [[1.5, 2.0]]
 """
 
 from __future__ import annotations
@@ -89,10 +81,6 @@ _FIELD_BY_TYPE = {
 
 def dtype_name(dtype: int) -> str:
     """``DataType_Name``: the enum name C++ error messages print.
-
-    Example:
-        >>> dtype_name(types_pb2.DT_FLOAT)
-        'DT_FLOAT'
     """
     try:
         return types_pb2.DataType.Name(dtype)
@@ -102,10 +90,6 @@ def dtype_name(dtype: int) -> str:
 
 def shape_string(shape: Iterable[int]) -> str:
     """``TensorShape::DebugString``: ``[2,3]``, ``[]`` for a scalar.
-
-    Example:
-        >>> shape_string((2, 3))
-        '[2,3]'
     """
     return "[" + ",".join(str(int(d)) for d in shape) + "]"
 
@@ -113,10 +97,6 @@ def shape_string(shape: Iterable[int]) -> str:
 def num_elements(proto: tensor_pb2.TensorProto) -> int:
     """The element count of a valid shape; TensorProtoError where ``TensorShape::IsValidShape``
     fails: more than 254 dimensions, a negative one, or a product over 2**63 - 1.
-
-    Example:
-        >>> num_elements(tensor_pb2.TensorProto(tensor_shape={"dim": [{"size": 2}, {"size": 3}]}))
-        6
     """
     dims = proto.tensor_shape.dim
     if len(dims) > MAX_DIMENSIONS:
@@ -145,11 +125,6 @@ def decoded_bytes(proto: tensor_pb2.TensorProto) -> int:
     values, decoded as zeros) costs, not what the request carried. Raises TensorProtoError
     for what ``Tensor::FromProto`` refuses before allocating: an invalid dtype or shape, a
     ``tensor_content`` whose size does not match the shape.
-
-    Example:
-        >>> decoded_bytes(tensor_pb2.TensorProto(
-        ...     dtype=types_pb2.DT_FLOAT, tensor_shape={"dim": [{"size": 10**9}, {"size": 3}]}))
-        12000000000
     """
     import tensorflow as tf
 
@@ -211,12 +186,6 @@ def from_proto(proto: tensor_pb2.TensorProto) -> np.ndarray:
 
     Raises TensorProtoError where that fails. The caller bounds the size first
     (:func:`decoded_bytes`): a valid proto may still decode to any size.
-
-    Example:
-        >>> p = tensor_pb2.TensorProto(dtype=types_pb2.DT_INT64, int64_val=[7],
-        ...                            tensor_shape={"dim": [{"size": 3}]})
-        >>> from_proto(p).tolist()  # short typed fields repeat their last value
-        [7, 7, 7]
     """
     import tensorflow as tf
     from tensorflow.python.eager import context
@@ -272,10 +241,6 @@ def to_proto_field(value: np.ndarray, dtype: int) -> tensor_pb2.TensorProto:
     """Encodes a result tensor like C++ ``Tensor::AsProtoField`` (typed fields, no content).
 
     Raises ValueError for dtypes a TensorProto field cannot hold (resource, variant).
-
-    Example:
-        >>> to_proto_field(np.array(np.float16(1.0)), types_pb2.DT_HALF).half_val
-        [15360]
     """
     proto = tensor_pb2.TensorProto(dtype=dtype)
     value = np.asarray(value)
@@ -308,10 +273,6 @@ def to_proto_content(value: np.ndarray, dtype: int) -> tensor_pb2.TensorProto:
     """Encodes a result tensor like C++ ``Tensor::AsProtoTensorContent`` (what
     ``--enable_serialization_as_tensor_content`` makes Predict answer): the raw
     little-endian bytes in ``tensor_content``; strings keep ``string_val``, as in C++.
-
-    Example:
-        >>> to_proto_content(np.array([1.0], np.float32), types_pb2.DT_FLOAT).tensor_content
-        b'\\x00\\x00\\x80?'
     """
     if dtype in (types_pb2.DT_STRING, types_pb2.DT_RESOURCE, types_pb2.DT_VARIANT):
         return to_proto_field(value, dtype)

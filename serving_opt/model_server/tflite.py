@@ -14,11 +14,6 @@ signatures (upstream's saved_model_half_plus_two_tflite) gets upstream's one
 
 A model.tflite is code too: the version gets the SavedModel path's file checks, and a
 Select TF ("flex") op that is a host op fails the load unless ``--allow_file_ops``.
-
-Example:
-    >>> servable = TfLiteServable.load(ServableId("m", 1), "/models/m/1", pool_size=2)
-    >>> sorted(servable.signature_defs)
-    ['serving_default']
 """
 
 from __future__ import annotations

@@ -5,10 +5,6 @@ multi_inference logs). Like TF Serving's saved_model_warmup.cc, each record runs
 on the freshly loaded servable (no model-name resolution), at most 1000 records are
 allowed, and any failure - unreadable file, unparsable record, a request that errors -
 fails the whole load.
-
-Example:
-    >>> replay_warmup(servable, RequestOptions())  # returns the number of records replayed
-    3
 """
 
 from __future__ import annotations
@@ -43,10 +39,6 @@ _RUNNERS = {
 
 def warmup_path(export_dir: str) -> str:
     """Where TF Serving looks for warmup data in a version directory.
-
-    Example:
-        >>> warmup_path("/models/m/1")
-        '/models/m/1/assets.extra/tf_serving_warmup_requests'
     """
     return os.path.join(export_dir, ASSETS_EXTRA, WARMUP_FILENAME)
 
@@ -68,10 +60,6 @@ def replay_warmup(servable: Servable, options: RequestOptions, iterations: int =
     """Replays the warmup file of ``servable`` if it has one; returns the records replayed.
 
     Raises ServingStatusError on the first failure (the load then fails).
-
-    Example:
-        >>> replay_warmup(servable_without_warmup_file, RequestOptions())
-        0
     """
     import grpc
 

@@ -167,11 +167,6 @@ class OptionTree:
 class ValidateOptions(OptionTree):
     """Options of ``serving-opt validate``: the served version, its reference, and the
     groups it shares with optimize.
-
-    Example:
-        >>> ValidateOptions(serving=ServingCheck(server="local"),
-        ...                 tolerance=Tolerance(atol=1e-3)).tolerance.atol
-        0.001
     """
 
     serving: ServingCheck = field(default_factory=ServingCheck)
@@ -197,11 +192,6 @@ class ValidateOptions(OptionTree):
     def check(self) -> None:
         """UsageError naming the first bad option; validate() calls it before starting
         anything, optimize's plan() before any work.
-
-        Example:
-            >>> ValidateOptions(serving=ServingCheck(protocols=("carrier_pigeon",))).check()
-            Traceback (most recent call last):
-            UsageError: --protocols=carrier_pigeon must name grpc, rest or both
         """
         self.serving.check()
         self.tolerance.check()
@@ -213,10 +203,6 @@ class ValidateOptions(OptionTree):
 @dataclass(frozen=True, init=False)
 class OptimizeOptions(OptionTree):
     """Everything ``serving-opt optimize`` can be told; defaults are the safe choice.
-
-    Example:
-        >>> OptimizeOptions(build=BuildOptions(transforms="fold_constants"),
-        ...                 measure=MeasureOptions(benchmark_runs=0))
     """
 
     build: BuildOptions = field(default_factory=BuildOptions)
@@ -271,11 +257,6 @@ class OptimizeOptions(OptionTree):
 
         Also parses the transform spec, Grappler passes and tags, so an Estimator
         exporter can fail at construction rather than after training.
-
-        Example:
-            >>> OptimizeOptions(build=BuildOptions(freeze="sometimes")).check()
-            Traceback (most recent call last):
-            UsageError: --freeze=sometimes is not one of auto, always, never
         """
         self.build.check()
         self.tolerance.check(max_rtol=MAX_RTOL)
@@ -298,11 +279,6 @@ class OptimizeOptions(OptionTree):
     def validate_options(self) -> ValidateOptions | None:
         """The ValidateOptions ``validate`` runs with: this tree's shared groups and its
         own ``validate`` group (the version and reference are set when it runs).
-
-        Example:
-            >>> OptimizeOptions(tolerance=Tolerance(atol=1e-3),
-            ...                 validate=ServingCheck()).validate_options().tolerance.atol
-            0.001
         """
         if self.validate is None:
             return None
@@ -312,13 +288,5 @@ class OptimizeOptions(OptionTree):
 
 def check_options(options: OptimizeOptions | ValidateOptions) -> None:
     """Raises UsageError naming the first bad option of either tree, before any work.
-
-    Example:
-        >>> check_options(OptimizeOptions(build=BuildOptions(freeze="sometimes")))
-        Traceback (most recent call last):
-        UsageError: --freeze=sometimes is not one of auto, always, never
-        >>> check_options(ValidateOptions(serving=ServingCheck(protocols=("carrier_pigeon",))))
-        Traceback (most recent call last):
-        UsageError: --protocols=carrier_pigeon must name grpc, rest or both
     """
     options.check()

@@ -27,10 +27,6 @@ _VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?([a-z0-9.+-]*)$")
 
 def check_version(version: str) -> str:
     """``version`` if it looks like a TensorFlow release (``2.15``, ``2.20.0``).
-
-    Example:
-        >>> check_version("2.20.0")
-        '2.20.0'
     """
     version = (version or "").strip()
     if not _VERSION_RE.match(version):
@@ -64,9 +60,6 @@ def _opt(default: Any, help: str = "", **flag: Any) -> Any:  # noqa: A002 - absl
 @dataclass(frozen=True)
 class BuildOptions:
     """What to build: the rewrites asked for, and how far freezing and quantizing go.
-
-    Example:
-        >>> BuildOptions(transforms="fold_constants fold_batch_norms", quantize="int8")
     """
 
     transforms: str | None = _opt(
@@ -149,9 +142,6 @@ class BuildOptions:
 class InputOptions:
     """Which MetaGraph answers, and what it is asked: the parity gate's and the
     measurements' inputs in optimize, the requests in validate.
-
-    Example:
-        >>> InputOptions(examples="eval.jsonl")
     """
 
     saved_model_tags: str = _opt(
@@ -170,9 +160,6 @@ class InputOptions:
 @dataclass(frozen=True)
 class Tolerance:
     """How close an answer must be to the original's: the parity gate, compare, validate.
-
-    Example:
-        >>> Tolerance(atol=1e-3, rtol=1e-3)
     """
 
     atol: float = _opt(1e-5, "Absolute tolerance for float outputs.")
@@ -194,9 +181,6 @@ class Tolerance:
 class GateOptions:
     """What a candidate must pass to be published, beyond the tolerances: the parity
     gate's sample, the lossy gate, the compare gate and the regression gate.
-
-    Example:
-        >>> GateOptions(min_top1_agreement=0.99, allow_regression=True)
     """
 
     parity_batch_size: int = 16
@@ -251,10 +235,6 @@ class MeasureOptions:
     ~30 s per model) and, should a figure look worse, a confirmation (~90 s) fit, so
     the whole optimize stays well under 10 minutes. A model answering in milliseconds
     makes its 100 runs per batch size in seconds, as before.
-
-    Example:
-        >>> MeasureOptions(benchmark_runs=0)   # the cold start only
-        >>> MeasureOptions(measure_seconds=600)   # a slow model, measured at batch 32 too
     """
 
     cold_start: bool = _opt(
@@ -291,9 +271,6 @@ class MeasureOptions:
 class TargetOptions:
     """The TF Serving that will load the model: its TensorFlow release (optimize checks
     every op and attr against its registry; validate's local server runs under it).
-
-    Example:
-        >>> TargetOptions(serving_version="2.15.1")
     """
 
     serving_version: str | None = _opt(
@@ -313,9 +290,6 @@ class TargetOptions:
 @dataclass(frozen=True)
 class TrustOptions:
     """What the user trusts the model with: a SavedModel is code.
-
-    Example:
-        >>> TrustOptions(allow_file_ops=True)
     """
 
     allow_file_ops: bool = _opt(
@@ -344,9 +318,6 @@ GRAPH_DEF_NAME = "frozen_inference_graph.pb"  # the .pb --output_format=graphdef
 @dataclass(frozen=True)
 class OutputOptions:
     """Where optimize publishes: the version directory of the model base.
-
-    Example:
-        >>> OutputOptions(version=3, overwrite=True)
     """
 
     version: int | None = _opt(
@@ -371,9 +342,6 @@ class GraphDefOptions:
     """How a frozen GraphDef (``frozen_inference_graph.pb``) becomes a servable model:
     which tensors are its inputs and outputs and the signature's input keys. Only for a
     ``.pb`` input (a SavedModel has signatures).
-
-    Example:
-        >>> GraphDefOptions(graph_outputs=("detection_boxes", "num_detections"))
     """
 
     # Flags --inputs and --outputs (cli/commands/optimize.py renames them); the fields
@@ -400,9 +368,6 @@ class GraphDefOptions:
 class ServingCheck:
     """Validate's own options: how the model is served and probed (optimize's
     ``validate`` group; the shared values come from the tree holding it).
-
-    Example:
-        >>> ServingCheck(server="local", concurrency=2, duration=0.5)
     """
 
     model_name: str | None = _opt(None, "Model name (default: the base's directory name).")
@@ -464,10 +429,6 @@ class ServingCheck:
 
 def parse_protocols(protocols) -> tuple[str, ...]:
     """``"grpc,rest"`` or a sequence -> the protocols in a fixed order; UsageError else.
-
-    Example:
-        >>> parse_protocols("rest,grpc")
-        ('grpc', 'rest')
     """
     names = protocols.split(",") if isinstance(protocols, str) else list(protocols)
     names = [n.strip().lower() for n in names if n.strip()]

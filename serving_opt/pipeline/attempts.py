@@ -54,10 +54,6 @@ _DEQUANTIZED_AT_LOAD = "at load (init op)"
 @dataclass(frozen=True)
 class Candidate:
     """One configuration of the candidate: frozen or not, which weights quantized.
-
-    Example:
-        >>> Candidate(frozen=True, quantize="int8", tables_only=True).describe()
-        'frozen, int8: tables only'
     """
 
     frozen: bool
@@ -77,9 +73,6 @@ class Candidate:
 @dataclass(frozen=True)
 class Verdict:
     """How one attempt ended; the loop and the report read it.
-
-    Example:
-        >>> Verdict(REGRESSION, "load time 1.4x", worse=("load time 1.4x",))
     """
 
     outcome: str  # one of the verdicts above
@@ -93,10 +86,6 @@ class Verdict:
 @dataclass(frozen=True)
 class AttemptReport:
     """One attempt in the report: its configuration, its verdict, and what followed.
-
-    Example:
-        >>> AttemptReport(Candidate(True), PARITY_FAILED, "y: 3 of 8 differ",
-        ...               "retried: variables kept")
     """
 
     candidate: Candidate
@@ -107,10 +96,6 @@ class AttemptReport:
 
 def candidates(freeze: str, quantize: str) -> tuple[Candidate, ...]:
     """The configurations ``--freeze`` and ``--quantize`` allow, in the order tried.
-
-    Example:
-        >>> [c.describe() for c in candidates("auto", "none")]
-        ['frozen', 'variables kept']
     """
     # int4 quantizes the tables alone (dense weights dequantized at load would shrink
     # the files, not the server): its candidates say so, and no retry drops dense ones.
@@ -127,10 +112,6 @@ def judge_failure(error: Exception, candidate: Candidate, lossy_transforms: bool
                   quantized: Sequence = ()) -> Verdict:
     """The verdict of an attempt that raised ``error``; ``quantized`` are the weights its
     quantize stage stored (stages.quantize.QuantizedTensor).
-
-    Example:
-        >>> judge_failure(RuntimeError("inliner exploded"), Candidate(True), False).outcome
-        'unusable'
     """
     from serving_opt.serving.runtime import TargetRuntimeError
 
@@ -152,11 +133,6 @@ def judge_failure(error: Exception, candidate: Candidate, lossy_transforms: bool
 def next_candidate(listed: Sequence[Candidate], current: Candidate,
                    verdict: Verdict) -> Candidate | None:
     """The candidate to try after ``verdict`` on ``current``; None: the run ends.
-
-    Example:
-        >>> listed = candidates("auto", "none")
-        >>> next_candidate(listed, listed[0], Verdict(UNUSABLE, "boom")).describe()
-        'variables kept'
     """
     later = listed[listed.index(current) + 1:]
     if verdict.outcome == LOSSY_GATE_FAILED and verdict.dense_quantized and current.frozen \
@@ -179,9 +155,6 @@ def try_candidates(run, build: Build, measure: Measure) -> str:
 
     Raises the error of the attempt that ended the run (see the module docstring); the
     report (``run.attempts``) has every attempt either way.
-
-    Example:
-        >>> staging = try_candidates(run, optimizer.build_candidate, proving.measure)
     """
     listed = run.plan.candidates
     candidate = listed[0]

@@ -191,10 +191,6 @@ def write(run: Run, graph: ServingGraph) -> str:
 
 def freeze_note(info: freeze_lib.FreezeInfo) -> str:
     """What freezing did, one line for the report.
-
-    Example:
-        >>> freeze_note(info)
-        '14 variables (4096 bytes) frozen'
     """
     note = f"{info.variables_frozen} variables ({info.variable_bytes} bytes) frozen" \
         if info.variables_frozen or info.large_variables_kept else \

@@ -49,10 +49,6 @@ def extra_files(model_dir: str, saved_model) -> list[str]:
     ``assets.extra/tf_serving_warmup_requests`` and, with ``--output_format=graphdef``,
     the frozen GraphDef. Anything else was written by someone else (a model run in the
     sandbox can write into its candidate) and is never published.
-
-    Example:
-        >>> extra_files("models/clf/.serving-opt-staging-3-x", saved_model)
-        ['1/planted.txt']
     """
     from serving_opt.options import GRAPH_DEF_NAME
     from serving_opt.serving.warmup import WARMUP_FILENAME
@@ -110,9 +106,6 @@ def check_in_fresh_process(model_dir: str, tags: str, allow_file_ops: bool,
                            sandboxed: bool = True) -> list[str]:
     """:func:`check` in a new process (in bubblewrap when ``sandboxed``); returns the
     files beyond a SavedModel's (:func:`extra_files`).
-
-    Example:
-        >>> check_in_fresh_process("models/clf/.serving-opt-staging-3-x", "serve", False)
     """
     from serving_opt import sandbox
 

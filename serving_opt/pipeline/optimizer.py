@@ -73,10 +73,6 @@ class Source:
 def validate_options(options: OptimizeOptions) -> ValidateOptions:
     """The ValidateOptions ``--validate`` runs with, built from ``options``
     (:meth:`OptimizeOptions.validate_options`).
-
-    Example:
-        >>> validate_options(OptimizeOptions(atol=1e-3, validate=ServingCheck())).atol
-        0.001
     """
     options.check()
     return options.validate_options()
@@ -92,12 +88,6 @@ def optimize(
 
     Raises UsageError for bad options (before any work), ServingOptError for
     unreadable models, ParityError (with ``.report``) when the result differs.
-
-    Example:
-        >>> r = optimize("build/sample/1", "build/optimized",
-        ...              OptimizeOptions(benchmark_runs=0))
-        >>> r.output_dir
-        'build/optimized/1'
     """
     options = OptimizeOptions() if options is None else options
     steps = ("read", "freeze", "transforms", "grappler", "rewrites", "write", "parity",

@@ -37,10 +37,6 @@ def pin_if_faster(run: Run, frozen: ServingGraph, staging: str,
     ``built_from`` is the run's snapshot from before it did.
 
     The run record ends as the taken build's, with one ``pin_shapes`` stage saying why.
-
-    Example:
-        >>> staging = pin_if_faster(run, frozen, staging, lambda g: build_from(run, g, c),
-        ...                         snapshot)
     """
     pinned = run.source.pinned
     described = shapes_lib.describe(pinned)

@@ -39,10 +39,6 @@ from serving_opt.stages import transforms as transforms_lib
 class Plan:
     """What every stage will be asked to do: the checked options and what was resolved
     from them.
-
-    Example:
-        >>> plan("exports/1", "models/clf", OptimizeOptions()).gate.allow_regression
-        False
     """
 
     options: OptimizeOptions
@@ -97,11 +93,6 @@ class Plan:
 
 def plan(input_dir: str, output_base: str, options: OptimizeOptions) -> Plan:
     """Resolves and checks everything the user asked for; fails before any work.
-
-    Example:
-        >>> plan("exports/1", "exports/1/out", OptimizeOptions())
-        Traceback (most recent call last):
-        UsageError: --output_base exports/1/out is inside --input_dir exports/1
     """
     options.check()
     graph_def_input = _check_graph_def_input(input_dir, options)

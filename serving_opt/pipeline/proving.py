@@ -274,10 +274,6 @@ def benchmark_share(budget: measuring.Budget, cold_seconds: float, cold) -> floa
     """Seconds the benchmark gets: half of what is left once a second cold start (a
     confirmation may need one) is set aside; None when that is too little to load both
     models and time a few runs.
-
-    Example:
-        >>> benchmark_share(measuring.Budget(180.0), 25.0, cold)   # just after the cold start
-        65.0
     """
     share = (budget.left() - cold_seconds) * BENCHMARK_FRACTION
     loads = cold.before.load_seconds + cold.after.load_seconds if cold is not None else 0.0

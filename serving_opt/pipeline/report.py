@@ -18,10 +18,6 @@ def _agreement_cell(output) -> str:
 
 def format_optimize_report(report) -> str:
     """The optimize report as aligned tables: outcome, sizes, stages, parity, latency.
-
-    Example:
-        >>> "parity" in format_optimize_report(report)
-        True
     """
     out = []
     verdict = f"published {printable(report.output_dir)}" if report.published \
@@ -127,10 +123,6 @@ def format_optimize_report(report) -> str:
 def format_cold_start(cold) -> str:
     """The cold-start table: load time, first request, the serving process's peak and
     steady (held) memory apart, and how much of it the runtime alone is.
-
-    Example:
-        >>> print(format_cold_start(report.cold_start).splitlines()[0])
-        cold start (fresh process each, session loader, Grappler on; median of 1)
     """
     out: list[str] = []
     b, a = cold.before, cold.after
@@ -164,12 +156,6 @@ def _steady_rss_rows(before, after) -> list[list[str]]:
 def format_benchmark(b) -> str:
     """The benchmark's table: per batch size the runs made and the interval of the pairs'
     after/before ratio, then the batch sizes the budget skipped and why.
-
-    Example:
-        >>> print(format_benchmark(report.benchmark))
-        benchmark of serving_default (same process, interleaved, Grappler on at load; runs
-        sized to 65 s of the 180 s budget, --measure_seconds)
-        ...
     """
     budget = getattr(b, "budget_seconds", None)
     sizing = "" if budget is None else (
@@ -196,10 +182,6 @@ def format_benchmark(b) -> str:
 
 def format_validation_report(report) -> str:
     """The validation report as a table of checks plus the load phase.
-
-    Example:
-        >>> format_validation_report(report).splitlines()[0]
-        'serving-opt validate: VALIDATED clf version 1 (local: ...)'
     """
     verdict = "VALIDATED" if report.ok else "NOT VALIDATED"
     out = [f"serving-opt validate: {verdict} {printable(report.model_name)} version "

@@ -39,10 +39,6 @@ class StageReport:
 @dataclass(frozen=True)
 class SizeReport:
     """Bytes on disk of one SavedModel directory.
-
-    Example:
-        >>> SizeReport.of("build/sample/1").variables
-        40960
     """
 
     total: int
@@ -71,10 +67,6 @@ class SizeReport:
 @dataclass(frozen=True)
 class OptimizeReport:
     """What ``optimize`` did and measured; ``to_dict()`` is the JSON report.
-
-    Example:
-        >>> report.published, report.output_dir
-        (True, 'models/clf/2')
     """
 
     input_dir: str
@@ -149,13 +141,6 @@ class Run:
     read), ``graph`` (the latest serving graph), ``frozen``/``freeze_note``, ``parity``
     and ``size_after`` (the written candidate), ``validation``, ``benchmark``,
     ``attempts`` (one per candidate tried), and ``output_dir`` once published.
-
-    Example:
-        >>> run = Run("exports/1", "models/clf", options)
-        >>> with run.stage("read", "reading exports/1") as stage:
-        ...     stage.done(None, "tf1 model")
-        >>> [s.name for s in run.stages]
-        ['read']
     """
 
     def __init__(self, input_dir: str, output_base: str, options,

@@ -38,10 +38,6 @@ class WorkerJob:
 
 def job(run: Run) -> WorkerJob:
     """The job, every path absolute: the worker runs elsewhere (cwd /tmp, in its sandbox).
-
-    Example:
-        >>> job(run).input_dir
-        '/home/me/exports/1'
     """
 
     def absolute(path: str | None) -> str | None:
@@ -88,10 +84,6 @@ def timeout_seconds(plan: Plan) -> float:
     """The worker's wall-clock limit: ``--sandbox_timeout_seconds``, else an hour for the
     build and proofs plus four times the measuring budget (each candidate measures within
     ``--measure_seconds``, a confirmation too) and the serving validation's load deadline.
-
-    Example:
-        >>> timeout_seconds(plan)   # --measure_seconds=60, no --validate
-        3840.0
     """
     if plan.trust.sandbox_timeout_seconds is not None:
         return float(plan.trust.sandbox_timeout_seconds)

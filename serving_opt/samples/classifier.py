@@ -1,8 +1,4 @@
 """The ``classifier`` and ``multihead`` samples: an Estimator-like DNN classifier.
-
-Example:
-    >>> build_classifier("/tmp/models/clf/1")
-    '/tmp/models/clf/1'
 """
 
 from __future__ import annotations
@@ -22,10 +18,6 @@ def build_classifier(export_dir: str, seed: int = 0, with_regression: bool = Fal
     Signatures: ``serving_default`` and ``classification`` (classify), ``predict``;
     with ``with_regression`` also ``positive_score`` (regress: P(positive)), a model
     TF Serving's MultiInference can query with both kinds at once.
-
-    Example:
-        >>> build_classifier("/tmp/models/clf/1")
-        '/tmp/models/clf/1'
     """
     import tensorflow as tf
 
@@ -59,9 +51,5 @@ def build_classifier(export_dir: str, seed: int = 0, with_regression: bool = Fal
 def build_multihead(export_dir: str, seed: int = 0) -> str:
     """The classifier plus a regress signature (``positive_score``): classify and regress
     in one model.
-
-    Example:
-        >>> build_multihead("/tmp/models/multi/1")
-        '/tmp/models/multi/1'
     """
     return build_classifier(export_dir, seed, with_regression=True)

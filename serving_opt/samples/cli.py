@@ -29,11 +29,6 @@ _FLAGS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m serving_opt.samples``: builds one sample; 0 on success.
-
-    Example:
-        >>> main(["--kind=regressor", "--output_dir=/tmp/models/reg/1"])
-        wrote regressor SavedModel to /tmp/models/reg/1
-        0
     """
     import argparse
 

@@ -1,8 +1,4 @@
 """The ``convnet`` sample: a small TF1 conv net with batch norm, taking float images.
-
-Example:
-    >>> build_convnet("/tmp/models/cnn/1")
-    '/tmp/models/cnn/1'
 """
 
 from __future__ import annotations
@@ -15,10 +11,6 @@ def build_convnet(export_dir: str, seed: int = 0) -> str:
 
     Signature ``serving_default`` (predict): ``images`` float [None, 16, 16, 3] to
     ``scores`` [None, 4] and ``label`` int64 [None].
-
-    Example:
-        >>> build_convnet("/tmp/models/cnn/1")
-        '/tmp/models/cnn/1'
     """
     import tensorflow as tf
 

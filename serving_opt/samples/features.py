@@ -4,10 +4,6 @@ Four features, as an Estimator's parsing receiver reads them: ``word`` (string,
 vocabulary-file embedding over :data:`VOCABULARY` plus one OOV bucket), ``city``
 (string, hashed embedding), ``age`` (float) and ``clicks`` (int64), both normalized in
 their column.
-
-Example:
-    >>> len(sample_examples(4))
-    4
 """
 
 from __future__ import annotations
@@ -50,11 +46,6 @@ def parsed_features(scratch: str):
     """The Estimator parsing receiver: serialized tf.Examples in, the input layer out.
 
     ``scratch`` receives the vocabulary file (an asset of the saved model).
-
-    Example:
-        >>> serialized, net = parsed_features(scratch)
-        >>> net.shape.as_list()
-        [None, 11]
     """
     import tensorflow as tf
 
@@ -67,10 +58,6 @@ def parsed_features(scratch: str):
 
 def sample_examples(count: int = 8, seed: int = 0) -> list[bytes]:
     """Serialized tf.Examples matching the classifier/regressor parsing spec.
-
-    Example:
-        >>> len(sample_examples(4))
-        4
     """
     rng = np.random.default_rng(seed)
     words = list(VOCABULARY) + ["not-in-vocabulary"]

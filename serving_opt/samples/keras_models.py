@@ -3,10 +3,6 @@ architectures, ``mobilenet_v2`` and ``resnet50``, each exported with ``model.exp
 (a TF2 object-graph SavedModel).
 
 (Not named keras.py: run as a script from this directory, it would shadow Keras.)
-
-Example:
-    >>> build_keras("/tmp/models/keras/1")
-    '/tmp/models/keras/1'
 """
 
 from __future__ import annotations
@@ -20,10 +16,6 @@ KERAS_APPLICATIONS = {"mobilenet_v2": ("MobileNetV2", 96), "resnet50": ("ResNet5
 
 def build_keras(export_dir: str, seed: int = 0) -> str:
     """Writes a small Keras 3 model with ``model.export()`` (a TF2 object-graph SavedModel).
-
-    Example:
-        >>> build_keras("/tmp/models/keras/1")
-        '/tmp/models/keras/1'
     """
     import keras
 
@@ -50,10 +42,6 @@ def build_keras_application(kind: str, export_dir: str, seed: int = 0) -> str:
     folding them would change nothing measurable: they get trained-looking statistics.
     The head outputs logits (``classifier_activation=None``): a parity check on
     saturated probabilities would hide drift.
-
-    Example:
-        >>> build_keras_application("mobilenet_v2", "/tmp/models/mnv2/1")
-        '/tmp/models/mnv2/1'
     """
     import keras
 

@@ -3,10 +3,6 @@
 A new sample is a module with a builder ``build_<kind>(export_dir, seed=0, **options)``
 and one entry in :data:`KINDS`; ``build()`` and the command line
 (``python -m serving_opt.samples --kind=<kind>``) then know it.
-
-Example:
-    >>> build("regressor", "/tmp/models/reg/1")
-    '/tmp/models/reg/1'
 """
 
 from __future__ import annotations
@@ -28,10 +24,6 @@ class SampleKind:
     """``build(export_dir, seed=0, **options)`` writes the SavedModel and returns its
     directory; ``options`` names the build options (``vocab_size``, ``embedding_dim``,
     ``optimizer_slots``) it takes, which the command line may then set.
-
-    Example:
-        >>> SampleKind(build_wide_deep, ("vocab_size", "embedding_dim")).options
-        ('vocab_size', 'embedding_dim')
     """
 
     build: Callable[..., str]
@@ -59,10 +51,6 @@ def build(kind: str, export_dir: str, seed: int = 0, **options) -> str:
     ``options`` go to the builder: ``vocab_size``, ``embedding_dim``,
     ``optimizer_slots`` and ``train_examples`` for text_classifier; ``vocab_size`` and
     ``embedding_dim`` for wide_deep.
-
-    Example:
-        >>> build("regressor", "/tmp/models/reg/1")
-        '/tmp/models/reg/1'
     """
     if kind not in KINDS:
         raise ValueError(f"unknown sample kind {kind!r}; choose one of {', '.join(KINDS)}")

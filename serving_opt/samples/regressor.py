@@ -1,8 +1,4 @@
 """The ``regressor`` sample: an Estimator-like linear regressor.
-
-Example:
-    >>> build_regressor("/tmp/models/reg/1")
-    '/tmp/models/reg/1'
 """
 
 from __future__ import annotations
@@ -16,10 +12,6 @@ def build_regressor(export_dir: str, seed: int = 0) -> str:
 
     It parses the classifier's features (serving_opt.samples.features).
     Signatures: ``serving_default`` and ``regression`` (regress), ``predict``.
-
-    Example:
-        >>> build_regressor("/tmp/models/reg/1")
-        '/tmp/models/reg/1'
     """
     import tensorflow as tf
 

@@ -1,11 +1,5 @@
 """The ``text_classifier`` sample: an Estimator-like DNN text classifier, mostly one
 embedding table (the shape of users' big exports), and its tf.Examples.
-
-Example:
-    >>> build_text_classifier("/tmp/models/text/1", vocab_size=5000, embedding_dim=32)
-    '/tmp/models/text/1'
-    >>> len(text_examples(4))
-    4
 """
 
 from __future__ import annotations
@@ -30,10 +24,6 @@ TEXT_OOV_BUCKETS = 100
 
 def text_vocabulary(vocab_size: int) -> list[str]:
     """The text classifier's vocabulary: ``w0`` .. ``w<vocab_size - 1>``, one per line.
-
-    Example:
-        >>> text_vocabulary(3)
-        ['w0', 'w1', 'w2']
     """
     return [f"w{i}" for i in range(vocab_size)]
 
@@ -72,10 +62,6 @@ def build_text_classifier(export_dir: str, seed: int = 0, vocab_size: int = 2000
     exports from its checkpoint: a real trained table, with the structure quantization
     must keep. Requests of that distribution: ``text_examples(..., topics=True)``.
     Covering a 1M vocabulary a few times takes ~1M examples.
-
-    Example:
-        >>> build_text_classifier("/tmp/models/text/1", vocab_size=5000, embedding_dim=32)
-        '/tmp/models/text/1'
     """
     if train_examples < 0:
         raise ValueError(f"train_examples must be >= 0, got {train_examples}")
@@ -169,10 +155,6 @@ def _train(vocab_size: int, embedding_dim: int, seed: int, examples: int,
 def word_topics(vocab_size: int) -> np.ndarray:
     """Each vocabulary word's topic (0-19): a fixed pseudo-random assignment, the structure
     a trained text classifier learns.
-
-    Example:
-        >>> word_topics(4)
-        array([ 1, 14,  9, 15])
     """
     return np.random.default_rng(1234).integers(0, len(TEXT_CLASS_NAMES), vocab_size)
 
@@ -193,11 +175,6 @@ def topic_texts(count: int, rng: np.random.Generator,
     label's words with probability 0.6, else any word. Word frequencies are skewed as in
     text: within a topic (and within the vocabulary), a word's rank is ``size * u**4`` for
     uniform u, so the top 1% of words are 32% of the draws and half of them are rare.
-
-    Example:
-        >>> texts, labels = topic_texts(2, np.random.default_rng(0), 100)
-        >>> len(texts), labels.shape
-        (2, (2,))
     """
     by_topic, starts = _topic_index(vocab_size)
     labels = rng.integers(0, len(TEXT_CLASS_NAMES), count)
@@ -219,10 +196,6 @@ def text_examples(count: int = 8, seed: int = 0, vocab_size: int = 20000,
     """Serialized tf.Examples for text_classifier: ``text`` of 0-12 space-separated words,
     mostly from its vocabulary, some out of it (hashed to OOV buckets). ``topics``: drawn
     as :func:`topic_texts` (the trained model's training distribution), else uniformly.
-
-    Example:
-        >>> len(text_examples(4))
-        4
     """
     rng = np.random.default_rng(seed)
     if topics:

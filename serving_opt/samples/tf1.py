@@ -5,12 +5,6 @@ spelled out with variables and raw ops, as Estimator-era graphs contain them; gr
 saved as Estimators export them (serving tag, assets, an init op for local variables and
 tables). TensorFlow is imported when a sample is built, not when this module is: the
 command line quiets TensorFlow before its import.
-
-Example:
-    >>> with estimator_graph(seed=0) as (graph, scratch):
-    ...     x = tf.compat.v1.placeholder(tf.float32, [None, 3], name="x")
-    ...     y = tf.identity(dense(x, 2, "head", seed=1), name="y")
-    ...     save_with_tables(graph, "/tmp/models/tiny/1", {"serving_default": predict})
 """
 
 from __future__ import annotations
@@ -27,10 +21,6 @@ ADAGRAD_INITIAL_ACCUMULATOR = 0.1
 def estimator_graph(seed: int) -> Iterator[tuple[object, str]]:
     """(graph, scratch directory): a new default graph with graph-level seed ``seed``, and
     a directory for the files (vocabularies) that become its assets.
-
-    Example:
-        >>> with estimator_graph(0) as (graph, scratch):
-        ...     vocab_path = write_vocabulary(scratch, ["a", "b"])
     """
     import tensorflow as tf
 
@@ -41,10 +31,6 @@ def estimator_graph(seed: int) -> Iterator[tuple[object, str]]:
 
 def write_vocabulary(directory: str, words: Sequence[str]) -> str:
     """Writes ``vocab.txt`` (one word a line) into ``directory``; returns its path.
-
-    Example:
-        >>> write_vocabulary("/tmp/scratch", ["apple", "banana"])
-        '/tmp/scratch/vocab.txt'
     """
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, "vocab.txt")
@@ -55,9 +41,6 @@ def write_vocabulary(directory: str, words: Sequence[str]) -> str:
 
 def save_tf1(sess, export_dir: str, signature_def_map: dict, main_op) -> None:
     """Saves the session's graph as an Estimator does: serving tag, asset files, ``main_op``.
-
-    Example:
-        >>> save_tf1(sess, "/tmp/models/cnn/1", {"serving_default": predict}, None)
     """
     import tensorflow as tf
 
@@ -81,9 +64,6 @@ def save_with_tables(graph, export_dir: str, signatures: dict, trained=(),
     ``trained``: ops run after the variables' initializers (values "training" gave).
     ``values``: variable name -> array, fed as those variables' initial values (trained
     elsewhere), without adding an op to the saved graph.
-
-    Example:
-        >>> save_with_tables(graph, "/tmp/models/reg/1", {"serving_default": regress})
     """
     import tensorflow as tf
 
@@ -103,9 +83,6 @@ def save_with_tables(graph, export_dir: str, signatures: dict, trained=(),
 
 def random_initializer(seed: int, stddev: float = 0.5):
     """A seeded normal initializer (the samples' stand-in for trained weights).
-
-    Example:
-        >>> kernel = v1.get_variable("kernel", [3, 2], initializer=random_initializer(1))
     """
     import tensorflow as tf
 
@@ -114,9 +91,6 @@ def random_initializer(seed: int, stddev: float = 0.5):
 
 def dense(x, units: int, name: str, seed: int, initializer=None):
     """A dense layer (``<name>/kernel``, ``<name>/bias``) without activation.
-
-    Example:
-        >>> logits = dense(hidden, 3, "logits_layer", seed=7)
     """
     import tensorflow as tf
 
@@ -136,9 +110,6 @@ def dnn_logits(net, hidden_units: Sequence[int], logits_units: int, seed: int,
     The logits of a trained classifier are large (confident answers); Glorot's would make
     every answer of an untrained one a near tie. So the logits layer has
     ``logits_variance`` times Glorot's variance (100: ~10x the logits); 1 to train it.
-
-    Example:
-        >>> logits = dnn_logits(net, (256, 128), 20, seed=0)
     """
     import tensorflow as tf
 
@@ -153,9 +124,6 @@ def dnn_logits(net, hidden_units: Sequence[int], logits_units: int, seed: int,
 
 def conv2d(x, filters: int, name: str, seed: int):
     """A 3x3 same-padded convolution (``<name>/kernel``), no bias.
-
-    Example:
-        >>> net = conv2d(images, 8, "conv0", seed=0)
     """
     import tensorflow as tf
 
@@ -188,9 +156,6 @@ def _batch_norm_variables(channels: int, name: str, seed: int):
 
 def batch_norm(x, name: str, seed: int):
     """Inference-mode batch norm as unfused Rsqrt/Mul/Add ops (tf.nn.batch_normalization).
-
-    Example:
-        >>> net = tf.nn.relu(batch_norm(net, "hidden_bn", seed=3))
     """
     import tensorflow as tf
 
@@ -200,9 +165,6 @@ def batch_norm(x, name: str, seed: int):
 
 def fused_batch_norm(x, name: str, seed: int):
     """Inference-mode FusedBatchNormV3, what Keras and tf.layers emitted for conv nets.
-
-    Example:
-        >>> net = tf.nn.relu(fused_batch_norm(net, "conv0_bn", seed=2))
     """
     import tensorflow as tf
 
@@ -215,9 +177,6 @@ def fused_batch_norm(x, name: str, seed: int):
 
 def training_leftovers(embedding_slots: bool, global_step: int = 250_000) -> None:
     """What a training checkpoint adds: global_step and Adagrad accumulators (unused here).
-
-    Example:
-        >>> training_leftovers(embedding_slots=False)
     """
     import tensorflow as tf
 
@@ -236,10 +195,6 @@ def training_leftovers(embedding_slots: bool, global_step: int = 250_000) -> Non
 
 def serialized_example(feature: dict) -> bytes:
     """A serialized tf.Example of ``feature`` (name -> tf.train.Feature).
-
-    Example:
-        >>> serialized_example({"text": bytes_feature("w1 w2")})[:2]
-        b'\\n\\x13'
     """
     import tensorflow as tf
 
@@ -248,10 +203,6 @@ def serialized_example(feature: dict) -> bytes:
 
 def bytes_feature(value: str):
     """A tf.train.Feature of one UTF-8 string.
-
-    Example:
-        >>> bytes_feature("apple").bytes_list.value
-        [b'apple']
     """
     import tensorflow as tf
 
@@ -260,10 +211,6 @@ def bytes_feature(value: str):
 
 def float_feature(value: float):
     """A tf.train.Feature of one float.
-
-    Example:
-        >>> float_feature(31.5).float_list.value
-        [31.5]
     """
     import tensorflow as tf
 
@@ -272,10 +219,6 @@ def float_feature(value: float):
 
 def int64_feature(value: int):
     """A tf.train.Feature of one int64.
-
-    Example:
-        >>> int64_feature(7).int64_list.value
-        [7]
     """
     import tensorflow as tf
 

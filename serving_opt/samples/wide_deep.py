@@ -1,11 +1,5 @@
 """The ``wide_deep`` sample: an Estimator-like wide & deep binary classifier, and its
 tf.Examples.
-
-Example:
-    >>> build_wide_deep("/tmp/models/wide_deep/1", vocab_size=5000, embedding_dim=16)
-    '/tmp/models/wide_deep/1'
-    >>> len(wide_deep_examples(4))
-    4
 """
 
 from __future__ import annotations
@@ -31,10 +25,6 @@ WIDE_DEEP_USER_BUCKETS = 100_000
 
 def wide_deep_vocabulary(vocab_size: int) -> list[str]:
     """The wide & deep model's item vocabulary: ``item0`` .. ``item<vocab_size - 1>``.
-
-    Example:
-        >>> wide_deep_vocabulary(2)
-        ['item0', 'item1']
     """
     return [f"item{i}" for i in range(vocab_size)]
 
@@ -89,10 +79,6 @@ def build_wide_deep(export_dir: str, seed: int = 0, vocab_size: int = 100_000,
     classifier: ``serving_default`` and ``classification`` (classify: ``classes``
     "0"/"1" and ``scores``), ``regression`` (regress: P(class 1)), ``predict``
     (``logits``, ``logistic``, ``probabilities``, ``class_ids``, ``classes``).
-
-    Example:
-        >>> build_wide_deep("/tmp/models/wide_deep/1", vocab_size=5000, embedding_dim=16)
-        '/tmp/models/wide_deep/1'
     """
     import tensorflow as tf
 
@@ -138,10 +124,6 @@ def build_wide_deep(export_dir: str, seed: int = 0, vocab_size: int = 100_000,
 def wide_deep_examples(count: int = 8, seed: int = 0, vocab_size: int = 100_000) -> list[bytes]:
     """Serialized tf.Examples for wide_deep: items mostly of its vocabulary (5% out of
     it), hashed users, countries and devices (a few unknown), ages and prices.
-
-    Example:
-        >>> len(wide_deep_examples(4))
-        4
     """
     rng = np.random.default_rng(seed)
     countries = list(WIDE_DEEP_COUNTRIES) + ["zz"]

@@ -130,9 +130,6 @@ _KEEP_ENV_PREFIXES = ("SERVING_OPT_", "LC_")
 @dataclass(frozen=True)
 class Policy:
     """What a sandboxed process may see and touch.
-
-    Example:
-        >>> Policy(read_only=("exports/1",), writable=("/models/clf/.serving-opt-run-1",))
     """
 
     read_only: tuple[str, ...] = ()
@@ -156,10 +153,6 @@ def inside() -> bool:
 @functools.lru_cache(maxsize=1)
 def unavailable_reason() -> str | None:
     """None when bubblewrap runs here; else one line saying why not.
-
-    Example:
-        >>> unavailable_reason() is None   # Linux with bubblewrap installed
-        True
     """
     if not sys.platform.startswith("linux"):
         return f"bubblewrap needs Linux (this is {sys.platform})"
@@ -180,10 +173,6 @@ def unavailable_reason() -> str | None:
 def require(allow_unsandboxed: bool, what: str) -> bool:
     """True when ``what`` will run sandboxed; False when it may run without (the user
     said so); ServingOptError when it may not.
-
-    Example:
-        >>> require(False, "optimize")
-        True
     """
     if inside():
         return False  # already in one: the caller's sandbox holds
@@ -213,10 +202,6 @@ def command(argv: Sequence[str], policy: Policy, seccomp_fd: int | None = None) 
     """``argv`` wrapped in bubblewrap with ``policy``; paths are bound at their real path.
     ``seccomp_fd``: a file descriptor the child inherits holding :func:`seccomp_program`
     (see :func:`seccomp_pipe`).
-
-    Example:
-        >>> command(["python", "-c", "pass"], Policy())[:2]
-        ['/usr/bin/bwrap', '--die-with-parent']
     """
     bwrap = shutil.which("bwrap")
     if bwrap is None:
@@ -235,10 +220,6 @@ def glob_files(pattern: str) -> list[str]:
     """The regular files a local glob matches, absolute: what a sandbox binds for it, one
     by one and read-only (never their directory: a secret or a socket beside the
     examples stays outside). A remote pattern (``gs://...``) binds nothing.
-
-    Example:
-        >>> glob_files("data/eval-*.tfrecord")
-        ['/home/me/data/eval-0.tfrecord', '/home/me/data/eval-1.tfrecord']
     """
     import glob
 
@@ -274,12 +255,6 @@ def popen(argv: Sequence[str], policy: Policy, env: dict | None = None,
     made, and a :class:`Watchdog` for what no kernel limit holds (the tasks of a root
     sandbox without a cgroup, the bytes under its writable directories). The cgroup
     goes when the process object does (or at :func:`release`).
-
-    Example:
-        >>> process = popen([sys.executable, "-c", "print(1)"], Policy(),
-        ...                 stdout=subprocess.PIPE)
-        >>> process.communicate()[0]
-        b'1\n'
     """
     import weakref
 
@@ -348,10 +323,6 @@ def _read_result(path: str) -> bytes:
 class Worker:
     """A sandboxed Python process that imports TensorFlow at once and then runs one call
     sent on its stdin; the caller can do other work (read, check) meanwhile.
-
-    Example:
-        >>> worker = Worker(Policy(read_only=("exports/1",)), scratch="/tmp/w")
-        >>> worker.call("serving_opt.savedmodel.loader:read_saved_model", "exports/1")
     """
 
     def __init__(self, policy: Policy, scratch: str, progress: Callable[[str], None] | None = None,
@@ -521,10 +492,6 @@ def call(target: str, *args, policy: Policy, sandboxed: bool = True,
          progress: Callable[[str], None] | None = None, env: dict | None = None, **kwargs):
     """One call in a fresh sandboxed worker (see :class:`Worker`); in-process when
     ``sandboxed`` is False, or already inside a sandbox.
-
-    Example:
-        >>> call("serving_opt.serving.validate:execute", base, options,
-        ...      policy=Policy(read_only=(base,)))
     """
     if inside() or not sandboxed:
         return _resolve(target)(*args, **kwargs)

@@ -84,9 +84,6 @@ def make_pids_cgroup(limit: int) -> str | None:
 
     RLIMIT_NPROC alone does not: the kernel exempts uid 0, which the sandbox's uid maps
     to when serving_opt runs as root (containers, CI).
-
-    Example:
-        >>> path = make_pids_cgroup(4096)   # "/sys/fs/cgroup/pids/serving-opt-123-0"
     """
     for parent in _own_cgroup_dirs():
         _sweep_stale_cgroups(parent)

@@ -278,10 +278,6 @@ def fold_batch_norm_scales(graph_def: GraphDef, protected: set[str]) -> FoldRepo
       match: the Mul stays as it was.
 
     Like the tool, the conv takes the Mul's name. Changes ``graph_def`` in place.
-
-    Example:
-        >>> fold_batch_norm_scales(inlined_graph_def, set())
-        FoldReport(folded=104, hoisted=0, shared=52, disabled=0)
     """
     _drop_constant_control_edges(graph_def)
     g = _FoldGraph(graph_def, protected)
@@ -329,10 +325,6 @@ def downgrade_foldable_batch_norms(graph_def: GraphDef, protected: set[str]) -> 
     (``is_training=false``, float, only the normalized output used) the three ops
     compute the same thing, so the rename lets the fold happen. Changes ``graph_def``
     in place and returns the count.
-
-    Example:
-        >>> downgrade_foldable_batch_norms(graph_def, set())
-        2
     """
     from tensorflow.core.framework import types_pb2
 

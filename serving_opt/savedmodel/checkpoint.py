@@ -41,10 +41,6 @@ class KeptVariable:
 
 def save_values(sess, kept: list[KeptVariable], variables_dir: str) -> str:
     """Saves the kept variables' current values from ``sess`` as ``variables_dir/variables``.
-
-    Example:
-        >>> save_values(sess, kept, "/models/clf/.staging/variables")
-        '/models/clf/.staging/variables/variables'
     """
     import tensorflow as tf
 
@@ -71,11 +67,6 @@ def saver_nodes(kept: list[KeptVariable]) -> tuple[list, object]:
 
     Written as nodes rather than through ``tf.compat.v1.train.Saver`` so the (possibly
     huge) graph never has to be imported just to add a dozen small ops.
-
-    Example:
-        >>> nodes, saver_def = saver_nodes(kept)
-        >>> saver_def.restore_op_name
-        'serving_opt_saver/restore_all'
     """
     from tensorflow.core.framework import attr_value_pb2, types_pb2
     from tensorflow.core.protobuf import saver_pb2
@@ -138,9 +129,6 @@ def run_in_own_graph(build: Callable[[], object], feeds: dict | None = None):
     modified."), and in graph mode an op built there would not even run. ``feeds`` maps
     names of placeholders ``build`` made to values, so large arrays are fed, not copied
     into a GraphDef (which a 2 GiB table would not fit).
-
-    Example:
-        >>> run_in_own_graph(lambda: tf.raw_ops.MergeV2Checkpoints(...))
     """
     import tensorflow as tf
 
@@ -155,10 +143,6 @@ def run_in_own_graph(build: Callable[[], object], feeds: dict | None = None):
 
 def save_arrays(prefix: str, arrays: dict) -> str:
     """Writes ``{name: ndarray}`` as a V2 checkpoint at ``prefix`` (on the CPU).
-
-    Example:
-        >>> save_arrays("/models/.staging-x/part/variables", {"emb/int8": q})
-        '/models/.staging-x/part/variables'
     """
     import tensorflow as tf
 
@@ -183,10 +167,6 @@ def save_arrays(prefix: str, arrays: dict) -> str:
 def linked_copy(prefix: str, directory: str) -> str:
     """The V2 checkpoint at ``prefix`` (its index and data shards) hard-linked into
     ``directory`` (copied where a link cannot be made); returns the new prefix.
-
-    Example:
-        >>> linked_copy("/w/freeze/variables/variables", "/w/x/earlier")
-        '/w/x/earlier/variables'
     """
     import shutil
 
@@ -205,10 +185,6 @@ def linked_copy(prefix: str, directory: str) -> str:
 
 def merge_checkpoints(prefixes: list[str], destination_prefix: str) -> str:
     """Merges V2 checkpoints into one at ``destination_prefix``, deleting the parts.
-
-    Example:
-        >>> merge_checkpoints(["/w/a/variables", "/w/b/variables"], "/w/merged/variables")
-        '/w/merged/variables'
     """
     import tensorflow as tf
 
@@ -226,9 +202,6 @@ def replace_saver(graph, graph_def, kept: list[KeptVariable], variables_dir: str
     so are the ``removed`` nodes with the control edges onto them; ``protect`` and the
     new saver's ops join the protected nodes; ``changes`` are further ServingGraph
     fields (the init op, for one).
-
-    Example:
-        >>> replace_saver(graph, graph_def, kept, "/models/.staging-x/merged").saver_def
     """
     old = {n.name for n in saver_nodes(list(graph.kept_variables))[0]} \
         if graph.kept_variables else set()
@@ -262,11 +235,6 @@ def externalize_constants(graph, min_bytes: int, work_dir: str) -> tuple:
     functions, strings and protected nodes are left alone.
 
     Returns ``(graph, externalized)``, ``externalized`` a list of KeptVariable.
-
-    Example:
-        >>> graph, moved = externalize_constants(graph, 64 * 1024, "/models/.staging-x")
-        >>> len(moved)
-        53
     """
     from tensorflow.core.framework import types_pb2
     from tensorflow.python.framework import tensor_util

@@ -29,10 +29,6 @@ def channel_vector(value: Optional[np.ndarray], channels: int,
 
     Broadcasting a scalar, a [C] or a [1, ..., 1, C] constant over an output whose last
     dimension is C is the same as broadcasting the [C] vector; anything else is not.
-
-    Example:
-        >>> channel_vector(np.ones((1, 1, 1, 8), np.float32), 8, 4).shape
-        (8,)
     """
     import numpy as np
 
@@ -49,10 +45,6 @@ def weight_columns(op: str, node: NodeDef,
                     weights: Optional[np.ndarray]) -> Optional[tuple[int, int]]:
     """(output channels, output rank) of ``node`` with these weights, as the Graph
     Transform Tool reads them, or None when its reading (and so its fold) is wrong.
-
-    Example:
-        >>> weight_columns("Conv2D", conv, np.zeros((3, 3, 16, 32), np.float32))
-        (32, 4)
     """
     if weights is None or weights.dtype.name != "float32":
         return None
@@ -70,10 +62,6 @@ def weight_columns(op: str, node: NodeDef,
 
 def add_float_const(graph_def: GraphDef, name: str, value: np.ndarray) -> NodeDef:
     """Appends a float32 Const ``name`` holding ``value`` to ``graph_def``.
-
-    Example:
-        >>> add_float_const(graph_def, "scale", np.ones(8, np.float32)).op
-        'Const'
     """
     from tensorflow.core.framework import types_pb2
     from tensorflow.python.framework import tensor_util
@@ -88,9 +76,6 @@ def add_float_const(graph_def: GraphDef, name: str, value: np.ndarray) -> NodeDe
 def retype(node: NodeDef, op: str, inputs: list[str]) -> None:
     """Turns the binary op ``node`` into ``op(*inputs)`` in place, keeping its name and
     its ``T``: the other attrs belong to the old op (BiasAdd's ``data_format``, ...).
-
-    Example:
-        >>> retype(add_node, "BiasAdd", ["conv", "bias"])
     """
     dtype = node.attr["T"].type
     node.op = op
@@ -103,9 +88,6 @@ def retype(node: NodeDef, op: str, inputs: list[str]) -> None:
 def remove_unused(graph_def: GraphDef, names: set[str], protected: set[str]) -> None:
     """Removes the nodes among ``names`` that no input reads any more and no one protects
     (constants a rewrite replaced), so the written model does not carry them.
-
-    Example:
-        >>> remove_unused(graph_def, {"old_weights"}, protected=set())
     """
     used = {node_name(i) for n in graph_def.node for i in n.input}
     orphans = names - used - protected

@@ -75,10 +75,6 @@ def _crc32c():
 
 def masked_crc32c(data: bytes) -> int:
     """TFRecord's checksum: CRC32C of ``data``, rotated and offset ("masked").
-
-    Example:
-        >>> hex(masked_crc32c(b""))
-        '0xa282ead8'
     """
     crc = _crc32c()(data)
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
@@ -86,10 +82,6 @@ def masked_crc32c(data: bytes) -> int:
 
 def read_exact(f, n: int) -> bytes:
     """Up to ``n`` bytes of the file object ``f``: fewer only at its end.
-
-    Example:
-        >>> read_exact(io.BytesIO(b"abc"), 5)
-        b'abc'
     """
     chunks, left = [], n
     while left:
@@ -103,10 +95,6 @@ def read_exact(f, n: int) -> bytes:
 
 def looks_like_tfrecord(head: bytes) -> bool:
     """Whether the first 12 bytes are a TFRecord length with its checksum.
-
-    Example:
-        >>> looks_like_tfrecord(b"not a record")
-        False
     """
     return len(head) >= _HEADER_BYTES and \
         struct.unpack("<I", head[8:12])[0] == masked_crc32c(head[:8])
@@ -114,10 +102,6 @@ def looks_like_tfrecord(head: bytes) -> bool:
 
 def examples_format(head: bytes) -> str | None:
     """"tfrecord" or "json" from a file's first bytes, None when it is neither.
-
-    Example:
-        >>> examples_format(b'  {"x": [1]}')
-        'json'
     """
     if looks_like_tfrecord(head):
         return "tfrecord"
@@ -152,10 +136,6 @@ def iter_tfrecords(f, *, check_data: bool = True) -> Iterator[tuple[int, bytes]]
     masked CRC32C of the data``. The length's checksum is always checked (a file of
     another format fails at once); the data's when ``check_data``. Raises
     :class:`TFRecordError`.
-
-    Example:
-        >>> [i for i, _ in iter_tfrecords(open("build/examples.tfrecord", "rb"))]
-        [0, 1, 2, 3, 4, 5, 6, 7]
     """
     index = offset = 0
     while True:
@@ -182,10 +162,6 @@ def tfrecord_records(path: str) -> list[bytes]:
     """The records of a TFRecord file (uncompressed), without TensorFlow.
 
     The data's checksums are left to the reader that parses the records.
-
-    Example:
-        >>> len(tfrecord_records("build/examples.tfrecord"))
-        8
     """
     with open(path, "rb") as f:
         return [record for _, record in iter_tfrecords(f, check_data=False)]
@@ -196,10 +172,6 @@ def tfrecord_records(path: str) -> list[bytes]:
 def decode_json_value(value):
     """A JSON request's value as a signature takes it: strings (and ``{"b64": ...}``) as
     bytes, lists element by element.
-
-    Example:
-        >>> decode_json_value([{"b64": "aGk="}, "yo", 3])
-        [b'hi', b'yo', 3]
     """
     if isinstance(value, dict) and set(value) == {"b64"}:
         return base64.b64decode(value["b64"])
@@ -241,10 +213,6 @@ def read_examples_file(path: str) -> UserInputs:
 
     Each record's length is checked against its CRC32C here; the records' tf.Example
     structure by :func:`check_examples`, where the model is read.
-
-    Example:
-        >>> len(read_examples_file("build/examples.tfrecord").examples)
-        8
     """
     if not os.path.isfile(path):
         raise ServingOptError(f"--examples file {path} does not exist", "check the path")
@@ -266,9 +234,6 @@ def read_examples_file(path: str) -> UserInputs:
 
 def check_examples(user: UserInputs | None) -> None:
     """Every record of a TFRecord ``--examples`` parses as a tf.Example.
-
-    Example:
-        >>> check_examples(read_examples_file("build/examples.tfrecord"))  # None: they do
     """
     if user is None or not user.examples:
         return

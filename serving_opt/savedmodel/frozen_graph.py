@@ -16,13 +16,6 @@ back as a ``.pb`` for users who load GraphDefs directly, refused when variables 
 A ``.pb`` is untrusted like any model: it is read bounded (never blocking, within
 protobuf's limit), imported only to infer shapes, never run here; the static check
 (:mod:`serving_opt.savedmodel.untrusted`) sees the SavedModel it becomes (:func:`convert` runs it).
-
-Example:
-    >>> model = convert("frozen_inference_graph.pb", "/tmp/det/1",
-    ...                 outputs="detection_boxes,detection_scores,detection_classes,"
-    ...                         "num_detections")
-    >>> model.inputs
-    {'inputs': 'image_tensor:0'}
 """
 
 from __future__ import annotations
@@ -58,10 +51,6 @@ VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "AutoReloadVa
 
 def is_graph_def_path(path: str) -> bool:
     """Whether ``--input_dir`` names a GraphDef file rather than a SavedModel directory.
-
-    Example:
-        >>> is_graph_def_path("exports/frozen_inference_graph.pb")
-        True
     """
     return not os.path.isdir(path) and path.endswith(GRAPH_DEF_SUFFIXES) and \
         os.path.basename(path) != "saved_model.pb"
@@ -71,10 +60,6 @@ def read_graph_def(path: str):
     """Reads and parses a binary GraphDef ``.pb``; a one-line ServingOptError for every
     file that is not one (missing, a directory, a SavedModel's ``saved_model.pb``, text,
     corrupt, empty, over 2 GiB, a FIFO...).
-
-    Example:
-        >>> len(read_graph_def("build/detection/frozen_inference_graph.pb").node) > 0
-        True
     """
     if not os.path.lexists(path):
         raise ServingOptError(f"{path} does not exist",
@@ -204,10 +189,6 @@ def interface(graph_def) -> GraphInterface:
 
     Inputs are its Placeholders; outputs the tensors of nodes no other node consumes
     (data or control), other than NoOps, constants, assertions, savers and variables.
-
-    Example:
-        >>> [c.name for c in interface(frozen).inputs]
-        ['image_tensor:0']
     """
     consumed = {node_name(i) for n in graph_def.node for i in n.input}
     inputs = []
@@ -272,10 +253,6 @@ def resolve(graph_def, inputs: str | Sequence[str] | None = None,
     Names may omit ``:0``. Without ``--inputs`` the only Placeholder is the input;
     without ``--outputs`` the only node nothing consumes is the output. Otherwise a
     one-line :class:`UsageError` lists the candidates.
-
-    Example:
-        >>> resolve(frozen, None, "detection_boxes,num_detections:0")
-        (['image_tensor:0'], ['detection_boxes:0', 'num_detections:0'])
     """
     nodes = {n.name: n for n in graph_def.node}
     found = interface(graph_def)
@@ -320,10 +297,6 @@ def signature_keys(inputs: Sequence[str], outputs: Sequence[str],
     One input is ``inputs`` (the OD API's key); several are their tensor names;
     ``input_keys`` (``--signature_keys``) names them in ``--inputs`` order instead.
     Output keys are the tensor names (without ``:0``).
-
-    Example:
-        >>> signature_keys(["image_tensor:0"], ["detection_boxes:0"])
-        ({'inputs': 'image_tensor:0'}, {'detection_boxes': 'detection_boxes:0'})
     """
     chosen = _split(input_keys)
     if chosen:
@@ -349,11 +322,6 @@ def to_serving_graph(graph_def, inputs: str | Sequence[str] | None = None,
     outputs need, a ``serving_default`` predict signature, tag ``serve``, no variables.
 
     Refuses a graph whose outputs read variables (not frozen). Nothing is run.
-
-    Example:
-        >>> g = to_serving_graph(frozen, outputs="detection_boxes,num_detections")
-        >>> sorted(g.signature_defs["serving_default"].inputs)
-        ['inputs']
     """
     from tensorflow.core.protobuf import meta_graph_pb2
 
@@ -403,11 +371,6 @@ def convert(graph_def_path: str, export_dir: str, inputs: str | Sequence[str] | 
     """Writes the frozen GraphDef at ``graph_def_path`` as a SavedModel into the (new or
     empty) ``export_dir``, after the static check (host ops are refused unless
     ``allow_file_ops``). The result loads with :func:`loader.load_session` and TF Serving.
-
-    Example:
-        >>> convert("frozen_inference_graph.pb", "/tmp/det/1", outputs="detection_boxes,"
-        ...         "detection_scores,detection_classes,num_detections").inputs
-        {'inputs': 'image_tensor:0'}
     """
     from serving_opt.savedmodel import untrusted, writer
 
@@ -468,10 +431,6 @@ def write_graph_def(graph: ServingGraph, path: str,
     """Writes ``graph``'s GraphDef as a binary ``.pb`` (atomically: a temporary file
     renamed), refused with one line when variables were kept or an init op or assets
     must run. Node names are those of the signatures, so users feed and fetch as before.
-
-    Example:
-        >>> write_graph_def(optimized, "/models/det/frozen_inference_graph.pb").line()
-        'wrote /models/det/frozen_inference_graph.pb (1.2 MB): feed image_tensor:0; ...'
     """
     _refuse_unfrozen(graph)
     data = graph.graph_def.SerializeToString()
@@ -501,10 +460,6 @@ def saved_model_graph(saved_model_dir: str, tags=(loader.SERVE_TAG,)) -> Serving
     """A written (optimized) SavedModel as a :class:`ServingGraph` to hand to
     :func:`write_graph_def`: its graph, signatures, init op and, when it has a
     checkpoint, a ``variables_dir`` (so the writer refuses it).
-
-    Example:
-        >>> write_graph_def(saved_model_graph("/models/det/3"), "/tmp/det.pb").size_bytes > 0
-        True
     """
     saved_model = loader.read_saved_model(saved_model_dir)
     meta_graph = loader.find_meta_graph(saved_model, tags, saved_model_dir)

@@ -36,10 +36,6 @@ _ALWAYS_PROTECTED_OPS = frozenset({
 
 def attr(**fields):
     """An AttrValue: ``attr(type=DT_FLOAT)``, ``attr(b=True)``, ``attr(s=b"x")``.
-
-    Example:
-        >>> attr(i=0).i
-        0
     """
     from tensorflow.core.framework import attr_value_pb2
 
@@ -48,10 +44,6 @@ def attr(**fields):
 
 def make_node(name: str, op: str, inputs: Iterable[str] = (), **attrs):
     """A NodeDef built directly, for rewrites that must not import a (huge) graph.
-
-    Example:
-        >>> make_node("n/cast", "Cast", ["n/read"], SrcT=attr(type=3), DstT=attr(type=1)).op
-        'Cast'
     """
     from tensorflow.core.framework import node_def_pb2
 
@@ -65,10 +57,6 @@ def var_handle(name: str, dtype: int, shape) -> object:
     """A resource variable's VarHandleOp named ``name`` (also its shared_name).
 
     ``shape`` is a TensorShapeProto or a sequence of ints.
-
-    Example:
-        >>> var_handle("emb/int8", 6, (100, 8)).attr["shape"].shape.dim[0].size
-        100
     """
     from tensorflow.core.framework import tensor_shape_pb2
 
@@ -81,10 +69,6 @@ def var_handle(name: str, dtype: int, shape) -> object:
 
 def node_name(tensor_or_node: str) -> str:
     """``"^a"``, ``"a:1"`` and ``"a"`` all name node ``a``.
-
-    Example:
-        >>> node_name("dense/BiasAdd:0")
-        'dense/BiasAdd'
     """
     return tensor_or_node.lstrip("^").split(":")[0]
 
@@ -92,10 +76,6 @@ def node_name(tensor_or_node: str) -> str:
 def data_consumers(node_defs: Iterable) -> dict[str, list]:
     """Node name -> ``[(consumer node, input index)]`` over the data inputs of
     ``node_defs`` (control inputs left out).
-
-    Example:
-        >>> [(n.op, i) for n, i in data_consumers(graph_def.node)["emb"]]
-        [('ResourceGather', 0)]
     """
     found: dict[str, list] = {}
     for node in node_defs:
@@ -107,11 +87,6 @@ def data_consumers(node_defs: Iterable) -> dict[str, list]:
 
 def tensor_info_tensors(tensor_info) -> tuple[str, ...]:
     """Tensor names a TensorInfo refers to (dense, sparse COO, or composite components).
-
-    Example:
-        >>> from tensorflow.core.protobuf import meta_graph_pb2
-        >>> tensor_info_tensors(meta_graph_pb2.TensorInfo(name="x:0"))
-        ('x:0',)
     """
     encoding = tensor_info.WhichOneof("encoding")
     if encoding == "name":
@@ -129,21 +104,12 @@ def tensor_info_tensors(tensor_info) -> tuple[str, ...]:
 
 def tensor_info_nodes(tensor_info) -> list[str]:
     """Node names a TensorInfo refers to (dense, sparse COO, or composite components).
-
-    Example:
-        >>> from tensorflow.core.protobuf import meta_graph_pb2
-        >>> tensor_info_nodes(meta_graph_pb2.TensorInfo(name="x:0"))
-        ['x']
     """
     return [node_name(t) for t in tensor_info_tensors(tensor_info)]
 
 
 def all_node_defs(graph_def) -> Iterator:
     """Every NodeDef of a GraphDef: the top level, then each library function's body.
-
-    Example:
-        >>> sum(1 for _ in all_node_defs(keras_graph_def)) == total_node_count(keras_graph_def)
-        True
     """
     yield from graph_def.node
     for function in graph_def.library.function:
@@ -152,10 +118,6 @@ def all_node_defs(graph_def) -> Iterator:
 
 def function_calls(graph_def) -> list[str]:
     """Top-level nodes that call a library function (what TF2 signatures are made of).
-
-    Example:
-        >>> function_calls(keras_graph_def)
-        ['StatefulPartitionedCall', 'StatefulPartitionedCall_1']
     """
     return [n.name for n in graph_def.node if n.op in CALL_OPS]
 
@@ -165,10 +127,6 @@ def called_functions(node) -> Iterator[str]:
     (Stateful)PartitionedCall, If/While branches, dataset functions, ...) and its op
     type, since a library function can also be called as an op. Names that are no
     library function (most op types) are the caller's to ignore.
-
-    Example:
-        >>> sorted(called_functions(call_node))
-        ['StatefulPartitionedCall', '__inference_serve_123']
     """
     for value in node.attr.values():
         if value.HasField("func"):
@@ -179,10 +137,6 @@ def called_functions(node) -> Iterator[str]:
 
 def reachable_functions(graph_def, nodes: Iterable) -> set[str]:
     """Library functions ``nodes`` call, directly or through other functions.
-
-    Example:
-        >>> sorted(reachable_functions(keras_graph_def, keras_graph_def.node))[:1]
-        ['__inference_serve_123']
     """
     library = {f.signature.name: f for f in graph_def.library.function}
     reached: set[str] = set()
@@ -204,10 +158,6 @@ def reachable_nodes(graph_def, roots: Iterable[str]) -> set[str]:
     Freezing only touches what the signatures and the init op reach; a TF2 SavedModel
     holds every variable up to three times (the object, its checkpoint alias, the
     saver's copy), so counting all of them would triple the frozen size.
-
-    Example:
-        >>> sorted(reachable_nodes(graph_def, ["logits"]))[:2]
-        ['hidden/MatMul', 'hidden/kernel']
     """
     inputs = {n.name: [node_name(i) for i in n.input] for n in graph_def.node}
     seen: set[str] = set()
@@ -223,11 +173,6 @@ def reachable_nodes(graph_def, roots: Iterable[str]) -> set[str]:
 
 def reachable_subgraph(graph_def, reached: set[str]):
     """A new GraphDef of the ``reached`` nodes and the library functions they call.
-
-    Example:
-        >>> sub = reachable_subgraph(graph_def, reachable_nodes(graph_def, ["logits"]))
-        >>> len(sub.node) < len(graph_def.node)
-        True
     """
     from tensorflow.core.framework import graph_pb2
 
@@ -242,10 +187,6 @@ def reachable_subgraph(graph_def, reached: set[str]):
 def stateful_nodes(graph_def) -> list[str]:
     """Top-level nodes whose op is stateful or touches the host (``host_ops``, e.g. a
     stateless ``ReadFile``): protected from merging and folding.
-
-    Example:
-        >>> "word_lookup/hash_table" in stateful_nodes(graph_def)
-        True
     """
     from tensorflow.python.framework import op_def_registry
 
@@ -266,10 +207,6 @@ def prune_library(graph_def) -> int:
     Freezing inlines or rewrites the serving functions, but the library still holds
     the originals, the save/restore functions, and their variable reads. Returns the
     number of functions removed.
-
-    Example:
-        >>> prune_library(frozen_graph_def)
-        6
     """
     functions = {f.signature.name for f in graph_def.library.function}
     if not functions:
@@ -291,10 +228,6 @@ def total_node_count(graph_def) -> int:
 
     A TF2 SavedModel's top-level graph is a few calls into functions, so counting only
     top-level nodes would compare a handful of calls with an inlined graph.
-
-    Example:
-        >>> total_node_count(meta_graph.graph_def)
-        2367
     """
     return len(graph_def.node) + sum(len(f.node_def) for f in graph_def.library.function)
 
@@ -302,10 +235,6 @@ def total_node_count(graph_def) -> int:
 @dataclass(frozen=True)
 class ServingGraph:
     """A frozen serving graph and everything needed to write it back as a SavedModel.
-
-    Example:
-        >>> serving_graph.node_count()
-        57
     """
 
     graph_def: object  # tensorflow GraphDef
@@ -337,38 +266,22 @@ class ServingGraph:
 
     def node_count(self) -> int:
         """Nodes in the graph and in its library functions (where TF2 models keep theirs).
-
-        Example:
-            >>> serving_graph.node_count()
-            57
         """
         return total_node_count(self.graph_def)
 
     def op_histogram(self) -> dict[str, int]:
         """Op type -> count, including nodes inside library functions.
-
-        Example:
-            >>> serving_graph.op_histogram()["MatMul"]
-            2
         """
         counts = collections.Counter(n.op for n in all_node_defs(self.graph_def))
         return dict(sorted(counts.items()))
 
     def signature_input_nodes(self) -> list[str]:
         """Nodes the signatures' inputs name, each once, in signature order.
-
-        Example:
-            >>> serving_graph.signature_input_nodes()
-            ['examples']
         """
         return self._signature_nodes("inputs")
 
     def signature_output_nodes(self) -> list[str]:
         """Nodes the signatures' outputs name, each once, in signature order.
-
-        Example:
-            >>> serving_graph.signature_output_nodes()
-            ['dnn/head/predictions/probabilities', 'dnn/head/predictions/class_ids']
         """
         return self._signature_nodes("outputs")
 
@@ -414,10 +327,6 @@ def _side_effect(node) -> bool:
 def assertion_guards(graph_def) -> set[str]:
     """Top-level nodes whose run is observable: ``Assert`` (rejects an input), prints and
     host ops (``serving_opt.savedmodel.host_ops``), or a call/If/While whose functions hold one.
-
-    Example:
-        >>> assertion_guards(graph_def)
-        {'assert_less_equal/Assert/AssertGuard'}
     """
     library = {f.signature.name: f for f in graph_def.library.function}
     asserting = {name for name, f in library.items()
@@ -437,10 +346,6 @@ def assertion_guards(graph_def) -> set[str]:
 
 def guarded_outputs(graph_def, outputs: Iterable[str]) -> dict[str, set[str]]:
     """Output node -> the assertion guards it waits for (through data or control inputs).
-
-    Example:
-        >>> guarded_outputs(graph_def, ["y"])
-        {'y': {'assert_less_equal/Assert/AssertGuard'}}
     """
     guards = assertion_guards(graph_def)
     if not guards:
@@ -484,10 +389,6 @@ def reattach_assertions(graph_def, before: dict[str, set[str]]) -> list[str]:
     lowered ``If`` runs its branch for), or from the guard when it has no output.
     Changes ``graph_def`` in place; returns the names of the nodes now guarding an
     output (to be protected by later stages).
-
-    Example:
-        >>> reattach_assertions(transformed, guarded_outputs(frozen, ["y"]))
-        ['assert_less_equal/Assert/AssertGuard/serving_opt_guard']
     """
     if not before:
         return []

@@ -10,10 +10,6 @@ Graph Transform Tool gives a folded convolution the name of the op it replaced.
 
 Pure functions on GraphDef protos; TensorFlow's op registry is consulted (lazily) only
 to tell stateful ops from foldable ones.
-
-Example:
-    >>> diff_pass("fold_batch_norms", before, after).line()
-    'fold_batch_norms: 3 Rsqrt/Mul/Sub/Add batch norm chains folded into Conv2D (-3 Mul, -3 Const)'
 """
 
 from __future__ import annotations
@@ -55,10 +51,6 @@ def request_dependent(graph_def) -> set[str]:
     """Top-level nodes whose value depends on a request: fed inputs (Placeholder*), any
     other stateful op but a variable, and everything computed from them (data edges).
     The rest is constant for a given model: weights and what is computed from them.
-
-    Example:
-        >>> "FeatureExtractor/Conv2d_0/Conv2D" in request_dependent(frozen)
-        True
     """
     consumers: dict[str, list[str]] = collections.defaultdict(list)
     seeds = []
@@ -82,10 +74,6 @@ def request_dependent(graph_def) -> set[str]:
 def constant_nodes(graph_def) -> set[str]:
     """Top-level nodes a request does not change (complement of :func:`request_dependent`):
     what constant folding may replace by a ``Const``.
-
-    Example:
-        >>> "FeatureExtractor/Conv2d_1/BatchNorm/batchnorm/Rsqrt" in constant_nodes(frozen)
-        True
     """
     dependent = request_dependent(graph_def)
     return {n.name for n in graph_def.node if n.name not in dependent}
@@ -93,10 +81,6 @@ def constant_nodes(graph_def) -> set[str]:
 
 def op_histogram(graph_def) -> collections.Counter:
     """Op type -> count over the graph and its library functions.
-
-    Example:
-        >>> op_histogram(frozen)["FusedBatchNormV3"]
-        2
     """
     return collections.Counter(n.op for n in all_node_defs(graph_def))
 
@@ -162,10 +146,6 @@ def find_patterns(graph_def) -> GraphPatterns:
     ``shift`` request-independent: what ``tf.nn.batch_normalization`` and
     ``tf.compat.v1.layers.batch_normalization(fused=False)`` build (Rsqrt/Mul/Sub/Add),
     whether or not its constant part has been folded yet.
-
-    Example:
-        >>> find_patterns(frozen).unfused_batch_norms
-        {'Conv2D': 3}
     """
     nodes = {n.name: n for n in graph_def.node}
     dependent = request_dependent(graph_def)
@@ -242,11 +222,6 @@ class PassDiff:
 
     def line(self) -> str:
         """One line for the report's transform section.
-
-        Example:
-            >>> diff.line()
-            'remove_nodes(op=CheckNumerics): 1 CheckNumerics removed (-1 CheckNumerics);
-            NaN and Inf inputs no longer raise (box encodings)'
         """
         if not self.changed:
             left = f"; {'; '.join(self.notes)}" if self.notes else ""
@@ -269,10 +244,6 @@ def _into(kinds: dict) -> str:
 
 def diff_pass(name: str, before, after) -> PassDiff:
     """Describes what the pass ``name`` did, from the GraphDef before and after it.
-
-    Example:
-        >>> diff_pass("fold_old_batch_norms", before, after).changes
-        ('2 FusedBatchNormV3 folded into Conv2D',)
     """
     hist_before, hist_after = op_histogram(before), op_histogram(after)
     removed = sorted(((op, hist_before[op] - hist_after[op]) for op in hist_before
@@ -368,10 +339,6 @@ def _left_alone(name: str, patterns: GraphPatterns) -> list[str]:
 def diff_passes(steps: Iterable[tuple[str, object]], start) -> list[PassDiff]:
     """One :class:`PassDiff` per pass: ``start`` is the GraphDef before the first,
     ``steps`` (name, GraphDef after it) in order.
-
-    Example:
-        >>> [d.line() for d in diff_passes([("fold_constants", g1), ("fold_batch_norms", g2)],
-        ...                                  frozen)]
     """
     out = []
     before = start
@@ -383,9 +350,5 @@ def diff_passes(steps: Iterable[tuple[str, object]], start) -> list[PassDiff]:
 
 def report_lines(diffs: Sequence[PassDiff]) -> list[str]:
     """The report's transform section: one line per pass.
-
-    Example:
-        >>> report_lines(diffs)[0]
-        'fold_constants(ignore_errors=true): 38 constant ops folded (Identity 29, ...)'
     """
     return [d.line() for d in diffs]

@@ -271,10 +271,6 @@ ASSET_READ_OPS: dict[str, int] = {
 
 def host_op_kind(node) -> str | None:
     """What ``node`` (a NodeDef) does to the host, or None when it is harmless.
-
-    Example:
-        >>> host_op_kind(node_def_pb2.NodeDef(name="w", op="WriteFile"))
-        'writes files'
     """
     kind = HOST_OPS.get(node.op)
     if kind is not None:
@@ -296,10 +292,6 @@ def conditional_kind(op: str, value) -> str | None:
     (``AttrValue.placeholder``, bound by whoever instantiates the function) counts as
     the host op: only the static check, which resolves it through the call sites,
     may clear it.
-
-    Example:
-        >>> conditional_kind("PrintV2", attr_value_pb2.AttrValue(s=b"file:///tmp/x"))
-        'writes files'
     """
     _, kind = CONDITIONAL_HOST_OPS[op]
     if value.placeholder:
@@ -354,10 +346,6 @@ _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z][a-z]*|[a-z]+|\d+")
 
 def name_words(op: str) -> list[str]:
     """The lower-cased CamelCase words of an op name.
-
-    Example:
-        >>> name_words("TFRecordReaderV2")
-        ['tf', 'record', 'reader', 'v', '2']
     """
     return [w.lower() for w in _WORD.findall(op)]
 
@@ -365,10 +353,6 @@ def name_words(op: str) -> list[str]:
 def looks_like_host_op(op_def) -> list[str]:
     """Why ``op_def`` (an OpDef) looks like it could touch the host: its suspicious name
     words and argument names; empty when nothing does.
-
-    Example:
-        >>> looks_like_host_op(op_def_registry.get("ReadFile"))
-        ['read', 'file', 'filename']
     """
     why = [w for w in name_words(op_def.name) if w in SUSPICIOUS_WORDS]
     why += [a.name for a in op_def.input_arg if SUSPICIOUS_ARGUMENT.search(a.name)]
@@ -507,10 +491,6 @@ def review(op_def) -> tuple[str, str]:
     attr)``, ``("embedded", why)``, ``("reviewed", why)``, ``("pure", why)``, or
     ``("unreviewed", why)`` for an
     op nobody has looked at (the registry test fails on those).
-
-    Example:
-        >>> review(op_def_registry.get("MatMul"))
-        ('pure', 'stateless and not named like a host op')
     """
     name = op_def.name
     if name in HOST_OPS:

@@ -27,11 +27,6 @@ from serving_opt.savedmodel.vocabulary_words import model_vocabulary
 
 class InputSynthesizer:
     """Deterministic random inputs shaped like a signature wants them.
-
-    Example:
-        >>> synth = InputSynthesizer(vocabulary=["apple"], seed=0)
-        >>> len(synth.examples(spec, 4))
-        4
     """
 
     def __init__(self, vocabulary: Sequence[str] = (), seed: int = 0) -> None:
@@ -121,10 +116,6 @@ def graph_tensor_shape(graph_def, tensor_name: str) -> tuple[int, ...] | None:
     ``[None, 1]``; TF refuses a feed of another rank. A rank-0 ``shape`` attr is taken as
     unknown (graphs before TF 1.0 wrote unknown shapes that way): the scalar fallback
     tries it.
-
-    Example:
-        >>> graph_tensor_shape(graph_def, "x:0")
-        (-1, 1)
     """
     name = node_name(tensor_name)
     index = int(tensor_name.split(":")[1]) if ":" in tensor_name else 0
@@ -148,10 +139,6 @@ def declared_shape(graph_def, info) -> tuple[tuple[int, ...] | None, bool]:
     """(shape, whether the graph's shape added to it): the signature's shape of an input,
     completed from the graph's (:func:`graph_tensor_shape`) where the signature leaves
     the rank or a dimension unknown.
-
-    Example:
-        >>> declared_shape(graph_def, sig.inputs["x"])    # signature: unknown rank
-        ((-1, 1), True)
     """
     declared = tensor_info_shape(info)
     graph = graph_tensor_shape(graph_def, info.name) if info.name else None
@@ -188,10 +175,6 @@ def synthesized_source(mode: str | None) -> str:
 
 def mode_of(source: str | None) -> str | None:
     """The fallback a source names (``synthesized (batch 1)`` -> ``batch 1``), else None.
-
-    Example:
-        >>> mode_of("synthesized (scalars)"), mode_of("synthesized"), mode_of("json:x")
-        ('scalars', None, None)
     """
     prefix = SYNTHESIZED + " ("
     if source and source.startswith(prefix) and source.endswith(")"):
@@ -211,10 +194,6 @@ def fallback_modes(graph_def, signature_def, batch_size: int,
     is unknown (or the one serialized-example input is declared a scalar), batch 1 when
     the batch is larger, one value per feature when the parse spec has a feature that
     may have more or fewer.
-
-    Example:
-        >>> fallback_modes(graph_def, sig, 16)
-        ('scalars', 'batch 1')
     """
     modes = []
     example_input = example_input_alias(graph_def, signature_def)
@@ -265,12 +244,6 @@ def inputs_for_signature(
     input, batch 1) come as up to ``batch_size * num_batches`` batches, at most
     :data:`MAX_SINGLE_ROWS`. The source names the mode, and the graph's shapes when they
     completed what the signature declares.
-
-    Example:
-        >>> inputs_for_signature(graph_def, "predict", sig, InputSynthesizer()).source
-        'synthesized'
-        >>> inputs_for_signature(graph_def, "predict", sig, synth, mode="batch 1").source
-        'synthesized (batch 1)'
     """
     from tensorflow.python.framework import dtypes
 
@@ -343,11 +316,6 @@ def check_user_inputs_fit(meta_graph, keys: Sequence[str], user: UserInputs | No
     """UsageError when ``--examples`` fits none of the signatures ``keys``: its tf.Examples
     feed no signature that parses them, or no JSON request's keys are a signature's
     inputs. Otherwise every measurement would quietly run on synthesized inputs.
-
-    Example:
-        >>> check_user_inputs_fit(meta_graph, ["serving_default"], json_with_key_logits)
-        Traceback (most recent call last):
-        UsageError: --examples x.jsonl fits no signature: its requests have keys logits; ...
     """
     if user is None or (not user.examples and not user.requests):
         return
@@ -373,10 +341,6 @@ def resize_batch(batches: Sequence[dict], batch_size: int) -> dict:
     """One feed of ``batch_size`` rows, made of the rows of ``batches`` in order (cycled
     when there are fewer). Inputs without a batch dimension (scalars) are taken as they
     are from the first batch.
-
-    Example:
-        >>> resize_batch([{"x": np.zeros((3, 2))}], 5)["x"].shape
-        (5, 2)
     """
     first = batches[0]
     sizes = {len(v) for b in batches for v in b.values() if np.ndim(v) >= 1}
@@ -416,11 +380,6 @@ def signature_feeds(meta_graph, saved_model_dir: str, *, user: UserInputs | None
     ``shapes`` ({key: {alias: shape}}, from ``--input_shapes``) sets the shape an input
     is synthesized at; ``mode`` (a fallback of :data:`FALLBACKS`, from the parity gate's
     source: :func:`mode_of`) synthesizes the way the original model was found to run.
-
-    Example:
-        >>> feeds = signature_feeds(meta_graph, "build/sample/1", seed=0)
-        >>> len(feeds("predict", 16, 2).batches)
-        2
     """
     synthesizer = InputSynthesizer(model_vocabulary(meta_graph, saved_model_dir), seed)
 

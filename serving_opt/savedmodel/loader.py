@@ -30,10 +30,6 @@ METHOD_PREDICT = "tensorflow/serving/predict"
 
 def parse_tags(tags: str | Iterable[str]) -> frozenset[str]:
     """Parses ``--saved_model_tags`` ("serve" or "serve,gpu") into a tag set.
-
-    Example:
-        >>> sorted(parse_tags("serve, gpu"))
-        ['gpu', 'serve']
     """
     if isinstance(tags, str):
         tags = tags.split(",")
@@ -44,10 +40,6 @@ def check_saved_model_dir(path: str) -> bool:
     """Refuses (ServingOptError) a path that is not a SavedModel directory: missing, a
     file, or without ``saved_model.pb``/``.pbtxt``; True when it has the binary one.
     Only the file system: the caller's cheap check before any work.
-
-    Example:
-        >>> check_saved_model_dir("build/sample/1")
-        True
     """
     if not os.path.exists(path):
         raise ServingOptError(
@@ -76,11 +68,6 @@ def read_saved_model(path: str):
 
     Raises ServingOptError with a one-line explanation for every unreadable case: the
     file is read only as a regular file within protobuf's 2 GiB limit (read_model_file).
-
-    Example:
-        >>> sm = read_saved_model("build/sample/1")
-        >>> [sorted(m.meta_info_def.tags) for m in sm.meta_graphs]
-        [['serve']]
     """
     use_pb = check_saved_model_dir(path)
     pb_path = os.path.join(path, "saved_model.pb")
@@ -137,11 +124,6 @@ def _version_dir_hint(path: str) -> str | None:
 
 def find_meta_graph(saved_model, tags: Iterable[str], path: str = "the SavedModel"):
     """Returns the MetaGraphDef whose tag set equals ``tags``.
-
-    Example:
-        >>> mg = find_meta_graph(read_saved_model("build/sample/1"), {"serve"})
-        >>> sorted(mg.signature_def)
-        ['classification', 'predict', 'serving_default']
     """
     wanted = frozenset(tags)
     available = []
@@ -165,10 +147,6 @@ def _tags_fix(tags: str) -> str:
 
 def is_tf2(meta_graph) -> bool:
     """True for object-graph SavedModels whose signatures call functions (tf.saved_model.save).
-
-    Example:
-        >>> is_tf2(find_meta_graph(read_saved_model("build/sample/1"), {"serve"}))
-        False
     """
     return bool(meta_graph.object_graph_def.nodes) and bool(
         meta_graph.graph_def.library.function
@@ -192,10 +170,6 @@ def find_init_op(meta_graph) -> InitOp | None:
 
     The precedence is the C++ loader's (``GetInitOp`` in loader_util.cc): the init-op
     signature, then the main_op collection, then legacy_init_op.
-
-    Example:
-        >>> find_init_op(find_meta_graph(read_saved_model("build/sample/1"), {"serve"}))
-        InitOp(name='group_deps', source='main_op')
     """
     sig = meta_graph.signature_def.get(INIT_OP_SIGNATURE_KEY)
     if sig is not None and INIT_OP_SIGNATURE_KEY in sig.outputs:
@@ -218,10 +192,6 @@ def init_op_name(meta_graph) -> str | None:
     """The node TF Serving runs after restoring: init-op signature, main_op, or legacy_init_op.
 
     The precedence is the C++ loader's (``GetInitOp`` in loader_util.cc).
-
-    Example:
-        >>> init_op_name(find_meta_graph(read_saved_model("build/sample/1"), {"serve"}))
-        'group_deps'
     """
     init_op = find_init_op(meta_graph)
     return init_op.name if init_op else None
@@ -229,22 +199,12 @@ def init_op_name(meta_graph) -> str | None:
 
 def serving_signatures(meta_graph) -> dict:
     """The signature_def map without the init-op pseudo signature.
-
-    Example:
-        >>> sorted(serving_signatures(find_meta_graph(read_saved_model("build/sample/1"),
-        ...                                           {"serve"})))
-        ['classification', 'predict', 'serving_default']
     """
     return {k: v for k, v in meta_graph.signature_def.items() if k != INIT_OP_SIGNATURE_KEY}
 
 
 def select_signatures(meta_graph, keys: Sequence[str] | None) -> list[str]:
     """Validates ``--signatures`` against the model; None or empty means all.
-
-    Example:
-        >>> select_signatures(find_meta_graph(read_saved_model("build/sample/1"), {"serve"}),
-        ...                   ["predict"])
-        ['predict']
     """
     available = sorted(serving_signatures(meta_graph))
     if not keys:
@@ -268,10 +228,6 @@ def safe_asset_path(saved_model_dir: str, filename: str) -> str:
 
     A name the C++ file layer would read outside ``assets/`` (a NUL byte, an absolute
     name, ``..``: :func:`asset_paths.asset_path_problem`) is never opened or fed here.
-
-    Example:
-        >>> safe_asset_path("/m/1", "../../etc/passwd")
-        ''
     """
     from serving_opt.savedmodel.asset_paths import asset_path_problem
 
@@ -294,11 +250,6 @@ class AssetFile:
 
 def asset_files(meta_graph, saved_model_dir: str) -> list[AssetFile]:
     """Assets declared in the MetaGraph (AssetFileDef, or the TF1 saved_model_assets collection).
-
-    Example:
-        >>> [a.filename for a in asset_files(find_meta_graph(
-        ...     read_saved_model("build/sample/1"), {"serve"}), "build/sample/1")]
-        ['vocab.txt']
     """
     out = []
     for asset in asset_file_defs(meta_graph):
@@ -329,10 +280,6 @@ def load_session(saved_model_dir: str, tags: Iterable[str] = (SERVE_TAG,), confi
 
     Restores variables, feeds asset paths and runs the init op. Returns
     ``(session, meta_graph_def)``; the caller closes the session.
-
-    Example:
-        >>> sess, mg = load_session("build/sample/1")
-        >>> sess.close()
     """
     import tensorflow as tf
 
@@ -371,11 +318,6 @@ def root_cause(e: BaseException) -> str:
     """The innermost reason of a TensorFlow error, on one line: the text after the last
     "Original error:" of the wrappers (the restore's "Restoring from checkpoint failed
     ... Original error:" says nothing by itself), read like :func:`first_line`.
-
-    Example:
-        >>> root_cause(ValueError("Restoring from checkpoint failed. ... Original error:\n\n"
-        ...                       "Graph execution error:\n\nNode: 'r'\nKey w not found"))
-        'Graph execution error: Key w not found (node r)'
     """
     text = str(e)
     parts = _ORIGINAL_ERROR.split(text)
@@ -391,10 +333,6 @@ def missing_op_error(e: BaseException, what: str) -> ServingOptError | None:
     op, or one removed from TensorFlow: the graph does not even import), and "No OpKernel
     was registered to support Op 'X'" (the op is known, but no kernel for this machine's
     devices: BoostedTrees ops in TF 2.16+; raised by the first run, often the restore).
-
-    Example:
-        >>> missing_op_error(err, "TensorFlow could not load m/1").problem
-        "TensorFlow could not load m/1: the model uses op BoostedTreesBucketize (node b), ..."
     """
     text = str(e)
     cause = e.__cause__ or e.__context__
@@ -434,12 +372,6 @@ def run_signature(session, signature_def, feed_by_alias: dict,
                   tensors: Sequence[str] = ()) -> dict:
     """Runs one signature in a session: feeds and fetches keyed by alias; ``tensors``
     (graph tensors by name) are fetched in the same run, keyed by their names.
-
-    Example:
-        >>> run_signature(sess, sig, {"images": batch})["scores"].shape
-        (16, 4)
-        >>> sorted(run_signature(sess, sig, feed, tensors=["nms/scores:0"]))
-        ['nms/scores:0', 'scores']
     """
     feeds = {signature_def.inputs[a].name: v for a, v in feed_by_alias.items()}
     aliases = list(output_aliases or sorted(signature_def.outputs))
@@ -450,10 +382,6 @@ def run_signature(session, signature_def, feed_by_alias: dict,
 
 def dir_size(path: str) -> int:
     """Total bytes of regular files under ``path``.
-
-    Example:
-        >>> dir_size("build/sample/1") > 0
-        True
     """
     total = 0
     for root, _, files in os.walk(path):

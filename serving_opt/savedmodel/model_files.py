@@ -32,10 +32,6 @@ _FILE_KINDS = (
 
 def file_kind(mode: int) -> str:
     """What a non-regular file is, for messages ("a named pipe (FIFO)", ...).
-
-    Example:
-        >>> file_kind(os.lstat("/dev/null").st_mode)
-        'a character device'
     """
     for test, kind in _FILE_KINDS:
         if test(mode):
@@ -68,10 +64,6 @@ def read_model_file(path: str, limit: int = MAX_SAVED_MODEL_BYTES) -> bytes:
     O_NOFOLLOW, so a target swapped meanwhile is refused, not followed. Raises
     :class:`UnsafeModelFile` (one line, naming the path and the fix) and
     FileNotFoundError when it does not exist.
-
-    Example:
-        >>> len(read_model_file("build/sample/1/saved_model.pb")) > 0
-        True
     """
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | \
         getattr(os, "O_NOCTTY", 0)
@@ -156,10 +148,6 @@ def unsafe_links(saved_model_dir: str) -> list[UnsafeLink]:
 
     A link whose target is inside the model directory is harmless: copying it copies a
     file of the model. Nothing outside the model directory is opened or listed here.
-
-    Example:
-        >>> unsafe_links("build/sample/1")
-        []
     """
     root = os.path.realpath(saved_model_dir)
     found: list[UnsafeLink] = []
@@ -219,10 +207,6 @@ def special_files(saved_model_dir: str) -> list[SpecialFile]:
     Opening a FIFO blocks until a writer comes; TensorFlow restoring from one, or
     ``shutil.copytree`` copying one, would hang the run (links out of the model are
     unsafe_links' business and are not followed here).
-
-    Example:
-        >>> special_files("build/sample/1")
-        []
     """
     root = os.path.realpath(saved_model_dir)
     found: list[SpecialFile] = []
@@ -264,9 +248,6 @@ def check_model_files(saved_model_dir: str, base: str | None = None) -> None:
     or never end; and, given the model's ``base``, an asset hard-linked outside the model
     and that base (:func:`refuse_foreign_hard_links`). One line, naming the path and the
     fix. optimize and serve's load both run it: every file check in one place.
-
-    Example:
-        >>> check_model_files("build/sample/1")   # raises ServingOptError for a bad link
     """
     links = unsafe_links(saved_model_dir)
     if links:
@@ -298,9 +279,6 @@ def refuse_foreign_hard_links(model_dir: str, base: str) -> None:
     versions of ``base`` (a ``cp -al`` copy of a version is fine): it is another file
     too, maybe one of the build host's (or another model's), whose bytes the model would
     read or publish (symlinks out of a model are refused for the same reason).
-
-    Example:
-        >>> refuse_foreign_hard_links("exports/1", "models/clf")
     """
     linked = {}
     for path, info in _asset_files(model_dir):
@@ -330,9 +308,6 @@ def refuse_foreign_hard_links(model_dir: str, base: str) -> None:
 
 def check_special_files(saved_model_dir: str) -> None:
     """Raises :class:`UnsafeModelFile` for the first of :func:`special_files`.
-
-    Example:
-        >>> check_special_files("build/sample/1")
     """
     found = special_files(saved_model_dir)
     if not found:

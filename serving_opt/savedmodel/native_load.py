@@ -96,10 +96,6 @@ _TSTRING_SIZE = 24  # sizeof(TF_TString) (tensorflow/core/platform/ctstring_inte
 class Stage:
     """Memory after one stage: the peak so far (getrusage) and what /proc/self/status
     says is resident now (0s where it cannot be read).
-
-    Example:
-        >>> Stage("runtime", 360 << 20, 360 << 20, 41 << 20, 319 << 20).rss_file_bytes
-        334495744
     """
 
     name: str
@@ -114,11 +110,6 @@ class NativeLoad:
     """One model loaded by TensorFlow's C++ runtime in a fresh process (see the module).
 
     ``outputs`` (the first request's, by output alias) is only filled when asked for.
-
-    Example:
-        >>> r = measure("build/sample/1", {"inputs": examples})
-        >>> r.peak_rss_bytes >= r.steady_rss_bytes > r.runtime_rss_bytes > 0
-        True
     """
 
     load_seconds: float  # TF_LoadSessionFromSavedModel and the warmup replay
@@ -134,10 +125,6 @@ class NativeLoad:
 
     def stage(self, name: str) -> Stage | None:
         """The stage called ``name``, or None (``warmup`` without a warmup file).
-
-        Example:
-            >>> measure("build/sample/1", feeds).stage("load").rss_anon_bytes > 0
-            True
         """
         return next((s for s in self.stages if s.name == name), None)
 
@@ -156,10 +143,6 @@ class NativeLoad:
 def tensorflow_dir() -> str:
     """The installed ``tensorflow`` package's directory (the shared libraries are there),
     found without importing it.
-
-    Example:
-        >>> os.path.exists(os.path.join(tensorflow_dir(), "libtensorflow_cc.so.2"))
-        True
     """
     spec = importlib.util.find_spec("tensorflow")
     if spec is None or not spec.submodule_search_locations:
@@ -179,12 +162,6 @@ def measure(model_dir: str, feeds: Mapping, signature: str = "serving_default",
     note on trust. ``static_runtime``: the libraries' dynamic-linking tables are dropped
     before the model loads, as a statically linked server never holds them (see the
     module); False measures the libraries as pip's loader leaves them.
-
-    Example:
-        >>> r = measure("build/bench/int8_memory/text_1000000x256/int8/1",
-        ...             {"inputs": np.array(examples, dtype=object)})
-        >>> r.peak_rss_bytes >= r.steady_rss_bytes > r.runtime_rss_bytes
-        True
     """
     from serving_opt.savedmodel import loader, tf_process
 
@@ -338,10 +315,6 @@ def linker_table_ranges(path: str, base: int) -> list[tuple[int, int]]:
     """The whole pages of ``path``'s dynamic-linking tables (:data:`_LINKER_TABLES`) in
     its read-only, non-executable segment, as ``(start, end)`` addresses for the library
     loaded at ``base``; merged, sorted. Reads the ELF64 headers; [] for anything else.
-
-    Example:
-        >>> linker_table_ranges("libtensorflow_cc.so.2", 0x7f0000000000)[0][0] >= 0x7f0000000000
-        True
     """
     import struct
 

@@ -118,10 +118,6 @@ def find_example_spec(graph_def, input_tensor_name: str) -> ExampleSpec | None:
     Follows the tensor through pass-through ops and into the functions it is passed
     to (TF2 models parse inside the serving function), so each signature gets the
     spec of its own parse op.
-
-    Example:
-        >>> [f.key for f in find_example_spec(graph_def, "input_example_tensor:0").features]
-        ['city', 'word', 'age', 'clicks']
     """
     functions = {f.signature.name: f for f in graph_def.library.function}
     spec = _trace_to_parse(graph_def.node, node_name(input_tensor_name), functions, set())
@@ -191,10 +187,6 @@ def _any_spec_in_functions(graph_def) -> ExampleSpec | None:
 
 def example_input_alias(graph_def, signature_def) -> tuple[str, ExampleSpec] | None:
     """(alias, spec) when the signature takes one batch of serialized tf.Examples.
-
-    Example:
-        >>> example_input_alias(graph_def, signature_defs["predict"])[0]
-        'examples'
     """
     from tensorflow.python.framework import dtypes
 

@@ -35,10 +35,6 @@ _EXAMPLE = "e.g. --input_shapes=image_tensor:1,480,640,3 (several: name:dims;nam
 @dataclass(frozen=True)
 class PinnedShape:
     """One ``name:dims`` of the flag; -1 leaves a dimension free.
-
-    Example:
-        >>> parse("image_tensor:1,-1,-1,3")[0].dims
-        (1, -1, -1, 3)
     """
 
     name: str
@@ -55,10 +51,6 @@ def format_dims(dims: Sequence[int]) -> str:
 
 def parse(spec: str | None) -> tuple[PinnedShape, ...]:
     """The flag's entries, checked for syntax only (the names are the model's to resolve).
-
-    Example:
-        >>> [p.describe() for p in parse("a:1,2;b:0:-1,3")]
-        ['a:1,2', 'b:0:-1,3']
     """
     if spec is None or not spec.strip():
         return ()
@@ -95,10 +87,6 @@ def resolve(meta_graph, keys: Sequence[str], pins: Sequence[PinnedShape]) -> dic
 
     UsageError when a name matches no input, the rank differs, a pinned dimension
     contradicts one the model fixes, or the input is not a placeholder (nothing to pin).
-
-    Example:
-        >>> resolve(meta_graph, ["serving_default"], parse("image_tensor:1,480,640,3"))
-        {'serving_default': {'inputs': (1, 480, 640, 3)}}
     """
     from serving_opt.savedmodel.inputs import tensor_info_shape
 
@@ -151,10 +139,6 @@ def _merge(what: str, known: tuple[int, ...] | None, dims: tuple[int, ...]) -> t
 def pins_unknown(meta_graph, pinned: Pinned) -> bool:
     """Whether a pin fixes a dimension the model leaves unknown (else pinning changes
     nothing: the pins only repeat the model's own shapes, or leave everything free).
-
-    Example:
-        >>> pins_unknown(meta_graph, {"serving_default": {"x": (-1, 3)}})   # x is [?, 3]
-        False
     """
     from serving_opt.savedmodel.inputs import tensor_info_shape
 
@@ -168,10 +152,6 @@ def pins_unknown(meta_graph, pinned: Pinned) -> bool:
 
 def describe(pinned: Pinned) -> str:
     """``serving_default.inputs=1,480,640,3``: every pinned input, as the report names it.
-
-    Example:
-        >>> describe({"serving_default": {"inputs": (1, 480, 640, 3)}})
-        'serving_default.inputs=1,480,640,3'
     """
     return ", ".join(f"{key}.{alias}={format_dims(dims)}"
                      for key, by_alias in sorted(pinned.items())
@@ -181,10 +161,6 @@ def describe(pinned: Pinned) -> str:
 def batch_size(pinned: Pinned) -> int | None:
     """The batch dimension the pins fix (the first of a pinned input's shape), or None
     when no pin fixes one; UsageError when two pins fix different ones.
-
-    Example:
-        >>> batch_size({"serving_default": {"inputs": (1, 480, 640, 3)}})
-        1
     """
     fixed = {s[0] for shapes in pinned.values() for s in shapes.values() if s and s[0] >= 0}
     if len(fixed) > 1:
@@ -197,11 +173,6 @@ def check_requests(pinned: Pinned, signature_defs: Mapping, user) -> None:
     """UsageError when a JSON request of ``--examples`` for a pinned signature has another
     shape than the pin (a batch of 2 against a pinned 1): the pinned model would refuse
     the user's own inputs.
-
-    Example:
-        >>> check_requests({"serving_default": {"x": (1, 3)}}, sigs, two_rows)
-        Traceback (most recent call last):
-        UsageError: --input_shapes pins x of serving_default to 1,3, and ...
     """
     if user is None or not user.requests:
         return
@@ -229,9 +200,6 @@ def check_requests(pinned: Pinned, signature_defs: Mapping, user) -> None:
 def pin_graph(graph, pinned: Pinned):
     """The serving graph with the pinned inputs' placeholders and signature entries set
     to their pinned shapes (a new graph; ``graph`` is not changed).
-
-    Example:
-        >>> pin_graph(graph, {"serving_default": {"inputs": (1, 480, 640, 3)}})
     """
     import dataclasses
 

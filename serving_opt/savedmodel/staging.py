@@ -14,11 +14,6 @@ directory is made, so a killed run never leaves an unclaimed directory; one with
 record (made by an older serving-opt) is removed only once it is
 :data:`UNCLAIMED_MAX_AGE_SECONDS` old. A version moved aside by ``--overwrite``
 (``.serving-opt-staging-old-*``) is never removed here.
-
-Example:
-    >>> d = make_claimed_dir("/models/clf", ".serving-opt-staging-3-")
-    >>> remove_stale("/models/clf")   # another run's: kept while its owner lives
-    []
 """
 
 from __future__ import annotations
@@ -55,10 +50,6 @@ def _boot_id() -> str | None:
 
 def process_start(pid: int) -> str | None:
     """The start time of ``pid`` in clock ticks since boot (Linux), or None.
-
-    Example:
-        >>> process_start(os.getpid()).isdigit()
-        True
     """
     stat = _read(f"/proc/{pid}/stat")
     if not stat:
@@ -75,10 +66,6 @@ def _zombie(pid: int) -> bool:
 
 def owner_record(pid: int | None = None) -> dict:
     """What identifies a process: pid, start time, boot id, host.
-
-    Example:
-        >>> sorted(owner_record())
-        ['boot', 'host', 'pid', 'start']
     """
     pid = os.getpid() if pid is None else pid
     return {"pid": pid, "start": process_start(pid), "boot": _boot_id(),
@@ -111,10 +98,6 @@ def make_claimed_dir(base: str, prefix: str) -> str:
 
     A full disk (or quota, or read-only filesystem) is a one-line
     :class:`~serving_opt.errors.DiskFullError` naming ``base``, and leaves nothing behind.
-
-    Example:
-        >>> make_claimed_dir("/models/clf", ".serving-opt-staging-validate-")
-        '/models/clf/.serving-opt-staging-validate-k2j4x'
     """
     try:
         return _make_claimed_dir(base, prefix)
@@ -154,10 +137,6 @@ def _make_claimed_dir(base: str, prefix: str) -> str:
 
 def owner_alive(record: dict) -> bool:
     """True unless the recorded process is certainly gone (another host: assumed alive).
-
-    Example:
-        >>> owner_alive(owner_record())
-        True
     """
     if record.get("host") not in (None, socket.gethostname()):
         return True  # a shared filesystem: we cannot see the other host's processes
@@ -186,10 +165,6 @@ def owner_alive(record: dict) -> bool:
 
 def remove_stale(base: str) -> list[str]:
     """Removes the hidden directories of ``base`` whose owner is gone; returns their paths.
-
-    Example:
-        >>> remove_stale("/models/clf")
-        ['/models/clf/.serving-opt-staging-3-k2j4x']
     """
     try:
         names = os.listdir(base)

@@ -19,12 +19,6 @@ RUNTIME_DEFAULTS: dict = {"TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONE
 
 def with_runtime_defaults(env: Mapping[str, str], extra: Mapping | None = None) -> dict:
     """``env`` with :data:`RUNTIME_DEFAULTS` applied, then ``extra``: a None value unsets.
-
-    Example:
-        >>> RUNTIME_DEFAULTS
-        {'TF_ENABLE_ONEDNN_OPTS': None}
-        >>> with_runtime_defaults({"TF_ENABLE_ONEDNN_OPTS": "0", "A": "1"})
-        {'A': '1'}
     """
     env = dict(env)
     for name, value in {**RUNTIME_DEFAULTS, **(extra or {})}.items():
@@ -43,10 +37,6 @@ def configure_for_optimizing() -> bool:
     it three times and held 2.8 GB. Off, the memory is returned. Only possible before
     TensorFlow is imported; measurements run in their own processes with the defaults.
     Returns whether it took effect.
-
-    Example:
-        >>> configure_for_optimizing()
-        True
     """
     import sys
 
@@ -66,12 +56,6 @@ def keep_plotting_out() -> None:
     in the sandbox, whose fresh home makes matplotlib rebuild its font cache, for plots none
     of them makes. Keras takes the ImportError as "no matplotlib". Never called in a
     user's process (the Python API, the Estimator hook): their code may plot.
-
-    Example:
-        >>> keep_plotting_out()
-        >>> import keras  # doctest: +SKIP
-        >>> sys.modules["matplotlib"] is None
-        True
     """
     if "matplotlib" not in sys.modules:
         sys.modules["matplotlib"] = None  # import machinery: None means "not importable"
@@ -84,11 +68,6 @@ def quiet_tensorflow_import() -> None:
     logging is initialised, so TF_CPP_MIN_LOG_LEVEL does not stop them (tensorflow#100442);
     they would bury the CLI's one-line errors. Python exceptions still propagate. A no-op
     once TensorFlow is imported.
-
-    Example:
-        >>> quiet_tensorflow_import()
-        >>> "tensorflow" in sys.modules
-        True
     """
     if "tensorflow" in sys.modules:
         return

@@ -11,10 +11,6 @@ from serving_opt.savedmodel.graph import node_name
 
 def vocabulary_words(asset_paths: Sequence[str], limit: int = 2000) -> list[str]:
     """Words from text assets (first column of each line), to make lookups hit.
-
-    Example:
-        >>> vocabulary_words(["build/sample/1/assets/vocab.txt"])[:2]
-        ['apple', 'banana']
     """
     words: list[str] = []
     for path in asset_paths:
@@ -43,10 +39,6 @@ def graph_vocabulary_words(graph_def, limit: int = 2000) -> list[str]:
     from it makes lookups hit, not only the out-of-vocabulary path. In TF2 models the
     keys reach the initializer function as an argument, so arguments are followed to
     the constant their caller passes.
-
-    Example:
-        >>> graph_vocabulary_words(keras_text_model_graph_def)[:2]
-        ['the', 'cat']
     """
     from tensorflow.python.framework import tensor_util
 
@@ -104,10 +96,6 @@ def graph_vocabulary_words(graph_def, limit: int = 2000) -> list[str]:
 
 def model_vocabulary(meta_graph, saved_model_dir: str, limit: int = 2000) -> list[str]:
     """Words the model knows: vocabulary assets first, then in-graph table keys.
-
-    Example:
-        >>> model_vocabulary(meta_graph, "build/sample/1")[:2]
-        ['apple', 'banana']
     """
     from serving_opt.savedmodel import loader
 

@@ -4,10 +4,6 @@ TF Serving reads ``assets.extra/tf_serving_warmup_requests`` (a TFRecord of
 ``PredictionLog``, at most 1000 records) and runs each request once before the version
 is AVAILABLE; a record that fails fails the load. The cold-start measurement replays
 it the same way, so the first request it times is the first a user would send.
-
-Example:
-    >>> replay(sess, meta_graph, "build/models/classifier/1")
-    2
 """
 
 from __future__ import annotations
@@ -86,10 +82,6 @@ def replay(sess, meta_graph, model_dir: str) -> int:
     at most ``MAX_RECORDS``) before the version is AVAILABLE, so the one-time work of a
     first run (Grappler, the kernels' first allocations) is load time, not the first
     user's. A record that fails raises, as it fails TF Serving's load. No file: 0.
-
-    Example:
-        >>> replay(sess, meta_graph, "build/models/classifier/1")
-        2
     """
     import tensorflow as tf
 

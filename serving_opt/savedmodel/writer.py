@@ -35,10 +35,6 @@ def parse_version(name: str) -> int | None:
     """The version a directory name stands for: ASCII digits within int64, else None.
 
     ``str.isdigit`` is not enough: it accepts "²" (int() fails) and "٣" (int() gives 3).
-
-    Example:
-        >>> parse_version("12"), parse_version("²"), parse_version("99999999999999999999")
-        (12, None, None)
     """
     if not _VERSION_NAME.fullmatch(name):
         return None
@@ -58,10 +54,6 @@ def served_version(name: str) -> int | None:
     ``02``, ``007`` and `` 7`` are versions 2, 7 and 7 to TF Serving
     (file_system_storage_path_source.cc, ParseVersionNumber = strings::safe_strto64);
     ``+3``, ``٣``, ``0x10`` and names beyond int64 are not versions.
-
-    Example:
-        >>> served_version("02"), served_version(" 7"), served_version("+3"), served_version("٣")
-        (2, 7, None, None)
     """
     stripped = name.strip(_C_SPACE)
     if not _SERVED_VERSION.fullmatch(stripped):
@@ -73,10 +65,6 @@ def served_version(name: str) -> int | None:
 def version_dirs(base: str) -> dict[int, list[str]]:
     """Every entry of ``base`` TF Serving reads as a version, by version; each list in
     the order upstream indexes them (sorted names), so the last one is the one served.
-
-    Example:
-        >>> version_dirs("/models/clf")   # holds 1/, 02/ and 2/
-        {1: ['1'], 2: ['02', '2']}
     """
     try:
         names = sorted(os.listdir(base))
@@ -96,10 +84,6 @@ def existing_versions(base: str) -> list[int]:
     Only directories named by a version in canonical form (``3``, not ``03``) count, so
     ``os.path.join(base, str(version))`` is each one's path; files and other names are
     not versions. :func:`version_dirs` has every name TF Serving reads as a version.
-
-    Example:
-        >>> existing_versions("/models/clf")
-        [1, 2]
     """
     if not os.path.isdir(base):
         return []
@@ -117,10 +101,6 @@ def next_version(base: str) -> int:
 
     Any entry TF Serving reads as a version takes it (``02`` is version 2, `` 7`` is 7), a
     plain file included: the next version is always free and always the one served.
-
-    Example:
-        >>> next_version("/models/new")
-        1
     """
     taken = version_dirs(base)
     version = max([0, *taken]) + 1
@@ -132,11 +112,6 @@ def next_version(base: str) -> int:
 
 def check_version(version) -> None:
     """Refuses a version TF Serving cannot read: negative or beyond int64.
-
-    Example:
-        >>> check_version(2**63)
-        Traceback (most recent call last):
-        ServingOptError: version 9223372036854775808 is out of range ...
     """
     if isinstance(version, bool) or not isinstance(version, int):
         raise ServingOptError(f"version {version!r} is not an integer",
@@ -181,11 +156,6 @@ def check_not_source(input_dir: str, output_base: str, version: int | None = Non
     contain it (ServingOptError). Hard links cannot join directories, and a file of the
     target linked to a source file is safe: a version is replaced by rename, never written
     into. A missing ``input_dir`` passes: the reader says what is wrong with it.
-
-    Example:
-        >>> check_not_source("/models/clf/1", "/mnt/clf", 1)   # /mnt/clf: bind mount of it
-        Traceback (most recent call last):
-        ServingOptError: version directory /mnt/clf/1 is the input model /models/clf/1 ...
     """
     source = _identity(input_dir)
     if source is None:
@@ -223,10 +193,6 @@ def check_target(base: str, version: int, overwrite: bool = False,
     """Fails early when the version exists (under any name TF Serving reads as it: ``02``
     is version 2) and overwriting was not asked for, or when it is (or contains)
     ``source``, the model being read, however reached (:func:`check_not_source`).
-
-    Example:
-        >>> check_target("/models/clf", 3)
-        '/models/clf/3'
     """
     check_version(version)
     target = os.path.join(base, str(version))
@@ -254,9 +220,6 @@ def check_writable(base: str) -> None:
     Probes by making and removing a hidden directory in ``base`` or, when it does not
     exist yet, in its nearest existing parent (permissions, read-only filesystems and
     ``root`` all behave as they will for the real write).
-
-    Example:
-        >>> check_writable("/models/clf")
     """
     probe_dir = os.path.abspath(base)
     while not os.path.lexists(probe_dir):
@@ -275,10 +238,6 @@ def check_writable(base: str) -> None:
 
 def make_staging_dir(base: str, version: int) -> str:
     """A hidden directory inside ``base`` (same filesystem, so the final rename is atomic).
-
-    Example:
-        >>> make_staging_dir("/models/clf", 3)
-        '/models/clf/.serving-opt-staging-3-k2j4x'
     """
     # Claimed by this process (an owner record beside it): a later run removes it if
     # this one is killed, never while this one lives (stages/staging.py).
@@ -287,10 +246,6 @@ def make_staging_dir(base: str, version: int) -> str:
 
 def build_meta_graph(graph: ServingGraph):
     """The MetaGraphDef TF Serving's loader reads: graph, signatures, init op, assets.
-
-    Example:
-        >>> sorted(build_meta_graph(optimized).signature_def)
-        ['classification', 'predict', 'serving_default']
     """
     import tensorflow as tf
     from tensorflow.core.protobuf import meta_graph_pb2
@@ -352,10 +307,6 @@ def write_saved_model(graph: ServingGraph, export_dir: str) -> str:
     A full disk (or quota, or a read-only filesystem) is a one-line
     :class:`~serving_opt.errors.DiskFullError` naming the model base ``export_dir`` is
     staged in; the caller discards ``export_dir``.
-
-    Example:
-        >>> write_saved_model(optimized, "/models/clf/.staging")
-        '/models/clf/.staging'
     """
     try:
         return _write_saved_model(graph, export_dir)
@@ -437,10 +388,6 @@ def publish(staging_dir: str, base: str, version: int, overwrite: bool = False) 
     the rename, so the new directory is the only version ``version``. Directories are
     only renamed and then unlinked, never written into: a file of the old version that
     is a hard link of another file (the source's, say) is left as it is.
-
-    Example:
-        >>> publish("/models/clf/.serving-opt-staging-3-x", "/models/clf", 3)
-        '/models/clf/3'
     """
     target = check_target(base, version, overwrite)
     aliases = [name for name in version_dirs(base).get(version, []) if name != str(version)]
@@ -483,10 +430,6 @@ def structure_copy(saved_model_dir: str, copy_dir: str) -> str:
     kilobytes instead of the weights: for checks about loading, not about numbers.
     A TensorProto holding fewer values than its shape repeats the last one, so shapes
     and dtypes are unchanged.
-
-    Example:
-        >>> structure_copy("models/clf/1", "/tmp/check/1")
-        '/tmp/check/1'
     """
     from tensorflow.core.framework import types_pb2
     from tensorflow.core.protobuf import saved_model_pb2

@@ -21,11 +21,6 @@ STATE_NAMES = {0: "UNKNOWN", 10: "START", 20: "LOADING", 30: "AVAILABLE", 40: "U
 @dataclass(frozen=True)
 class ServingApi:
     """The grpc module and the TF Serving API modules validation uses, by name.
-
-    Example:
-        >>> api = serving_api()
-        >>> api.predict_pb2.PredictRequest().model_spec.name
-        ''
     """
 
     grpc: ModuleType
@@ -42,10 +37,6 @@ class ServingApi:
 @functools.cache
 def serving_api() -> ServingApi:
     """Imports grpc and the TF Serving API on first use (not at ``import serving_opt``).
-
-    Example:
-        >>> serving_api().grpc.StatusCode.OK.name
-        'OK'
     """
     import grpc
     from tensorflow_serving.apis import (

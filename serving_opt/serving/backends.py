@@ -84,12 +84,6 @@ def runtime_env(backend: str) -> dict[str, str | None]:
     turns it on by default on CPUs with AVX512_VNNI and newer; or as the user chose with
     ``TF_ENABLE_ONEDNN_OPTS`` when serving-opt started (not as the optimizer process set
     it for itself). A docker or binary server runs as it was started.
-
-    Example:
-        >>> runtime_env("local")
-        {'TF_ENABLE_ONEDNN_OPTS': None}
-        >>> runtime_env("binary")
-        {}
     """
     if backend != "local":
         return {}
@@ -109,9 +103,6 @@ STAND_IN_IMAGE_NOTE = ("serving-opt's local server in a Docker image with TF Ser
 @dataclass(frozen=True)
 class ServerSpec:
     """What to serve and how; the same for every backend.
-
-    Example:
-        >>> ServerSpec(model_name="clf", model_base="/models/clf")
     """
 
     model_name: str
@@ -142,10 +133,6 @@ CONFIG_FILENAME = "models.config"
 
 def model_config_text(spec: ServerSpec, base_path: str) -> str:
     """The text ModelServerConfig TF Serving reads with ``--model_config_file``.
-
-    Example:
-        >>> print(model_config_text(ServerSpec("clf", "/m/clf", version=3), "/m/clf"))
-        model_config_list { config { name: "clf" base_path: "/m/clf" model_platform: ...
     """
     policy = (f" model_version_policy {{ specific {{ versions: {spec.version} }} }}"
               if spec.version is not None else "")
@@ -167,10 +154,6 @@ def write_model_config(spec: ServerSpec, base_path: str) -> str:
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now.
-
-    Example:
-        >>> 1024 < free_port() < 65536
-        True
     """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -197,10 +180,6 @@ def docker_command(spec: ServerSpec, host_port: int, container_name: str,
                    rest_host_port: int = 0, config_dir: str | None = None) -> list[str]:
     """``docker run`` for tensorflow/serving: read-only model mount, loopback-only ports
     (or the host's network, ``spec.docker_network``), labelled with its owner.
-
-    Example:
-        >>> docker_command(ServerSpec("clf", "/m/clf"), 9000, "so-1")[:4]
-        ['docker', 'run', '--rm', '--name']
     """
     if spec.docker_network not in DOCKER_NETWORKS:
         raise UsageError(f"docker_network={spec.docker_network} is not one of "
@@ -326,10 +305,6 @@ def docker_image_present(image: str) -> bool:
 def binary_command(spec: ServerSpec, port: int, binary: str = BINARY_NAME,
                    rest_port: int = 0, config_file: str | None = None) -> list[str]:
     """``tensorflow_model_server`` with the usual flags.
-
-    Example:
-        >>> binary_command(ServerSpec("clf", "/m/clf"), 9000)[1]
-        '--port=9000'
     """
     return [binary, *_server_flags(spec, port, os.path.abspath(spec.model_base), rest_port,
                                    config_file)]
@@ -339,10 +314,6 @@ def local_command(spec: ServerSpec, port: int, rest_port: int = 0,
                   python: str | None = None, config_file: str | None = None) -> list[str]:
     """``serving-opt serve`` (this project's TF-Serving-compatible server), same flags, run
     by ``python`` (the target TensorFlow's interpreter; default: this one).
-
-    Example:
-        >>> local_command(ServerSpec("clf", "/m/clf"), 9000)[4]
-        '--port=9000'
     """
     return [python or sys.executable, "-m", "serving_opt.cli", "serve",
             *_server_flags(spec, port, os.path.abspath(spec.model_base), rest_port,
@@ -353,10 +324,6 @@ def local_command(spec: ServerSpec, port: int, rest_port: int = 0,
 
 def docker_available(timeout: float = 5.0) -> bool:
     """True when a Docker engine answers (not just the client being installed).
-
-    Example:
-        >>> docker_available()
-        False
     """
     if shutil.which("docker") is None:
         return False
@@ -374,10 +341,6 @@ def resolve_backend(name: str, sandboxed: bool = False, image: str = DEFAULT_IMA
     socket, which is root on the host. Docker is auto's choice only when the engine has
     ``image`` already: an engine that merely answers would otherwise turn every auto run
     into a pull. An explicit docker is checked here (:func:`check_docker`).
-
-    Example:
-        >>> resolve_backend("auto")
-        'local'
     """
     if name not in BACKENDS:
         raise UsageError(f"--server={name} is not one of {', '.join(BACKENDS)}",
@@ -418,10 +381,6 @@ class DockerRunner(ServerProcess):
     ``/models/<name>``, free loopback ports mapped to 8500 (gRPC) and 8501 (REST, which the
     image always serves); the container is removed on stop (``docker rm -f``), since the
     client dying does not stop it.
-
-    Example:
-        >>> DockerRunner(ServerSpec("clf", "/m/clf")).description
-        'docker:tensorflow/serving:2.20.0'
     """
 
     note = BACKEND_NOTES["docker"]
@@ -451,10 +410,6 @@ class DockerRunner(ServerProcess):
 class BinaryRunner(ServerProcess):
     """``tensorflow_model_server`` from PATH, stopped by the kernel's parent-death signal
     if we die; its versions are asked once it has served (:meth:`identify`).
-
-    Example:
-        >>> BinaryRunner(ServerSpec("clf", "/m/clf")).description
-        'binary:/usr/bin/tensorflow_model_server'
     """
 
     note = BACKEND_NOTES["binary"]
@@ -484,10 +439,6 @@ class LocalRunner(ServerProcess):
     """``serving-opt serve``, this project's TF-Serving-compatible server, run by the target
     TensorFlow's interpreter (``runtime``; default: this one); it stops when the pipe we
     hold the write end of reaches EOF (``--parent_pipe_fd``).
-
-    Example:
-        >>> LocalRunner(ServerSpec("clf", "/m/clf")).description
-        'local:serving-opt serve (stand-in) on TensorFlow 2.21.0'
     """
 
     note = BACKEND_NOTES["local"]
@@ -525,10 +476,6 @@ def make_server(backend: str, spec: ServerSpec,
 
     ``runtime`` (default: this interpreter) is the TensorFlow the local stand-in runs
     under; the real servers bring their own.
-
-    Example:
-        >>> make_server("local", ServerSpec("clf", "/m/clf")).backend
-        'local'
     """
     runner = RUNNERS.get(backend)
     if runner is None:
@@ -539,10 +486,6 @@ def make_server(backend: str, spec: ServerSpec,
 def binary_dirs() -> list[str]:
     """Where tensorflow_model_server is (its name's directory, then the file's own): what
     a sandbox running the binary runner binds read-only, the first on its PATH.
-
-    Example:
-        >>> binary_dirs()
-        ['/usr/local/bin', '/opt/tf-serving/bin']
     """
     binary = shutil.which(BINARY_NAME)
     if binary is None:
@@ -554,10 +497,6 @@ def binary_dirs() -> list[str]:
 def binary_versions(binary: str, timeout: float = 10.0) -> tuple[str, str]:
     """(model server version, TensorFlow version) from ``tensorflow_model_server --version``
     ("TensorFlow ModelServer: 2.20.0-rc0+dev.sha.x" / "TensorFlow Library: 2.20.0").
-
-    Example:
-        >>> binary_versions("/usr/bin/tensorflow_model_server")
-        ('2.20.0', '2.20.0')
     """
     try:
         result = subprocess.run([binary, "--version"], capture_output=True, text=True,

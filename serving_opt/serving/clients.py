@@ -6,12 +6,6 @@ endpoint of a running server (``runner.endpoints[protocol]``) and one model vers
 (``validate``) holds a list of them and never asks which protocol one speaks. What a
 protocol cannot do is the client's to say: :meth:`ModelServerClient.prepare` returns the
 probes it can send, in the form it sends them (REST has no MultiInference endpoint).
-
-Example:
-    >>> with GrpcClient("127.0.0.1:8500", "clf", 1, timeout=30) as client:
-    ...     client.wait_until_available(server, 60)
-    ...     client.call(client.prepare(probes, served)[0]).model_spec.signature_name
-    'serving_default'
 """
 
 from __future__ import annotations
@@ -79,10 +73,6 @@ class ModelServerClient(abc.ABC):
     def run_load_test(self, probes: Sequence, concurrency: int, seconds: float) -> LoadTest:
         """``concurrency`` threads send the prepared probes round robin for ``seconds``;
         a call raising one of ``errors`` counts as a failed request.
-
-        Example:
-            >>> client.run_load_test(client.prepare(probes, served), 8, 2.0).errors
-            0
         """
         return load_test(self.request, probes, concurrency, seconds, self.timeout,
                          self.errors, self.describe)
@@ -102,10 +92,6 @@ def compare_signature_maps(signature_map, served: dict) -> tuple[bool, str]:
     """A server's SignatureDefMap vs ``served`` (key -> SignatureDef): (ok, detail).
 
     Compared serialized (deterministically), so any field that differs counts.
-
-    Example:
-        >>> compare_signature_maps(signature_map, served)
-        (True, '3 signatures match')
     """
     got = {k: v.SerializeToString(deterministic=True)
            for k, v in signature_map.signature_def.items()}
@@ -120,10 +106,6 @@ def compare_signature_maps(signature_map, served: dict) -> tuple[bool, str]:
 
 def load_failure(log: str) -> str | None:
     """The load error in a TF Serving log ("Loading servable: {...} failed: ..."), one line.
-
-    Example:
-        >>> load_failure("E Loading servable: {name: m version: 1} failed: NOT_FOUND: x")
-        'NOT_FOUND: x'
     """
     lines = log.splitlines()
     for i in range(len(lines) - 1, -1, -1):

@@ -36,10 +36,6 @@ _MAX_MESSAGE_BYTES = 2**31 - 1  # TF Serving's own limit (INT32_MAX); gRPC's def
 
 def rpc_error(e) -> str:
     """A failed call as ``CODE: details``.
-
-    Example:
-        >>> rpc_error(e)
-        'UNAVAILABLE: failed to connect to all addresses'
     """
     return f"{e.code().name}: {e.details()}"
 
@@ -51,11 +47,6 @@ class GrpcClient(ModelServerClient):
     not gRPC's 4 MiB, so a large probe is judged by the server, not by the client library.
     The channel is opened here and closed by :meth:`close` (or ``with``); gRPC connects
     it on the first call, after the version is AVAILABLE.
-
-    Example:
-        >>> with GrpcClient("127.0.0.1:8500", "clf", 1, 30) as client:
-        ...     client.check_metadata(served)
-        (True, '3 signatures match')
     """
 
     protocol = "grpc"
@@ -73,9 +64,6 @@ class GrpcClient(ModelServerClient):
 
     def wait_until_available(self, server: ServerProcess | None, deadline_s: float) -> None:
         """Polls GetModelStatus until the version is AVAILABLE; raises on END/exit/deadline.
-
-        Example:
-            >>> GrpcClient("127.0.0.1:8500", "clf", 1, 30).wait_until_available(None, 60)
         """
         api, model_name, version = self._api, self.model_name, self.version
         # Polled from before the server listens: a channel of its own, closed when the
@@ -137,10 +125,6 @@ class GrpcClient(ModelServerClient):
 
     def check_metadata(self, served: dict) -> tuple[bool, str]:
         """GetModelMetadata's SignatureDefMap vs ``served``: (ok, detail).
-
-        Example:
-            >>> client.check_metadata(served)
-            (True, '3 signatures match')
         """
         md = self._api.get_model_metadata_pb2
         request = md.GetModelMetadataRequest()
@@ -157,10 +141,6 @@ class GrpcClient(ModelServerClient):
 
     def request(self, probe: Probe):
         """Sends ``probe`` with the PredictionService method it names; returns the reply.
-
-        Example:
-            >>> client.request(probe).model_spec.signature_name
-            'serving_default'
         """
         return getattr(self._stub, probe.method)(probe.request, timeout=self.timeout)
 

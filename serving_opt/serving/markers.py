@@ -20,10 +20,6 @@ MARKER_FAILED = "NOT_VALIDATED"
 def write_marker(report: ValidationReport, directory: str) -> str:
     """Writes VALIDATED or NOT_VALIDATED (InfraValidator's blessing, our names) and
     removes the other one, so a pipeline never reads a stale verdict.
-
-    Example:
-        >>> write_marker(report, "build/validation")
-        'build/validation/VALIDATED'
     """
     os.makedirs(directory, exist_ok=True)
     name = MARKER_OK if report.ok else MARKER_FAILED
@@ -40,15 +36,6 @@ def write_marker(report: ValidationReport, directory: str) -> str:
 def marker_text(report: ValidationReport) -> str:
     """What the marker says: the verdict, what answered and on which TensorFlow, over which
     protocols; a stand-in is named as one, so a pipeline can tell.
-
-    Example:
-        >>> print(marker_text(report))
-        VALIDATED clf version 1
-        server: local:serving-opt serve (stand-in) on TensorFlow 2.15.1
-        sandbox: bubblewrap: read-only model and Python, writable work directory only, ...
-        tensorflow: 2.15.1
-        tf_serving: no (stand-in)
-        protocols: grpc,rest
     """
     verdict = MARKER_OK if report.ok else MARKER_FAILED
     server = getattr(report, "server", "") or report.backend

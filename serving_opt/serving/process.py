@@ -41,12 +41,6 @@ class ChildSetup:
     file descriptor, the server exits when that pipe reaches EOF (None: the parent-death
     signal stops it instead); ``cleanup``: a command run on stop (docker's ``rm -f``);
     ``temp_dirs``: removed when the server stops (its model config).
-
-    Example:
-        >>> ChildSetup(parent_pipe_flag="--parent_pipe_fd").cleanup
-        ()
-        >>> ServerProcess("docker", ["docker", "run", ...], 9000,
-        ...               ChildSetup(cleanup=("docker", "rm", "-f", name)))
     """
 
     env: dict | None = None
@@ -60,11 +54,6 @@ class ServerProcess:
     interface of every runner (TFX's ``BaseModelServerRunner``): ``start``/``stop`` (or
     ``with``), its ``endpoints``, ``exit_code`` and ``log_tail`` while it runs, and what
     answered (``description``, ``note``, ``answering_tf_version``).
-
-    Example:
-        >>> with ServerProcess("local", ["serving-opt", "serve", "--port=9000"], 9000) as s:
-        ...     s.endpoints
-        {'grpc': '127.0.0.1:9000'}
     """
 
     # What this kind of server is, for reports: a stand-in pass is not a TF Serving pass.
@@ -102,10 +91,6 @@ class ServerProcess:
     @property
     def endpoints(self) -> dict[str, str]:
         """Protocol -> the address a client of that protocol talks to.
-
-        Example:
-            >>> server.endpoints
-            {'grpc': '127.0.0.1:9000', 'rest': '127.0.0.1:9001'}
         """
         rest = self.rest_address
         return {"grpc": self.address, **({"rest": rest} if rest else {})}

@@ -32,12 +32,6 @@ from serving_opt.serving.api import ServingApi, serving_api
 @dataclass(frozen=True)
 class Probe:
     """One request to send, and how to check its answer.
-
-    Example:
-        >>> probe.name, probe.method
-        ('Predict serving_default', 'Predict')
-        >>> probe.check(response)  # "" when the answer is right
-        ''
     """
 
     name: str
@@ -84,10 +78,6 @@ def _compare(expected, actual, atol: float, rtol: float) -> str:
 class ProbeInputs:
     """What the probes feed: the user's ``--examples`` file where it fits (None: all
     synthesized), ``batch_size`` rows per request, and the synthesis ``seed``.
-
-    Example:
-        >>> ProbeInputs(examples="requests.tfrecord", batch_size=4).seed
-        0
     """
 
     examples: str | None = None
@@ -103,13 +93,6 @@ def build_probes(model_dir: str, reference_dir: str, model_name: str, version: i
 
     Returns ``(probes, served_signature_map)``. Reads the served model too, so a
     model that cannot be read fails here, before any server starts.
-
-    Example:
-        >>> probes, served = build_probes("m/1", "exports/1", "m", 1, frozenset({"serve"}))
-        >>> [p.name for p in probes][:2]
-        ['Predict predict', 'Predict serving_default']
-        >>> probes, _ = build_probes("m/1", "exports/1", "m", 1, frozenset({"serve"}),
-        ...                          inputs=ProbeInputs(examples="requests.tfrecord"))
     """
     import tensorflow as tf
 

@@ -20,11 +20,6 @@ go over REST too, translated here:
     ``check_metadata``: ``GET .../metadata``'s SignatureDefMap against the SavedModel's.
 
 ``RestClient`` is the REST implementation of ``clients.ModelServerClient``.
-
-Example:
-    >>> client = RestClient("127.0.0.1:8501", "clf", 1, timeout=30)
-    >>> client.call(to_rest(probe, served)).model_spec.signature_name
-    'serving_default'
 """
 
 from __future__ import annotations
@@ -61,10 +56,6 @@ class RestError(Exception):
 @dataclass(frozen=True)
 class RestProbe:
     """A probe as a REST call: path after ``/v1/models/``, JSON body, and the check.
-
-    Example:
-        >>> to_rest(probe, served).path
-        'clf/versions/1:predict'
     """
 
     name: str
@@ -80,9 +71,6 @@ def _url(address: str, path: str) -> str:
 
 def request_json(address: str, path: str, body: bytes | None, timeout: float) -> dict:
     """GET (body None) or POST ``/v1/models/<path>``; the JSON answer, or RestError.
-
-    Example:
-        >>> request_json("127.0.0.1:8501", "clf/versions/1", None, 5)["model_version_status"]
     """
     request = urllib.request.Request(
         _url(address, path), data=body, method="GET" if body is None else "POST",
@@ -126,11 +114,6 @@ def version_state(address: str, model_name: str, version: int, timeout: float) -
 class RestClient(ModelServerClient):
     """TF Serving's REST API on one address (``/v1/models/...``, urllib: no connection
     is kept). MultiInference has no REST endpoint: :meth:`prepare` leaves it out.
-
-    Example:
-        >>> client = RestClient("127.0.0.1:8501", "clf", 1, 30)
-        >>> client.call(client.prepare(probes, served)[0]).model_spec.signature_name
-        'serving_default'
     """
 
     protocol = "rest"
@@ -141,9 +124,6 @@ class RestClient(ModelServerClient):
     def wait_until_available(self, server: ServerProcess | None, deadline_s: float) -> None:
         """Polls the REST model status until the version is AVAILABLE; raises on END, a
         dead server or the deadline (as ``GrpcClient.wait_until_available`` does).
-
-        Example:
-            >>> RestClient("127.0.0.1:8501", "clf", 1, 30).wait_until_available(None, 60)
         """
         model_name, version = self.model_name, self.version
         deadline = time.monotonic() + deadline_s
@@ -182,10 +162,6 @@ class RestClient(ModelServerClient):
 
     def check_metadata(self, served: dict) -> tuple[bool, str]:
         """The REST metadata's SignatureDefMap vs ``served``: (ok, detail).
-
-        Example:
-            >>> RestClient("127.0.0.1:8501", "clf", 1, 30).check_metadata(served)
-            (True, '3 signatures match')
         """
         from google.protobuf import json_format
 
@@ -211,10 +187,6 @@ class RestClient(ModelServerClient):
 
     def call(self, probe: RestProbe):
         """POSTs ``probe``; the answer as the gRPC response proto its check reads.
-
-        Example:
-            >>> client.call(rest_probe).outputs["scores"].dtype
-            1
         """
         return probe.to_response(self.request(probe))
 
@@ -224,10 +196,6 @@ class RestClient(ModelServerClient):
 
 def to_rest(probe: Probe, served: dict) -> RestProbe | None:
     """The REST form of a probe, or None (MultiInference has no REST endpoint).
-
-    Example:
-        >>> to_rest(probe, served).name
-        'REST Predict serving_default'
     """
     request = probe.request
     if probe.method == "MultiInference":

@@ -14,9 +14,6 @@ from dataclasses import asdict, dataclass, field
 @dataclass(frozen=True)
 class Check:
     """One validation check and its outcome.
-
-    Example:
-        >>> Check("model AVAILABLE", True, "version 1")
     """
 
     name: str
@@ -27,10 +24,6 @@ class Check:
 @dataclass(frozen=True)
 class LoadTest:
     """The load phase's numbers.
-
-    Example:
-        >>> load_test.errors, load_test.p99_ms < 100
-        (0, True)
     """
 
     concurrency: int
@@ -46,10 +39,6 @@ class LoadTest:
 @dataclass(frozen=True)
 class ValidationReport:
     """The validation verdict; ``to_dict()`` is the JSON report.
-
-    Example:
-        >>> report.ok, report.backend
-        (True, 'local')
     """
 
     ok: bool

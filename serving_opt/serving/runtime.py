@@ -20,12 +20,6 @@ cannot load. Two jobs here:
     graph it wrote: every op of the graph and its functions must be registered there,
     every attr of every node must be one the op declares (attrs still at their default
     value were already stripped by the writer, as TF does for compatibility).
-
-Example:
-    >>> rt = resolve_runtime("2.15.1", python=".venv-tf215/bin/python")
-    >>> rt.tf_version
-    '2.15.1'
-    >>> check_graph(graph_def, op_registry(rt), rt.tf_version)  # raises ServingOptError
 """
 
 from __future__ import annotations
@@ -73,10 +67,6 @@ class TargetRuntimeError(ServingOptError):
 @dataclass(frozen=True)
 class Runtime:
     """A Python interpreter running one TensorFlow release.
-
-    Example:
-        >>> resolve_runtime("2.21").source
-        'current interpreter'
     """
 
     python: str
@@ -101,20 +91,12 @@ class Runtime:
 
 def major_minor(version: str) -> str:
     """``2.20.0`` -> ``2.20``.
-
-    Example:
-        >>> major_minor("2.15.1")
-        '2.15'
     """
     return ".".join(version.split(".")[:2])
 
 
 def image_version(image: str) -> str | None:
     """The TF Serving release of a ``tensorflow/serving:<tag>`` image, if the tag says.
-
-    Example:
-        >>> image_version("tensorflow/serving:2.20.0-gpu")
-        '2.20.0'
     """
     tag = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else ""
     match = re.match(r"^(\d+\.\d+(?:\.\d+)?)", tag)
@@ -123,10 +105,6 @@ def image_version(image: str) -> str | None:
 
 def cache_root() -> str:
     """``$SERVING_OPT_CACHE`` or ``~/.cache/serving-opt``.
-
-    Example:
-        >>> cache_root()
-        '/home/me/.cache/serving-opt'
     """
     return os.path.abspath(os.environ.get(ENV_CACHE)
                            or os.path.join(os.path.expanduser("~"), ".cache", "serving-opt"))
@@ -138,10 +116,6 @@ def runtime_dir(version: str) -> str:
 
 def env_var(version: str) -> str:
     """The variable naming an interpreter for ``version``: ``SERVING_OPT_RUNTIME_2_15``.
-
-    Example:
-        >>> env_var("2.15.1")
-        'SERVING_OPT_RUNTIME_2_15'
     """
     return ENV_RUNTIME_PREFIX + major_minor(version).replace(".", "_")
 
@@ -186,10 +160,6 @@ def _interpreter_version(python: str) -> str:
 
 def find_runtime(version: str, python: str | None = None) -> Runtime | None:
     """A runtime for ``version`` that needs no download, or None.
-
-    Example:
-        >>> find_runtime("2.99") is None
-        True
     """
     version = check_version(version)
     given = python or os.environ.get(env_var(version))
@@ -217,10 +187,6 @@ def find_runtime(version: str, python: str | None = None) -> Runtime | None:
 def resolve_runtime(version: str, python: str | None = None,
                     progress: Callable[[str], None] | None = None) -> Runtime:
     """A runtime for ``version``: found (see ``find_runtime``), else installed once.
-
-    Example:
-        >>> resolve_runtime("2.15.1", python=".venv-tf215/bin/python").tf_version
-        '2.15.1'
     """
     runtime = find_runtime(version, python)
     if runtime is not None:
@@ -277,10 +243,6 @@ def _run_step(command: list[str], what: str, version: str, venv: str) -> None:
 
 def op_registry(runtime: Runtime) -> dict[str, frozenset[str]]:
     """Op name -> attr names of the runtime's TensorFlow, cached as JSON beside it.
-
-    Example:
-        >>> "MatMul" in op_registry(resolve_runtime("2.15.1", ".venv-tf215/bin/python"))
-        True
     """
     path = os.path.join(runtime.directory, "op_registry.json")
     data = None
@@ -317,10 +279,6 @@ def check_graph(graph_def, registry: dict[str, frozenset[str]], tf_version: str)
     with ``_`` are TensorFlow's internal annotations, not part of an op's definition.
     A call of a library function is an op named after the function. Returns the number
     of nodes checked.
-
-    Example:
-        >>> check_graph(graph_def, op_registry(rt), "2.15.1")
-        42
     """
     functions = {f.signature.name for f in graph_def.library.function}
     places = [("graph", graph_def.node)] + [
@@ -358,10 +316,6 @@ def stand_in_runtime(serving_version: str | None, python: str | None, image: str
     ``serving_version`` is resolved, installed once when missing (so call this outside
     the sandbox, which has no network); without it the target is the Docker image's
     release, used only when its runtime is already here.
-
-    Example:
-        >>> stand_in_runtime("2.21", None, "tensorflow/serving:2.21.0")[0].source
-        'current interpreter'
     """
     if serving_version is not None:
         return resolve_runtime(serving_version, python, say), ""

@@ -86,10 +86,6 @@ def version_dir(model_base: str, version: int) -> str:
 
 def resolve_version(model_base: str, version: int | None) -> int:
     """``version`` if the base has it, else (None) the highest version in the base.
-
-    Example:
-        >>> resolve_version("build/models/classifier", None)
-        1
     """
     if not os.path.isdir(model_base):
         raise ServingOptError(f"model base {model_base} does not exist",
@@ -115,10 +111,6 @@ CLIENTS: dict[str, type[ModelServerClient]] = {"grpc": GrpcClient, "rest": RestC
 @dataclass(frozen=True)
 class Target:
     """What one execution serves and judges, resolved once from the options.
-
-    Example:
-        >>> _target("/m/clf", resolved_options, "").protocols
-        ('grpc', 'rest')
     """
 
     model_base: str
@@ -136,10 +128,6 @@ class Target:
 @dataclass(frozen=True)
 class Outcome:
     """What the checks found: every check, the failures, the load phase per protocol.
-
-    Example:
-        >>> Outcome((Check("model AVAILABLE", True, "version 1"),)).failures
-        ()
     """
 
     checks: tuple[Check, ...]
@@ -153,10 +141,6 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),  # n
 
     Never raises for a model that fails validation: the report says why
     (``ok=False``). Raises ServingOptError/UsageError for bad arguments.
-
-    Example:
-        >>> validate("build/models/classifier", ValidateOptions(server="local")).ok
-        True
     """
     say = progress or (lambda m: None)
     check_options(options)

@@ -21,10 +21,6 @@ __all__ = ["MAX_RECORDS", "WARMUP_FILENAME", "prediction_log", "records", "repla
 
 def prediction_log(method: str, request):
     """Wraps a request in the PredictionLog field TF Serving expects for its method.
-
-    Example:
-        >>> prediction_log("Predict", predict_request).WhichOneof("log_type")
-        'predict_log'
     """
     from tensorflow_serving.apis import prediction_log_pb2
 
@@ -45,10 +41,6 @@ def records(probes: Sequence, repeat: int = 1) -> tuple[bytes, ...]:
 
 def write_warmup_records(model_dir: str, serialized: Sequence[bytes]) -> str:
     """Writes serialized PredictionLogs as the model's warmup file (atomically).
-
-    Example:
-        >>> write_warmup_records("build/models/classifier/1", records(probes))
-        'build/models/classifier/1/assets.extra/tf_serving_warmup_requests'
     """
     import tensorflow as tf
 
@@ -65,10 +57,6 @@ def write_warmup_records(model_dir: str, serialized: Sequence[bytes]) -> str:
 
 def write_warmup_file(model_dir: str, probes: Sequence, repeat: int = 1) -> str:
     """Writes the probes' requests as the model's warmup file (atomically).
-
-    Example:
-        >>> write_warmup_file("build/models/classifier/1", probes)
-        'build/models/classifier/1/assets.extra/tf_serving_warmup_requests'
     """
     import tensorflow as tf
 

@@ -66,10 +66,6 @@ class Ratio:
     """after / before at one batch size, from the interleaved pairs (one run of each
     model): the median of the pairs' ratios and an interval that covers the true median
     with probability ``confidence`` (below 0.95 only when there are too few pairs).
-
-    Example:
-        >>> Ratio(32, 0.71, 0.69, 0.74, 0.96, 40).describe()
-        '0.71x (0.69-0.74, 96%)'
     """
 
     batch_size: int
@@ -111,10 +107,6 @@ class Skipped:
 
     ``seconds_per_run`` is one run of the slower model (``estimated``: extrapolated
     from a smaller batch size, not run); ``share_seconds`` what the batch size had.
-
-    Example:
-        >>> Skipped(32, "one run takes 27 s ...", 27.2, 40.0, False).batch_size
-        32
     """
 
     batch_size: int
@@ -131,10 +123,6 @@ class BenchmarkReport:
     ``before``/``after`` hold the batch sizes measured, ``skipped`` those a budget could
     not fit; ``budget_seconds`` is what the benchmark was given (None: a fixed count of
     runs), ``measure_seconds`` the whole measuring budget it was a share of.
-
-    Example:
-        >>> report.speedup(32)
-        1.4
     """
 
     signature: str
@@ -158,10 +146,6 @@ class BenchmarkReport:
 
     def ratio(self, batch_size: int) -> Ratio | None:
         """The after/before ratio and its interval at ``batch_size`` (None: not measured).
-
-        Example:
-            >>> report.ratio(1).describe()
-            '0.98x (0.95-1.01, 95%)'
         """
         return next((r for r in self.ratios if r.batch_size == batch_size), None)
 
@@ -171,10 +155,6 @@ class BenchmarkReport:
     @classmethod
     def from_dict(cls, data: dict) -> BenchmarkReport:
         """The report :meth:`to_dict` gave (as a measuring process returns it).
-
-        Example:
-            >>> BenchmarkReport.from_dict(report.to_dict()) == report
-            True
         """
         return cls(
             signature=data["signature"],
@@ -193,11 +173,6 @@ class BenchmarkReport:
 def with_remeasured(first: BenchmarkReport, again: BenchmarkReport) -> BenchmarkReport:
     """``first`` with the figures of every batch size ``again`` measured taken from
     ``again`` (a confirmation re-measures only the batch sizes that looked worse).
-
-    Example:
-        >>> merged = with_remeasured(report, report_of_batch_32_only)
-        >>> [lat.batch_size for lat in merged.after]
-        [1, 32]
     """
     redone = {lat.batch_size for lat in again.after}
 
@@ -230,10 +205,6 @@ def median_interval(values: Sequence[float],
     probability at least ``confidence``. Distribution-free: the number of samples below
     the median is Binomial(n, 1/2). With too few samples for ``confidence`` the interval
     is ``[min, max]`` and ``coverage`` says what it really is (5 samples: 94%).
-
-    Example:
-        >>> median_interval([0.9, 1.0, 1.1, 0.95, 1.05, 1.0, 0.98, 1.02])
-        (1.0, 0.9, 1.1, 0.9921875)
     """
     x = sorted(values)
     n = len(x)
@@ -299,10 +270,6 @@ class BenchmarkSchedule:
     most ``runs``), ``runs_per_batch`` fixing the runs of some batch sizes (a
     confirmation repeats the first measurement's), ``loads`` timed load rounds and
     ``warmup`` untimed runs per model and batch size.
-
-    Example:
-        >>> BenchmarkSchedule(batch_sizes=(1,), deadline=time.monotonic() + 60).runs
-        100
     """
 
     batch_sizes: Sequence[int] = (1, 32)
@@ -319,10 +286,6 @@ class BenchmarkInputs:
     ``seed``), ``shapes`` ({key: {alias: shape}}, ``--input_shapes``) that synthesized
     inputs take, and ``input_mode``, the synthesis fallback the parity gate found the
     original runs on (``inputs.FALLBACKS``).
-
-    Example:
-        >>> BenchmarkInputs(examples="requests.jsonl").seed
-        0
     """
 
     examples: str | None = None
@@ -359,14 +322,6 @@ def benchmark(
     cannot fit :data:`MIN_RUNS` skipped. ``progress`` hears the plan once it is
     calibrated. With ``inputs.input_mode`` ``scalars`` or ``batch 1`` every request is
     one row whatever the batch size says, so the caller asks for batch 1 only.
-
-    Example:
-        >>> r = benchmark("build/sample/1", "build/optimized/1", frozenset({"serve"}),
-        ...               "serving_default", schedule=BenchmarkSchedule(runs=50))
-        >>> [lat.batch_size for lat in r.after]
-        [1, 32]
-        >>> r = benchmark(..., schedule=BenchmarkSchedule(
-        ...     deadline=time.monotonic() + 60))    # sized to a minute
     """
     say = progress or (lambda _: None)
     deadline, input_mode = schedule.deadline, inputs.input_mode
@@ -481,13 +436,6 @@ def plan_runs(calibrated: Mapping[int, tuple[float, float]], runs: int,
     ``runs``, or with ``left_seconds`` as many as fit it, at most ``runs``. The cheapest
     batch size is served first and what it leaves rolls over to the dearer ones; one
     that cannot fit :data:`MIN_RUNS` is skipped (planned 0 runs, and named).
-
-    Example:
-        >>> plan, skipped = plan_runs({1: (0.9, 0.8), 32: (27.0, 26.0)}, 100, 40.0)
-        >>> [(c.batch_size, c.runs) for c in plan]
-        [(32, 0), (1, 24)]
-        >>> skipped[0].reason
-        'batch 32 skipped: one run takes 27 s (original) and 26 s (optimized), 5 runs ...'
     """
     fixed = fixed or {}
     if left_seconds is None:
@@ -595,12 +543,6 @@ def benchmark_in_fresh_process(before_dir: str, after_dir: str, tags: frozenset[
     with TF Serving come from a process configured like the server. ``schedule``,
     ``inputs`` and ``progress`` as :func:`benchmark`'s (the deadline counts the
     process's start).
-
-    Example:
-        >>> benchmark_in_fresh_process("exports/1", "models/clf/1", frozenset({"serve"}),
-        ...                            "serving_default",
-        ...                            schedule=BenchmarkSchedule(runs=50)).speedup(32)
-        1.3
     """
     examples, shapes = inputs.examples, inputs.shapes
     (result,) = measuring.run_jobs([{

@@ -49,10 +49,6 @@ class ColdStart:
     ``stages`` holds ``(stage, peak bytes so far, bytes held)`` after each stage of the
     load (``runtime``, ``graph``, ``restore``, ``init op``, ``warmup``, ``first
     request``): a stage whose peak is far above what it holds made a transient copy.
-
-    Example:
-        >>> ColdStart(0.8, 0.02, 700 << 20, 450 << 20).peak_rss_bytes
-        734003200
     """
 
     load_seconds: float
@@ -75,10 +71,6 @@ class ColdStartReport:
 
     def ratio(self, measure: str) -> float:
         """``after / before`` for one of ColdStart's fields.
-
-        Example:
-            >>> report.ratio("peak_rss_bytes")
-            0.42
         """
         before = getattr(self.before, measure)
         return getattr(self.after, measure) / before if before else 1.0
@@ -97,12 +89,6 @@ def measure(reference_dir: str, candidate_dir: str, tags: frozenset[str], signat
     """Loads each model ``rounds`` times in fresh processes, alternating, and runs one request.
 
     ``feeds`` maps the signature's input aliases to numpy arrays (one request).
-
-    Example:
-        >>> r = measure("build/sample/1", "build/opt/1", frozenset({"serve"}),
-        ...             "serving_default", {"inputs": examples})
-        >>> r.after.load_seconds < r.before.load_seconds
-        True
     """
     scratch = tempfile.mkdtemp(prefix="serving-opt-coldstart-")
     try:
@@ -137,10 +123,6 @@ def measure(reference_dir: str, candidate_dir: str, tags: frozenset[str], signat
 
 def summarize_runs(runs: list[dict]) -> ColdStart:
     """The median of each measure over :func:`cold_start_job` results of one model.
-
-    Example:
-        >>> summarize_runs([cold_start_job(job)]).steady_rss_bytes > 0
-        True
     """
     stages = []
     names = [name for name, _, _ in runs[0].get("stages", ())]
@@ -162,11 +144,6 @@ def cold_start_job(job: dict) -> dict:
     """In a measuring process's child: load like TF Serving (session loader: graph,
     restore, init op; then the model's warmup requests), answer one request, and report
     the times and the memory after each stage.
-
-    Example:
-        >>> cold_start_job({"model": "build/opt/1", "tags": ["serve"],
-        ...                 "signature": "serving_default", "feeds": "feeds.pkl"})["stages"][0][0]
-        'runtime'
     """
     import numpy as np
     import tensorflow as tf

@@ -62,10 +62,6 @@ _VARIABLE_WRITE_OPS = frozenset({
 @dataclass(frozen=True)
 class FreezeInfo:
     """What freezing did, for the report.
-
-    Example:
-        >>> info.variables_frozen
-        14
     """
 
     variables_frozen: int
@@ -84,10 +80,6 @@ class FreezeInfo:
 
 def variable_sizes(graph_def) -> dict[str, int]:
     """Bytes each variable will take as a constant, from its declared shape and dtype.
-
-    Example:
-        >>> variable_sizes(graph_def)["hidden/kernel"]
-        576
     """
     from tensorflow.python.framework import dtypes, tensor_shape
 
@@ -115,10 +107,6 @@ def asset_variables(graph_def, asset_nodes) -> frozenset[str]:
     ``tf.saved_model.save`` stores each asset path in a string variable that the init
     op assigns from the asset placeholder the loader feeds. Frozen, it would hold the
     path the *source* was loaded from; kept, it keeps following the model's own assets.
-
-    Example:
-        >>> asset_variables(graph_def, ["asset_path_initializer"])
-        frozenset({'Variable'})
     """
     nodes = {n.name: n for n in graph_def.node}
     assets = set(asset_nodes)
@@ -138,11 +126,6 @@ def asset_variables(graph_def, asset_nodes) -> frozenset[str]:
 
 def check_protobuf_limit(sizes: dict[str, int], limit_bytes: int = PROTOBUF_LIMIT_BYTES) -> None:
     """Refuses to freeze what cannot be serialized: a GraphDef above 2 GiB.
-
-    Example:
-        >>> check_protobuf_limit({"emb": 3 * 2**30})
-        Traceback (most recent call last):
-        ServingOptError: variable emb is 3.00 GiB as a constant, ...
     """
     budget = limit_bytes - min(_GRAPH_MARGIN_BYTES, limit_bytes // 32)
     for name, size in sorted(sizes.items(), key=lambda kv: -kv[1]):
@@ -166,10 +149,6 @@ def choose_kept(sizes: dict[str, int], max_bytes: int,
                 limit_bytes: int = PROTOBUF_LIMIT_BYTES) -> dict[str, str]:
     """Which variables stay variables, and why: those above ``max_bytes``, then the
     largest remaining ones until what is frozen fits under the protobuf limit.
-
-    Example:
-        >>> choose_kept({"emb": 1 << 30, "dense": 1 << 16}, max_bytes=10 << 20)
-        {'emb': '1.0 GiB, above --freeze_max_bytes (10.0 MiB)'}
     """
     from serving_opt.core.rendering import human_bytes
 
@@ -220,11 +199,6 @@ def rewrite_init_op(graph_def, init_op: str,
     asset-path variables the init op assigns from the fed asset tensor) are kept.
     Returns ``(graph_def, kept_ops, dropped_ops)``; the init op keeps its name so
     the SavedModel's main_op / ``__saved_model_init_op`` still point at it.
-
-    Example:
-        >>> gd, kept, dropped = rewrite_init_op(graph_def, "group_deps")
-        >>> kept
-        ['word_lookup/hash_table/table_init/LookupTableImportV2']
     """
     from tensorflow.core.framework import graph_pb2
 
@@ -268,10 +242,6 @@ def restore_control_inputs(original, frozen) -> int:
     assertion: dropped, the original rejects a bad input and the frozen model answers it.
     A control input is put back where its node is still in the frozen graph and is no
     variable write (those cannot run on a constant). Changes ``frozen`` in place.
-
-    Example:
-        >>> restore_control_inputs(graph_def, frozen_graph_def)
-        1
     """
     wanted = {n.name: [i for i in n.input if i.startswith("^")] for n in original.node}
     frozen_nodes = {n.name: n for n in frozen.node}
@@ -338,10 +308,6 @@ def rewrite_resource_reads_in_functions(graph_def) -> int:
     (tensorflow#53569, the embedding-model freezing failure). ``ReadVariableOp`` +
     ``GatherV2`` computes the same, and freezes. Changes ``graph_def`` in place and
     returns the number of nodes rewritten.
-
-    Example:
-        >>> rewrite_resource_reads_in_functions(keras_embedding_graph_def)
-        2
     """
     from tensorflow.core.framework import node_def_pb2, types_pb2
 
@@ -420,12 +386,6 @@ def freeze_session_model(
     limit, the largest others) stay variables: their values are saved there as a new
     checkpoint and a saver restoring them is added to the graph. Without it every
     variable is frozen, and one that cannot be is an error.
-
-    Example:
-        >>> graph, info = freeze_session_model("build/sample/1", frozenset({"serve"}),
-        ...                                    ["serving_default", "predict"])
-        >>> sorted(graph.signature_defs)
-        ['predict', 'serving_default']
     """
     import tensorflow as tf
 
@@ -559,10 +519,6 @@ def load_unfrozen(
 
     Transforms and Grappler still run, but cannot fold through weights; the saver
     and the checkpoint are carried over unchanged.
-
-    Example:
-        >>> load_unfrozen("build/sample/1", frozenset({"serve"}), ["predict"]).variables_dir
-        'build/sample/1/variables'
     """
     import os
 

@@ -40,10 +40,6 @@ KNOWN_PASSES = frozenset({
 
 def parse_passes(spec: str | None) -> tuple[str, ...]:
     """Parses ``--grappler``: a comma list, "default", or "none".
-
-    Example:
-        >>> parse_passes("constfold, arithmetic")
-        ('constfold', 'arithmetic')
     """
     if spec is None or spec.strip().lower() == "default":
         return DEFAULT_PASSES
@@ -67,11 +63,6 @@ def with_default_attrs(graph_def):
     since TF 1.9) leave a ``Placeholder`` of unknown shape without its ``shape`` attr,
     and Grappler's item builder then fails with "Failed to import metagraph" (seen on a
     TF 1.x export kept with its variables).
-
-    Example:
-        >>> [n.attr["shape"].shape.unknown_rank for n in with_default_attrs(gd).node
-        ...  if n.op == "Placeholder"]
-        [True]
     """
     from tensorflow.core.framework import graph_pb2
     from tensorflow.python.framework import op_def_registry
@@ -95,11 +86,6 @@ def run_grappler(
     graph: ServingGraph, passes: tuple[str, ...], rounds: int = DEFAULT_ROUNDS
 ) -> ServingGraph:
     """Runs the given Grappler passes ``rounds`` times, keeping every protected node.
-
-    Example:
-        >>> optimized = run_grappler(frozen, ("constfold", "arithmetic"))
-        >>> optimized.node_count() <= frozen.node_count()
-        True
     """
     if not passes:
         return graph
@@ -188,11 +174,6 @@ def inline_functions(graph: ServingGraph) -> tuple[ServingGraph, int]:
     their names (as ``IdentityN``/``NoOp``), so signatures, the init op and table
     initializers still resolve. tf.cond/tf.while_loop stay functional (``If``,
     ``While`` with their bodies in the library). Returns ``(graph, calls_inlined)``.
-
-    Example:
-        >>> inlined, count = inline_functions(frozen_keras_graph)
-        >>> count, function_calls(inlined.graph_def)
-        (2, [])
     """
     calls = function_calls(graph.graph_def)
     if not calls:

@@ -78,10 +78,6 @@ class OutputParity:
 @dataclass(frozen=True)
 class ParityReport:
     """The gate's verdict, with per-output numbers and where the inputs came from.
-
-    Example:
-        >>> report.ok
-        True
     """
 
     ok: bool
@@ -100,10 +96,6 @@ class ParityReport:
 
     def summary(self) -> str:
         """One line naming the worst failure, or the number of outputs checked.
-
-        Example:
-            >>> report.summary()
-            'parity ok: 7 outputs of 3 signatures match (max abs diff 4.8e-07)'
         """
         if self.ok:
             worst = max((o.max_abs_diff for o in self.outputs), default=0.0)
@@ -123,10 +115,6 @@ class ParityReport:
     def inputs_note(self) -> str:
         """``; inputs: predict synthesized (batch 1)``: the signatures whose inputs were not
         synthesized as declared (the original refused those), or nothing.
-
-        Example:
-            >>> report.inputs_note()
-            '; inputs: serving_default synthesized (scalars)'
         """
         other = [f"{key} {source}" for key, source in sorted(self.input_sources.items())
                  if source != inputs_lib.SYNTHESIZED and inputs_lib.is_synthesized(source)]
@@ -269,10 +257,6 @@ class ParityInputs:
     from the signatures), ``num_batches`` batches of ``batch_size`` rows, the synthesis
     ``seed``, and ``shapes`` ({key: {alias: shape}}, ``--input_shapes``) that synthesized
     inputs take.
-
-    Example:
-        >>> ParityInputs(batch_size=8, num_batches=1).seed
-        0
     """
 
     user_inputs: UserInputs | None = None
@@ -294,14 +278,6 @@ def check_parity(
     lossy: LossyGate | None = None,
 ) -> ParityReport:
     """Runs every signature of both models on the same inputs and compares the outputs.
-
-    Example:
-        >>> check_parity("build/sample/1", "build/optimized/1", frozenset({"serve"}),
-        ...              ["serving_default"]).ok
-        True
-        >>> check_parity(..., inputs=ParityInputs(user_inputs=examples, batch_size=1),
-        ...              lossy=LossyGate()).ok
-        False
     """
     # One model in memory at a time: for a 1 GB model, two at once would double the
     # optimizer's peak. The original's answers are kept (they are small), then compared.

@@ -49,9 +49,6 @@ _INT4_ZERO = 8
 @dataclass(frozen=True)
 class QuantizedTensor:
     """One weight stored quantized, for the report.
-
-    Example:
-        >>> QuantizedTensor("emb", "int8", "per request, gathered rows only", 4096, 1024)
     """
 
     name: str
@@ -115,11 +112,6 @@ def quantize_rows_int4(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     unpacking a gathered row is then two integer ops and a concat along its last axis, no
     interleaving reshape. Quantized ``_CHUNK_ROWS`` rows at a time, so a 1 GB table never
     needs a float temporary of its own size.
-
-    Example:
-        >>> packed, scales = quantize_rows_int4(np.array([[0.8, -1.4, 0.0]], np.float32))
-        >>> packed.tolist(), scales.tolist()     # nibbles 12, 1, 8 and the padding 8
-        ([[140, 129]], [0.20000000298023224])
     """
     rows, dim = table.shape
     half = (dim + 1) // 2
@@ -140,10 +132,6 @@ def quantize_rows_int4(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def dequantize_rows_int4(packed: np.ndarray, scales: np.ndarray, dim: int) -> np.ndarray:
     """The float32 rows :func:`quantize_rows_int4` stored (numpy; what the graph computes
     for the rows it gathers).
-
-    Example:
-        >>> dequantize_rows_int4(*quantize_rows_int4(np.array([[0.8, -1.4, 0.0]])), 3)
-        array([[ 0.8, -1.4,  0. ]], dtype=float32)
     """
     nibbles = np.concatenate([packed & 15, packed >> 4], axis=-1)[..., :dim]
     return (nibbles.astype(np.float32) - _INT4_ZERO) * scales[..., None]
@@ -352,11 +340,6 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
     int4 is always tables only (2-D tables: the packed rows unpack along their last
     axis). ``skipped`` (if given) receives ``(name, bytes)`` of every large float
     weight left float that way, for the warning.
-
-    Example:
-        >>> graph, done = quantize(graph, "int8", 16384, "/models/clf/.staging-q")
-        >>> done[0].dequantized
-        'per request, gathered rows only'
     """
     import tensorflow as tf
     from tensorflow.core.framework import types_pb2

@@ -13,12 +13,6 @@ A measure that looks worse is measured again before it counts (a busy machine ca
 one fresh process by more than the tolerance); only what looked worse is measured again
 (:func:`to_remeasure`): the cold start if one of its figures did, and only the batch
 sizes whose latency did.
-
-Example:
-    >>> regressions(cold, bench)
-    ['load time 12.84x the original (1.80 s -> 23.11 s)']
-    >>> to_remeasure(["p50 at batch 32 1.31x the original (0.30 ms -> 0.39 ms)"])
-    Remeasure(cold_start=False, batch_sizes=(32,))
 """
 
 from __future__ import annotations
@@ -59,10 +53,6 @@ def regressions(cold=None, bench=None, tolerance: float = DEFAULT_TOLERANCE,
 
     ``cold`` is a :class:`~serving_opt.stages.coldstart.ColdStartReport`, ``bench`` a
     :class:`~serving_opt.stages.benchmark.BenchmarkReport`; either may be None.
-
-    Example:
-        >>> regressions(cold, None, tolerance=1.1)
-        ['serving peak RSS 9.10x the original (1583 MiB -> 14406 MiB)']
     """
     found: list[str] = []
 
@@ -95,10 +85,6 @@ def regressions(cold=None, bench=None, tolerance: float = DEFAULT_TOLERANCE,
 
 def measure_of(line: str) -> str:
     """The measure a regression line names: ``'load time 12.84x the ...'`` -> ``'load time'``.
-
-    Example:
-        >>> measure_of("p50 at batch 32 1.31x the original (0.30 ms -> 0.39 ms)")
-        'p50 at batch 32'
     """
     return line.split(" the original")[0].rsplit(" ", 1)[0]
 
@@ -115,12 +101,6 @@ class Remeasure:
 
 def to_remeasure(worse: list[str]) -> Remeasure:
     """The measurements that can confirm the regression lines ``worse``, and no others.
-
-    Example:
-        >>> to_remeasure(["first request 1.40x the original (50 ms -> 70 ms)",
-        ...               "p99 at batch 1 1.31x the original (0.30 ms -> 0.39 ms)",
-        ...               "p50 at batch 1 1.20x the original (0.20 ms -> 0.24 ms)"])
-        Remeasure(cold_start=True, batch_sizes=(1,))
     """
     batches = [batch_of(line) for line in worse if is_steady_state(line)]
     return Remeasure(cold_start=any(not is_steady_state(line) for line in worse),
@@ -130,12 +110,6 @@ def to_remeasure(worse: list[str]) -> Remeasure:
 def confirmed(worse: list[str], again: list[str]) -> list[str]:
     """The lines of the second measurement (``again``) about a measure the first one
     found worse: a measure worse only the second time was not confirmed.
-
-    Example:
-        >>> confirmed(["load time 1.40x the original (1.00 s -> 1.40 s)"],
-        ...           ["load time 1.30x the original (1.00 s -> 1.30 s)",
-        ...            "first request 1.20x the original (50 ms -> 60 ms)"])
-        ['load time 1.30x the original (1.00 s -> 1.30 s)']
     """
     first = {measure_of(line) for line in worse}
     return [line for line in again if measure_of(line) in first]
@@ -143,10 +117,6 @@ def confirmed(worse: list[str], again: list[str]) -> list[str]:
 
 def batch_of(line: str) -> int | None:
     """The batch size a steady-state regression line is about (None: not one).
-
-    Example:
-        >>> batch_of("p50 at batch 32 1.31x the original (0.30 ms -> 0.39 ms)")
-        32
     """
     measure = measure_of(line)
     if not is_steady_state(line) or " at batch " not in measure:
@@ -157,9 +127,5 @@ def batch_of(line: str) -> int | None:
 
 def is_steady_state(line: str) -> bool:
     """Whether a regression line is about steady-state latency (p50/p99), not cold start.
-
-    Example:
-        >>> is_steady_state("p99 at batch 1 1.31x the original (0.30 ms -> 0.39 ms)")
-        True
     """
     return measure_of(line).startswith(("p50 ", "p99 "))

@@ -88,10 +88,6 @@ def constant_adds_to_bias_adds(graph: ServingGraph) -> tuple[ServingGraph, int]:
     loads the model, fuses Conv2D + BiasAdd (+ Relu/Relu6) into one kernel and leaves
     the Add alone (about 10% of MobileNetV2's latency here). Returns the new graph and
     the number of Adds rewritten; ``graph`` itself is left as it was.
-
-    Example:
-        >>> constant_adds_to_bias_adds(folded)[1]
-        84
     """
     graph_def = type(graph.graph_def)()
     graph_def.CopyFrom(graph.graph_def)

@@ -24,11 +24,6 @@ def check_loads_in_tf2(candidate_dir: str, reference_dir: str, tags: frozenset[s
     loads a copy whose large constants are stored as one broadcast zero: a second
     full load would cost as much as the parity gate. A model whose source does not
     load this way either is not held to it.
-
-    Example:
-        >>> check_loads_in_tf2("models/clf/.staging", "exports/1", frozenset({"serve"}),
-        ...                    {"serving_default": sig})
-        'loads with tf.saved_model.load (1 signatures)'
     """
     import gc
     import shutil

@@ -115,11 +115,6 @@ def parse_transforms(spec: str) -> tuple[Transform, ...]:
 
     Same syntax as the original tool: whitespace-separated names, optional
     ``(arg=value, ...)``, repeated arguments allowed, values may be double-quoted.
-
-    Example:
-        >>> [t.spec() for t in parse_transforms(
-        ...     'remove_nodes(op=Identity, op=CheckNumerics) strip_unused_nodes(shape="1,2")')]
-        ['remove_nodes(op=Identity, op=CheckNumerics)', 'strip_unused_nodes(shape="1,2")']
     """
     transforms: list[Transform] = []
     i, n = 0, len(spec)
@@ -319,11 +314,6 @@ def apply_transforms(graph: ServingGraph, transforms: tuple[Transform, ...],
     With ``trace`` (a list), ``("", the GraphDef the first pass gets)`` and then
     ``(spec, GraphDef after it)`` per pass (per shared call for graphs over
     :data:`TRACE_MAX_BYTES`) are appended, for :func:`savedmodel.graph_diff.diff_passes`.
-
-    Example:
-        >>> out = apply_transforms(frozen, parse_transforms("fold_constants fold_batch_norms"))
-        >>> out.node_count() < frozen.node_count()
-        True
     """
     from tensorflow.core.framework import graph_pb2, types_pb2
 
@@ -441,20 +431,12 @@ def _never_fold(transform: Transform, op_types: list[str]) -> Transform:
 
 def describe(transforms: tuple[Transform, ...]) -> str:
     """Canonical one-line spec, for reports.
-
-    Example:
-        >>> describe(parse_transforms("fold_constants  fold_batch_norms"))
-        'fold_constants fold_batch_norms'
     """
     return " ".join(t.spec() for t in transforms)
 
 
 def resolve_spec(spec: str | None) -> tuple[Transform, ...]:
     """``None``/"default" is the lossless preset, "none" (or empty) applies nothing.
-
-    Example:
-        >>> resolve_spec("none")
-        ()
     """
     if spec is None or spec.strip().lower() == "default":
         return parse_transforms(DEFAULT_TRANSFORMS)

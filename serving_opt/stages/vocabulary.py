@@ -29,11 +29,6 @@ vocabulary's own fingerprints are checked to be distinct, else the table is left
 is. The words and line numbers come from the real table (built here by TensorFlow with
 the model's own attributes and exported), so the file is read exactly as the server
 would read it.
-
-Example:
-    >>> graph, compacted = compact_vocabularies(graph, 16384, "/models/clf/.staging-v")
-    >>> compacted[0].entries
-    1000000
 """
 
 from __future__ import annotations
@@ -60,10 +55,6 @@ WORDS_PER_RANGE = 16  # at most, on average: a range's start is a quarter byte a
 @dataclass(frozen=True)
 class CompactVocabulary:
     """One vocabulary table stored as sorted fingerprints, for the report.
-
-    Example:
-        >>> CompactVocabulary("string_to_index/hash_table", 1000000, 12500200).entries
-        1000000
     """
 
     table: str
@@ -251,11 +242,6 @@ def _lookup(find, fp_var: str, ids_var: str, starts_var: str, shift: int, span: 
 def compact_vocabularies(graph, min_entries: int, work_dir: str) -> tuple:
     """Stores every vocabulary file table of at least ``min_entries`` words as sorted
     fingerprints (see the module); returns ``(graph, [CompactVocabulary])``.
-
-    Example:
-        >>> graph, compacted = compact_vocabularies(graph, 16384, "/models/clf/.staging-v")
-        >>> compacted[0].bytes_after
-        12500200
     """
     import tensorflow as tf
     from tensorflow.core.framework import types_pb2

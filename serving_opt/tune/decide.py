@@ -11,12 +11,6 @@ on this hardware.
 When the tuned setting needs thread flags, its batching file alone (TensorFlow's
 default threads) is measured in the same rounds: a batching file is often applied
 without the flags next to it, and it must not be worse than upstream's defaults then.
-
-Example:
-    >>> ratio_interval([200, 210, 190], [100, 100, 100])
-    Interval(mean=2.0, low=1.75..., high=2.24..., rounds=3)
-    >>> ratio_interval([101], [100]).low     # one round: no interval, no claim
-    -inf
 """
 
 from __future__ import annotations
@@ -33,10 +27,6 @@ _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
 
 def t975(df: int) -> float:
     """Student's t quantile at 0.975 for ``df`` degrees of freedom (table, conservative).
-
-    Example:
-        >>> t975(2)
-        4.303
     """
     if df < 1:
         return math.inf
@@ -56,10 +46,6 @@ class Interval(NamedTuple):
 
     def describe(self) -> str:
         """``x1.12 (x1.03-x1.21 over 3 interleaved rounds)``.
-
-        Example:
-            >>> Interval(1.1, 1.0, 1.2, 3).describe()
-            'x1.10 (x1.00-x1.20 over 3 interleaved rounds)'
         """
         if self.rounds < 2:
             return f"x{self.mean:.2f} (one round: no interval)"
@@ -70,10 +56,6 @@ class Interval(NamedTuple):
 def ratio_interval(tuned: list[float], upstream: list[float]) -> Interval:
     """The per-round ratios ``tuned[i] / upstream[i]``: their mean and 95% interval.
     Fewer than two rounds give no interval (-inf to inf): one number is no evidence.
-
-    Example:
-        >>> ratio_interval([110, 90], [100, 100]).mean
-        1.0
     """
     ratios = [t / u if u > 0 else (math.inf if t > 0 else 1.0)
               for t, u in zip(tuned, upstream)]
@@ -94,10 +76,6 @@ class Decision:
     ``rows`` maps each contender's label to its rows/s per round; ``p99_ms`` likewise.
     ``tuned_wins``: the interval of tuned / upstream lies above 1. ``alone_worse``: the
     batching file without the thread flags measured below upstream's defaults (mean).
-
-    Example:
-        >>> decision.tuned_wins, decision.vs_upstream.describe()
-        (True, 'x1.31 (x1.12-x1.50 over 3 interleaved rounds)')
     """
 
     workload: str
@@ -147,9 +125,5 @@ class Decision:
 def order(round_index: int, labels: list[str]) -> list[str]:
     """The contenders' order in round ``round_index``: forwards, then backwards, so
     that a steady drift costs each the same over two rounds.
-
-    Example:
-        >>> order(0, ["u", "t"]), order(1, ["u", "t"])
-        (['u', 't'], ['t', 'u'])
     """
     return list(labels) if round_index % 2 == 0 else list(reversed(labels))

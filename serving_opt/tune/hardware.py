@@ -5,11 +5,6 @@ on an AVX-512 machine and on an AVX2 one, and TensorFlow picks oneDNN's or Eigen
 kernels by the CPU and ``TF_ENABLE_ONEDNN_OPTS``. So the report names the CPU model, its
 vector extensions, the kernels the server's TensorFlow ran and the cores, and warns
 that the recommendation holds for that hardware only.
-
-Example:
-    >>> hw = here(kernels="Eigen", env=(("TF_ENABLE_ONEDNN_OPTS", "0"),))
-    >>> hw.describe()
-    'AMD EPYC, 2 cores, AVX2 FMA (no AVX-512), Eigen kernels (TF_ENABLE_ONEDNN_OPTS=0)'
 """
 
 from __future__ import annotations
@@ -41,10 +36,6 @@ class Hardware:
     ``kernels`` is what the server's TensorFlow reported ("oneDNN" or "Eigen", "" when
     unknown); ``onednn_opts`` the ``TF_ENABLE_ONEDNN_OPTS`` it ran with (None: unset,
     TensorFlow's own choice by CPU).
-
-    Example:
-        >>> Hardware("AMD EPYC", ("AVX", "AVX2", "FMA"), 2, 2, "Eigen", "0").avx512
-        False
     """
 
     cpu_model: str
@@ -61,10 +52,6 @@ class Hardware:
 
     def describe(self) -> str:
         """One line: ``AMD EPYC, 2 cores, AVX2 FMA (no AVX-512), Eigen kernels (...)``.
-
-        Example:
-            >>> Hardware("Xeon", ("AVX2", "AVX-512F"), 4, 8, "oneDNN").describe()
-            'Xeon, 4 of 8 cores, AVX2 AVX-512F, oneDNN kernels (TF_ENABLE_ONEDNN_OPTS unset)'
         """
         cores_text = (f"{self.cores} cores" if self.cores == self.cpus
                       else f"{self.cores} of {self.cpus} cores")
@@ -79,10 +66,6 @@ class Hardware:
 
     def warning(self) -> str:
         """The sentence every report carries: this result is this hardware's.
-
-        Example:
-            >>> "holds for this hardware only" in hw.warning()
-            True
         """
         return (f"the recommendation holds for this hardware only ({self.cpu_model}, "
                 f"{self.cores} cores, {self.kernels or 'unknown'} kernels): batching gains "
@@ -112,10 +95,6 @@ def here(kernels: str = "", env: tuple[tuple[str, str | None], ...] = (),
          cpuinfo: str = "/proc/cpuinfo") -> Hardware:
     """This machine, with the kernels and the environment the server ran TensorFlow with
     (the profile's ``kernels`` and ``env``).
-
-    Example:
-        >>> here("Eigen").kernels
-        'Eigen'
     """
     model, found = _cpuinfo(cpuinfo)
     model = model or platform.processor() or platform.machine() or "unknown CPU"

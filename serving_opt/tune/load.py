@@ -16,13 +16,6 @@ bytes out: the client does not parse what it sends or receives), REST through
 HTTP/1.1 keep-alive connections of its own. Every run is bounded: ``warmup`` seconds
 not counted, then ``duration`` seconds measured, then requests still in flight are
 given ``timeout`` seconds and cancelled.
-
-Example:
-    >>> target = Target("grpc", "127.0.0.1:8500", "/tensorflow.serving.PredictionService/"
-    ...                 "Predict", (request.SerializeToString(),), rows_per_request=1)
-    >>> result = run(target, Load("closed", clients=16, duration=5.0))
-    >>> result.rows_per_second > 0
-    True
 """
 
 from __future__ import annotations
@@ -59,9 +52,6 @@ class Target:
 
     ``payloads`` are serialized PredictRequests (gRPC) or JSON bodies (REST); ``path``
     is the gRPC method or the REST path (``/v1/models/m:predict``).
-
-    Example:
-        >>> Target("rest", "127.0.0.1:8501", "/v1/models/m:predict", (b'{"inputs": ...}',))
     """
 
     protocol: str
@@ -74,9 +64,6 @@ class Target:
 @dataclass(frozen=True)
 class Load:
     """One load point: closed loop with ``clients``, or open loop at ``rate`` requests/s.
-
-    Example:
-        >>> Load("open", rate=200.0, duration=10.0)
     """
 
     mode: str = "closed"
@@ -98,10 +85,6 @@ class LoadResult:
     ``rejected`` is what the batcher refused (UNAVAILABLE, HTTP 503) and ``shed`` what the
     open-loop client did not send (MAX_IN_FLIGHT reached). Latencies are of answered
     requests, in milliseconds.
-
-    Example:
-        >>> result.requests_per_second, result.p99_ms
-        (412.0, 71.5)
     """
 
     protocol: str
@@ -133,11 +116,6 @@ class LoadResult:
 
 def check_load(load: Load) -> None:
     """Raises ServingOptError naming what is wrong with ``load``.
-
-    Example:
-        >>> check_load(Load("open", rate=0))
-        Traceback (most recent call last):
-        ServingOptError: an open-loop load needs a rate > 0 requests/s; ...
     """
     if load.mode not in MODES:
         raise ServingOptError(f"load mode {load.mode!r} is not closed or open",
@@ -156,10 +134,6 @@ def check_load(load: Load) -> None:
 
 def run(target: Target, load: Load, timeout: float | None = None) -> LoadResult:
     """Runs one load point in a fresh generator process; returns what it measured.
-
-    Example:
-        >>> run(target, Load("closed", clients=4, duration=2.0)).ok > 0
-        True
     """
     with Generator() as generator:
         return generator.run(target, load, timeout)
@@ -167,11 +141,6 @@ def run(target: Target, load: Load, timeout: float | None = None) -> LoadResult:
 
 class Generator:
     """A generator process kept for many load points (Python and grpc start once).
-
-    Example:
-        >>> with Generator() as generator:
-        ...     first = generator.run(target, Load("closed", clients=1))
-        ...     second = generator.run(target, Load("closed", clients=16))
     """
 
     def __init__(self) -> None:

@@ -11,12 +11,6 @@ Each field with ``help`` is a flag of
 
 Every bad value is a UsageError naming the flag and the fix, raised by
 :func:`check_options` before anything is measured.
-
-Example:
-    >>> check_options(TuneOptions(workload=WorkloadOptions(clients=16, slo_p99_ms=250)))
-    >>> check_options(TuneOptions(workload=WorkloadOptions(slo_p99_ms=250)))
-    Traceback (most recent call last):
-    UsageError: nothing to tune for: give --clients=N (closed loop) and/or --rate=R ...
 """
 
 from __future__ import annotations
@@ -39,10 +33,6 @@ MAX_SECONDS = 24 * 3600
 
 def parse_int_list(text: str, flag: str) -> tuple[int, ...] | None:
     """``"auto"`` -> None; ``"0,1,2"`` -> (0, 1, 2); anything else a UsageError.
-
-    Example:
-        >>> parse_int_list("1,2", "--tensorflow_intra_op_parallelism")
-        (1, 2)
     """
     if text.strip().lower() == "auto":
         return None
@@ -59,10 +49,6 @@ def parse_int_list(text: str, flag: str) -> tuple[int, ...] | None:
 
 def check_padding(text: str) -> str:
     """``none``, ``pow2`` or an increasing list of row counts.
-
-    Example:
-        >>> check_padding("8, 16,32")
-        '8,16,32'
     """
     if text in ("none", "pow2"):
         return text
@@ -96,9 +82,6 @@ def _within(name: str, value: float, low: float, high: float, example: str) -> N
 @dataclass(frozen=True)
 class WorkloadOptions:
     """The load tune is asked to serve, and its objective (``optimize --tune`` shares it).
-
-    Example:
-        >>> WorkloadOptions(clients=16, slo_p99_ms=100).check()
     """
 
     # The flag has no default: an objective is the user's to give (a required flag).
@@ -132,9 +115,6 @@ class WorkloadOptions:
 @dataclass(frozen=True)
 class ModelOptions:
     """Which model, which version, and how its clients call it.
-
-    Example:
-        >>> ModelOptions(signature_name="predict", examples="requests.jsonl")
     """
 
     model_name: str | None = _opt(None, "Model name (default: the base's directory name).")
@@ -241,9 +221,6 @@ class ServerOptions:
 
     ``current_parameters_file``: a BatchingParameters file in use today, proven next to
     the tuned one.
-
-    Example:
-        >>> ServerOptions(server="local", protocols=("grpc",))
     """
 
     protocols: tuple[str, ...] = _opt(PROTOCOLS, "Load over grpc, rest or both.",
@@ -269,10 +246,6 @@ class ServerOptions:
     def docker_image(self) -> str:
         """The image ``--server=docker`` runs: ``--image`` when given, else the
         ``--serving_version`` release's (``tensorflow/serving:<version>``).
-
-        Example:
-            >>> ServerOptions(serving_version="2.15.1").docker_image()
-            'tensorflow/serving:2.15.1'
         """
         if self.serving_version is None or self.image != backends.DEFAULT_IMAGE:
             return self.image
@@ -307,9 +280,6 @@ TRUST_FLAGS_SKIPPED = ("sandbox_memory_bytes",)
 @dataclass(frozen=True, init=False)
 class TuneOptions(OptionTree):
     """Options of ``serving-opt tune``: one group per concern.
-
-    Example:
-        >>> TuneOptions(workload=WorkloadOptions(clients=4), serving=ServerOptions(server="local"))
     """
 
     workload: WorkloadOptions = field(default_factory=WorkloadOptions)
@@ -328,12 +298,6 @@ class TuneOptions(OptionTree):
 
     def check(self) -> None:
         """UsageError for the first bad option, before any work.
-
-        Example:
-            >>> TuneOptions(workload=WorkloadOptions(clients=4),
-            ...             budget=BudgetOptions(rounds=999)).check()
-            Traceback (most recent call last):
-            UsageError: --rounds=999 must be within [1, 100]
         """
         self.workload.check()
         self.budget.check()
@@ -344,11 +308,6 @@ class TuneOptions(OptionTree):
 
 def check_options(options: TuneOptions) -> None:
     """Raises UsageError for the first bad option (before any work).
-
-    Example:
-        >>> check_options(TuneOptions(workload=WorkloadOptions(clients=0, rate=0)))
-        Traceback (most recent call last):
-        UsageError: nothing to tune for: ...
     """
     if not isinstance(options, TuneOptions):
         raise UsageError(f"tune options are a {type(options).__name__}, not TuneOptions",

@@ -20,10 +20,6 @@ naming them (the report says so in its first lines too).
   batch size. PNG with matplotlib (``pip install matplotlib``), else the same as SVG.
 
 Every file is written whole and renamed into place.
-
-Example:
-    >>> write(report, "build/tune")["batching_parameters"]
-    'build/tune/batching_parameters.txt'
 """
 
 from __future__ import annotations
@@ -46,9 +42,6 @@ CONTAINER_CONFIG = "/config"
 
 def prepare(output_dir: str) -> None:
     """Creates ``output_dir`` and checks it is writable, before any work.
-
-    Example:
-        >>> prepare("build/tune")
     """
     try:
         os.makedirs(output_dir, exist_ok=True)
@@ -71,10 +64,6 @@ def _write(path: str, data: str | bytes) -> str:
 
 def write(report: TuneReport, output_dir: str) -> dict[str, str]:
     """Writes every output; returns {what: path}.
-
-    Example:
-        >>> sorted(write(report, "build/tune"))
-        ['batching_parameters', 'chart', 'docker_compose', ...]
     """
     prepare(output_dir)
     out: dict[str, str] = {}
@@ -100,10 +89,6 @@ def parameters_file(report: TuneReport) -> str:
     """batching_parameters.txt: the recommended parameters; when they were measured worse
     than upstream's defaults without the thread flags, a header says which flags they
     need (text-proto comments: TF Serving reads the file as before).
-
-    Example:
-        >>> parameters_file(report).splitlines()[0]
-        'max_batch_size { value: 16 }'
     """
     rec = report.recommendation
     decision = report.decision
@@ -121,14 +106,6 @@ def model_config(report: TuneReport) -> str:
     """A ``--model_config_file`` ModelServerConfig serving the tuned model, with the rest
     of the recommended flags in a comment (batching and threads are server flags, not
     model config fields).
-
-    Example:
-        >>> print(model_config(report))
-        # serving-opt tune: ...
-        model_config_list {
-          config {
-            name: 'mnv2'
-        ...
     """
     rec = report.recommendation
     rest = [f for f in rec.flags

@@ -5,11 +5,6 @@ when given, else synthesized from the signature): several distinct requests of
 ``rows_per_request`` rows each, cycled by the clients. gRPC carries numbers as
 ``tensor_content`` (what ``tf.make_tensor_proto`` writes, as production clients do);
 REST carries the columnar ``inputs`` form, strings as ``{"b64": ...}``.
-
-Example:
-    >>> grpc_payloads, rest_payloads = build("/models/m/1", "m", 1, "serving_default", 1)
-    >>> len(grpc_payloads)
-    8
 """
 
 from __future__ import annotations

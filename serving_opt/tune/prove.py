@@ -56,9 +56,6 @@ _OWN_FLAGS = ("--port", "--rest_api_port", "--model_name", "--model_base_path")
 class Deployed:
     """A deployment set as tune writes it: the batching file's text ('' for none) and
     the ``tensorflow_model_server`` flags (those of tensorflow_model_server.flags).
-
-    Example:
-        >>> Deployed(rec.parameters_text, rec.flags)
     """
 
     parameters_text: str
@@ -68,13 +65,6 @@ class Deployed:
         """The deployment's flags as a proof server takes them: every flag as written but
         the ports and the model's name and path (the proof's own), and the parameters
         file at ``parameters_path``, where its text was written byte for byte.
-
-        Example:
-            >>> Deployed("max_batch_size { value: 8 }\n", ("--port=8500",
-            ...     "--tensorflow_intra_op_parallelism=1", "--enable_batching=true",
-            ...     "--batching_parameters_file=/config/b.txt")).server_flags("/tmp/b.txt")
-            ['--tensorflow_intra_op_parallelism=1', '--enable_batching=true',
-             '--batching_parameters_file=/tmp/b.txt']
         """
         out = []
         for flag in self.flags:
@@ -99,11 +89,6 @@ def launch(backend: str, spec: backends.ServerSpec, settings: ServingSettings,
     version policy), and the batching parameters file goes beside it. With
     ``deployed``, the server runs that deployment set exactly: its parameters text and
     its flags, not ones made again from ``settings`` (which then only names it).
-
-    Example:
-        >>> server = launch("local", spec, settings)
-        >>> ready(server, spec)
-        >>> server.stop()
     """
     if spec.version is None:
         raise ValueError("launch() serves one version: set ServerSpec.version")
@@ -151,11 +136,6 @@ def running(backend: str, spec: backends.ServerSpec, settings: ServingSettings,
     """A server of ``backend`` serving ``spec`` with ``settings``, AVAILABLE; stopped after
     (``started``: one :func:`launch` already started for these settings; ``deployed``:
     run that deployment set exactly, see :func:`launch`).
-
-    Example:
-        >>> with running("local", spec, settings) as server:
-        ...     server.address
-        '127.0.0.1:41234'
     """
     server = started or launch(backend, spec, settings, runtime, say, deployed)
     try:

@@ -28,10 +28,6 @@ class Recommendation:
     ``parameters_text`` is the batching_parameters.txt content ('' for no batching);
     ``flags`` the ``tensorflow_model_server`` flags for a model at ``/models/<name>``
     with that file at ``/config/batching_parameters.txt``; ``basis`` says why these.
-
-    Example:
-        >>> print(recommendation.command)
-        tensorflow_model_server --port=8500 --rest_api_port=8501 --model_name=clf ...
     """
 
     settings: ServingSettings
@@ -129,10 +125,6 @@ def headline(report: TuneReport) -> tuple[str, ...]:
     """What a reader must see first: whether tuning beat upstream's defaults (or found
     nothing better on this hardware), whether the batching file alone is worse than
     upstream's defaults, whether the load generator took too much of the machine.
-
-    Example:
-        >>> headline(report)[0]
-        "VERDICT: tuning found nothing better than upstream's batching defaults on ..."
     """
     decision, rec = report.decision, report.recommendation
     out = []
@@ -163,10 +155,6 @@ def headline(report: TuneReport) -> tuple[str, ...]:
 def generator_share(report: TuneReport) -> float:
     """The most of the machine's cores the load generator's own processor time took, over
     every proven point and the decision's rounds.
-
-    Example:
-        >>> generator_share(report)
-        0.04
     """
     cores = max(1, report.cores)
     shares = [p.measured.client_cpu_per_request * p.measured.requests_per_second / cores

@@ -14,16 +14,6 @@ Three configurations every report compares:
   defaults: max_batch_size 1000, batch_timeout_micros 0, max_enqueued_batches 10,
   one batch thread per core);
 * the tuned settings.
-
-Example:
-    >>> tuned = ServingSettings(BatchingSettings(max_batch_size=16, num_batch_threads=1))
-    >>> print(tuned.batching.text_proto())
-    max_batch_size { value: 16 }
-    batch_timeout_micros { value: 0 }
-    max_enqueued_batches { value: 10 }
-    num_batch_threads { value: 1 }
-    >>> tuned.flags("/models/clf", "clf", "/config/batching_parameters.txt")[-2:]
-    ('--enable_batching=true', '--batching_parameters_file=/config/batching_parameters.txt')
 """
 
 from __future__ import annotations
@@ -40,10 +30,6 @@ PARAMETERS_FILENAME = "batching_parameters.txt"
 
 def cores() -> int:
     """The CPUs this process may run on (upstream's ``port::MaxParallelism()``).
-
-    Example:
-        >>> cores() >= 1
-        True
     """
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -57,10 +43,6 @@ class BatchingSettings:
 
     ``num_batch_threads`` 0 means "one per core", upstream's default, resolved by
     :meth:`resolved`.
-
-    Example:
-        >>> BatchingSettings(max_batch_size=8, allowed_batch_sizes=(4, 8)).problems()
-        []
     """
 
     max_batch_size: int = UPSTREAM_MAX_BATCH_SIZE
@@ -78,10 +60,6 @@ class BatchingSettings:
 
     def problems(self) -> list[str]:
         """What TF Serving would refuse at startup (its own checks), as sentences.
-
-        Example:
-            >>> BatchingSettings(max_batch_size=8, allowed_batch_sizes=(4,)).problems()
-            ['the last allowed_batch_sizes entry (4) must equal max_batch_size (8)']
         """
         out = []
         for name in ("max_batch_size", "max_enqueued_batches"):
@@ -102,10 +80,6 @@ class BatchingSettings:
 
     def text_proto(self) -> str:
         """The text BatchingParameters TF Serving's ``--batching_parameters_file`` reads.
-
-        Example:
-            >>> BatchingSettings(max_batch_size=4, num_batch_threads=2).text_proto()
-            'max_batch_size { value: 4 }\\nbatch_timeout_micros { value: 0 }\\n...'
         """
         lines = [f"max_batch_size {{ value: {self.max_batch_size} }}",
                  f"batch_timeout_micros {{ value: {self.batch_timeout_micros} }}",
@@ -130,10 +104,6 @@ class BatchingSettings:
 @dataclass(frozen=True, order=True)
 class ThreadSettings:
     """TF Serving's session threads; 0 leaves TensorFlow's default (one per core).
-
-    Example:
-        >>> ThreadSettings(1, 2).flags()
-        ('--tensorflow_intra_op_parallelism=1', '--tensorflow_inter_op_parallelism=2')
     """
 
     intra_op: int = 0
@@ -166,10 +136,6 @@ class ThreadSettings:
 @dataclass(frozen=True)
 class ServingSettings:
     """A server configuration: batching (None: off) and session threads.
-
-    Example:
-        >>> ServingSettings().describe()
-        'no batching; threads intra default, inter default'
     """
 
     batching: BatchingSettings | None = None
@@ -182,10 +148,6 @@ class ServingSettings:
     def flags(self, model_base_path: str, model_name: str,
               parameters_file: str | None = None) -> tuple[str, ...]:
         """The ``tensorflow_model_server`` flags serving a model with these settings.
-
-        Example:
-            >>> ServingSettings().flags("/models/clf", "clf")
-            ('--port=8500', '--rest_api_port=8501', '--model_name=clf', ...)
         """
         out = ["--port=8500", "--rest_api_port=8501", f"--model_name={model_name}",
                f"--model_base_path={model_base_path}", *self.threads.flags()]

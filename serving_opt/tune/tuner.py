@@ -473,10 +473,6 @@ def final_recommendation(best: Recommendation | None, decision: decide.Decision 
 def upstream_parameters_text() -> str:
     """Upstream's defaults as a parameters file: the same as ``--enable_batching`` with no
     file, num_batch_threads left to the server (one per core of the machine it runs on).
-
-    Example:
-        >>> print(upstream_parameters_text().splitlines()[1])
-        max_batch_size { value: 1000 }
     """
     text = BatchingSettings().text_proto()
     lines = [line for line in text.splitlines() if not line.startswith("num_batch_threads")]

@@ -7,11 +7,6 @@ reports per signature output: mismatches under --atol/--rtol, abs/rel diffs and 
 histogram, top-1 agreement and class confusion for classifiers, and the worst examples
 (<shard>:<record index>). Exit 0 when nothing differs, 1 otherwise. Arguments after --
 go to Beam (--project, --region, --temp_location, ...). See docs/compare.md.
-
-Example:
-  serving-opt compare --baseline_saved_model_dir=models/clf/1 \\
-      --candidate_saved_model_dir=models/clf/2 \\
-      --examples='/data/eval/part-*.tfrecord' --direct_num_workers=2
 """
 
 from __future__ import annotations
@@ -50,9 +45,6 @@ _HELP = {"allow_unsandboxed": "Run the models even where the bubblewrap sandbox 
 
 def define_flags(fv: flags.FlagValues) -> None:
     """Defines the flags of `serving-opt compare` on ``fv``.
-
-    Example:
-        >>> fv = flags.FlagValues(); define_flags(fv)
     """
     from serving_opt.compare import CompareOptions
 

@@ -5,11 +5,6 @@ node counts and op histograms; for the directory: size on disk, variables (count
 the largest five); and risks (file or Python ops reachable from a signature, assets
 outside assets/ or missing, dangling signature tensors, more than 2 GiB of variables).
 Reads files only; nothing is loaded or run.
-
-Examples:
-    serving-opt inspect --saved_model_dir=build/sample/1
-    serving-opt inspect --saved_model_dir=build/sample/1 --saved_model_tags=serve --json
-    serving-opt inspect --saved_model_dir=frozen_inference_graph.pb
 """
 
 from __future__ import annotations
@@ -30,9 +25,6 @@ FAIL_ON = ["error", "warning", "never"]
 
 def define_flags(fv: flags.FlagValues) -> None:
     """Defines the flags of `serving-opt inspect` on ``fv``.
-
-    Example:
-        >>> fv = flags.FlagValues(); define_flags(fv)
     """
     cli.define_model_dir(fv, cli.SAVED_MODEL_DIR,
                          "SavedModel directory (the one holding saved_model.pb), or a frozen "
@@ -57,10 +49,6 @@ def define_flags(fv: flags.FlagValues) -> None:
 def main(fv: flags.FlagValues) -> int:
     """Inspects ``--saved_model_dir`` and prints the report on stdout; returns 0, or 1
     when a risk at or above ``--fail_on`` was found (one line on stderr says so).
-
-    Example:
-        >>> main(fv)  # fv parsed from --saved_model_dir=build/sample/1 --json
-        0
     """
     if not fv.saved_model_dir.strip():
         raise UsageError("--saved_model_dir is empty", "pass the SavedModel directory")

@@ -4,9 +4,6 @@ Freezes variables (keeping tables, assets and the init op), applies Graph
 Transform Tool transforms and Grappler passes, writes a SavedModel with the same
 signatures, checks it answers like the original, and only then renames it into
 MODEL_BASE_PATH/<version>. Prints a report table; --report also writes it as JSON.
-
-Example:
-  serving-opt optimize --saved_model_dir=exports/1700000000 --model_base_path=/models/clf
 """
 
 from __future__ import annotations
@@ -40,9 +37,6 @@ _RENAME = {"graph_def": {"graph_inputs": "inputs", "graph_outputs": "outputs"}}
 def define_flags(fv: flags.FlagValues) -> None:
     """Defines the flags of `serving-opt optimize` on ``fv``: the model directories, one
     flag per option (from the option groups), and how the report is shown.
-
-    Example:
-        >>> fv = flags.FlagValues(); define_flags(fv)
     """
     cli.define_model_dir(fv, cli.SAVED_MODEL_DIR,
                          "SavedModel directory to optimize (read only), or a frozen GraphDef "
@@ -76,10 +70,6 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 def options_from_flags(fv: flags.FlagValues) -> options_lib.OptimizeOptions:
     """The OptimizeOptions the parsed flags say (fields without a flag keep defaults).
-
-    Example:
-        >>> options_from_flags(fv).build.quantize     # after --quantize=int8
-        'int8'
     """
     groups = {name: option_flags.read(fv, group, rename=_RENAME.get(name))
               for name, group in _GROUPS.items()}
@@ -171,10 +161,6 @@ _QUANTIZE_FLAGS = ("quantize_min_elements", "min_top1_agreement", "max_probabili
 
 def check_dependent_flags(fv: flags.FlagValues) -> None:
     """UsageError for a flag given without the flag that gives it meaning.
-
-    Example:
-        serving-opt optimize ... --protocols=rest      # without --validate
-        -> usage error: --protocols has no effect without --validate
     """
     given = [name for name in _VALIDATE_FLAGS if fv[name].present]
     if given and not fv.validate:

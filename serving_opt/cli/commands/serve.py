@@ -75,11 +75,6 @@ NO_OP_FLAGS = (
 def refuse_unimplemented_flags(fv: flags.FlagValues) -> None:
     """A usage error for the first given tensorflow_model_server flag the local server
     does not implement, unless it is at upstream's default value.
-
-    Example:
-        >>> refuse_unimplemented_flags(fv)   # after --ssl_config_file=/etc/ssl.config
-        Traceback (most recent call last):
-        UsageError: --ssl_config_file is not implemented by serving-opt serve (...): TLS ...
     """
     for _, name, default, missing in REFUSED_FLAGS:
         if fv[name].present and fv[name].value != default:

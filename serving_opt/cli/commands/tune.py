@@ -13,10 +13,6 @@ Unless the best beats upstream's batching defaults by more than the noise over
 --rounds interleaved rounds, upstream's defaults are recommended. Exit 1 when no
 setting meets the SLO (the report says how close they came). The flags are made from
 TuneOptions' groups (serving_opt/tune/options.py).
-
-Example:
-  serving-opt tune --model_base_path=/models/mnv2 --clients=16 --slo_p99_ms=250 \\
-      --output_dir=build/tune
 """
 
 from __future__ import annotations
@@ -43,9 +39,6 @@ def _tree():
 
 def define_workload_flags(fv: flags.FlagValues, help_prefix: str = "") -> None:
     """The load tune is asked to serve and its objective; ``optimize --tune`` shares them.
-
-    Example:
-        >>> define_workload_flags(fv, help_prefix="With --tune: ")
     """
     option_flags.define(fv, _tree().WorkloadOptions, help_prefix=help_prefix,
                         module_name=__name__)
@@ -54,10 +47,6 @@ def define_workload_flags(fv: flags.FlagValues, help_prefix: str = "") -> None:
 def define_flags(fv: flags.FlagValues) -> None:
     """Every flag of ``serving-opt tune``: the model base and output directory, then one
     flag per option of ``TuneOptions`` (made from its groups), then how to print.
-
-    Example:
-        >>> define_flags(fv); fv["tensorflow_intra_op_parallelism"].default
-        'auto'
     """
     tree = _tree()
     flags.DEFINE_string("model_base_path", None,
@@ -80,10 +69,6 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 def options_from_flags(fv: flags.FlagValues):
     """TuneOptions from the flags; UsageError for a bad value (before any work).
-
-    Example:
-        >>> options_from_flags(fv).workload.clients      # after --clients=16
-        16
     """
     tree = _tree()
     groups = {}

@@ -11,10 +11,6 @@ server that answered and its TensorFlow version.
 The local stand-in runs under the target TF Serving's TensorFlow
 (--serving_version; installed once into ~/.cache/serving-opt/runtimes, or
 $SERVING_OPT_RUNTIME_2_15-style variables / --serving_runtime_python name one).
-
-Example:
-  serving-opt validate --model_base_path=/models/clf \\
-      --reference_saved_model_dir=exports/1700000000
 """
 
 from __future__ import annotations
@@ -45,9 +41,6 @@ _RENAME = {"reference_dir": "reference_" + cli.SAVED_MODEL_DIR}
 
 def define_flags(fv: flags.FlagValues) -> None:
     """Defines the flags of `serving-opt validate` on ``fv``.
-
-    Example:
-        >>> fv = flags.FlagValues(); define_flags(fv)
     """
     cli.define_model_dir(fv, cli.MODEL_BASE_PATH, "Model base directory (holds <version>/).",
                          aliases=("model_base",))
@@ -64,10 +57,6 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 def options_from_flags(fv: flags.FlagValues) -> options_lib.ValidateOptions:
     """The ValidateOptions the parsed flags say (fields without a flag keep defaults).
-
-    Example:
-        >>> options_from_flags(fv).serving.server     # after --server=local
-        'local'
     """
     groups = {name: option_flags.read(fv, group, skip=_SKIP.get(name, ()))
               for name, group in _GROUPS.items()}

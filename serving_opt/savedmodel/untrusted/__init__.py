@@ -86,12 +86,6 @@ and :func:`refuse_host_ops` turns the first into the one-line error ``optimize``
 in. The parts are this package's modules: ``reach`` (the index of a graph and what
 reaches what), ``node_rules`` (what one node does), ``saver_shape`` and ``asset_reads``
 (the loader's own uses of files).
-
-Example:
-    >>> uses = host_op_uses(meta_graph)
-    >>> uses[0].op, uses[0].describe()
-    ('WriteFile', "WriteFile node 'hook', control input of save/restore_all (the saver's
-    restore op, run at every load)")
 """
 
 from __future__ import annotations
@@ -171,11 +165,6 @@ class HostOpUse:
 
     def describe(self) -> str:
         """The op, where it is, how it runs and why it is not the loader's: one clause.
-
-        Example:
-            >>> use.describe()
-            "WriteFile node 'WriteFile' in function HostGrad_x via library.gradient of
-            SymbolicGradient g/SymbolicGradient, reached from signature serving_default"
         """
         sep = " " if self.function else ", "
         text = f"{self.op} {self.where}{sep}{self.route}"
@@ -394,11 +383,6 @@ def host_op_uses(meta_graph, signature_keys: Sequence[str] | None = None) -> lis
     ``signature_keys`` only orders the routes (the whole graph is always checked):
     routes through these signatures are preferred, then the others, the init op and the
     saver. Most dangerous first: Python, writes, the host, reads; unreached ones last.
-
-    Example:
-        >>> [u.describe() for u in host_op_uses(meta_graph, ["serving_default"])]
-        ["WriteFile node 'write_it', control input of y (an output of signature
-        serving_default)"]
     """
     graph = _Graph(meta_graph.graph_def)
     roots = _roots(meta_graph, graph, list(signature_keys or ()))
@@ -436,12 +420,6 @@ def asset_reads(meta_graph) -> dict[str, list[str]]:
     """asset node -> the ops that read the file the loader feeds it: the asset reads
     (host_ops.ASSET_READ_OPS) the static check accepts, each reached from the init op
     (an asset read a signature reaches is a host op of :func:`host_op_uses`).
-
-    Example:
-        >>> asset_reads(meta_graph)
-        {'asset_path_initializer': ["InitializeTableFromTextFileV2 node
-        'text_file_init/InitializeTableFromTextFileV2' in function
-        __inference__initializer_30"]}
     """
     graph = _Graph(meta_graph.graph_def)
     walks = _Walks(graph, _roots(meta_graph, graph, ()))
@@ -464,13 +442,6 @@ def asset_reads(meta_graph) -> dict[str, list[str]]:
 def refuse_host_ops(meta_graph, signature_keys: Sequence[str], what: str) -> None:
     """Raises the one-line refusal for the model's first host op (the whole graph is
     checked; ``signature_keys`` only picks the route named).
-
-    Example:
-        >>> refuse_host_ops(meta_graph, ["serving_default"], "optimize")
-        Traceback (most recent call last):
-        ServingOptError: WriteFile node 'write_it', control input of y (an output of
-        signature serving_default): it writes files on the machine running the model;
-        refusing to optimize it, nothing was run; the model is untrusted code: ...
     """
     uses = host_op_uses(meta_graph, signature_keys)
     if not uses:
