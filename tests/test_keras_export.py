@@ -267,7 +267,8 @@ def test_callback_fatal_stops_training(data, tmp_path):
 @pytest.mark.parametrize("kwargs, match", [
     ({"keep": 0}, "keep=0"),
     ({"every_n_epochs": 0}, "every_n_epochs=0"),
-    ({"options": OptimizeOptions(output=OutputOptions(version=1))}, "options.version is fixed"),
+    ({"options": OptimizeOptions(output=OutputOptions(version=1))},
+     "options.output.version is fixed"),
 ])
 def test_callback_rejects_bad_arguments(tmp_path, kwargs, match):
     with pytest.raises(UsageError, match=match):

@@ -128,7 +128,7 @@ def _check_options(options: OptimizeOptions) -> OptimizeOptions:
                          "pass options=serving_opt.OptimizeOptions(...)")
     if options.output.version is not None or options.output.overwrite:
         raise UsageError(
-            "OptimizeOptions.version/overwrite cannot be set for Estimator exports",
+            "OptimizeOptions.output.version/overwrite cannot be set for Estimator exports",
             "leave them unset: each export is published as its own timestamp version",
         )
     options.check()

@@ -193,8 +193,9 @@ class OptimizedExportCallback(keras.callbacks.Callback):
             raise UsageError(f"keep={keep} would delete every version", "pass keep >= 1 or None")
         if options.output.version is not None:
             # Every export publishes a new version; a fixed one would collide on the second.
-            raise UsageError("options.version is fixed; the callback publishes the next "
-                             "free version each time", "leave OptimizeOptions.version=None")
+            raise UsageError("options.output.version is fixed; the callback publishes the "
+                             "next free version each time",
+                             "leave OptimizeOptions.output.version=None")
         self.export_dir_base = export_dir_base
         self.every_n_epochs = every_n_epochs
         self.keep = keep

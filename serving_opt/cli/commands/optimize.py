@@ -147,7 +147,7 @@ def _tune(fv: flags.FlagValues, tuning, result, progress) -> int:
     print(format_report(tuned))
     if not tuned.ok:
         print(f"{cli.PROG} optimize: error: published {result.output_dir}, but no tuned "
-              f"setting met p99 <= {tuning.slo_p99_ms:g} ms; see {fv.tune_output_dir}",
+              f"setting met p99 <= {tuning.workload.slo_p99_ms:g} ms; see {fv.tune_output_dir}",
               file=sys.stderr)
         return 1
     return 0
