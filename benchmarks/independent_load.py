@@ -171,12 +171,22 @@ def _figures(latencies: list[float], errors: int, cpu: float, seconds: float,
             "errors": errors, "generator_share": cpu / ((seconds + warmup) * cores)}
 
 
+def rest_connection(port: int) -> http.client.HTTPConnection:
+    """An http.client connection with TCP_NODELAY, as urllib3 (requests) makes them:
+    http.client sends a large body apart from its head, and with Nagle's algorithm its
+    last segment can wait for the server's delayed ACK."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection.connect()
+    connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return connection
+
+
 def rest_post(port: int, path: str, body: bytes,
               connection: http.client.HTTPConnection | None = None) -> bytes:
     """POSTs ``body`` with http.client (a new connection unless one is given, then
     closed); the answer's body. Raises on a status other than 200."""
     own = connection is None
-    connection = connection or http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection = connection or rest_connection(port)
     try:
         connection.request("POST", path, body, {"Content-Type": "application/json"})
         answer = connection.getresponse()
@@ -200,7 +210,7 @@ def rest_closed_loop(port: int, path: str, bodies: list[bytes], clients: int,
     end = start + seconds
 
     def client(i: int) -> None:
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        connection = rest_connection(port)
         k = i
         while True:
             t0 = time.monotonic()
@@ -211,6 +221,7 @@ def rest_closed_loop(port: int, path: str, bodies: list[bytes], clients: int,
                 ok = True
             except (OSError, RuntimeError, http.client.HTTPException):
                 connection.close()
+                connection = rest_connection(port)
                 ok = False
             t1 = time.monotonic()
             k += 1
