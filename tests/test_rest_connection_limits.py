@@ -284,3 +284,28 @@ def test_a_request_head_over_its_bound_is_closed_unread(model_base):
                 answer = b""
             assert answer == b""
         assert rest_predict(server.rest_port) == [3.0]
+
+
+def test_answers_leave_in_one_write_with_nagles_algorithm_off():
+    # A kept-alive connection's answer written as head then body, with Nagle's algorithm
+    # on, waits for the client's delayed ACK (40 ms on Linux): each answer must go out
+    # whole in one write, and the socket must not hold back small writes.
+    from serving_opt.model_server import rest
+    from serving_opt.model_server.request_options import RequestOptions
+
+    server = rest.start_rest_server(object(), RequestOptions(), "127.0.0.1", 0)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port),
+                                      timeout=PATIENCE_SECONDS) as sock:
+            for _ in range(2):  # the second answer is the one Nagle's algorithm delayed
+                sock.sendall(b"GET /elsewhere HTTP/1.1\r\nHost: x\r\n\r\n")
+                first = sock.recv(65536)
+                head, _, body = first.partition(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 404")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                assert len(body) == length > 0  # all of it, in the first read
+            # The connection the server holds (one: this client's).
+            (held,) = list(server.connections._states)
+            assert held.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        server.stop()
