@@ -108,7 +108,11 @@ pytest: $(STAMP) $(SANDBOX_STAMP) bazel-setup  # tests/test_bazel.py calls bazel
 # The whole suite, each test file once: under Bazel, every tests/test_*.py in the shards
 # of //tests:suite, the Estimator suite on TF 2.15 (//tests:estimator) and examples/, two
 # at a time; then the tests that drive Bazel itself (they cannot run inside a Bazel test).
-test: $(STAMP) $(SANDBOX_STAMP) lint bazel-test pytest-bazel test-skips
+# The Docker engine is ours only for the run: stopped after it (if we started it), also
+# when a test fails or the run is interrupted.
+test: $(STAMP) $(SANDBOX_STAMP) lint docker-image
+	@trap '$(if $(DRY_RUN),,tools/docker/engine.sh stop)' EXIT; \
+	  $(MAKE) --no-print-directory bazel-test pytest-bazel test-skips
 
 # Every skip of the run above with its reason; a skip that tests/expected_skips.txt does
 # not expect fails the run (a skipped test never counts as a pass).
@@ -129,7 +133,8 @@ bazel-setup:
 # TF 2.15 venv, the user, cgroups, Docker): a fingerprint of it as a test env variable
 # keeps a cached pass from outliving the setup it ran on.
 TEST_ENV_KEY = $(shell { command -v bwrap && bwrap --version; ls $(STAMP215); id -u; \
-  cat /proc/self/cgroup; command -v docker; } 2>&1 | sha256sum | cut -c1-16)
+  cat /proc/self/cgroup; command -v docker; docker info --format '{{.ServerVersion}}'; \
+  docker image inspect --format '{{.Id}}' $(CONTRACT_IMAGE); } 2>&1 | sha256sum | cut -c1-16)
 
 # The TF 2.15 venv first: tests/test_validate_runtime.py serves a model under it (the
 # stand-in on the production TF Serving's release), and skips where it is absent.
@@ -143,6 +148,24 @@ bazel-test: $(STAMP) $(STAMP215) $(SANDBOX_STAMP) bazel-setup
 
 clean:
 	rm -rf build
+
+# The Docker engine and the contract image tests/test_docker_engine.py runs (docs/docker.md):
+# docker.io installed and dockerd started when none answers (build/docker/dockerd.pid says
+# we did; docker-stop stops only that one), the image built once per machine and again
+# only when its inputs change (tools/docker/image.sh).
+# make -n runs a recipe that calls $(MAKE): its trap must not stop the engine then.
+DRY_RUN = $(findstring n,$(firstword -$(MAKEFLAGS)))
+CONTRACT_IMAGE := serving-opt/tfs-contract:$(shell sed -n 's/^tensorflow==//p' constraints.txt)
+.PHONY: docker-engine docker-image docker-stop
+docker-engine:
+	@tools/docker/engine.sh start
+
+docker-image: $(STAMP) docker-engine
+	@PY=$(PY) CONTRACT_IMAGE=$(CONTRACT_IMAGE) tools/docker/image.sh \
+	  || { tools/docker/engine.sh stop; exit 1; }
+
+docker-stop:
+	@tools/docker/engine.sh stop
 
 # The Estimator suite (tests/estimator) needs tf.estimator, gone from TF 2.16 on: it runs
 # in a second venv with TF 2.15, pinned in constraints-tf215.txt. tensorflow-serving-api

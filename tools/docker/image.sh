@@ -26,8 +26,10 @@ if ! docker image inspect "$BASE" >/dev/null 2>&1; then
 fi
 
 # What the image is made of: the project's sources and pins, these scripts, the base.
-inputs=$({ git ls-files -co --exclude-standard serving_opt docker/contract tools/docker \
-             pyproject.toml constraints.txt | LC_ALL=C sort | xargs sha256sum;
+# (A listed file may be gone by now: another change in progress; it counts as absent.)
+files=$(git ls-files -co --exclude-standard serving_opt docker/contract tools/docker \
+          pyproject.toml constraints.txt | LC_ALL=C sort)
+inputs=$({ for f in $files; do if [ -f "$f" ]; then sha256sum "$f"; fi; done;
            docker image inspect --format '{{.Id}}' "$BASE"; } | sha256sum | cut -c1-16)
 current=$(docker image inspect --format '{{index .Config.Labels "serving-opt.inputs"}}' \
             "$TAG" 2>/dev/null || true)
