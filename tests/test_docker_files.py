@@ -1,20 +1,28 @@
-"""The deployment files under docker/ agree with each other and with what the tool serves.
+"""The deployment files under docker/ agree with each other and with what the tool serves,
+and the docker backend's logic, without an engine.
 
-No Docker engine exists on these machines, so the images are not built here; what
-can be checked is checked for real: the pinned image tags match the validator's
-default, mounts are read-only, and models.config is a ModelServerConfig that a
-TF-Serving-compatible server (the local one) loads, with two real models.
+What needs no engine is checked here: the pinned image tags match the validator's
+default, mounts are read-only, models.config is a ModelServerConfig that a
+TF-Serving-compatible server (the local one) loads, with two real models; the backend's
+command lines, owner labels, stale-container cleanup, pre-flight errors and auto's
+choice, with stand-in `docker` clients (each named a mock). tests/test_docker_engine.py
+builds and runs all of it on a Docker engine.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import subprocess
+import sys
 
 import grpc
 import pytest
 from google.protobuf import text_format
 
+from serving_opt.errors import ServingOptError, UsageError
+from serving_opt.options import ServingCheck
 from serving_opt.serving import backends
 
 DOCKER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docker")
@@ -80,3 +88,101 @@ def test_models_config_serves_both_models(models_config):
                 assert [s.state for s in status.model_version_status] == [30], name
     finally:
         server.stop()
+
+
+# --- the docker backend's logic -----------------------------------------------------------
+
+def test_docker_command_publishes_on_loopback_or_shares_the_host_network():
+    spec = backends.ServerSpec("clf", "/srv/models/clf", image="img:1")
+    bridge = backends.docker_command(spec, 9000, "so-1", rest_host_port=9001)
+    assert bridge[:3] == ["docker", "run", "--rm"] and "--init" in bridge
+    assert "127.0.0.1:9000:8500" in bridge and "127.0.0.1:9001:8501" in bridge
+    assert "--network" not in bridge
+    assert not any(a.startswith("--port=") for a in bridge)  # the image's 8500/8501
+    assert f"{backends.OWNER_LABEL}={backends.owner()}" in bridge
+
+    host_spec = dataclasses.replace(spec, docker_network="host")
+    host = backends.docker_command(host_spec, 9000, "so-1", rest_host_port=0)
+    assert host[host.index("--network") + 1] == "host" and "-p" not in host
+    after_image = host[host.index("img:1") + 1:]
+    # After the entrypoint's --port=8500 --rest_api_port=8501: these win; 0 turns REST off.
+    assert after_image[-2:] == ["--port=9000", "--rest_api_port=0"]
+    assert "/srv/models/clf:/models/clf:ro" in host
+    with pytest.raises(UsageError, match="docker_network=bridged"):
+        backends.docker_command(dataclasses.replace(spec, docker_network="bridged"), 9000,
+                                "so-1")
+    with pytest.raises(UsageError, match="--docker_network=none"):
+        ServingCheck(docker_network="none").check()
+
+
+def test_an_owner_is_gone_only_when_its_process_is_judged_dead_here():
+    me = backends.owner()
+    host, namespace, pid, started = me.rsplit(":", 3)
+    assert int(pid) == os.getpid() and started
+    assert not backends._owner_gone(me)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child_owner = backends.owner(child.pid)
+    assert not backends._owner_gone(child_owner)  # the control: alive, not gone
+    child.wait()
+    assert backends._owner_gone(child_owner)
+    # The same pid started at another time is another process: gone.
+    assert backends._owner_gone(f"{host}:{namespace}:{pid}:{int(started) + 1}")
+    # Another host's or pid namespace's owner, or a label not ours, cannot be judged.
+    assert not backends._owner_gone(f"elsewhere:{namespace}:{child.pid}:{started}")
+    assert not backends._owner_gone(f"{host}:1:{child.pid}:{started}")
+    assert not backends._owner_gone("made by hand")
+
+
+def _fake_docker(tmp_path, monkeypatch, script: str) -> str:
+    """Mock: a `docker` client stand-in on PATH; returns the file its calls go to."""
+    calls = tmp_path / "calls.txt"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "docker"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n{script}')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return str(calls)
+
+
+def test_stale_containers_of_dead_owners_are_removed_and_no_others(tmp_path, monkeypatch):
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead = backends.owner(child.pid)
+    child.wait()
+    listing = "\\n".join([f"so-dead\t{dead}", f"so-live\t{backends.owner()}",
+                          "so-foreign\tother-host:1:2:3"])
+    calls = _fake_docker(tmp_path, monkeypatch,
+                         f'if [ "$1" = ps ]; then printf "{listing}\\n"; fi\n')
+    assert backends.remove_stale_containers() == ["so-dead"]
+    lines = open(calls).read().splitlines()
+    assert lines[0].startswith(f"ps -a --filter label={backends.OWNER_LABEL}")
+    assert lines[1:] == ["rm -f so-dead"]
+
+
+@pytest.mark.parametrize("script,problem,fix", [
+    ("exit 1\n", "no Docker engine answers at", "make docker-engine"),
+    ('case "$1" in info) echo 20.10;; ps) ;; image) exit 1;; '
+     'pull) echo "pull access denied" >&2; exit 1;; esac\n',
+     "image img:1 is not on the Docker engine and cannot be pulled (pull access denied)",
+     "make docker-image"),
+])
+def test_an_explicit_docker_backend_is_checked_before_any_work(tmp_path, monkeypatch, script,
+                                                                problem, fix):
+    # Mock: a `docker` stand-in without an engine, then one whose engine lacks the image.
+    calls = _fake_docker(tmp_path, monkeypatch, script)
+    with pytest.raises(ServingOptError) as raised:
+        backends.resolve_backend("docker", image="img:1")
+    assert problem in str(raised.value) and fix in str(raised.value)
+    assert "\n" not in str(raised.value)
+    assert not any(line.startswith("run") for line in open(calls).read().splitlines())
+
+
+def test_auto_takes_docker_only_when_the_engine_has_the_image(tmp_path, monkeypatch):
+    # Mock: an engine that answers; `image inspect` finds only img:1; nothing is pulled.
+    calls = _fake_docker(tmp_path, monkeypatch,
+                         'case "$1" in info) echo 20.10;; image) [ "$3" = img:1 ];; '
+                         "*) exit 1;; esac\n")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no tensorflow_model_server either
+    assert backends.resolve_backend("auto", image="img:1") == "docker"
+    assert backends.resolve_backend("auto", image="img:2") == "local"
+    assert not any(line.startswith(("pull", "run")) for line in open(calls).read().splitlines())
