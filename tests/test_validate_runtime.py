@@ -378,7 +378,9 @@ def _path_without_servers(tmp_path, *stand_ins: tuple[str, str]) -> str:
     return str(bin_dir)
 
 
-_DOCKER_ENGINE = "#!/bin/sh\n[ \"$1\" = info ] && echo 27.0.1 && exit 0\nexit 1\n"
+# An engine that answers and has the image (`docker image inspect` succeeds).
+_DOCKER_ENGINE = ("#!/bin/sh\n[ \"$1\" = info ] && echo 27.0.1 && exit 0\n"
+                  "[ \"$1\" = image ] && exit 0\nexit 1\n")
 _VERSION_ONLY_BINARY = "#!/bin/sh\necho 'TensorFlow ModelServer: 2.20.0'\nexit 0\n"
 
 
