@@ -336,3 +336,30 @@ def test_the_front_imports_neither_tensorflow_nor_the_protos():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_connections_past_the_limit_close_the_oldest_of_the_first_tier_that_has_one():
+    # The registry rest.py and the front share: the oldest is the longest in its state;
+    # with no connection in any tier, admitting refuses (rest.py then answers 503).
+    from serving_opt.model_server.http_connections import BUSY, CLIENT, IDLE, Connections
+
+    closed = []
+    connections = Connections(3, close=closed.append)
+    for key in "abc":
+        assert connections.admit(key)
+    connections.enter("a", BUSY)
+    connections.enter("b", CLIENT)
+    connections.enter("c", CLIENT)
+    connections.enter("b", IDLE)
+    assert connections.admit("d")  # the one IDLE: b
+    assert closed == ["b"]
+    assert not connections.enter("b", BUSY)  # closed meanwhile: its thread stops
+    tiers = ((IDLE,), (CLIENT,), (IDLE, CLIENT, BUSY))
+    connections.enter("d", BUSY)
+    assert connections.admit("e", tiers)  # no IDLE: the longest reading, c
+    assert closed == ["b", "c"]
+    connections.enter("e", BUSY)
+    assert not connections.admit("f")  # IDLE only, and none is
+    assert connections.admit("f", tiers)  # any: the longest busy, a
+    assert closed == ["b", "c", "a"]
+    assert len(connections) == 3 and connections.most_open == 3
