@@ -17,7 +17,6 @@ from serving_opt.options import BuildOptions, MeasureOptions
 from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.samples.tf1 import save_with_tables
 from serving_opt.savedmodel import loader
-from serving_opt.stages.vocabulary import BLOCK, WORDS_PER_RANGE
 
 FAST = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 WORDS = [f"w{i}" for i in range(3000)] + ["ünïcode", "two words", "x" * 40, "日本語"]
@@ -68,7 +67,7 @@ def test_a_vocabulary_becomes_sorted_fingerprints_with_the_same_ids(vocabulary_m
                           build=BuildOptions(quantize="int8", quantize_min_elements=1000), **FAST))
     ops = _ops(report.output_dir)
     assert ops["HashTableV2"] == 0 and ops["InitializeTableFromTextFileV2"] == 0
-    assert ops["RightShift"] == 1 and ops["LowerBound"] == 0  # a range, no binary search
+    assert ops["LowerBound"] == 1
     unknown = ["", "w3000", "W1", "w1 ", "oov", "two", "x" * 39]
     keys = np.array(WORDS + unknown, dtype=object).reshape(1, -1)
     want_ids, want_size = _lookup(vocabulary_model, keys)
@@ -92,7 +91,7 @@ def test_a_vocabulary_under_the_minimum_stays_a_hash_table(vocabulary_model, tmp
                                              quantize_min_elements=len(WORDS) + 1),
                           **FAST))
     ops = _ops(report.output_dir)
-    assert ops["HashTableV2"] == 1 and ops["RightShift"] == 0
+    assert ops["HashTableV2"] == 1 and ops["LowerBound"] == 0
 
 
 def test_lossless_optimization_keeps_the_hash_table(vocabulary_model, tmp_path):
@@ -133,7 +132,7 @@ def test_real_estimator_exports_vocabularies_are_compacted_and_pass_the_gate(ver
                       OptimizeOptions(
                           build=BuildOptions(quantize="int8", quantize_min_elements=1), **FAST))
     ops = _ops(report.output_dir)
-    assert ops["HashTableV2"] == 0 and ops["RightShift"] >= 1
+    assert ops["HashTableV2"] == 0 and ops["LowerBound"] >= 1
     # Every color of the vocabulary file, an unknown one and none; the ages spread.
     colors = ["red", "green", "blue", "mauve", ""]
     examples = np.array([example(color=colors[i % len(colors)], x=float(i - 6) / 2)
@@ -147,8 +146,8 @@ def test_real_estimator_exports_vocabularies_are_compacted_and_pass_the_gate(ver
 
 def _run_lookup(words: list[str], keys: np.ndarray, default: int = -1,
                 wide: bool = False) -> np.ndarray:
-    """The stage's lookup nodes alone, in plain TensorFlow: ``words``' fingerprints and
-    their ranges' starts (line numbers int64 with ``wide``), fed ``keys``."""
+    """The stage's lookup nodes alone, in plain TensorFlow: ``words``' sorted fingerprints
+    (line numbers int64 with ``wide``), fed ``keys``."""
     from tensorflow.core.framework import graph_pb2, types_pb2
 
     from serving_opt.savedmodel.graph import attr, make_node, var_handle
@@ -156,9 +155,8 @@ def _run_lookup(words: list[str], keys: np.ndarray, default: int = -1,
 
     fingerprints = tf.strings.to_hash_bucket_fast(words, (1 << 63) - 1).numpy()
     lines = np.arange(len(words), dtype=np.int64) + ((1 << 40) if wide else 0)
-    dtype = np.int64 if wide else np.int32
-    fp, ids, starts, shift, span = vocabulary.index(fingerprints, lines, dtype)
-    values = {"fp": fp, "ids": ids, "starts": starts}
+    fp, ids = vocabulary.index(fingerprints, lines, np.int64 if wide else np.int32)
+    values = {"fp": fp, "ids": ids}
     graph_def = graph_pb2.GraphDef()
     graph_def.node.extend([
         make_node("keys", "Placeholder", dtype=attr(type=types_pb2.DT_STRING)),
@@ -168,8 +166,7 @@ def _run_lookup(words: list[str], keys: np.ndarray, default: int = -1,
                           for name, v in values.items())
     find = make_node("find", "LookupTableFindV2", ["table", "keys", "default"])
     nodes, answer = vocabulary._lookup(
-        find, "fp", "ids", "starts", shift, span,
-        types_pb2.DT_INT64 if wide else types_pb2.DT_INT32)
+        find, "fp", "ids", types_pb2.DT_INT64 if wide else types_pb2.DT_INT32)
     graph_def.node.extend(nodes + [answer])
     with tf.Graph().as_default() as g:
         tf.graph_util.import_graph_def(graph_def, name="")
@@ -180,24 +177,22 @@ def _run_lookup(words: list[str], keys: np.ndarray, default: int = -1,
             return sess.run("find:0", {"keys:0": keys})
 
 
-@pytest.mark.parametrize("count", [1, BLOCK, 40 * WORDS_PER_RANGE + 5])
-def test_the_range_lookup_finds_every_word_and_only_them(count):
-    """One range, and many (their blocks then reach past the last word)."""
+@pytest.mark.parametrize("count", [1, 2, 300])
+def test_the_lookup_finds_every_word_and_only_them(count):
     words = [f"word{i}" for i in range(count)]
     unknown = [f"other{i}" for i in range(200)] + [""]
     keys = np.array(words + unknown, dtype=object)
     want = np.array([words.index(k) if k in words else -7 for k in keys.tolist()])
     np.testing.assert_array_equal(_run_lookup(words, keys, default=-7), want)
-    # Control: unknown keys hash both below and above the words' fingerprints, so the
-    # first range and the last, whose window reaches into the pads, are both read.
+    # Control: unknown keys hash both below and above the words' fingerprints, so a
+    # search ends before the first word and on the pad after the last.
     hashes = tf.strings.to_hash_bucket_fast(keys, (1 << 63) - 1).numpy()
     assert hashes[count:].min() < hashes[:count].min()
     assert hashes[count:].max() > hashes[:count].max()
     # Any shape of keys, an empty one included; line numbers past int32.
-    square = keys[:6].reshape(2, 3) if count >= 6 else keys[-6:].reshape(2, 3)
+    square = keys[-6:].reshape(2, 3)
     np.testing.assert_array_equal(_run_lookup(words, square, default=-7),
-                                  want[:6].reshape(2, 3) if count >= 6
-                                  else want[-6:].reshape(2, 3))
+                                  want[-6:].reshape(2, 3))
     assert _run_lookup(words, np.zeros((0, 4), dtype=object)).shape == (0, 4)
     wide = _run_lookup(words, keys, wide=True)
     np.testing.assert_array_equal(wide, np.where(want >= 0, want + (1 << 40), -1))

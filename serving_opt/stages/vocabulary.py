@@ -7,19 +7,15 @@ server loads the model. For 1M words the hash table holds ~68 MiB (a hash map of
 24-byte strings and int64 values at half load), as much as a fifth of an int8 embedding
 table of 256 columns.
 
-Here such a table becomes variables of the checkpoint: the words' 64-bit fingerprints,
-sorted (``StringToHashBucketFast``, TF's own Fingerprint64, computed by the same kernel
-the server runs) and cut into blocks of :data:`BLOCK`, the line numbers of the words in
-the same blocks (int32), and for each range of fingerprints (those sharing their top
-bits, :data:`WORDS_PER_RANGE` words on average) the block it starts in. A lookup hashes
-the keys, takes each hash's top bits as its range, and gathers the ``span`` blocks from
-where that range starts (the most blocks one range reaches: a few adjacent cache lines,
-fingerprints and line numbers); the key's line number is the one whose fingerprint is
-its hash, the table's default value where none is. 12.25 bytes a word. The
-``LookupTableFindV2`` node keeps its name and its consumers, and the table and its
-initializer leave the graph. A binary search over all the fingerprints instead (8 MiB
-for 1M words) misses the cache at most of its 20 steps: a batch of 32 texts took 3x
-the hash table's time (docs/int8.md).
+Here such a table becomes two variables of the checkpoint: the words' 64-bit
+fingerprints, sorted (``StringToHashBucketFast``, TF's own Fingerprint64, computed by
+the same kernel the server runs) and ended by a pad that sorts after every hash, and the
+line number of each (int32): 12 bytes a word. A lookup hashes the keys, finds each in
+the sorted fingerprints (``LowerBound``: a binary search; the pad keeps every position
+it returns in bounds) and takes its line number where the fingerprint is there, the
+table's default value elsewhere: the ``LookupTableFindV2`` node keeps its name and its
+consumers, and the table and its initializer leave the graph. What the lookup costs a
+request, against the hash table's, is measured in docs/int8.md.
 
 Not exact for every possible key, and so only with ``--quantize``, where the lossy gate
 measures the result: a key that is not in the vocabulary gets a word's line number if
@@ -45,11 +41,9 @@ from serving_opt.savedmodel.graph import attr, data_consumers, make_node, node_n
 _SCOPE = "serving_opt_vocabulary"
 _WHOLE_LINE, _LINE_NUMBER = -2, -1  # InitializeTableFromTextFileV2's key/value indices
 _BUCKETS = (1 << 63) - 1  # StringToHashBucketFast's largest: Fingerprint64 mod 2^63 - 1
-# Never a hash (they are below _BUCKETS): pads the blocks past the last word.
+# Never a hash (they are below _BUCKETS): ends the sorted fingerprints, so a hash past
+# the last word finds a position in bounds that is not its own.
 _PAD = np.iinfo(np.int64).max
-_HASH_BITS = 63  # hashes are below 2^63
-BLOCK = 16  # fingerprints a block: two cache lines, their line numbers one
-WORDS_PER_RANGE = 16  # at most, on average: a range's start is a quarter byte a word
 
 
 @dataclass(frozen=True)
@@ -147,87 +141,51 @@ def _words(table, init, path: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def index(fingerprints: np.ndarray, lines: np.ndarray, dtype) -> tuple:
-    """``(fingerprints, line numbers, first blocks, shift, span)``: the sorted fingerprints
-    and their line numbers (``dtype``) as ``[blocks, BLOCK]`` arrays, the block where the
-    fingerprints whose top bits (``fp >> shift``) are ``k`` start (int32, one a range),
-    and how many blocks from its first one a range reaches at most. Blocks past the last
-    word (``span`` of them at least, so a lookup stays in bounds) hold fingerprint
-    :data:`_PAD` and line 0."""
-    count = len(fingerprints)
-    bits = max(0, int(np.ceil(np.log2(max(1.0, count / WORDS_PER_RANGE)))))
-    shift = _HASH_BITS - bits
+    """The fingerprints sorted and ended by :data:`_PAD` (``[1, words + 1]``, as
+    ``LowerBound`` searches rows), and their line numbers in that order (``dtype``,
+    ``[words + 1]``, the pad's 0)."""
     order = np.argsort(fingerprints, kind="stable")
-    ranked = fingerprints[order].astype(np.int64)
-    starts = np.searchsorted(ranked >> shift, np.arange((1 << bits) + 1, dtype=np.int64),
-                             side="left")
-    first = starts[:-1] // BLOCK
-    filled = starts[1:] > starts[:-1]
-    span = int(max(1, ((starts[1:] - 1) // BLOCK - first + 1)[filled].max(initial=1)))
-    blocks = -(-count // BLOCK) + span
-    padded = np.full((blocks * BLOCK,), _PAD, np.int64)
-    padded[:count] = ranked
-    ids = np.zeros((blocks * BLOCK,), dtype)
-    ids[:count] = lines[order]
-    return (padded.reshape(blocks, BLOCK), ids.reshape(blocks, BLOCK),
-            first.astype(np.int32), shift, span)
+    ranked = np.append(fingerprints[order].astype(np.int64), _PAD).reshape(1, -1)
+    return ranked, np.append(lines[order], 0).astype(dtype)
 
 
-def _lookup(find, fp_var: str, ids_var: str, starts_var: str, shift: int, span: int,
-            ids_dtype: int) -> list:
-    """The nodes that answer ``find`` from the ranges of sorted fingerprints (see
-    :func:`index`); the last one takes its name (so its consumers are untouched)."""
+def _lookup(find, fp_var: str, ids_var: str, ids_dtype: int) -> list:
+    """The nodes that answer ``find`` from the sorted fingerprints (see :func:`index`);
+    the last one takes its name (so its consumers are untouched)."""
     import tensorflow as tf
     from tensorflow.core.framework import types_pb2
 
     i32, i64 = attr(type=types_pb2.DT_INT32), attr(type=types_pb2.DT_INT64)
-    ids_type = attr(type=ids_dtype)
     base = f"{find.name}/{_SCOPE}"
     keys, default = find.input[1], find.input[2]
-
-    def const(name: str, value, dtype) -> object:
-        return make_node(f"{base}/{name}", "Const", dtype=attr(type=dtype),
-                         value=attr(tensor=tf.make_tensor_proto(value, dtype)))
-
-    def gather(name: str, var: str, at: str, dtype) -> object:
-        return make_node(f"{base}/{name}", "ResourceGather", [var, f"{base}/{at}"],
-                         dtype=dtype, Tindices=i64 if at == "range" else i32,
-                         batch_dims=attr(i=0), validate_indices=attr(b=True))
-
+    # Everything stays a row, [1, keys], as LowerBound takes and gives it: no reshape
+    # but the hashes' and the answer's.
     nodes = [
-        const("column_shape", [-1, 1], types_pb2.DT_INT32),
-        const("cell_shape", [-1, 1, 1], types_pb2.DT_INT32),
-        const("shift", shift, types_pb2.DT_INT64),
-        const("offsets", np.arange(span, dtype=np.int32), types_pb2.DT_INT32),
-        const("across", [1, 2], types_pb2.DT_INT32),
+        make_node(f"{base}/row_shape", "Const", dtype=attr(type=types_pb2.DT_INT32),
+                  value=attr(tensor=tf.make_tensor_proto([1, -1], tf.int32))),
+        make_node(f"{base}/axis", "Const", dtype=attr(type=types_pb2.DT_INT32),
+                  value=attr(tensor=tf.make_tensor_proto(1, tf.int32))),
         make_node(f"{base}/shape", "Shape", [keys], T=attr(type=types_pb2.DT_STRING),
                   out_type=i32),
-        make_node(f"{base}/hash_flat", "StringToHashBucketFast", [keys],
+        make_node(f"{base}/hash", "StringToHashBucketFast", [keys],
                   num_buckets=attr(i=_BUCKETS)),
-        make_node(f"{base}/hash", "Reshape", [f"{base}/hash_flat", f"{base}/column_shape"],
+        make_node(f"{base}/hash_row", "Reshape", [f"{base}/hash", f"{base}/row_shape"],
                   T=i64, Tshape=i32),
-        make_node(f"{base}/hash_cell", "Reshape", [f"{base}/hash_flat", f"{base}/cell_shape"],
-                  T=i64, Tshape=i32),
-        make_node(f"{base}/range", "RightShift", [f"{base}/hash", f"{base}/shift"], T=i64),
-        gather("start", starts_var, "range", i32),  # [keys, 1]
-        make_node(f"{base}/blocks", "AddV2", [f"{base}/start", f"{base}/offsets"],
-                  T=i32),  # [keys, span]
-        gather("there", fp_var, "blocks", i64),  # [keys, span, BLOCK]
-        make_node(f"{base}/same", "Equal", [f"{base}/there", f"{base}/hash_cell"], T=i64,
+        make_node(f"{base}/fingerprints", "ReadVariableOp", [fp_var], dtype=i64),
+        make_node(f"{base}/position", "LowerBound",
+                  [f"{base}/fingerprints", f"{base}/hash_row"], T=i64, out_type=i32),
+        make_node(f"{base}/there", "GatherV2",
+                  [f"{base}/fingerprints", f"{base}/position", f"{base}/axis"],
+                  Tparams=i64, Tindices=i32, Taxis=i32, batch_dims=attr(i=1)),
+        make_node(f"{base}/hit", "Equal", [f"{base}/there", f"{base}/hash_row"], T=i64,
                   incompatible_shape_error=attr(b=True)),
-        make_node(f"{base}/hit", "Any", [f"{base}/same", f"{base}/across"],
-                  Tidx=i32, keep_dims=attr(b=False)),
-        gather("lines", ids_var, "blocks", ids_type),
-        # Fingerprints are distinct, so at most one is the key's: its line number is
-        # the sum over the blocks of line numbers times "is the key's".
-        make_node(f"{base}/one_hot", "Cast", [f"{base}/same"],
-                  SrcT=attr(type=types_pb2.DT_BOOL), DstT=ids_type, Truncate=attr(b=False)),
-        make_node(f"{base}/picked", "Mul", [f"{base}/lines", f"{base}/one_hot"], T=ids_type),
-        make_node(f"{base}/line", "Sum", [f"{base}/picked", f"{base}/across"],
-                  T=ids_type, Tidx=i32, keep_dims=attr(b=False)),
+        make_node(f"{base}/line", "ResourceGather", [ids_var, f"{base}/position"],
+                  dtype=attr(type=ids_dtype), Tindices=i32, batch_dims=attr(i=0),
+                  validate_indices=attr(b=True)),
     ]
     line = f"{base}/line"
     if ids_dtype != types_pb2.DT_INT64:
-        nodes.append(make_node(f"{base}/line64", "Cast", [line], SrcT=ids_type,
+        nodes.append(make_node(f"{base}/line64", "Cast", [line], SrcT=attr(type=ids_dtype),
                                DstT=i64, Truncate=attr(b=False)))
         line = f"{base}/line64"
     nodes.append(make_node(f"{base}/ids", "SelectV2", [f"{base}/hit", line, default], T=i64))
@@ -260,20 +218,16 @@ def compact_vocabularies(graph, min_entries: int, work_dir: str) -> tuple:
             continue
         wide = lines.size and (lines.min() < -(1 << 31) or lines.max() >= (1 << 31))
         ids_dtype = types_pb2.DT_INT64 if wide else types_pb2.DT_INT32
-        fp_var, ids_var, starts_var = (f"{table.name}/{_SCOPE}_{what}" for what in (
-            "fingerprints", "ids", "starts"))
-        saved[fp_var], saved[ids_var], saved[starts_var], shift, span = index(
-            fingerprints, lines, np.int64 if wide else np.int32)
+        fp_var, ids_var = f"{table.name}/{_SCOPE}_fingerprints", f"{table.name}/{_SCOPE}_ids"
+        saved[fp_var], saved[ids_var] = index(fingerprints, lines,
+                                              np.int64 if wide else np.int32)
         for name, dtype, what in ((fp_var, types_pb2.DT_INT64, "sorted word fingerprints"),
-                                  (ids_var, ids_dtype, "line numbers of the words"),
-                                  (starts_var, types_pb2.DT_INT32,
-                                   "first block of each range of fingerprints")):
+                                  (ids_var, ids_dtype, "line numbers of the words")):
             kept.append(KeptVariable(name, "VarHandleOp", dtype, saved[name].nbytes,
                                      f"{what} of the vocabulary {table.name}"))
             new_nodes.append(var_handle(name, dtype, saved[name].shape))
         for find in finds:
-            nodes, answer = _lookup(find, fp_var, ids_var, starts_var, shift, span,
-                                    ids_dtype)
+            nodes, answer = _lookup(find, fp_var, ids_var, ids_dtype)
             new_nodes.extend(nodes)
             find.CopyFrom(answer)
         for size in sizes:  # the table's size: now a constant
@@ -284,7 +238,7 @@ def compact_vocabularies(graph, min_entries: int, work_dir: str) -> tuple:
                                                                     tf.int64))))
         removed.update({table.name, init.name})
         done.append(CompactVocabulary(table.name, len(fingerprints), saved[fp_var].nbytes
-                                      + saved[ids_var].nbytes + saved[starts_var].nbytes))
+                                      + saved[ids_var].nbytes))
     if not done:
         return graph, []
     if graph.kept_variables:
