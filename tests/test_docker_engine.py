@@ -363,10 +363,20 @@ def test_docker_errors_are_one_line_before_any_work(convnet_dir, tmp_path, monke
     assert not (tmp_path / "out").exists()  # optimize refused before any work
     assert sorted(os.listdir(base)) == ["1"]
 
+    # Ports published (-p, the default) on an engine without a bridge: Docker would start
+    # the container unreachable; refused in one line naming the host network instead.
+    if subprocess.run(["docker", "network", "inspect", "bridge"], capture_output=True,
+                      check=False).returncode != 0:
+        done = _run("validate", f"--model_base={base}", "--server=docker", f"--image={IMAGE}",
+                    "--allow_unsandboxed", "--concurrency=0")
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1, done.stderr
+        assert "has no bridge network" in lines[0] and "--docker_network=host" in lines[0]
+
     # auto takes the engine only with the image already there: nothing is pulled.
     monkeypatch.setenv("PATH", os.path.dirname(shutil.which("docker")))
-    assert backends.resolve_backend("auto", image=IMAGE) == "docker"
-    assert backends.resolve_backend("auto", image=missing) == "local"
+    assert backends.resolve_backend("auto", image=IMAGE, docker_network="host") == "docker"
+    assert backends.resolve_backend("auto", image=missing, docker_network="host") == "local"
 
 
 # --- docker/'s files on the contract image ----------------------------------------------

@@ -177,12 +177,24 @@ def test_an_explicit_docker_backend_is_checked_before_any_work(tmp_path, monkeyp
     assert not any(line.startswith("run") for line in open(calls).read().splitlines())
 
 
-def test_auto_takes_docker_only_when_the_engine_has_the_image(tmp_path, monkeypatch):
-    # Mock: an engine that answers; `image inspect` finds only img:1; nothing is pulled.
+def test_auto_takes_docker_only_when_the_engine_has_the_image_and_can_run_it(tmp_path,
+                                                                            monkeypatch):
+    # Mock: an engine that answers; `image inspect` finds only img:1; nothing is pulled;
+    # the engine's bridge network exists while the file "bridge" does.
+    bridge = tmp_path / "bridge"
+    bridge.touch()
     calls = _fake_docker(tmp_path, monkeypatch,
                          'case "$1" in info) echo 20.10;; image) [ "$3" = img:1 ];; '
-                         "*) exit 1;; esac\n")
+                         f'network) [ -e {bridge} ];; *) exit 1;; esac\n')
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no tensorflow_model_server either
     assert backends.resolve_backend("auto", image="img:1") == "docker"
     assert backends.resolve_backend("auto", image="img:2") == "local"
     assert not any(line.startswith(("pull", "run")) for line in open(calls).read().splitlines())
+
+    # dockerd --bridge=none: -p would be ignored and the container unreachable.
+    bridge.unlink()
+    assert backends.resolve_backend("auto", image="img:1") == "local"
+    assert backends.resolve_backend("auto", image="img:1", docker_network="host") == "docker"
+    with pytest.raises(ServingOptError, match="no bridge network .* --docker_network=host"):
+        backends.resolve_backend("docker", image="img:1")
+    assert backends.resolve_backend("docker", image="img:1", docker_network="host") == "docker"

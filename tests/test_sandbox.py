@@ -452,7 +452,8 @@ def test_docker_needs_consent_to_run_unsandboxed(tmp_path, regressor_base, monke
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "docker"
-    fake.write_text('#!/bin/sh\ncase "$1" in info) echo 28.2;; image|ps) ;; *) exit 3;; esac\n')
+    fake.write_text('#!/bin/sh\n'
+                    'case "$1" in info) echo 28.2;; image|network|ps) ;; *) exit 3;; esac\n')
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     with pytest.raises(ServingOptError, match="--allow_unsandboxed"):

@@ -378,9 +378,10 @@ def _path_without_servers(tmp_path, *stand_ins: tuple[str, str]) -> str:
     return str(bin_dir)
 
 
-# An engine that answers and has the image (`docker image inspect` succeeds).
-_DOCKER_ENGINE = ("#!/bin/sh\n[ \"$1\" = info ] && echo 27.0.1 && exit 0\n"
-                  "[ \"$1\" = image ] && exit 0\nexit 1\n")
+# An engine that answers, has the image and a bridge network (`docker image inspect` and
+# `docker network inspect bridge` succeed).
+_DOCKER_ENGINE = ('#!/bin/sh\ncase "$1" in info) echo 27.0.1;; image|network) ;; *) exit 1;; '
+                  'esac\n')
 _VERSION_ONLY_BINARY = "#!/bin/sh\necho 'TensorFlow ModelServer: 2.20.0'\nexit 0\n"
 
 

@@ -120,7 +120,8 @@ def resolve_target(run: Run, sandboxed: bool) -> None:
     from serving_opt.serving import backends
 
     backend = backends.resolve_backend(validate.serving.server, sandboxed=sandboxed,
-                                       image=validate.serving.image)
+                                       image=validate.serving.image,
+                                       docker_network=validate.serving.docker_network)
     if backend == "local" and runtime is not None and version is not None:
         validate = dataclasses.replace(validate, target=dataclasses.replace(
             validate.target, serving_runtime_python=runtime.python))

@@ -272,9 +272,11 @@ def _engine() -> str:
     return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
 
-def check_docker(image: str) -> None:
-    """Raises one clear line when no Docker engine answers, or when ``image`` is neither
-    on it nor pullable: before any work, not as a container that never starts."""
+def check_docker(image: str, network: str = "bridge") -> None:
+    """Raises one clear line when no Docker engine answers, when it cannot publish ports
+    (``network`` bridge on an engine without one), or when ``image`` is neither on it nor
+    pullable: before any work, not as a container that never starts or cannot be
+    reached."""
     fix_engine = ("start the Docker engine (systemctl start docker, or dockerd as root; in "
                   "this checkout: make docker-engine), or use --server=local")
     if shutil.which("docker") is None:
@@ -285,6 +287,11 @@ def check_docker(image: str) -> None:
         raise ServingOptError(f"--server=docker: no Docker engine answers at {_engine()}",
                               fix_engine)
     remove_stale_containers()
+    if not _network_usable(network):
+        raise ServingOptError(
+            f"--server=docker: the Docker engine at {_engine()} has no bridge network "
+            "(dockerd --bridge=none), so the container's ports cannot be published",
+            "pass --docker_network=host (the container shares this host's network)")
     if _docker(["image", "inspect", image]).returncode == 0:
         return
     pulled = _docker(["pull", "--quiet", image], timeout=None)  # a real image takes minutes
@@ -295,6 +302,12 @@ def check_docker(image: str) -> None:
             f"pulled ({why})",
             f"pull it where a registry answers (docker pull {image}) or pass --image= a "
             "local image (make docker-image builds the stand-in serving-opt/tfs-contract)")
+
+
+def _network_usable(network: str) -> bool:
+    """Host networking always is; ``-p`` needs the engine's default bridge network (without
+    one, Docker starts the container unreachable and ignores ``-p``)."""
+    return network == "host" or _docker(["network", "inspect", "bridge"]).returncode == 0
 
 
 def docker_image_present(image: str) -> bool:
@@ -335,12 +348,14 @@ def docker_available(timeout: float = 5.0) -> bool:
     return result.returncode == 0 and bool(result.stdout.strip())
 
 
-def resolve_backend(name: str, sandboxed: bool = False, image: str = DEFAULT_IMAGE) -> str:
+def resolve_backend(name: str, sandboxed: bool = False, image: str = DEFAULT_IMAGE,
+                    docker_network: str = "bridge") -> str:
     """``auto`` -> the first of docker, binary, local that can run here; from a sandbox
     (``serving_opt.sandbox``) docker is not one of them: its client needs the Docker
     socket, which is root on the host. Docker is auto's choice only when the engine has
-    ``image`` already: an engine that merely answers would otherwise turn every auto run
-    into a pull. An explicit docker is checked here (:func:`check_docker`).
+    ``image`` already (an engine that merely answers would otherwise turn every auto run
+    into a pull) and can run it on ``docker_network``. An explicit docker is checked
+    here (:func:`check_docker`).
     """
     if name not in BACKENDS:
         raise UsageError(f"--server={name} is not one of {', '.join(BACKENDS)}",
@@ -351,10 +366,11 @@ def resolve_backend(name: str, sandboxed: bool = False, image: str = DEFAULT_IMA
             "Docker socket, which is root on this host); nothing was run",
             "use --server=binary or local, or --allow_unsandboxed for a model you trust")
     if name == "docker":
-        check_docker(image)
+        check_docker(image, docker_network)
     if name != "auto":
         return name
-    if not sandboxed and docker_available() and docker_image_present(image):
+    if not sandboxed and docker_available() and docker_image_present(image) \
+            and _network_usable(docker_network):
         return "docker"
     if shutil.which(BINARY_NAME):
         return "binary"

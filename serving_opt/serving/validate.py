@@ -363,7 +363,8 @@ def _resolve(options: ValidateOptions, version: int, sandboxed: bool,
     runtime's interpreter, absolute paths: it runs elsewhere, cwd /tmp, in its sandbox),
     and the runtime note."""
     backend = backends.resolve_backend(options.serving.server, sandboxed=sandboxed,
-                                       image=options.serving.image)
+                                       image=options.serving.image,
+                                       docker_network=options.serving.docker_network)
     if options.serving.require_server == "tf_serving" and backend == "local":
         raise ServingOptError(
             "--require_server=tf_serving: only the local stand-in can run here (no "

@@ -42,6 +42,7 @@ echo "contract image: building $TAG (inputs $inputs)"
 rm -rf "$WHEELS" && mkdir -p "$WHEELS"
 "$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation \
   -w "$WHEELS" . >/dev/null
+rm -rf build/lib build/bdist.* # setuptools' own scratch, in the source tree
 # The wheels the image installs, from the host's pip cache where it has them.
 "$PY" -m pip download --quiet --disable-pip-version-check -c constraints.txt \
   --only-binary=:all: -d "$WHEELS" "$WHEELS"/serving_opt-*.whl \
