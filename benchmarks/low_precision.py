@@ -393,7 +393,8 @@ def cmd_agree(args) -> dict:
     for kind in args.models.split(","):
         meta = json.load(open(os.path.join(args.work_dir, f"{kind}.json")))
         logits, features = {}, {}
-        for variant in ("fp32", "bf16", "int8_qdq", "int8"):
+        for variant in ("fp32",) + tuple(v for v in args.variants.split(",")
+                                         if v not in ("fp32", "fpmath_bf16")):
             graph_def = graph_pb2.GraphDef()
             graph_def.ParseFromString(open(os.path.join(
                 args.work_dir, f"{kind}.{variant}.pb"), "rb").read())
@@ -409,8 +410,8 @@ def cmd_agree(args) -> dict:
                               [meta["output"], _head_input(graph_def) + ":0"],
                               (images * (1 + noise)).astype(np.float32))
         logits["fp32_input_noise"], features["fp32_input_noise"] = out, feat
-        fpmath = cmd_fpmath(args, kind)
-        logits["fpmath_bf16"], features["fpmath_bf16"] = fpmath
+        if "fpmath_bf16" in args.variants.split(","):
+            logits["fpmath_bf16"], features["fpmath_bf16"] = cmd_fpmath(args, kind)
         table[kind] = {"fp32_classes": int(len(set(logits["fp32"].argmax(1))))}
         for variant in logits:
             table[kind][variant] = agreement(logits["fp32"], logits[variant],

@@ -4,8 +4,6 @@ bfloat16 constants, and the mode refused on a CPU without bfloat16 arithmetic (f
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -16,32 +14,6 @@ from serving_opt.savedmodel.graph import ServingGraph
 from serving_opt.stages import bf16
 
 FLOAT, BFLOAT16 = 1, 14  # types_pb2.DT_FLOAT, DT_BFLOAT16
-
-
-def _converted_in_child(tmp_path) -> tuple[object, int]:
-    """``bf16.to_bf16`` of :func:`_conv_net`'s graph, run in a child with oneDNN's ops on:
-    Grappler's bfloat16 pass runs only with them, and this suite keeps them off
-    (conftest). Returns the converted GraphDef and the count to_bf16 reported."""
-    import subprocess
-    import sys
-
-    from tensorflow.core.framework import graph_pb2
-
-    out = tmp_path / "converted.pb"
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_bf16_compute as t; "
-            "from serving_opt.stages import bf16; "
-            "g, n = bf16.to_bf16(t._conv_net()[0]); "
-            "open(sys.argv[2], 'wb').write(g.graph_def.SerializeToString()); print(n)")
-    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1", TF_CPP_MIN_LOG_LEVEL="2")
-    child = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__), str(out)],
-                           env=env, capture_output=True, text=True, timeout=600)
-    if "no op into bfloat16" in child.stderr:
-        pytest.skip("this TensorFlow's Grappler converts nothing to bfloat16 even with "
-                    "TF_ENABLE_ONEDNN_OPTS=1 (no oneDNN build here)")
-    assert child.returncode == 0, child.stderr[-2000:]
-    graph_def = graph_pb2.GraphDef()
-    graph_def.ParseFromString(out.read_bytes())
-    return graph_def, int(child.stdout.split()[-1])
 
 
 def _conv_net():
@@ -83,10 +55,13 @@ def _numpy_reference(x, kernel, bias, dense):
     return np.maximum(conv + bias, 0).mean(axis=(1, 2)) @ dense
 
 
-def test_bf16_rewrite_computes_in_bfloat16_with_float32_edges_and_bf16_weights(tmp_path):
+def test_bf16_rewrite_computes_in_bfloat16_with_float32_edges_and_bf16_weights():
     serving, weights, run = _conv_net()
     assert bf16.bf16_compute_nodes(serving.graph_def) == []  # control: float32 before
-    converted, count = _converted_in_child(tmp_path)
+    # This suite runs with oneDNN's ops off (conftest), as the optimizing process does:
+    # to_bf16 runs Grappler's pass in a child with them on.
+    graph, count = bf16.to_bf16(serving)
+    converted = graph.graph_def
     nodes = {n.name: n for n in converted.node}
     computing = {nodes[name].op for name in bf16.bf16_compute_nodes(converted)}
     assert {"Conv2D", "MatMul"} <= computing
@@ -116,9 +91,21 @@ def test_bf16_rewrite_that_converts_nothing_is_an_error_naming_the_cause(monkeyp
     serving, _, _ = _conv_net()
     from serving_opt.stages import grappler as grappler_lib
 
+    monkeypatch.setattr(bf16, "_run_passes_in_child", lambda graph: graph)
     monkeypatch.setattr(grappler_lib, "run_grappler", lambda graph, passes, rounds: graph)
     with pytest.raises(ServingOptError, match="no op into bfloat16"):
         bf16.to_bf16(serving)
+
+
+def test_bf16_is_tried_on_the_frozen_graph_only():
+    from serving_opt.pipeline.attempts import candidates
+
+    assert [c.describe() for c in candidates("auto", "bf16")] == ["frozen, bf16 compute"]
+    assert [c.describe() for c in candidates("auto", "int8")][-1] == \
+        "variables kept, int8: tables only"  # control: other modes fall back
+    serving, _, _ = _conv_net()
+    with pytest.raises(ServingOptError, match="needs the frozen graph"):
+        bf16.to_bf16(serving.replace(variables_dir="/models/m/1/variables"))
 
 
 def _cpuinfo(tmp_path, flags: str) -> str:

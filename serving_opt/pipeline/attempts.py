@@ -103,7 +103,7 @@ def candidates(freeze: str, quantize: str) -> tuple[Candidate, ...]:
     frozen = tuple(Candidate(True, quantize, tables) for tables in scopes)
     if freeze == "never":
         return (Candidate(False, quantize, scopes[0]),)  # no retry: nothing to fall back to
-    if freeze == "always":
+    if freeze == "always" or quantize == "bf16":  # bf16 folds constants (stages.bf16)
         return frozen
     return frozen + tuple(Candidate(False, quantize, tables) for tables in scopes)
 

@@ -56,20 +56,71 @@ def check_cpu(flags: Iterable[str] | None = None) -> None:
 
 def bf16_compute_nodes(graph_def) -> list[str]:
     """Names of the nodes that compute in bfloat16 (Casts and constants not counted)."""
-    return [n.name for n in graph_def.node
-            if n.op not in ("Cast", "Const") and n.attr["T"].type == _DT_BFLOAT16]
+    # ``"T" in attr`` first: indexing a proto map inserts the key, which would corrupt the
+    # graph for Grappler (an empty T attr on every node without one).
+    return [n.name for n in graph_def.node if n.op not in ("Cast", "Const")
+            and "T" in n.attr and n.attr["T"].type == _DT_BFLOAT16]
 
 
 def to_bf16(graph):
     """The ServingGraph with its compute in bfloat16; returns ``(graph, converted)``,
     ``converted`` the number of nodes computing in bfloat16."""
-    from serving_opt.stages import grappler as grappler_lib
+    from tensorflow.python.util import _pywrap_util_port
 
-    graph = grappler_lib.run_grappler(graph, PASSES, rounds=1)
+    if graph.variables_dir is not None:
+        raise ServingOptError(
+            "--quantize=bf16 needs the frozen graph: with the variables kept, every request "
+            "would cast the weights to bfloat16 again", "use --freeze=auto or always")
+    if _pywrap_util_port.IsMklEnabled():
+        graph = _run_passes(graph)
+    else:
+        # The optimizing process turns oneDNN's ops off (tf_process.configure_for_optimizing),
+        # and Grappler's bfloat16 pass runs only with them on: a child runs it.
+        graph = _run_passes_in_child(graph)
     converted = len(bf16_compute_nodes(graph.graph_def))
     if not converted:
         raise ServingOptError(
-            "--quantize=bf16: Grappler turned no op into bfloat16 (it does only where "
-            "TensorFlow's oneDNN ops are on, and only for ops such as Conv2D and MatMul)",
-            "unset TF_ENABLE_ONEDNN_OPTS=0, or use --quantize=none for this model")
+            "--quantize=bf16: Grappler turned no op into bfloat16 (it does only with "
+            "TensorFlow's oneDNN ops, and only for ops such as Conv2D and MatMul)",
+            "use --quantize=none for this model")
     return graph, converted
+
+
+def _run_passes(graph):
+    from serving_opt.stages import grappler as grappler_lib
+
+    return grappler_lib.run_grappler(graph, PASSES, rounds=1)
+
+
+def _run_passes_in_child(graph):
+    import os
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    with tempfile.TemporaryDirectory() as scratch:
+        given, result = os.path.join(scratch, "in.pkl"), os.path.join(scratch, "out.pkl")
+        with open(given, "wb") as f:
+            pickle.dump(graph, f)
+        child = subprocess.run([sys.executable, "-m", __name__, given, result],
+                               capture_output=True, env=env)
+        if child.returncode != 0:
+            lines = child.stderr.decode(errors="replace").strip().splitlines() or ["no output"]
+            raise ServingOptError(
+                f"--quantize=bf16: Grappler's bfloat16 pass failed: {lines[-1]}",
+                "use --quantize=none for this model")
+        with open(result, "rb") as f:
+            return pickle.load(f)
+
+
+if __name__ == "__main__":  # _run_passes_in_child's child: pickled ServingGraph in, out
+    import pickle
+    import sys
+
+    with open(sys.argv[1], "rb") as f:
+        converted = _run_passes(pickle.load(f))
+    with open(sys.argv[2], "wb") as f:
+        pickle.dump(converted, f)
