@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from serving_opt import OptimizeOptions, optimize
+from serving_opt.cli import main as cli
 from serving_opt.errors import ServingOptError, UsageError
 from serving_opt.options import (
     BuildOptions,
@@ -24,8 +23,6 @@ from serving_opt.options import (
     Tolerance,
 )
 from serving_opt.serving.validate import ValidateOptions, validate
-
-CLI = [sys.executable, "-m", "serving_opt.cli"]
 
 
 def build_checked_model(export_dir: str, scale: float = 1.0) -> str:
@@ -125,15 +122,16 @@ def test_resize_batch_cycles_rows_to_the_size_asked():
     ["--regression_tolerance=inf"],
     ["--grappler_rounds=1000000"],
 ])
-def test_cli_usage_errors_exit_2_before_reading_the_model(flags, tmp_path):
+def test_cli_usage_errors_exit_2_before_reading_the_model(flags, tmp_path, capsys):
     # The input does not exist: any error but a usage error means work was attempted
-    # before the flags were checked.
+    # before the flags were checked. In this process (cli.main is what the entry point
+    # exits with): the exit code of a real process is tests/test_optimize_cli.py's.
     out = tmp_path / "out"
-    done = subprocess.run([*CLI, "optimize", f"--input_dir={tmp_path / 'missing'}",
-                           f"--output_base={out}", "--noprogress", *flags],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr
-    assert "missing" not in done.stderr  # it never got as far as the input directory
+    code = cli.main(["serving-opt", "optimize", f"--input_dir={tmp_path / 'missing'}",
+                     f"--output_base={out}", "--noprogress", *flags])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "missing" not in err  # it never got as far as the input directory
     assert not out.exists()
 
 
@@ -216,22 +214,37 @@ def test_warmup_is_written_once_the_answers_matched(checked_model, tmp_path):
     assert os.path.getsize(report.warmup_file) > 0
 
 
-def test_validate_serves_only_the_version_it_checks(regressor_dir, tmp_path):
-    base = _copy_base(regressor_dir, str(tmp_path / "base"), versions=("1",))
-    # A second version whose init op would fail the server's load if it ever ran: a
-    # saved_model.pb that is not a SavedModel at all.
-    os.makedirs(os.path.join(base, "2"))
-    with open(os.path.join(base, "2", "saved_model.pb"), "wb") as f:
+def test_validate_serves_only_the_version_it_checks_read_as_tf_serving_reads_it(
+        regressor_dir, tmp_path):
+    # Version 2 in a zero-padded directory ("02", which TF Serving reads as 2), and a
+    # higher version 3 whose load would fail the server if it ever ran: a saved_model.pb
+    # that is not a SavedModel at all.
+    base = str(tmp_path / "base")
+    shutil.copytree(regressor_dir, os.path.join(base, "02"))
+    os.makedirs(os.path.join(base, "3"))
+    with open(os.path.join(base, "3", "saved_model.pb"), "wb") as f:
         f.write(b"not a SavedModel")
     report = validate(base, ValidateOptions(
-        version=1,
+        version=2,
         serving=ServingCheck(server="local",
                              concurrency=0,
                              protocols=("grpc",),
                              load_deadline=120)))
     assert report.ok, report.failures
-    assert report.version == 1
-    assert report.ignored_versions == (2,)
+    assert report.version == 2
+    assert report.ignored_versions == (3,)
+
+
+def test_the_highest_version_is_read_from_zero_padded_directories_too(tmp_path):
+    # Without --version, validate checks the highest: "02" is version 2, above "1".
+    from serving_opt.serving.validate import resolve_version, version_dir
+
+    base = str(tmp_path / "base")
+    for name in ("1", "02", "not-a-version"):
+        os.makedirs(os.path.join(base, name))
+    assert resolve_version(base, None) == 2
+    assert version_dir(base, 2) == os.path.join(base, "02")
+    assert resolve_version(base, 1) == 1
 
 
 def test_model_config_pins_the_version():
@@ -243,16 +256,3 @@ def test_model_config_pins_the_version():
     model = config.model_config_list.config[0]
     assert (model.name, model.base_path) == ("clf", "/m/clf")
     assert list(model.model_version_policy.specific.versions) == [7]
-
-
-def test_validate_reads_a_zero_padded_directory_as_its_version(regressor_dir, tmp_path):
-    # TF Serving reads "02" as version 2; validate serves and checks that directory.
-    base = str(tmp_path / "base")
-    shutil.copytree(regressor_dir, os.path.join(base, "02"))
-    report = validate(base, ValidateOptions(
-        serving=ServingCheck(server="local",
-                             concurrency=0,
-                             protocols=("grpc",),
-                             load_deadline=120)))
-    assert report.ok, report.failures
-    assert report.version == 2
