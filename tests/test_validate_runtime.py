@@ -22,6 +22,7 @@ import stat
 import subprocess
 import sys
 import threading
+import types
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -255,10 +256,21 @@ def test_optimize_checks_against_the_target_and_says_so(regressor_dir, tmp_path)
         target=TargetOptions(serving_version="2.15.1", serving_runtime_python=PY215)))
     note = next(s.note for s in report.stages if s.name == "target_check")
     assert "TensorFlow 2.15.1" in note
-    # Without --serving_version and no 2.20 runtime here: skipped, and the report says so.
-    report = optimize(regressor_dir, str(tmp_path / "default"),
-                      OptimizeOptions(measure=MeasureOptions(benchmark_runs=0, cold_start=False)))
-    note = next(s.note for s in report.stages if s.name == "target_check")
+
+
+def test_without_a_target_runtime_the_op_check_is_skipped_and_says_so():
+    # Without --serving_version and no 2.20 runtime here (private cache, no variable):
+    # the stages optimize runs, in process (the 2.15 run above shows the note reaches
+    # the report).
+    from serving_opt.pipeline import proving, worker
+    from serving_opt.pipeline.run import Run
+
+    run = Run("unused", "unused", OptimizeOptions())
+    run.plan = types.SimpleNamespace(target=TargetOptions(), validate=None)
+    worker.resolve_target(run, sandboxed=True)
+    assert run.target_registry is None
+    proving.check_target_runtime(run, None, "unused")
+    note = next(s.note for s in run.stages if s.name == "target_check")
     assert note.startswith("skipped") and "--serving_version=2.20.0" in note
 
 
