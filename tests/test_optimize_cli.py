@@ -1,7 +1,8 @@
 """`serving-opt optimize` as users run it: exit codes, one-line errors, JSON report.
 
-Each case is a real subprocess (a fresh Python importing TensorFlow), so only the
-paths where the CLI layer itself matters are here; behaviour is in test_optimize.py.
+A success and a failure run as real subprocesses (the exit code a shell sees); the usage
+errors, which come before any work, run ``cli.main`` in this process. Behaviour is in
+test_optimize.py.
 """
 
 from __future__ import annotations
@@ -11,10 +12,18 @@ import os
 import subprocess
 import sys
 
+from serving_opt.cli import main as cli
+
 
 def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "serving_opt.cli", "optimize", *args],
                           capture_output=True, text=True, timeout=timeout)
+
+
+def _in_process(capsys, *args: str) -> tuple[int, str]:
+    """(exit code, last stderr line) of ``serving-opt optimize`` run by cli.main here."""
+    code = cli.main(["serving-opt", "optimize", *args])
+    return code, _last_line(capsys.readouterr().err)
 
 
 def _last_line(stderr: str) -> str:
@@ -24,7 +33,8 @@ def _last_line(stderr: str) -> str:
 def test_success_exits_0_prints_the_table_and_writes_the_json_report(classifier_dir, tmp_path):
     report_path = tmp_path / "r" / "report.json"
     result = _cli(f"--input_dir={classifier_dir}", f"--output_base={tmp_path / 'out'}",
-                  "--benchmark_runs=3", f"--report={report_path}")
+                  # The benchmark's table is checked, not the cold start's.
+                  "--benchmark_runs=3", "--nocold_start", f"--report={report_path}")
     assert result.returncode == 0, result.stderr
     assert "published" in result.stdout and "parity" in result.stdout
     data = json.loads(report_path.read_text())
@@ -50,25 +60,26 @@ def test_parity_failure_exits_1_names_the_output_and_publishes_nothing(regressor
     assert json.loads(report_path.read_text())["published"] is False
 
 
-def test_unknown_transform_is_a_usage_error_listing_valid_names(classifier_dir, tmp_path):
-    result = _cli(f"--input_dir={classifier_dir}", f"--output_base={tmp_path / 'out'}",
-                  "--transforms=fold_constants fold_batchnorm")
-    assert result.returncode == 2
-    line = _last_line(result.stderr)
+def test_unknown_transform_is_a_usage_error_listing_valid_names(classifier_dir, tmp_path,
+                                                                capsys):
+    code, line = _in_process(capsys, f"--input_dir={classifier_dir}",
+                             f"--output_base={tmp_path / 'out'}",
+                             "--transforms=fold_constants fold_batchnorm")
+    assert code == 2
     assert "unknown transform 'fold_batchnorm'" in line and "fold_batch_norms" in line
     assert not os.path.exists(tmp_path / "out")
 
 
-def test_existing_version_exits_1_without_touching_it(classifier_dir, tmp_path):
+def test_existing_version_exits_1_without_touching_it(classifier_dir, tmp_path, capsys):
     os.makedirs(tmp_path / "out" / "1")
-    result = _cli(f"--input_dir={classifier_dir}", f"--output_base={tmp_path / 'out'}",
-                  "--version=1")
-    assert result.returncode == 1
-    assert "already exists" in _last_line(result.stderr)
+    code, line = _in_process(capsys, f"--input_dir={classifier_dir}",
+                             f"--output_base={tmp_path / 'out'}", "--version=1")
+    assert code == 1
+    assert "already exists" in line
     assert os.listdir(tmp_path / "out" / "1") == []
 
 
-def test_missing_required_flag_is_a_usage_error():
-    result = _cli("--input_dir=x")
-    assert result.returncode == 2
-    assert "--output_base" in _last_line(result.stderr)
+def test_missing_required_flag_is_a_usage_error(capsys):
+    code, line = _in_process(capsys, "--input_dir=x")
+    assert code == 2
+    assert "--output_base" in line
