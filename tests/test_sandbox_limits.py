@@ -188,21 +188,29 @@ def test_validate_has_a_time_limit_by_default(tmp_path):
     assert policy.timeout_seconds == 3660.0
 
 
-def test_compare_without_a_time_limit_gets_the_default(tmp_path, monkeypatch):
+def test_compare_passes_its_time_limit_to_the_sandbox(regressor_dir, tmp_path, monkeypatch):
+    # Decided here, in process: compare stopped by the default limit, end to end, is
+    # test_sandbox_view_and_resources.py::test_compare_on_a_model_that_blocks_for_ever_*.
     pytest.importorskip("apache_beam")
     import json
 
-    from hostile_models_sandbox_view import build_init_op_blocks
-
     from serving_opt.compare import CompareOptions, compare
 
-    model = build_init_op_blocks(str(tmp_path / "models"))
     examples = tmp_path / "requests.jsonl"
     examples.write_text(json.dumps({"x": [[1.0, 2.0, 3.0]]}) + "\n")
-    monkeypatch.setattr(sandbox, "DEFAULT_TIMEOUT_SECONDS", 20.0)
+    given = []
+
+    def call(*args, policy, **kwargs):
+        given.append(policy.timeout_seconds)
+        raise ServingOptError("the stand-in worker stops here")
+
+    monkeypatch.setattr(sandbox, "call", call)
     assert CompareOptions().sandbox_timeout_seconds is None
-    with pytest.raises(ServingOptError, match="--sandbox_timeout_seconds=20"):
-        compare(model, model, str(examples), CompareOptions(allow_file_ops=True))
+    for limit in (None, 7.0):
+        with pytest.raises(ServingOptError, match="stand-in worker"):
+            compare(regressor_dir, regressor_dir, str(examples),
+                    CompareOptions(sandbox_timeout_seconds=limit))
+    assert given == [None, 7.0]  # None: the Worker's DEFAULT_TIMEOUT_SECONDS
 
 
 _WRITE_UNLINKED = """
