@@ -211,12 +211,8 @@ def test_existing_version_is_refused_before_any_work(classifier_dir, tmp_path):
     assert os.listdir(base / "2") == []
 
 
-def test_overwrite_replaces_an_existing_version(classifier_dir, tmp_path):
-    base = tmp_path / "out"
-    os.makedirs(base / "2")
-    report = optimize(classifier_dir, str(base),
-                      OptimizeOptions(
-                          output=OutputOptions(version=2, overwrite=True), **NOT_MEASURED))
+def test_overwrite_replaces_an_existing_version(overwritten_with_variables_kept):
+    base, report = overwritten_with_variables_kept
     assert os.path.exists(os.path.join(report.output_dir, "saved_model.pb"))
     assert sorted(os.listdir(base)) == ["2"]
 
@@ -244,10 +240,9 @@ def test_unknown_signature_is_rejected(classifier_dir, tmp_path):
                      measure=MeasureOptions(benchmark_runs=0)))
 
 
-def test_selected_signatures_only_are_kept(classifier_dir, tmp_path):
-    report = optimize(classifier_dir, str(tmp_path / "out"),
-                      OptimizeOptions(build=BuildOptions(signatures=("predict",)), **NOT_MEASURED))
-    assert sorted(_signature_map(report.output_dir)) == ["predict"]
+def test_selected_signatures_only_are_kept(tfrecord_examples_two_signatures):
+    report = tfrecord_examples_two_signatures
+    assert sorted(_signature_map(report.output_dir)) == ["classification", "predict"]
 
 
 def test_output_inside_input_is_refused(model_copy, classifier_dir):
@@ -256,9 +251,20 @@ def test_output_inside_input_is_refused(model_copy, classifier_dir):
         optimize(src, os.path.join(src, "out"), FAST)
 
 
-def test_freeze_never_keeps_variables_and_still_matches(classifier_dir, tmp_path, feeds):
-    report = optimize(classifier_dir, str(tmp_path / "out"),
-                      OptimizeOptions(build=BuildOptions(freeze="never"), **NOT_MEASURED))
+@pytest.fixture(scope="module")
+def overwritten_with_variables_kept(classifier_dir, tmp_path_factory):
+    """The classifier optimized with --freeze=never over an existing version 2
+    (--overwrite): (base, report). One run for both behaviours, which do not interact."""
+    base = tmp_path_factory.mktemp("overwritten") / "out"
+    os.makedirs(base / "2")
+    return str(base), optimize(classifier_dir, str(base), OptimizeOptions(
+        output=OutputOptions(version=2, overwrite=True), build=BuildOptions(freeze="never"),
+        **NOT_MEASURED))
+
+
+def test_freeze_never_keeps_variables_and_still_matches(classifier_dir, feeds,
+                                                        overwritten_with_variables_kept):
+    _, report = overwritten_with_variables_kept
     assert not report.frozen
     assert os.path.exists(os.path.join(report.output_dir, "variables", "variables.index"))
     assert_outputs_match(report.output_dir, classifier_dir, feeds["classifier_dir"],
@@ -277,19 +283,30 @@ def test_json_examples_drive_the_parity_check(convnet_dir, tmp_path):
     assert report.parity.batches_run == 3
 
 
-def test_tfrecord_examples_drive_the_parity_check(classifier_dir, tmp_path):
+@pytest.fixture(scope="module")
+def tfrecord_examples_two_signatures(classifier_dir, tmp_path_factory):
+    """The classifier's classification and predict signatures kept (of its three), the
+    parity check fed 20 tf.Examples from a TFRecord file in batches of 8."""
     import tensorflow as tf
 
-    path = str(tmp_path / "examples.tfrecord")
+    root = tmp_path_factory.mktemp("tfrecord")
+    path = str(root / "examples.tfrecord")
     with tf.io.TFRecordWriter(path) as w:
         for record in samples.sample_examples(20, seed=1):
             w.write(record)
-    report = optimize(classifier_dir, str(tmp_path / "out"),
-                      OptimizeOptions(
-                          inputs=InputOptions(examples=path),
-                          gate=GateOptions(parity_batch_size=8), **NOT_MEASURED))
-    assert set(report.parity.input_sources.values()) == {f"examples:{path}"}
-    assert report.parity.batches_run == 3 * 3  # 20 examples in batches of 8, 3 signatures
+    return optimize(classifier_dir, str(root / "out"),
+                    OptimizeOptions(
+                        inputs=InputOptions(examples=path),
+                        build=BuildOptions(signatures=("classification", "predict")),
+                        gate=GateOptions(parity_batch_size=8), **NOT_MEASURED))
+
+
+def test_tfrecord_examples_drive_the_parity_check(tfrecord_examples_two_signatures):
+    report = tfrecord_examples_two_signatures
+    (source,) = set(report.parity.input_sources.values())
+    assert source.startswith("examples:") and source.endswith("examples.tfrecord")
+    assert sorted(report.parity.input_sources) == ["classification", "predict"]
+    assert report.parity.batches_run == 3 * 2  # 20 examples in batches of 8, 2 signatures
 
 
 def stage_names_without_confirm(report) -> list[str]:
