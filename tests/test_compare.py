@@ -234,9 +234,13 @@ def test_missing_empty_and_malformed_shards_named(classifier_dir, tmp_path):
     with tf.io.TFRecordWriter(str(bad)) as w:
         w.write(samples.sample_examples(1)[0])
         w.write(b"\xff\xff\xff not a proto")
-    with pytest.raises(ServingOptError, match=f"shard {bad} record 1 is not a serialized "
-                                              "tf.Example"):
-        compare(classifier_dir, classifier_dir, str(bad))
+    # Read by the pipeline's shard reader, in process: how a reader's error reaches the
+    # user through the sandboxed pipeline is the truncated record's run above.
+    from serving_opt.compare import pipeline as pipeline_lib
+
+    with pytest.raises(RuntimeError, match=f"shard {bad} record 1 is not a serialized "
+                                           "tf.Example"):
+        list(pipeline_lib.ReadShard().process(str(bad)))
 
     junk = tmp_path / "d" / "part-00.tfrecord"
     junk.parent.mkdir()
