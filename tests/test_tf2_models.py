@@ -401,11 +401,14 @@ def test_a_parity_failure_of_the_frozen_graph_falls_back(tf_module_dir, tmp_path
     assert os.listdir(tmp_path / "always") == []
 
 
-def test_freeze_never_keeps_the_functions_and_variables(text_lstm_dir, tmp_path):
+def test_freeze_never_keeps_the_functions_and_variables(text_lstm_dir, tmp_path, unsandboxed):
+    # In process (no sandbox): the subject is what freeze=never builds; the module's
+    # fixtures are the sandboxed runs.
     report = optimize(text_lstm_dir, str(tmp_path / "out"),
                       OptimizeOptions(
                           build=BuildOptions(freeze="never"),
-                          measure=MeasureOptions(benchmark_runs=0, cold_start=False)))
+                          measure=MeasureOptions(benchmark_runs=0, cold_start=False),
+                          trust=unsandboxed))
     assert report.published and not report.frozen
     assert [s.name for s in report.stages][:3] == ["read", "freeze", "transforms"]
     out = _meta_graph(report.output_dir)
@@ -418,13 +421,14 @@ def test_freeze_never_keeps_the_functions_and_variables(text_lstm_dir, tmp_path)
                  expected)
 
 
-def test_a_lossy_transform_still_fails_the_gate_on_tf2(tf_module_dir, tmp_path):
+def test_a_lossy_transform_still_fails_the_gate_on_tf2(tf_module_dir, tmp_path, unsandboxed):
     # Keeping variables would make round_weights a no-op and pass; it must not be tried.
+    # In process: the subject is which candidates are tried, not the sandbox.
     with pytest.raises(ParityError) as failure:
         optimize(tf_module_dir, str(tmp_path / "out"),
                  OptimizeOptions(
                      build=BuildOptions(transforms="round_weights(num_steps=2)"),
-                     measure=MeasureOptions(benchmark_runs=0)))
+                     measure=MeasureOptions(benchmark_runs=0), trust=unsandboxed))
     assert failure.value.report.frozen
     assert os.listdir(tmp_path / "out") == []
 
