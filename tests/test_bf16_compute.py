@@ -89,10 +89,8 @@ def test_bf16_rewrite_computes_in_bfloat16_with_float32_edges_and_bf16_weights()
 
 def test_bf16_rewrite_that_converts_nothing_is_an_error_naming_the_cause(monkeypatch):
     serving, _, _ = _conv_net()
-    from serving_opt.stages import grappler as grappler_lib
-
     monkeypatch.setattr(bf16, "_run_passes_in_child", lambda graph: graph)
-    monkeypatch.setattr(grappler_lib, "run_grappler", lambda graph, passes, rounds: graph)
+    monkeypatch.setattr(bf16, "_run_passes", lambda graph: graph)
     with pytest.raises(ServingOptError, match="no op into bfloat16"):
         bf16.to_bf16(serving)
 

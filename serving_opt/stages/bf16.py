@@ -87,9 +87,29 @@ def to_bf16(graph):
 
 
 def _run_passes(graph):
-    from serving_opt.stages import grappler as grappler_lib
+    """Grappler's PASSES once, keeping every node the graph must keep (as stages.grappler
+    does: signature tensors in the signature map, the rest as ``train_op`` fetches)."""
+    from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
+    from tensorflow.python.grappler import tf_optimizer
 
-    return grappler_lib.run_grappler(graph, PASSES, rounds=1)
+    config = config_pb2.ConfigProto()
+    rewriter = config.graph_options.rewrite_options
+    rewriter.optimizers.extend(PASSES)
+    rewriter.meta_optimizer_iterations = 1
+    rewriter.min_graph_nodes = -1
+    meta_graph = meta_graph_pb2.MetaGraphDef()
+    meta_graph.graph_def.CopyFrom(graph.graph_def)
+    for key, sig in graph.signature_defs.items():
+        meta_graph.signature_def[key].CopyFrom(sig)
+    keep = graph.must_keep()
+    meta_graph.collection_def["train_op"].node_list.value.extend(keep)
+    graph_def = tf_optimizer.OptimizeGraph(config, meta_graph, verbose=False,
+                                           graph_id=b"serving_opt_bf16")
+    missing = sorted(set(keep) - {n.name for n in graph_def.node})
+    if missing:
+        raise ServingOptError(f"--quantize=bf16: Grappler removed nodes the model needs "
+                              f"({', '.join(missing[:3])})", "use --quantize=none for this model")
+    return graph.replace(graph_def=graph_def)
 
 
 def _run_passes_in_child(graph):
