@@ -155,6 +155,8 @@ def test_a_frozen_candidate_measured_worse_is_left_for_variables_kept(
     assert [(a.outcome, a.then) for a in report.attempts] == [
         (REGRESSION, "retried: variables kept"), (OK, "taken")]
     assert report.attempts[0].reason.startswith("load time 2.00x")
+    # The frozen candidate left is discarded: the base holds the version published only.
+    assert os.listdir(tmp_path / "out") == ["1"]
 
 
 def test_a_regression_with_nothing_to_fall_back_to_is_refused_or_allowed(
