@@ -231,8 +231,16 @@ def _webp_model(export_dir: str) -> str:
     return export_dir
 
 
+@pytest.fixture(scope="module")
+def tf215_cache(tmp_path_factory) -> str:
+    """One private cache for the optimize runs that target 2.15: its op registry is
+    dumped by the 2.15 interpreter (a TensorFlow import) once, for both."""
+    return str(tmp_path_factory.mktemp("tf215_cache"))
+
+
 @needs_tf215
-def test_optimize_refuses_an_op_the_target_runtime_lacks(tmp_path):
+def test_optimize_refuses_an_op_the_target_runtime_lacks(tmp_path, tf215_cache, monkeypatch):
+    monkeypatch.setenv(runtime.ENV_CACHE, tf215_cache)
     model = _webp_model(str(tmp_path / "webp" / "1"))
     base = str(tmp_path / "out")
     with pytest.raises(ServingOptError) as raised:
@@ -250,10 +258,14 @@ def test_optimize_refuses_an_op_the_target_runtime_lacks(tmp_path):
 
 
 @needs_tf215
-def test_optimize_checks_against_the_target_and_says_so(regressor_dir, tmp_path):
+def test_optimize_checks_against_the_target_and_says_so(regressor_dir, tmp_path, unsandboxed,
+                                                      tf215_cache, monkeypatch):
+    monkeypatch.setenv(runtime.ENV_CACHE, tf215_cache)
+    # In process: the sandboxed run of the same check is the refusal above.
     report = optimize(regressor_dir, str(tmp_path / "ok"), OptimizeOptions(
         measure=MeasureOptions(benchmark_runs=0, cold_start=False),
-        target=TargetOptions(serving_version="2.15.1", serving_runtime_python=PY215)))
+        target=TargetOptions(serving_version="2.15.1", serving_runtime_python=PY215),
+        trust=unsandboxed))
     note = next(s.note for s in report.stages if s.name == "target_check")
     assert "TensorFlow 2.15.1" in note
 
