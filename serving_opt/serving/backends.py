@@ -16,9 +16,10 @@ knows about what answers:
     run by the interpreter of the target TensorFlow (``runtime.Runtime``).
 
 :func:`make_server` turns a concrete backend name into its runner, the one switch;
-:func:`resolve_backend` turns ``auto`` into one: docker if a Docker engine answers and
-already has the image (and we are not in a sandbox), else the binary if on PATH, else
-local; an explicit docker is checked there, before any work (:func:`check_docker`).
+:func:`resolve_backend` turns ``auto`` into one: docker if a Docker engine answers,
+already has the image and can publish its ports (and we are not in a sandbox), else the
+binary if on PATH, else local; an explicit docker is checked there, before any work
+(:func:`check_docker`).
 
 A server never outlives the process that started it, even one killed with SIGKILL
 (which runs no cleanup):
