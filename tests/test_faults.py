@@ -223,10 +223,8 @@ STAGES = {
 }
 
 
-@pytest.mark.parametrize("stage", list(STAGES))
-def test_sigkill_at_a_stage_leaves_nothing_running_and_the_next_run_cleans_up(
-        stage, source, tmp_path):
-    base = str(tmp_path / "models" / "reg")
+def kill_at(stage: str, source: str, base: str) -> None:
+    """Runs the CLI into ``base`` and SIGKILLs it at ``stage`` (see STAGES)."""
     cli = Cli(f"--input_dir={source}", f"--output_base={base}", "--validate",
               "--server=local", "--benchmark_runs=0", "--nocold_start", "--concurrency=0")
     line = cli.wait_for(STAGES[stage])
@@ -244,14 +242,27 @@ def test_sigkill_at_a_stage_leaves_nothing_running_and_the_next_run_cleans_up(
         # Its command line names a config file in the sandbox, not the base: by its pid.
         wait_until(lambda: not alive(server), "the local server gone", timeout=30.0)
 
-    # No process of the run survives: the server notices its parent is gone (pipe EOF).
-    assert wait_until_gone(base) == {}
-    # A TF Serving polling the base sees no version (or only a complete one).
-    assert all(what_tf_serving_sees(base).values())
-    assert what_tf_serving_sees(base) == {}
-    left = hidden_entries(base)
-    if stage != "freeze":
-        assert any(not n.endswith(staging_lib.OWNER_SUFFIX) for n in left), left
+
+def test_sigkill_at_each_stage_leaves_nothing_running_and_the_next_run_cleans_up(
+        source, tmp_path):
+    # One base for every stage: each killed run's successor is the next stage's run (which
+    # removes what the killed one left before it starts freezing), and a last run that
+    # publishes: one full optimize instead of one per stage.
+    base = str(tmp_path / "models" / "reg")
+    left_before: list[str] = []
+    for stage in STAGES:
+        kill_at(stage, source, base)
+
+        # No process of the run survives: the server notices its parent is gone (pipe EOF).
+        assert wait_until_gone(base) == {}, stage
+        # A TF Serving polling the base sees no version (or only a complete one).
+        assert what_tf_serving_sees(base) == {}, stage
+        left = hidden_entries(base)
+        # This run removed what the one killed before it left, before freezing.
+        assert not set(left_before) & set(left), (stage, left_before, left)
+        if stage != "freeze":
+            assert any(not n.endswith(staging_lib.OWNER_SUFFIX) for n in left), (stage, left)
+        left_before = left
 
     report = next_run(source, base)
 
