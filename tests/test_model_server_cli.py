@@ -80,23 +80,33 @@ def test_serve_exits_non_zero_when_the_model_does_not_load(processes, model_copy
     assert f"Can't parse {base}/1/saved_model.pb as binary proto" in last
 
 
-def test_serve_refuses_a_rest_port_equal_to_the_grpc_port_with_a_usage_error(processes):
-    process = start_serve("--port=8500", "--rest_api_port=8500", "--model_base_path=/models/m")
-    processes.append(process)
+def _serve_in_process(capsys, monkeypatch, *flags: str) -> tuple[int, str]:
+    """`serving-opt serve` run by the CLI's main here, for flag checks that refuse before
+    any server starts (one that started would be a failure, not a hang). The exit codes
+    of the process itself are the tests above."""
+    from serving_opt.cli import main as cli
+    from serving_opt.cli.commands import serve
 
-    stdout, stderr = process.communicate(timeout=60)
+    def started(*args):
+        raise AssertionError("a server was started")
 
-    assert process.returncode == 2
+    monkeypatch.setattr(serve, "_serve_sandboxed", started)
+    monkeypatch.setattr(serve, "_log_to_stderr", started)
+    code = cli.main(["serving-opt", "serve", *flags])
+    return code, capsys.readouterr().err
+
+
+def test_serve_refuses_a_rest_port_equal_to_the_grpc_port_with_a_usage_error(capsys,
+                                                                             monkeypatch):
+    code, stderr = _serve_in_process(capsys, monkeypatch, "--port=8500", "--rest_api_port=8500",
+                                     "--model_base_path=/models/m")
+    assert code == 2
     assert "--rest_api_port=8500 is the same as --port" in stderr
 
 
-def test_serve_refuses_a_relative_base_path_like_tf_serving(processes):
-    process = start_serve("--model_base_path=models/m")
-    processes.append(process)
-
-    stdout, stderr = process.communicate(timeout=60)
-
-    assert process.returncode == 2
+def test_serve_refuses_a_relative_base_path_like_tf_serving(capsys, monkeypatch):
+    code, stderr = _serve_in_process(capsys, monkeypatch, "--model_base_path=models/m")
+    assert code == 2
     assert "is relative; TF Serving requires an absolute path" in stderr
 
 
