@@ -172,11 +172,18 @@ TABLE_INT8_GATE = dict(max_probability_error=1.0)
 def table_int8_candidate(text_classifier_base, tmp_path_factory) -> tuple[str, str]:
     """The text classifier with its table int8, published with the gate off: a lossy
     candidate whose answers compare must count (source, candidate version directory)."""
+    from serving_opt import sandbox
+    from serving_opt.options import TrustOptions
     from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 
     source = os.path.join(text_classifier_base, "1")
-    published = optimize(source, str(tmp_path_factory.mktemp("probe")), OptimizeOptions(
-        gate=GateOptions(min_top1_agreement=0.0, **TABLE_INT8_GATE), **TABLE_INT8)).output_dir
+    # In process (no sandbox: a candidate to compare is the subject, and the sandboxed
+    # optimize below builds the same one).
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(sandbox, "unavailable_reason", lambda: "switched off by the test")
+        published = optimize(source, str(tmp_path_factory.mktemp("probe")), OptimizeOptions(
+            gate=GateOptions(min_top1_agreement=0.0, **TABLE_INT8_GATE),
+            trust=TrustOptions(allow_unsandboxed=True), **TABLE_INT8)).output_dir
     return source, published
 
 
