@@ -111,10 +111,18 @@ def test_a_malformed_spec_is_a_usage_error_from_the_options(spec):
     ("x:1,64,3", "has rank 2"),
     ("y:1,4", "no input"),
 ])
-def test_a_spec_the_model_contradicts_is_a_usage_error_before_freezing(model_dir, tmp_path,
-                                                                        spec, problem):
-    with pytest.raises(UsageError, match=problem) as raised:
-        optimize(model_dir, str(tmp_path / "out"), _options(input_shapes=spec))
+def test_a_spec_the_model_contradicts_is_a_usage_error(model_dir, spec, problem):
+    # The rule, on the model's own MetaGraph; that optimize applies it before freezing
+    # is the next test's.
+    meta_graph = loader.find_meta_graph(loader.read_saved_model(model_dir), {"serve"})
+    with pytest.raises(UsageError, match=problem):
+        shapes_lib.resolve(meta_graph, ["serving_default"], shapes_lib.parse(spec))
+
+
+def test_a_spec_the_model_contradicts_is_refused_by_optimize_before_freezing(model_dir,
+                                                                             tmp_path):
+    with pytest.raises(UsageError, match="has rank 2") as raised:
+        optimize(model_dir, str(tmp_path / "out"), _options(input_shapes="x:1,64,3"))
     stages = [s.name for s in raised.value.report.stages]
     assert "freeze" not in stages
     assert not os.path.exists(tmp_path / "out" / "1")
@@ -141,9 +149,10 @@ def doubler(tmp_path_factory) -> str:
     return _build_doubler(str(tmp_path_factory.mktemp("fixed") / "1"))
 
 
-def test_a_dimension_the_model_fixes_cannot_be_pinned_otherwise(doubler, tmp_path):
+def test_a_dimension_the_model_fixes_cannot_be_pinned_otherwise(doubler):
+    meta_graph = loader.find_meta_graph(loader.read_saved_model(doubler), {"serve"})
     with pytest.raises(UsageError, match="dimension 1 fixed at 3"):
-        optimize(doubler, str(tmp_path / "out"), _options(input_shapes="x:1,4"))
+        shapes_lib.resolve(meta_graph, ["serving_default"], shapes_lib.parse("x:1,4"))
 
 
 def test_a_pin_that_folds_nothing_is_not_kept_nor_timed(doubler, tmp_path):
