@@ -27,9 +27,12 @@ Latency: every (variant, round) is a fresh process (a TF1 session on the GraphDe
 TF Serving runs it: default Grappler at load, oneDNN on), the variants interleaved and
 their order rotated each round; per process a warmup, then p50 of ``--runs`` requests
 at batch 1 and ``--runs_b32`` at batch 32. Ratios are fp32/variant per round (paired),
-reported as median [min, max] over rounds. Agreement: top-1 (argmax) equality with
-fp32 on ``--agreement_images`` fresh smooth images, and the share of images whose fp32
-top-2 logits are not near-ties.
+reported as median [min, max] over rounds. Agreement (the ``--variants`` asked):
+top-1 (argmax) equality with fp32 on ``--agreement_images`` fresh smooth images, under
+the model's own head and under a head on the 64 principal directions of the fp32
+features, with the features' relative error; and a control, ``fp32_input_noise``: the
+fp32 graph with its input moved by bfloat16's unit roundoff (2^-8), which shows how much
+of a disagreement the untrained stand-in makes of any perturbation.
 """
 
 from __future__ import annotations
