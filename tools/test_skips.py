@@ -36,7 +36,7 @@ def result_files(root: str) -> list[str]:
     files = sorted(glob.glob(os.path.join(logs, "suite", "**", "test.xml"), recursive=True))
     files += sorted(glob.glob(os.path.join(logs, "golden_onednn", "**", "test.xml"),
                               recursive=True))
-    files += glob.glob(os.path.join(logs, "estimator", "test.xml"))
+    files += glob.glob(os.path.join(logs, "estimator_suite", "test.xml"))
     return files + sorted(glob.glob(os.path.join(root, "build", "junit", "*.xml")))
 
 

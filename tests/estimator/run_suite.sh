@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Estimator suite as a Bazel test (//tests:estimator), beside the main suite's shards:
+# The Estimator suite as a Bazel test (//tests:estimator_suite), beside the main suite's shards:
 # pytest in the repo's .venv-tf215 (TF 2.15 + tf.estimator), from the source tree, since
 # it also runs the main .venv (TF 2.21) to check models optimized there load under 2.15.
 set -euo pipefail
