@@ -17,9 +17,9 @@ venv: $(STAMP)
 # Re-install only when the dependency pins or the package metadata change.
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@# beam: serving-opt compare and its tests (tests/test_compare.py); text: TF Text ops
-	@# for serving-opt serve, as TF Serving links them (tests/test_server_flags.py); dask:
-	@# compare on Beam's DaskRunner; kfp: the KFP component (tests/test_kfp_component.py).
+	@# beam: serving-opt compare and its tests (tests/compare/test_compare.py); text: TF Text ops
+	@# for serving-opt serve, as TF Serving links them (tests/model_server/test_server_flags.py); dask:
+	@# compare on Beam's DaskRunner; kfp: the KFP component (tests/integrations/test_kfp_component.py).
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,beam,dask,kfp,text]'
 	@touch $(STAMP)
 	@# Bazel < 7.1 cannot watch the venv: re-list its packages so cached test results of
@@ -86,13 +86,14 @@ bench: $(BENCH_STAMP) $(SANDBOX_STAMP)
 # The unit tier: in-process tests of the logic (options, gates, graph rewrites, the static
 # check's rules, result decoding, batching and tune decisions, with fakes for servers and
 # load), lint first; about a minute on 2 cores. `make test` runs these and everything else.
-UNIT_TESTS := $(addprefix tests/test_,$(addsuffix .py, \
+UNIT_TESTS = $(foreach t,$(UNIT),$(wildcard tests/test_$(t).py tests/*/test_$(t).py))
+UNIT := $(strip \
   options entry_points gates gate_early_decision lossy_interval detection_matching \
   detection_parity detection_frozen_graph detection_graph_analysis tune_outputs \
   tune_serving_version tune_fast_decode tune_grid tune_proving model_server_batching \
   model_server_concurrency sandbox_results static_check static_check_bounds \
   static_check_hidden_routes asset_paths dead_functions terminal_escapes inspect load_errors \
-  freeze independent_check validate_reference_failures doctests))
+  freeze independent_check validate_reference_failures doctests)
 
 check: $(STAMP) lint
 	$(PY) -m pytest -q -p no:cacheprovider $(UNIT_TESTS)
@@ -102,7 +103,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports  # the layering contracts of pyproject.toml ([tool.importlinter])
 
 # Every test file, straight through pytest (what a developer runs while working).
-pytest: $(STAMP) $(SANDBOX_STAMP) bazel-setup  # tests/test_bazel.py calls bazel
+pytest: $(STAMP) $(SANDBOX_STAMP) bazel-setup  # tests/integrations/test_bazel.py calls bazel
 	$(PY) -m pytest -q tests
 
 # The whole suite, each test file once: under Bazel, every tests/test_*.py in the shards
@@ -120,7 +121,7 @@ test-skips:
 	$(PY) tools/test_skips.py
 
 pytest-bazel: $(STAMP) bazel-setup
-	$(PY) -m pytest -q tests/test_bazel.py --junitxml=build/junit/bazel.xml
+	$(PY) -m pytest -q tests/integrations/test_bazel.py --junitxml=build/junit/bazel.xml
 
 # Bazel: Debian's bazel-bootstrap (4.2.3) when none is installed, then the offline
 # setup (.bazelrc.offline, gitignored; see tools/bazel/README.md).
@@ -136,7 +137,7 @@ TEST_ENV_KEY = $(shell { command -v bwrap && bwrap --version; ls $(STAMP215); id
   cat /proc/self/cgroup; command -v docker; docker info --format '{{.ServerVersion}}'; \
   docker image inspect --format '{{.Id}}' $(CONTRACT_IMAGE); } 2>&1 | sha256sum | cut -c1-16)
 
-# The TF 2.15 venv first: tests/test_validate_runtime.py serves a model under it (the
+# The TF 2.15 venv first: tests/serving/test_validate_runtime.py serves a model under it (the
 # stand-in on the production TF Serving's release), and skips where it is absent.
 # The suite's shared models (tests/conftest.py model_base) are built afresh in each run.
 MODEL_CACHE := $(CURDIR)/build/test-models
@@ -149,7 +150,7 @@ bazel-test: $(STAMP) $(STAMP215) $(SANDBOX_STAMP) bazel-setup
 clean:
 	rm -rf build
 
-# The Docker engine and the contract image tests/test_docker_engine.py runs (docs/docker.md):
+# The Docker engine and the contract image tests/serving/test_docker_engine.py runs (docs/docker.md):
 # docker.io installed and dockerd started when none answers (build/docker/dockerd.pid says
 # we did; docker-stop stops only that one), the image built once per machine and again
 # only when its inputs change (tools/docker/image.sh).

@@ -19,6 +19,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # refuses a wrongly ranked feed itself (servable.py), since oneDNN would abort.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
+import sys  # noqa: E402
+
+# The shared helpers (hostile_models, local_server, ...) live here; the test files, one
+# directory per package of serving_opt, import them by name.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 import pytest  # noqa: E402
 
 from serving_opt import samples  # noqa: E402
@@ -133,7 +139,7 @@ def text_classifier_base(tmp_path_factory) -> str:
 def unsandboxed(monkeypatch):
     """No sandbox, as on a machine without bubblewrap (the user consents to that with the
     TrustOptions this returns, for ``trust=``): for tests that patch the pipeline in this
-    process, which a sandboxed worker would never see. tests/test_sandbox.py covers the
+    process, which a sandboxed worker would never see. tests/sandbox/test_sandbox.py covers the
     sandboxed runs."""
     from serving_opt import sandbox
     from serving_opt.options import TrustOptions
@@ -165,7 +171,7 @@ def tree_snapshot(path: str) -> dict[str, bytes]:
     return out
 
 
-# --- TF2 / Keras 3 models (tests/test_tf2_models.py) ---------------------------------
+# --- TF2 / Keras 3 models (tests/pipeline/test_tf2_models.py) ---------------------------------
 
 TEXT_VOCABULARY = ("the", "cat", "dog", "sat", "on", "mat", "a", "bird", "flew", "away")
 HOURS = (0, 6, 12, 18)

@@ -1,6 +1,6 @@
 """Hostile SavedModels, one builder per route a model can take to touch the host.
 
-Shared by the static-check tests (tests/test_static_check.py) and the sandbox tests:
+Shared by the static-check tests (tests/savedmodel/test_static_check.py) and the sandbox tests:
 every builder takes a target directory and a *canary*, the host path the model writes
 or reads when something runs it, and returns the SavedModel directory it wrote
 (``<target_dir>/<route>/1``, so ``<target_dir>/<route>`` is a model base for servers).

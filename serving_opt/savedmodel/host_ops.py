@@ -10,7 +10,7 @@ transforms and Grappler never constant-fold them.
 How the list is made and kept (TensorFlow 2.21: 1910 registered ops; 2.15's 1862 were
 checked too). Every OpDef of the C++ registry (``TF_GetAllOpList``, a superset of
 ``tf.raw_ops``: it also has the ``_``-prefixed internal ops a GraphDef may name) falls
-in exactly one class, and ``tests/test_static_check.py`` fails when one does not, so a
+in exactly one class, and ``tests/savedmodel/test_static_check.py`` fails when one does not, so a
 TensorFlow upgrade that adds an op stops the build until someone has looked at it:
 
 1. :data:`HOST_OPS` and :data:`CONDITIONAL_HOST_OPS`: reviewed, they touch the host

@@ -38,7 +38,7 @@ A server never outlives the process that started it, even one killed with SIGKIL
     (``serving-opt.owner``: host, pid namespace, pid and start time), and the next
     ``--server=docker`` run on this host removes every labelled container whose owner is
     gone (:func:`remove_stale_containers`, from :func:`check_docker`).
-    tests/test_docker_engine.py runs all of this against a Docker engine (docs/docker.md).
+    tests/serving/test_docker_engine.py runs all of this against a Docker engine (docs/docker.md).
 
 Each server says what it is (``description``, ``note``) and which TensorFlow answers
 (``tf_version``, ``answering_tf_version()``): the image tag's release for docker,

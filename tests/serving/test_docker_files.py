@@ -5,7 +5,7 @@ What needs no engine is checked here: the pinned image tags match the validator'
 default, mounts are read-only, models.config is a ModelServerConfig that a
 TF-Serving-compatible server (the local one) loads, with two real models; the backend's
 command lines, owner labels, stale-container cleanup, pre-flight errors and auto's
-choice, with stand-in `docker` clients (each named a mock). tests/test_docker_engine.py
+choice, with stand-in `docker` clients (each named a mock). tests/serving/test_docker_engine.py
 builds and runs all of it on a Docker engine.
 """
 
@@ -19,13 +19,14 @@ import sys
 
 import grpc
 import pytest
+import repo_paths
 from google.protobuf import text_format
 
 from serving_opt.errors import ServingOptError, UsageError
 from serving_opt.options import ServingCheck
 from serving_opt.serving import backends
 
-DOCKER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docker")
+DOCKER_DIR = os.path.join(repo_paths.REPO, "docker")
 
 
 def _read(name: str) -> str:

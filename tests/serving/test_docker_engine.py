@@ -7,7 +7,7 @@ backend's containers share the host's network (--docker_network=host: the engine
 no default bridge), so every request goes to 127.0.0.1. Where no engine answers or the
 image is missing, each test is skipped with that one line, which no fresh machine is
 expected to take (tools/test_skips.py fails the run). The command lines and the labels'
-logic are tested without an engine in tests/test_docker_files.py.
+logic are tested without an engine in tests/serving/test_docker_files.py.
 """
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ from importlib import metadata
 import independent_check
 import numpy as np
 import pytest
+import repo_paths
 
 from serving_opt.serving import backends
 
 CLI = [sys.executable, "-m", "serving_opt.cli"]
 IMAGE = os.environ.get("SERVING_OPT_CONTRACT_IMAGE") or \
     f"serving-opt/tfs-contract:{metadata.version('tensorflow')}"
-DOCKER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docker")
+DOCKER_DIR = os.path.join(repo_paths.REPO, "docker")
 ON_HOST = ["--server=docker", f"--image={IMAGE}", "--docker_network=host",
            "--allow_unsandboxed"]
 WARMUP = os.path.join("assets.extra", "tf_serving_warmup_requests")

@@ -2,7 +2,7 @@
 5, its first half): a model whose init op writes a host file never loads, and nothing is
 written; ``--allow_file_ops`` (not a TF Serving flag) is the opt-in for a trusted model.
 These tests serve in this process (no sandbox: the static check alone holds);
-tests/test_serve_sandbox.py serves the same model with the opt-in, in the sandbox."""
+tests/serving/test_serve_sandbox.py serves the same model with the opt-in, in the sandbox."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ it into the published graph), a host canary, a listener or a writer; the host an
 published model are inspected afterwards.
 
 The static check would refuse these models' ReadFile/WriteFile ops: the runs pass
-``allow_file_ops`` so that the sandbox alone stands in the way (as tests/test_sandbox.py).
+``allow_file_ops`` so that the sandbox alone stands in the way (as tests/sandbox/test_sandbox.py).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import types
 
 import numpy as np
 import pytest
+import repo_paths
 
 from serving_opt.options import BuildOptions, MeasureOptions, OutputOptions
 
@@ -25,7 +26,7 @@ import serving_opt.keras as so_keras  # noqa: E402
 from serving_opt import OptimizeOptions  # noqa: E402
 from serving_opt.errors import ParityError, UsageError  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = repo_paths.REPO
 FEATURES = 4
 LOSSY = OptimizeOptions(
     measure=MeasureOptions(benchmark_runs=0),

@@ -26,6 +26,7 @@ import types
 from dataclasses import dataclass
 
 import pytest
+import repo_paths
 from conftest import tree_snapshot
 from hostile_models import (
     HOSTILE,
@@ -215,7 +216,7 @@ def test_a_network_op_dials_a_host_socket_in_plain_tensorflow(tmp_path):
     script = f"from hostile_models import run_in_plain_tensorflow as run; run({model!r})"
     process = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)})
+                               env={**os.environ, "PYTHONPATH": repo_paths.TESTS})
     try:
         connection, _ = listener.accept()
         connection.close()
@@ -416,7 +417,7 @@ def test_environment_runs_tensorflow_as_the_process_started_not_as_it_set_itself
 
 
 def test_a_sandbox_result_is_data_only():
-    # The boundary's own tests: tests/test_sandbox_results.py.
+    # The boundary's own tests: tests/sandbox/test_sandbox_results.py.
     assert sandbox.loads(sandbox.dumps({"a": (1, 2.0, "x", b"y")})) == {"a": (1, 2.0, "x", b"y")}
     with pytest.raises(ServingOptError):
         sandbox.loads(pickle.dumps({"a": 1}))
@@ -446,7 +447,7 @@ def test_a_model_reached_through_a_symlink_reaches_the_sandboxed_worker(through_
 def test_docker_needs_consent_to_run_unsandboxed(tmp_path, regressor_base, monkeypatch):
     # Mock: a `docker` stand-in whose engine answers and has the image but whose `run`
     # fails at once, so the test sees only which way validate decided before any
-    # container could start (tests/test_docker_engine.py runs the real engine).
+    # container could start (tests/serving/test_docker_engine.py runs the real engine).
     from serving_opt.serving.validate import ValidateOptions, validate
 
     bin_dir = tmp_path / "bin"

@@ -232,7 +232,7 @@ def test_auto_prefers_docker_then_binary_then_local(tmp_path, monkeypatch):
 
 
 # The binary backend end to end (a stand-in tensorflow_model_server that hands its command
-# line, unchanged, to `serving-opt serve`): tests/test_validate_runtime.py::
+# line, unchanged, to `serving-opt serve`): tests/serving/test_validate_runtime.py::
 # test_binary_backend_names_the_binary_and_the_version_it_reports.
 
 

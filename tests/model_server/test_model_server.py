@@ -334,7 +334,7 @@ def test_predict_does_not_check_placeholder_shapes_client_side(predictions):
 
 def test_a_wrongly_ranked_input_of_a_convolution_is_refused_before_the_run(predictions):
     # With oneDNN's kernels it would abort the server; the graph decides, whatever the CPU
-    # (tests/test_serve_feed_ranks.py runs both kernel sets).
+    # (tests/model_server/test_serve_feed_ranks.py runs both kernel sets).
     error = rpc_error(
         predictions.Predict, predict_request("cnn", images=np.ones((2, 16, 16), np.float32))
     )

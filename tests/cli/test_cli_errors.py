@@ -16,8 +16,9 @@ import subprocess
 import sys
 
 import pytest
+import repo_paths
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = repo_paths.REPO
 
 
 def _env() -> dict:

@@ -13,12 +13,13 @@ import os
 import re
 
 import pytest
+import repo_paths
 from saved_model_io import edit_saved_model, read_saved_model, save_tf1, serving_default
 
 from serving_opt import inspection, samples
 from serving_opt.errors import ServingOptError
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = repo_paths.REPO
 SCHEMA_DOC = os.path.join(REPO, "docs", "inspect-json-schema.md")
 N_CLASSES = len(samples.CLASS_NAMES)
 

@@ -16,6 +16,7 @@ import subprocess
 import grpc
 import numpy as np
 import pytest
+import repo_paths
 import tensorflow as tf
 from local_server import running
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
@@ -25,7 +26,7 @@ from serving_opt.model_server.status import ServingStatusError
 from serving_opt.model_server.tflite import TfLiteServable, flex_nodes
 
 # realpath: under Bazel this file is a runfiles symlink; the venv is beside the source.
-TF215_PYTHON = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))),
+TF215_PYTHON = os.path.join(repo_paths.SOURCE_REPO,
                             ".venv-tf215", "bin", "python")
 
 # Runs a model.tflite's default signature with TensorFlow 2.15's interpreter (which has

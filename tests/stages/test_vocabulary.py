@@ -10,6 +10,7 @@ import shutil
 
 import numpy as np
 import pytest
+import repo_paths
 import tensorflow as tf
 from independent_check import assert_outputs_match, example
 
@@ -123,7 +124,7 @@ def test_real_estimator_exports_vocabularies_are_compacted_and_pass_the_gate(ver
     """The corpus's Estimator exports (a vocabulary-file feature column) written by the
     oldest and the newest TensorFlow here: compacted, and the default lossy gate (on
     inputs synthesized from the vocabulary) passes them."""
-    corpus = os.path.join(os.path.dirname(__file__), "corpus", "models", f"tf-{version}",
+    corpus = os.path.join(repo_paths.TESTS, "corpus", "models", f"tf-{version}",
                           "estimator_tf1")
     # A copy: under Bazel, the corpus's files are symlinks out of the model directory,
     # which the optimizer refuses to follow.

@@ -27,6 +27,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import repo_paths
 
 from serving_opt.errors import ServingOptError, UsageError
 from serving_opt.options import MeasureOptions, ServingCheck, TargetOptions, TrustOptions
@@ -36,7 +37,7 @@ from serving_opt.serving.markers import MARKER_OK, write_marker
 from serving_opt.serving.validate import ValidateOptions, validate
 
 # realpath: under Bazel this file is a runfiles symlink; the venvs are beside the source.
-ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+ROOT = repo_paths.SOURCE_REPO
 PY215 = os.path.join(ROOT, ".venv-tf215", "bin", "python")
 needs_tf215 = pytest.mark.skipif(not os.path.exists(PY215),
                                  reason="needs the TF 2.15 venv (make venv-tf215)")

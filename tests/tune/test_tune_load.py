@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import repo_paths
 
 from serving_opt.model_server import ServerOptions, serve
 from serving_opt.tune import load, payloads
@@ -122,8 +123,7 @@ def test_the_generator_measures_what_an_independent_one_measures(timer_bound_ser
     import statistics
     import sys
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))), "benchmarks"))
+    sys.path.insert(0, os.path.join(repo_paths.REPO, "benchmarks"))
     import independent_load
 
     built = payloads.build(convnet_dir, "convnet", 1, "serving_default", 1)

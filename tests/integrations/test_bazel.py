@@ -17,8 +17,9 @@ import subprocess
 import tempfile
 
 import pytest
+import repo_paths
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = repo_paths.REPO
 TINY_MODEL = os.path.join(ROOT, "examples", "tiny_model")
 
 needs_bazel = pytest.mark.skipif(

@@ -125,7 +125,7 @@ def test_resize_batch_cycles_rows_to_the_size_asked():
 def test_cli_usage_errors_exit_2_before_reading_the_model(flags, tmp_path, capsys):
     # The input does not exist: any error but a usage error means work was attempted
     # before the flags were checked. In this process (cli.main is what the entry point
-    # exits with): the exit code of a real process is tests/test_optimize_cli.py's.
+    # exits with): the exit code of a real process is tests/cli/test_optimize_cli.py's.
     out = tmp_path / "out"
     code = cli.main(["serving-opt", "optimize", f"--input_dir={tmp_path / 'missing'}",
                      f"--output_base={out}", "--noprogress", *flags])

@@ -4,7 +4,7 @@ requests on host ports, while the models it loads see no host file, no host netw
 no host identity.
 
 The hostile models are served with ``--allow_file_ops`` (the static check's opt-in), so
-the sandbox alone stands in their way; tests/test_serve_static_check.py shows the same
+the sandbox alone stands in their way; tests/serving/test_serve_static_check.py shows the same
 write is real in an unsandboxed server.
 """
 

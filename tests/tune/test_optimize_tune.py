@@ -1,6 +1,6 @@
 """``serving-opt optimize --tune``: its flags are checked with optimize's, before any work.
 
-The tuning itself is ``serving-opt tune``'s (tests/test_tune_cli.py runs it end to end);
+The tuning itself is ``serving-opt tune``'s (tests/tune/test_tune_cli.py runs it end to end);
 here: a tune flag without ``--tune`` is a usage error, ``--tune`` without its objective or
 output directory is one, and tune's own checks (a bad SLO) come before optimize starts,
 so nothing is published.

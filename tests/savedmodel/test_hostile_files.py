@@ -26,6 +26,7 @@ import subprocess
 import sys
 
 import pytest
+import repo_paths
 from conftest import tree_snapshot
 
 from serving_opt import inspection
@@ -34,7 +35,7 @@ from serving_opt.options import BuildOptions, MeasureOptions, OutputOptions, Ser
 from serving_opt.pipeline.optimizer import OptimizeOptions, optimize, plan
 from serving_opt.savedmodel import writer
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = repo_paths.REPO
 QUICK = OptimizeOptions(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 
 

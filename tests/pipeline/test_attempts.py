@@ -181,5 +181,5 @@ def test_a_regression_with_nothing_to_fall_back_to_is_refused_or_allowed(
 
 
 # The lossy gate's two attempts (everything quantized, then the tables alone, then refused)
-# on a real model, sandboxed: tests/test_quantize.py::
+# on a real model, sandboxed: tests/stages/test_quantize.py::
 # test_a_lossy_gate_too_tight_tries_the_tables_alone_then_refuses, which builds that model.

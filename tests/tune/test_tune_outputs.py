@@ -18,6 +18,7 @@ import os
 import re
 
 import pytest
+import repo_paths
 from absl import flags
 from tune_reports import synthetic_report
 
@@ -33,7 +34,7 @@ from serving_opt.tune.settings import (
     ThreadSettings,
 )
 
-DOCKER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docker")
+DOCKER_DIR = os.path.join(repo_paths.REPO, "docker")
 
 
 def _upstream_message():
