@@ -27,7 +27,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+# The source tree's copy, also under Bazel, whose runfiles are symlinks out of each model
+# directory (which inspect and optimize rightly refuse).
+CORPUS = os.path.join(os.path.dirname(os.path.realpath(__file__)), "corpus")
 PARSE_OPS = ("ParseExample", "ParseExampleV2")
 BATCH = 3
 

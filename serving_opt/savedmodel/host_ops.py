@@ -380,6 +380,9 @@ REVIEWED_NOT_HOST: tuple[tuple[str, str], ...] = (
      r"RoundRobinTrim|Utf8Binarize|WhitespaceTokenizeWithOffsetsV2)",
      "TensorFlow Text: models and vocabularies arrive as tensors, attrs or tables"),
     (r"ShardedFilename|ShardedFilespec", "format a file name string; open nothing"),
+    (r"TFLite_Detection_PostProcess",
+     "TFLite's SSD post-processing (box decoding and NMS on tensors), in the registry once "
+     "TFLite's converter is imported; opens nothing"),
     (r"(Scalar|Histogram|Image|Audio|Tensor|Merge)Summary(V2)?|"
      r"(Experimental)?StatsAggregatorSummary",
      "serialize a Summary proto in memory (the Write*Summary ops write; listed)"),
