@@ -1,5 +1,4 @@
-"""serving_opt: smaller, faster, proven-equivalent TensorFlow SavedModels for TF Serving.
-"""
+"""serving_opt: smaller, faster, proven-equivalent TensorFlow SavedModels for TF Serving."""
 
 from __future__ import annotations
 

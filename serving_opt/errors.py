@@ -48,8 +48,7 @@ def first_line(e: BaseException) -> str:
 
 
 class ServingOptError(Exception):
-    """A failure with a user-facing explanation.
-    """
+    """A failure with a user-facing explanation."""
 
     exit_code = EXIT_FAILURE
 

@@ -98,8 +98,7 @@ def _terminate_like_interrupt() -> None:
 
 
 def run(argv: Sequence[str] | None = None, default_command: str | None = None) -> int:
-    """Parses ``argv`` (default ``sys.argv``) and runs one command; exits the process.
-    """
+    """Parses ``argv`` (default ``sys.argv``) and runs one command; exits the process."""
     sys.exit(main(argv, default_command))
 
 
@@ -180,8 +179,7 @@ def _published_statement() -> str:
 
 
 def interrupted_message(command: str | None) -> str:
-    """The one line for an interrupted command: a true statement of what was published.
-    """
+    """The one line for an interrupted command: a true statement of what was published."""
     # Only writer.publish() publishes, and it records each version it renamed into place.
     staging = sys.modules.get("serving_opt.savedmodel.staging")
     published = list(getattr(staging, "published", ()))
@@ -326,16 +324,14 @@ def define_model_dir(fv: flags.FlagValues, name: str, help_text: str, *,
 
 
 def check_model_dir_name(name: str) -> None:
-    """ValueError unless ``name`` follows the model directory flag convention.
-    """
+    """ValueError unless ``name`` follows the model directory flag convention."""
     if name not in (SAVED_MODEL_DIR, MODEL_BASE_PATH) \
             and not name.endswith("_" + SAVED_MODEL_DIR):
         raise ValueError(f"--{name} does not follow the model directory flag convention")
 
 
 def alias(old: str, name: str, fv: flags.FlagValues, module_name: str | None = None) -> None:
-    """``--old`` sets ``--name``, as it did before the flag was renamed.
-    """
+    """``--old`` sets ``--name``, as it did before the flag was renamed."""
     module_name = module_name or sys._getframe(1).f_globals["__name__"]
     flags.DEFINE_alias(old, name, flag_values=fv, module_name=module_name)
     fv[name]._aliases = (*getattr(fv[name], "_aliases", ()), old)

@@ -23,8 +23,7 @@ from absl import flags
 
 
 def flag_fields(group: type, skip: Iterable[str] = ()) -> list[dataclasses.Field]:
-    """The fields of ``group`` that are flags (they have help), in field order.
-    """
+    """The fields of ``group`` that are flags (they have help), in field order."""
     return [f for f in dataclasses.fields(group)
             if f.metadata.get("help") and f.name not in set(skip)]
 

@@ -28,8 +28,7 @@ _DEFAULT_OPTIONS = CompareOptions()
 
 
 def require_beam() -> None:
-    """Raises the one-line error when Apache Beam is not installed.
-    """
+    """Raises the one-line error when Apache Beam is not installed."""
     try:
         import apache_beam  # noqa: F401
         import google_crc32c  # noqa: F401
@@ -261,8 +260,7 @@ def _pipeline_failure(e: BaseException) -> ServingOptError:
 def compare(baseline: str, candidate: str, examples: str,
             options: CompareOptions = _DEFAULT_OPTIONS,
             progress: Callable[[str], None] | None = None) -> CompareReport:
-    """Compares two SavedModels' answers on every example matching ``examples``.
-    """
+    """Compares two SavedModels' answers on every example matching ``examples``."""
     require_beam()
     say = progress or (lambda _m: None)
     if options.batch_size < 1 or options.worst_k < 0 or options.direct_num_workers < 1:

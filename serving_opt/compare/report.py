@@ -108,8 +108,7 @@ class CompareReport:
 def report_from_lines(lines: list[dict], baseline: str, candidate: str, pattern: str,
                       shards: int, options: CompareOptions, skipped: dict,
                       seconds: float) -> CompareReport:
-    """The report from the pipeline's result lines (``pipeline.result_line``).
-    """
+    """The report from the pipeline's result lines (``pipeline.result_line``)."""
     labels = histogram_labels()
     count = next((line["examples"] for line in lines if line["kind"] == "count"), 0)
     outputs, errors = [], []

@@ -28,8 +28,7 @@ DEFAULT_WORST_K = 10
 
 
 def histogram_labels() -> list[str]:
-    """Labels of HISTOGRAM_BOUNDS: '0', '<=1e-09', ..., '<=1', '>1'.
-    """
+    """Labels of HISTOGRAM_BOUNDS: '0', '<=1e-09', ..., '<=1', '>1'."""
     labels = ["0"]
     for bound in HISTOGRAM_BOUNDS[1:-1]:
         labels.append(f"<={bound:g}")

@@ -58,26 +58,22 @@ NOT_GATED = "reported, not gated (lossy)"
 
 
 def is_float_dtype(dtype: str) -> bool:
-    """Whether a dtype name (numpy's) is a floating or complex type.
-    """
+    """Whether a dtype name (numpy's) is a floating or complex type."""
     return dtype.startswith(("float", "complex", "bfloat"))
 
 
 def is_probability_output(name: str) -> bool:
-    """Whether an output's name says it holds a classifier's probabilities or scores.
-    """
+    """Whether an output's name says it holds a classifier's probabilities or scores."""
     return name.lower() in PROBABILITY_OUTPUTS
 
 
 def is_class_id_output(name: str) -> bool:
-    """Whether an output's name says it holds one class id per row.
-    """
+    """Whether an output's name says it holds one class id per row."""
     return name.lower() in CLASS_ID_OUTPUTS
 
 
 def has_class_rows(shape: Iterable[int]) -> bool:
-    """Whether an answer of this shape (batch first) holds rows of two or more classes.
-    """
+    """Whether an answer of this shape (batch first) holds rows of two or more classes."""
     shape = tuple(shape)
     return len(shape) >= 2 and shape[-1] >= 2
 
@@ -94,8 +90,7 @@ class Kind(str, enum.Enum):
 
 
 def output_kind(name: str, dtype: str, class_rows: bool) -> Kind:
-    """The kind of an output from its name, dtype name and whether it has class rows.
-    """
+    """The kind of an output from its name, dtype name and whether it has class rows."""
     if not is_float_dtype(dtype):
         return Kind.DISCRETE
     if class_rows and is_probability_output(name):
@@ -115,8 +110,7 @@ class FloatDifferences(NamedTuple):
 
 
 def float_differences(reference, candidate, atol: float, rtol: float) -> FloatDifferences:
-    """The tolerance rule element by element, for float arrays of one shape.
-    """
+    """The tolerance rule element by element, for float arrays of one shape."""
     ref = np.asarray(reference).astype(np.float64)
     cand = np.asarray(candidate).astype(np.float64)
     close = np.isclose(cand, ref, atol=atol, rtol=rtol, equal_nan=True)
@@ -148,8 +142,7 @@ class ArrayDiff(NamedTuple):
 
 
 def compare_arrays(reference, candidate, atol: float, rtol: float) -> ArrayDiff:
-    """How ``candidate`` differs from ``reference`` under the tolerance rule.
-    """
+    """How ``candidate`` differs from ``reference`` under the tolerance rule."""
     reference, candidate = np.asarray(reference), np.asarray(candidate)
     broken = structural_break(reference, candidate)
     if broken:
@@ -247,8 +240,7 @@ def row_agreement(pairs: Iterable[tuple], cap: float = np.inf) -> RowAgreement |
 
 
 def changed_rows(expected, actual) -> np.ndarray:
-    """bool [rows] (first axis): rows of an exact-compared output where a value differs.
-    """
+    """bool [rows] (first axis): rows of an exact-compared output where a value differs."""
     expected, actual = np.asarray(expected), np.asarray(actual)
     differs = np.asarray(expected != actual)
     if differs.ndim == 0:
@@ -272,8 +264,7 @@ class Verdict:
 
 
 def wilson_interval(agreeing: int, rows: int, z: float = CONFIDENCE_Z) -> tuple[float, float]:
-    """The Wilson score interval of a proportion (95% by default).
-    """
+    """The Wilson score interval of a proportion (95% by default)."""
     if rows <= 0:
         return 0.0, 1.0
     p = agreeing / rows
@@ -360,8 +351,7 @@ class Gate(Protocol):
 
 @dataclass(frozen=True)
 class ToleranceGate:
-    """The tolerance rule: no element may differ beyond ``atol + rtol * |reference|``.
-    """
+    """The tolerance rule: no element may differ beyond ``atol + rtol * |reference|``."""
 
     atol: float = DEFAULT_ATOL
     rtol: float = DEFAULT_RTOL
@@ -445,8 +435,7 @@ def _agreement_text(check: OutputCheck) -> str:
 
 
 def judged(check: OutputCheck, gate: Gate) -> OutputCheck:
-    """``check`` with ``gate``'s verdict.
-    """
+    """``check`` with ``gate``'s verdict."""
     return dataclasses.replace(check, verdict=gate.judge(check))
 
 

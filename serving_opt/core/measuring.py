@@ -79,8 +79,7 @@ class Budget:
 
 
 def seconds_until(deadline: float | None) -> float:
-    """Seconds from now until a ``time.monotonic`` deadline (0 once past; inf for None).
-    """
+    """Seconds from now until a ``time.monotonic`` deadline (0 once past; inf for None)."""
     return math.inf if deadline is None else max(0.0, deadline - time.monotonic())
 
 

@@ -105,8 +105,7 @@ def to_jsonable(value):
 
 
 def write_json(report, path: str) -> str:
-    """Writes a report as JSON atomically (a reader never sees half a file).
-    """
+    """Writes a report as JSON atomically (a reader never sees half a file)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".report-", dir=directory)

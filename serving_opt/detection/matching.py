@@ -206,8 +206,7 @@ def _image(boxes, scores, classes, count: int) -> tuple[np.ndarray, np.ndarray, 
 def match_image(ref_boxes, ref_scores, ref_classes, cand_boxes, cand_scores, cand_classes,
                 iou_threshold: float = LOSSLESS_IOU, score_atol: float = 1e-5,
                 score_rtol: float = 1e-4) -> ImageMatch:
-    """Matches one image's detections (already cut to the valid count) by class and IoU.
-    """
+    """Matches one image's detections (already cut to the valid count) by class and IoU."""
     rb, rs, rc = _image(ref_boxes, ref_scores, ref_classes, len(ref_scores))
     cb, cs, cc = _image(cand_boxes, cand_scores, cand_classes, len(cand_scores))
     matched = moved = outside = replaced = 0
@@ -296,8 +295,7 @@ class TopKAgreement:
 
 
 def topk_agreement(reference, candidate) -> TopKAgreement:
-    """Compares top-k index outputs row by row (the last axis holds the k indices).
-    """
+    """Compares top-k index outputs row by row (the last axis holds the k indices)."""
     ref = np.asarray(reference)
     cand = np.asarray(candidate)
     if ref.shape != cand.shape:
@@ -341,8 +339,7 @@ class ArgmaxChanges:
 
 
 def argmax_changes(reference, candidate) -> ArgmaxChanges:
-    """Counts argmax answers that differ between two runs.
-    """
+    """Counts argmax answers that differ between two runs."""
     ref = np.asarray(reference)
     cand = np.asarray(candidate)
     if ref.shape != cand.shape:

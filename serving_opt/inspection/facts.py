@@ -126,8 +126,7 @@ def _signature_report(key: str, sig) -> SignatureReport:
 
 
 def under(path: str, directory: str) -> bool:
-    """Whether ``path`` is ``directory`` or inside it (by name; no link is followed).
-    """
+    """Whether ``path`` is ``directory`` or inside it (by name; no link is followed)."""
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
@@ -168,14 +167,12 @@ V1_CHECKPOINT = "v1 checkpoint"
 
 
 def variables_prefix(path: str) -> str:
-    """The checkpoint prefix of the SavedModel in ``path`` (``variables/variables``).
-    """
+    """The checkpoint prefix of the SavedModel in ``path`` (``variables/variables``)."""
     return os.path.join(path, "variables", "variables")
 
 
 def unread_variables(limit_bytes: int, status: str = "unreadable") -> VariablesReport:
-    """The report of a checkpoint that is not read (``status``: unreadable or absent).
-    """
+    """The report of a checkpoint that is not read (``status``: unreadable or absent)."""
     return VariablesReport(status, None, 0, 0, (), limit_bytes)
 
 
@@ -250,8 +247,7 @@ def _tensor_bytes(reader, key: str, shape: tuple[int, ...], dtype) -> int:
 
 
 def disk_usage(path: str) -> DiskUsage:
-    """Bytes on disk of the SavedModel in ``path`` and of its parts.
-    """
+    """Bytes on disk of the SavedModel in ``path`` and of its parts."""
     proto = os.path.join(path, "saved_model.pb")
     if not os.path.isfile(proto):
         proto = os.path.join(path, "saved_model.pbtxt")

@@ -66,8 +66,7 @@ class GraphDefReport:
 
 
 def inspect_graph_def(path: str) -> GraphDefReport:
-    """Reads the ``.pb`` at ``path`` (never runs it) and reports on it.
-    """
+    """Reads the ``.pb`` at ``path`` (never runs it) and reports on it."""
     graph_def = frozen_graph.read_graph_def(path)
     found = frozen_graph.interface(graph_def)
     nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]

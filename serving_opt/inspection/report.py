@@ -247,8 +247,7 @@ class InspectionReport:
     risks: tuple[Risk, ...] = field(default=())
 
     def to_dict(self) -> JsonDict:
-        """The report as plain dicts/lists, the structure of docs/inspect-json-schema.md.
-        """
+        """The report as plain dicts/lists, the structure of docs/inspect-json-schema.md."""
         return {
             "schema_version": SCHEMA_VERSION,
             "path": self.path,
@@ -260,13 +259,11 @@ class InspectionReport:
         }
 
     def to_json(self, indent: Optional[int] = 2) -> str:
-        """The report as JSON text.
-        """
+        """The report as JSON text."""
         return json.dumps(self.to_dict(), indent=indent)
 
     def format_table(self) -> str:
-        """The report as aligned, human-readable text.
-        """
+        """The report as aligned, human-readable text."""
         return "\n".join(format_report(self))
 
 
@@ -341,8 +338,7 @@ def _format_meta_graph(m: MetaGraphReport) -> list[str]:
 
 
 def format_report(r: InspectionReport) -> list[str]:
-    """The lines of ``InspectionReport.format_table()``.
-    """
+    """The lines of ``InspectionReport.format_table()``."""
     d = r.disk
     v = r.variables
     lines = [

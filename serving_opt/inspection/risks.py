@@ -98,8 +98,7 @@ def meta_graph_risks(
 
 
 def variable_risks(checkpoint: CheckpointRead, path: str, limit_bytes: int) -> list[Risk]:
-    """An unreadable checkpoint, or every variable over the protobuf limit.
-    """
+    """An unreadable checkpoint, or every variable over the protobuf limit."""
     if checkpoint.error is not None:
         prefix = variables_prefix(path)
         return [Risk(
@@ -122,8 +121,7 @@ def variable_risks(checkpoint: CheckpointRead, path: str, limit_bytes: int) -> l
 
 
 def link_risk(link: model_files.UnsafeLink, model_dir: str) -> Risk:
-    """A symlink out of the model (or to nowhere).
-    """
+    """A symlink out of the model (or to nowhere)."""
     subject = os.path.relpath(link.path, model_dir)
     return Risk(
         "symlink", SEVERITY_ERROR,

@@ -83,8 +83,7 @@ def options(args: argparse.Namespace):
 
 
 def copy_model(input_dir: str, srcs: Sequence[str], dest: str) -> str:
-    """Copies the declared files of the model at ``input_dir`` (or all of it) into ``dest``.
-    """
+    """Copies the declared files of the model at ``input_dir`` (or all of it) into ``dest``."""
     from serving_opt.errors import UsageError
 
     if not srcs:
@@ -106,8 +105,7 @@ def copy_model(input_dir: str, srcs: Sequence[str], dest: str) -> str:
 
 
 def build(args: argparse.Namespace) -> None:
-    """Optimizes ``args.input_dir`` into the (empty or new) ``args.output_dir``.
-    """
+    """Optimizes ``args.input_dir`` into the (empty or new) ``args.output_dir``."""
     from serving_opt.core import rendering as report_lib
     from serving_opt.pipeline.optimizer import optimize
 
@@ -136,8 +134,7 @@ def build(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``//serving_opt:bazel_build``; returns the exit code.
-    """
+    """Entry point of ``//serving_opt:bazel_build``; returns the exit code."""
     args = _parser().parse_args(argv)
     if args.verbosity <= 0:
         # Bazel prints whatever an action writes; a successful build should print nothing,

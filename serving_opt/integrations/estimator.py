@@ -110,8 +110,7 @@ class ExportOptimizationError(ServingOptError):
 
 @dataclass(frozen=True)
 class OptimizedExport:
-    """One export: what TF Serving now serves and where the plain export is.
-    """
+    """One export: what TF Serving now serves and where the plain export is."""
 
     export_dir: str  # <base>/<version>: the optimized model, or the plain one on fallback
     raw_export_dir: str  # the Estimator's plain export, kept in the raw base

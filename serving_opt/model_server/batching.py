@@ -97,8 +97,7 @@ def _message_class():
 
 
 def parse_batching_parameters(text: str, source: str = "<batching parameters>") -> dict:
-    """Parses and validates a text BatchingParameters; returns the values that were set.
-    """
+    """Parses and validates a text BatchingParameters; returns the values that were set."""
     from google.protobuf import text_format
 
     params = _message_class()()
@@ -167,8 +166,7 @@ def read_batching_parameters(path: str) -> dict:
 
 @dataclass(frozen=True)
 class BatchingOptions:
-    """The scheduler and session options of one BatchingParameters (upstream defaults).
-    """
+    """The scheduler and session options of one BatchingParameters (upstream defaults)."""
 
     max_batch_size: int = 1000
     batch_timeout_micros: int = 0

@@ -32,8 +32,7 @@ def find_signature(signature_defs, signature_name: str, options: RequestOptions)
 
 
 def tensor_names(signature, options: RequestOptions) -> tuple[str, list[str]]:
-    """(input tensor, [classes tensor?, scores tensor?]) after the structure checks.
-    """
+    """(input tensor, [classes tensor?, scores tensor?]) after the structure checks."""
     if options.signature_method_name_check and signature.method_name != METHOD_CLASSIFY:
         raise method_name_error(signature, METHOD_CLASSIFY, "classification")
     if len(signature.inputs) != 1:
@@ -74,8 +73,7 @@ def _check_matrix(kind: str, fetched: Fetched, dtype: int, num_examples: int) ->
 
 
 def fill_result(signature, num_examples: int, output_names, fetched, result) -> None:
-    """Validates the fetched tensors and fills a ``ClassificationResult`` (C++ post-processing).
-    """
+    """Validates the fetched tensors and fills a ``ClassificationResult`` (C++ post-processing)."""
     from tensorflow.core.framework import types_pb2
 
     if len(fetched) != len(output_names):
@@ -116,8 +114,7 @@ def fill_result(signature, num_examples: int, output_names, fetched, result) -> 
 
 
 def run_classify(servable: Servable, request, options: RequestOptions, version: int | None):
-    """Runs a ``ClassificationRequest``; returns the ``ClassificationResponse``.
-    """
+    """Runs a ``ClassificationRequest``; returns the ``ClassificationResponse``."""
     from tensorflow_serving.apis import classification_pb2
 
     response = classification_pb2.ClassificationResponse()

@@ -59,8 +59,7 @@ class State(enum.IntEnum):
 
 @dataclass(frozen=True)
 class VersionStatus:
-    """One version's last state and error (None: OK).
-    """
+    """One version's last state and error (None: OK)."""
 
     version: int
     state: State
@@ -109,14 +108,12 @@ class _Harness:
 
 
 def servable_request_text(name: str, version: int | None) -> str:
-    """C++ ``ServableRequest::DebugString``, quoted in NOT_FOUND errors.
-    """
+    """C++ ``ServableRequest::DebugString``, quoted in NOT_FOUND errors."""
     return f"Latest({name})" if version is None else f"Specific({name}, {version})"
 
 
 class ServerCore:
-    """Models, their versions and the manager thread; see the module docstring.
-    """
+    """Models, their versions and the manager thread; see the module docstring."""
 
     def __init__(self, options: CoreOptions) -> None:
         self.options = options
@@ -265,8 +262,7 @@ class ServerCore:
             self._changed.notify_all()
 
     def version_statuses(self, name: str) -> list[VersionStatus]:
-        """Every version ever seen of ``name``, highest first (GetModelStatus order).
-        """
+        """Every version ever seen of ``name``, highest first (GetModelStatus order)."""
         with self._lock:
             versions = self._states.get(name, {})
             return [versions[v][0] for v in sorted(versions, reverse=True)]
@@ -286,8 +282,7 @@ class ServerCore:
     # ------------------------------------------------------------------ request side
 
     def resolve(self, model_spec) -> tuple[str, int | None]:
-        """ModelSpec -> (name, version or None for latest), per ServableRequestFromModelSpec.
-        """
+        """ModelSpec -> (name, version or None for latest), per ServableRequestFromModelSpec."""
         if not model_spec.name:
             raise invalid_argument("ModelSpec has no name specified.")
         choice = model_spec.WhichOneof("version_choice")
@@ -511,8 +506,7 @@ class ServerCore:
     # ------------------------------------------------------------------------ shutdown
 
     def stop(self, timeout: float | None = 30.0) -> None:
-        """Stops polling and closes every loaded session (waits for requests in flight).
-        """
+        """Stops polling and closes every loaded session (waits for requests in flight)."""
         self._stopping.set()
         self._wake.set()
         with self._changed:

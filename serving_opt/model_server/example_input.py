@@ -82,8 +82,7 @@ class ExampleApi:
     fill_result: Callable
 
     def run(self, servable, request, response, options: RequestOptions, version: int | None):
-        """Runs ``request`` on ``servable`` and fills ``response`` (returned).
-        """
+        """Runs ``request`` on ``servable`` and fills ``response`` (returned)."""
         signature = self.find_signature(
             servable.signature_defs, request.model_spec.signature_name, options
         )

@@ -1,5 +1,4 @@
-"""Turning ServingStatusError into gRPC statuses, and client deadlines into run timeouts.
-"""
+"""Turning ServingStatusError into gRPC statuses, and client deadlines into run timeouts."""
 
 from __future__ import annotations
 

@@ -97,8 +97,7 @@ CODECS: dict[int, Codec] = {
 
 
 def dtype_string(dtype: int) -> str:
-    """TF ``DataTypeString``: ``float``, ``int64``, ``string``, ``half``...
-    """
+    """TF ``DataTypeString``: ``float``, ``int64``, ``string``, ``half``..."""
     try:
         name = types_pb2.DataType.Name(dtype)
     except ValueError:
@@ -129,8 +128,7 @@ def decode_b64(value) -> bytes:
 
 
 def type_error(value, dtype: int) -> ServingStatusError:
-    """A JSON value of the wrong type for ``dtype``.
-    """
+    """A JSON value of the wrong type for ``dtype``."""
     return invalid_argument(
         f"JSON Value: {debug_string(value)} Type: {json_type(value)} is not of expected "
         f"type: {dtype_string(dtype)}"
@@ -138,8 +136,7 @@ def type_error(value, dtype: int) -> ServingStatusError:
 
 
 def add_value(value, dtype: int, tensor) -> None:
-    """Appends one JSON scalar (or b64 object) to ``tensor`` as a ``dtype`` element.
-    """
+    """Appends one JSON scalar (or b64 object) to ``tensor`` as a ``dtype`` element."""
     codec = CODECS.get(dtype)
     if isinstance(value, dict):
         if codec is None or not codec.b64:
@@ -156,8 +153,7 @@ def add_value(value, dtype: int, tensor) -> None:
 
 
 def json_values(tensor, name: str) -> list:
-    """The flat values of response tensor ``name`` as JSON-ready items.
-    """
+    """The flat values of response tensor ``name`` as JSON-ready items."""
     codec = CODECS.get(tensor.dtype)
     if codec is None:
         raise invalid_argument(

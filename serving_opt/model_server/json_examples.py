@@ -28,8 +28,7 @@ _KIND_NAMES = {"bytes_list": "bytes", "float_list": "float", "int64_list": "int6
 
 def parse_classify_regress_request(request, body: bytes,
                                    max_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
-    """``FillClassificationRequestFromJson`` / ``FillRegressionRequestFromJson``.
-    """
+    """``FillClassificationRequestFromJson`` / ``FillRegressionRequestFromJson``."""
     check_object_tree(body, max_bytes)
     doc = parse_json(body)
     signature = signature_name(doc)

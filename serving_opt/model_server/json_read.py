@@ -76,8 +76,7 @@ def check_object_tree(body: bytes, max_bytes: int, max_values: int = MAX_OBJECT_
 
 
 def parse_json(body: bytes) -> dict:
-    """``ParseJson``: the body's first JSON value, which must be an object.
-    """
+    """``ParseJson``: the body's first JSON value, which must be an object."""
     if not body:
         raise invalid_argument("JSON Parse error: The document is empty")
     try:
@@ -111,8 +110,7 @@ def parse_json(body: bytes) -> dict:
 
 
 def json_type(value) -> str:
-    """rapidjson's type name of a parsed value, as error messages print it.
-    """
+    """rapidjson's type name of a parsed value, as error messages print it."""
     if value is None:
         return "Null"
     if value is True:
@@ -129,8 +127,7 @@ def json_type(value) -> str:
 
 
 def signature_name(doc: dict) -> str | None:
-    """The document's ``signature_name``, None when it has none; it must be a string.
-    """
+    """The document's ``signature_name``, None when it has none; it must be a string."""
     if "signature_name" not in doc:
         return None
     if not isinstance(doc["signature_name"], str):
@@ -142,8 +139,7 @@ def signature_name(doc: dict) -> str | None:
 
 
 def fill_model_spec(spec, name: str, version: int | None, label: str | None) -> None:
-    """``FillModelSpecWithNameVersionAndLabel``: the URL's model, version or label.
-    """
+    """``FillModelSpecWithNameVersionAndLabel``: the URL's model, version or label."""
     spec.name = name
     if version is not None and label is not None:
         raise invalid_argument(

@@ -162,8 +162,7 @@ def dumps(value, limit: int | None = None) -> bytes:
 
 
 def single_lines(value, depth: int = 0):
-    """``value`` with every list a :class:`SingleLine` (a JSON value written on one line).
-    """
+    """``value`` with every list a :class:`SingleLine` (a JSON value written on one line)."""
     # Below MAX_DEBUG_BYTES levels nothing is printed (every level writes a byte): not
     # descending further keeps a deeply nested request from overflowing the stack.
     if depth > MAX_DEBUG_BYTES:
@@ -176,14 +175,12 @@ def single_lines(value, depth: int = 0):
 
 
 def debug_string(value) -> str:
-    """``JsonValueToDebugString``: one-line arrays, cut at 256 bytes (errors only).
-    """
+    """``JsonValueToDebugString``: one-line arrays, cut at 256 bytes (errors only)."""
     return dumps(single_lines(value), MAX_DEBUG_BYTES).decode("utf-8", "replace")
 
 
 def decimal(value, double: bool = False) -> Raw:
-    """``WriteDecimal``: %g with 6 digits if it round-trips, else max_digits10; ``.0`` added.
-    """
+    """``WriteDecimal``: %g with 6 digits if it round-trips, else max_digits10; ``.0`` added."""
     value = float(value)
     if math.isnan(value):
         return Raw("NaN")
@@ -241,14 +238,12 @@ def _message_to_json(message, **kwargs) -> str:
 
 
 def status_response_json(response) -> bytes:
-    """GetModelStatusResponse as JSON (``ToJsonString``: fields with defaults printed).
-    """
+    """GetModelStatusResponse as JSON (``ToJsonString``: fields with defaults printed)."""
     return _message_to_json(response, indent=1, ensure_ascii=False).encode("utf-8")
 
 
 def metadata_response_json(response) -> bytes:
-    """GetModelMetadataResponse as JSON: model_spec and the unpacked SignatureDefMap.
-    """
+    """GetModelMetadataResponse as JSON: model_spec and the unpacked SignatureDefMap."""
     from tensorflow_serving.apis import get_model_metadata_pb2
 
     def to_json(message) -> str:

@@ -16,8 +16,7 @@ _URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def single_model_config(name: str, base_path: str):
-    """The config TF Serving builds from ``--model_name`` and ``--model_base_path``.
-    """
+    """The config TF Serving builds from ``--model_name`` and ``--model_base_path``."""
     from tensorflow_serving.config import model_server_config_pb2
 
     config = model_server_config_pb2.ModelServerConfig()
@@ -29,8 +28,7 @@ def single_model_config(name: str, base_path: str):
 
 
 def parse_config_text(text: str, source: str = "<config>"):
-    """Parses a text-format ModelServerConfig.
-    """
+    """Parses a text-format ModelServerConfig."""
     from google.protobuf import text_format
     from tensorflow_serving.config import model_server_config_pb2
 
@@ -46,14 +44,12 @@ def parse_config_text(text: str, source: str = "<config>"):
 
 
 def read_config_file(path: str):
-    """Reads ``--model_config_file`` (text ModelServerConfig).
-    """
+    """Reads ``--model_config_file`` (text ModelServerConfig)."""
     return parse_config_text(read_text_file(path), path)
 
 
 def read_text_file(path: str) -> str:
-    """A text config file the server was given, failing with the server's status errors.
-    """
+    """A text config file the server was given, failing with the server's status errors."""
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
@@ -64,8 +60,7 @@ def read_text_file(path: str) -> str:
 
 
 def platform_of(model) -> str:
-    """A ModelConfig's platform, honouring the deprecated ``model_type`` like C++ GetPlatform.
-    """
+    """A ModelConfig's platform, honouring the deprecated ``model_type`` like C++ GetPlatform."""
     from tensorflow_serving.config import model_server_config_pb2
 
     if model.model_type != model_server_config_pb2.MODEL_TYPE_UNSPECIFIED:
@@ -88,8 +83,7 @@ def platform_of(model) -> str:
 
 
 def validate(config) -> None:
-    """Raises ServingStatusError for a config TF Serving would refuse (or we cannot serve).
-    """
+    """Raises ServingStatusError for a config TF Serving would refuse (or we cannot serve)."""
     kind = config.WhichOneof("config")
     if kind == "custom_model_config":
         raise invalid_argument("ModelServer does not yet support custom model config.")
@@ -123,8 +117,7 @@ def validate(config) -> None:
 
 
 def model_configs(config) -> list:
-    """The ModelConfig entries (none for an empty config).
-    """
+    """The ModelConfig entries (none for an empty config)."""
     if config.WhichOneof("config") != "model_config_list":
         return []
     return list(config.model_config_list.config)

@@ -1,5 +1,4 @@
-"""The ``tensorflow.serving.ModelService`` gRPC servicer: GetModelStatus and config reloads.
-"""
+"""The ``tensorflow.serving.ModelService`` gRPC servicer: GetModelStatus and config reloads."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from serving_opt.model_server.status import (
 
 
 class ModelService(model_service_pb2_grpc.ModelServiceServicer):
-    """Version states from the core's monitor; config reloads through ServerCore.
-    """
+    """Version states from the core's monitor; config reloads through ServerCore."""
 
     def __init__(self, core: ServerCore) -> None:
         self._core = core

@@ -73,8 +73,7 @@ def read_monitoring_config(path: str) -> PrometheusSettings:
 
 
 def prometheus_name(name: str) -> str:
-    """``GetPrometheusMetricName``.
-    """
+    """``GetPrometheusMetricName``."""
     new = re.sub(r"[^a-zA-Z0-9_]", ":", name)
     return "_" + new if new[:1].isdigit() else new
 

@@ -24,8 +24,7 @@ from serving_opt.model_server.status import invalid_argument, unimplemented
 def run_multi_inference(
     servable: Servable, request, options: RequestOptions, version: int | None
 ):
-    """Runs a ``MultiInferenceRequest``; returns the ``MultiInferenceResponse``.
-    """
+    """Runs a ``MultiInferenceRequest``; returns the ``MultiInferenceResponse``."""
     from tensorflow_serving.apis import inference_pb2
 
     model_name = ""

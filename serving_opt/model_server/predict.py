@@ -32,8 +32,7 @@ def _keys(mapping) -> list[str]:
 
 
 def verify_signature(signature, options: RequestOptions) -> None:
-    """The optional method_name check (``--enable_signature_method_name_check``).
-    """
+    """The optional method_name check (``--enable_signature_method_name_check``)."""
     if options.signature_method_name_check and signature.method_name not in (
         METHOD_PREDICT,
         METHOD_CLASSIFY,
@@ -47,8 +46,7 @@ def verify_signature(signature, options: RequestOptions) -> None:
 
 
 def verify_inputs_size(signature, request) -> None:
-    """More inputs than the signature, or fewer without defaults, is INVALID_ARGUMENT.
-    """
+    """More inputs than the signature, or fewer without defaults, is INVALID_ARGUMENT."""
     sent, expected = len(request.inputs), len(signature.inputs)
     if sent > expected or (sent < expected and not signature.defaults):
         request_keys = set(request.inputs.keys())
@@ -119,8 +117,7 @@ def input_feeds(
 
 
 def output_selection(signature, output_filter) -> list[tuple[str, str]]:
-    """(alias, tensor name) pairs to fetch: the filter in order, or every output.
-    """
+    """(alias, tensor name) pairs to fetch: the filter in order, or every output."""
     selected = []
     seen = set()
     for alias in output_filter:

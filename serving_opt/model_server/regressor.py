@@ -23,15 +23,13 @@ OUTPUTS = "outputs"
 
 
 def find_signature(signature_defs, signature_name: str, options: RequestOptions):
-    """Looks up and structure-checks a regression signature (``GetRegressionSignatureDef``).
-    """
+    """Looks up and structure-checks a regression signature (``GetRegressionSignatureDef``)."""
     return find_method_signature(signature_defs, signature_name, options, METHOD_REGRESS,
                                  "regression", tensor_names)
 
 
 def tensor_names(signature, options: RequestOptions) -> tuple[str, list[str]]:
-    """(input tensor, [output tensor]) after the structure checks.
-    """
+    """(input tensor, [output tensor]) after the structure checks."""
     if options.signature_method_name_check and signature.method_name != METHOD_REGRESS:
         raise method_name_error(signature, METHOD_REGRESS, "regression")
     if len(signature.inputs) != 1:
@@ -46,8 +44,7 @@ def tensor_names(signature, options: RequestOptions) -> tuple[str, list[str]]:
 
 
 def fill_result(signature, num_examples: int, output_names, fetched, result) -> None:
-    """Validates the output tensor and fills a ``RegressionResult`` (C++ post-processing).
-    """
+    """Validates the output tensor and fills a ``RegressionResult`` (C++ post-processing)."""
     from tensorflow.core.framework import types_pb2
 
     if len(fetched) != len(output_names):
@@ -84,8 +81,7 @@ def fill_result(signature, num_examples: int, output_names, fetched, result) -> 
 
 
 def run_regress(servable: Servable, request, options: RequestOptions, version: int | None):
-    """Runs a ``RegressionRequest``; returns the ``RegressionResponse``.
-    """
+    """Runs a ``RegressionRequest``; returns the ``RegressionResponse``."""
     from tensorflow_serving.apis import regression_pb2
 
     return REGRESS.run(servable, request, regression_pb2.RegressionResponse(), options, version)

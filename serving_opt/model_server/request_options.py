@@ -1,5 +1,4 @@
-"""Per-request settings every inference path needs (one place, not loose arguments).
-"""
+"""Per-request settings every inference path needs (one place, not loose arguments)."""
 
 from __future__ import annotations
 
@@ -76,14 +75,12 @@ DEFAULT_REST_LIMITS = RestLimits()
 
 
 def resolve_signature_name(name: str) -> str:
-    """Empty means ``serving_default``, as in every TF Serving API.
-    """
+    """Empty means ``serving_default``, as in every TF Serving API."""
     return name or DEFAULT_SIGNATURE
 
 
 def method_name_error(signature, method: str, kind: str):
-    """The error for a signature of the wrong method (``kind``: classification, regression).
-    """
+    """The error for a signature of the wrong method (``kind``: classification, regression)."""
     return invalid_argument(f"Expected {kind} signature method_name to be {method}. "
                             f"Was: {signature.method_name}")
 
@@ -107,8 +104,7 @@ def find_method_signature(signature_defs, signature_name: str, options: RequestO
 
 
 def fill_model_spec(spec, name: str, signature_name: str | None, version: int | None) -> None:
-    """C++ ``MakeModelSpec``: name, resolved signature (if given) and the version served.
-    """
+    """C++ ``MakeModelSpec``: name, resolved signature (if given) and the version served."""
     spec.Clear()
     spec.name = name
     if signature_name is not None:

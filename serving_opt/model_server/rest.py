@@ -126,14 +126,12 @@ def read_body(headers, rfile, max_bytes: int) -> bytes:
 
 
 def http_status(code: grpc.StatusCode) -> int:
-    """Upstream's gRPC-code -> HTTP-status mapping.
-    """
+    """Upstream's gRPC-code -> HTTP-status mapping."""
     return _HTTP_STATUS.get(code, 500)
 
 
 class RestApiHandler:
-    """``HttpRestApiHandler::ProcessRequest``: (method, path, body) -> (HTTP status, body).
-    """
+    """``HttpRestApiHandler::ProcessRequest``: (method, path, body) -> (HTTP status, body)."""
 
     def __init__(self, core: ServerCore, options: RequestOptions) -> None:
         from serving_opt.model_server.model_service import ModelService

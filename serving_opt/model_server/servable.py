@@ -48,8 +48,7 @@ SAVED_MODEL_PBTXT = "saved_model.pbtxt"
 
 @dataclass(frozen=True, order=True)
 class ServableId:
-    """A model name and version, printed like C++ ``ServableId::DebugString``.
-    """
+    """A model name and version, printed like C++ ``ServableId::DebugString``."""
 
     name: str
     version: int
@@ -235,8 +234,7 @@ def check_bundle_directory(export_dir: str) -> None:
 
 
 def find_meta_graph(saved_model, tags: Sequence[str]):
-    """The MetaGraphDef whose tag set equals ``tags`` exactly (C++ ``FindMetaGraphDef``).
-    """
+    """The MetaGraphDef whose tag set equals ``tags`` exactly (C++ ``FindMetaGraphDef``)."""
     wanted = set(tags)
     for meta_graph in saved_model.meta_graphs:
         if set(meta_graph.meta_info_def.tags) == wanted:
@@ -322,8 +320,7 @@ def _canonical_tensor_name(name: str) -> str:
 
 
 class Servable:
-    """A loaded SavedModel version. Thread-safe: TF sessions run concurrently.
-    """
+    """A loaded SavedModel version. Thread-safe: TF sessions run concurrently."""
 
     def __init__(self, servable_id: ServableId, path: str, session, meta_graph_def) -> None:
         self.id = servable_id
@@ -355,8 +352,7 @@ class Servable:
 
     @classmethod
     def load(cls, servable_id: ServableId, path: str, options: LoadOptions) -> Servable:
-        """Loads ``path`` into a new graph and session; raises ServingStatusError.
-        """
+        """Loads ``path`` into a new graph and session; raises ServingStatusError."""
         import tensorflow as tf
 
         from serving_opt.savedmodel import checked_load, model_files
@@ -420,8 +416,7 @@ class Servable:
         fetches: Sequence[str],
         timeout_ms: int | None = None,
     ) -> list[Fetched]:
-        """``Session::Run`` through the batcher when batching is on, else :meth:`run_direct`.
-        """
+        """``Session::Run`` through the batcher when batching is on, else :meth:`run_direct`."""
         self._check_ranks(feeds)
         if self.batching is not None:
             return self.batching.run(feeds, fetches, timeout_ms)

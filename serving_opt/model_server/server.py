@@ -118,8 +118,7 @@ class ServerOptions:
 
 
 def build_model_server_config(options: ServerOptions):
-    """The ModelServerConfig the options describe (file, or single model).
-    """
+    """The ModelServerConfig the options describe (file, or single model)."""
     if options.model_config_file:
         return model_config.read_config_file(options.model_config_file)
     if not options.model_base_path:
@@ -133,8 +132,7 @@ def build_model_server_config(options: ServerOptions):
 
 
 def core_options(options: ServerOptions) -> CoreOptions:
-    """Maps server flags to the core's loading options.
-    """
+    """Maps server flags to the core's loading options."""
 
     tags = tuple(t for t in options.saved_model_tags.split(",") if t)
     session_config = session_config_of(options)
@@ -285,8 +283,7 @@ class RunningServer:
         return {name: self.core.available_versions(name) for name in self.core.model_names()}
 
     def ready_line(self) -> str:
-        """The one line the ``serve`` command prints once the port is open.
-        """
+        """The one line the ``serve`` command prints once the port is open."""
         parts = []
         for name, versions in self.available_versions().items():
             shown = ", ".join(str(v) for v in versions) or "none"

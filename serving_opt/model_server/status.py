@@ -15,8 +15,7 @@ _CODE_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class ServingStatusError(Exception):
-    """A non-OK status: what the server answers instead of a response.
-    """
+    """A non-OK status: what the server answers instead of a response."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         self.code = code
@@ -28,14 +27,12 @@ class ServingStatusError(Exception):
         return f"{self.code.name}: {self.message}"
 
     def to_proto(self):
-        """The ``tensorflow.serving.StatusProto`` GetModelStatus reports for a version.
-        """
+        """The ``tensorflow.serving.StatusProto`` GetModelStatus reports for a version."""
         return status_proto(self)
 
 
 def status_proto(error: ServingStatusError | None):
-    """``StatusProto`` for an optional error: None is OK (code 0, empty message).
-    """
+    """``StatusProto`` for an optional error: None is OK (code 0, empty message)."""
     from tensorflow_serving.apis import status_pb2
 
     if error is None:
@@ -44,14 +41,12 @@ def status_proto(error: ServingStatusError | None):
 
 
 def code_from_number(number: int) -> grpc.StatusCode:
-    """Maps a TF/absl error code number to the gRPC code with the same number.
-    """
+    """Maps a TF/absl error code number to the gRPC code with the same number."""
     return _CODE_BY_NUMBER.get(number, grpc.StatusCode.UNKNOWN)
 
 
 def from_tf_error(error: BaseException) -> ServingStatusError:
-    """Converts a TensorFlow ``OpError`` (or anything else) into a status, keeping TF's text.
-    """
+    """Converts a TensorFlow ``OpError`` (or anything else) into a status, keeping TF's text."""
     if isinstance(error, ServingStatusError):
         return error
     number = getattr(error, "error_code", None)

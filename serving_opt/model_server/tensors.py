@@ -80,8 +80,7 @@ _FIELD_BY_TYPE = {
 
 
 def dtype_name(dtype: int) -> str:
-    """``DataType_Name``: the enum name C++ error messages print.
-    """
+    """``DataType_Name``: the enum name C++ error messages print."""
     try:
         return types_pb2.DataType.Name(dtype)
     except ValueError:
@@ -89,8 +88,7 @@ def dtype_name(dtype: int) -> str:
 
 
 def shape_string(shape: Iterable[int]) -> str:
-    """``TensorShape::DebugString``: ``[2,3]``, ``[]`` for a scalar.
-    """
+    """``TensorShape::DebugString``: ``[2,3]``, ``[]`` for a scalar."""
     return "[" + ",".join(str(int(d)) for d in shape) + "]"
 
 

@@ -38,8 +38,7 @@ _RUNNERS = {
 
 
 def warmup_path(export_dir: str) -> str:
-    """Where TF Serving looks for warmup data in a version directory.
-    """
+    """Where TF Serving looks for warmup data in a version directory."""
     return os.path.join(export_dir, ASSETS_EXTRA, WARMUP_FILENAME)
 
 

@@ -202,8 +202,7 @@ class ValidateOptions(OptionTree):
 
 @dataclass(frozen=True, init=False)
 class OptimizeOptions(OptionTree):
-    """Everything ``serving-opt optimize`` can be told; defaults are the safe choice.
-    """
+    """Everything ``serving-opt optimize`` can be told; defaults are the safe choice."""
 
     build: BuildOptions = field(default_factory=BuildOptions)
     inputs: InputOptions = field(default_factory=InputOptions)
@@ -287,6 +286,5 @@ class OptimizeOptions(OptionTree):
 
 
 def check_options(options: OptimizeOptions | ValidateOptions) -> None:
-    """Raises UsageError naming the first bad option of either tree, before any work.
-    """
+    """Raises UsageError naming the first bad option of either tree, before any work."""
     options.check()

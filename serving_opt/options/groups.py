@@ -26,8 +26,7 @@ _VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?([a-z0-9.+-]*)$")
 
 
 def check_version(version: str) -> str:
-    """``version`` if it looks like a TensorFlow release (``2.15``, ``2.20.0``).
-    """
+    """``version`` if it looks like a TensorFlow release (``2.15``, ``2.20.0``)."""
     version = (version or "").strip()
     if not _VERSION_RE.match(version):
         raise UsageError(f"--serving_version={version} is not a TensorFlow version",
@@ -59,8 +58,7 @@ def _opt(default: Any, help: str = "", **flag: Any) -> Any:  # noqa: A002 - absl
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """What to build: the rewrites asked for, and how far freezing and quantizing go.
-    """
+    """What to build: the rewrites asked for, and how far freezing and quantizing go."""
 
     transforms: str | None = _opt(
         None, "Graph Transform Tool spec, e.g. 'strip_unused_nodes fold_constants("
@@ -159,8 +157,7 @@ class InputOptions:
 
 @dataclass(frozen=True)
 class Tolerance:
-    """How close an answer must be to the original's: the parity gate, compare, validate.
-    """
+    """How close an answer must be to the original's: the parity gate, compare, validate."""
 
     atol: float = _opt(1e-5, "Absolute tolerance for float outputs.")
     rtol: float = _opt(1e-4, "Relative tolerance for float outputs.")
@@ -289,8 +286,7 @@ class TargetOptions:
 
 @dataclass(frozen=True)
 class TrustOptions:
-    """What the user trusts the model with: a SavedModel is code.
-    """
+    """What the user trusts the model with: a SavedModel is code."""
 
     allow_file_ops: bool = _opt(
         False, "Run a model whose signatures touch files or the host (WriteFile, ReadFile, "
@@ -317,8 +313,7 @@ GRAPH_DEF_NAME = "frozen_inference_graph.pb"  # the .pb --output_format=graphdef
 
 @dataclass(frozen=True)
 class OutputOptions:
-    """Where optimize publishes: the version directory of the model base.
-    """
+    """Where optimize publishes: the version directory of the model base."""
 
     version: int | None = _opt(
         None, "Version directory to write (default: highest existing + 1).")

@@ -53,8 +53,7 @@ _DEQUANTIZED_AT_LOAD = "at load (init op)"
 
 @dataclass(frozen=True)
 class Candidate:
-    """One configuration of the candidate: frozen or not, which weights quantized.
-    """
+    """One configuration of the candidate: frozen or not, which weights quantized."""
 
     frozen: bool
     quantize: str = "none"
@@ -72,8 +71,7 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Verdict:
-    """How one attempt ended; the loop and the report read it.
-    """
+    """How one attempt ended; the loop and the report read it."""
 
     outcome: str  # one of the verdicts above
     reason: str = ""  # what went wrong, one line ("" when ok)
@@ -85,8 +83,7 @@ class Verdict:
 
 @dataclass(frozen=True)
 class AttemptReport:
-    """One attempt in the report: its configuration, its verdict, and what followed.
-    """
+    """One attempt in the report: its configuration, its verdict, and what followed."""
 
     candidate: Candidate
     outcome: str
@@ -95,8 +92,7 @@ class AttemptReport:
 
 
 def candidates(freeze: str, quantize: str) -> tuple[Candidate, ...]:
-    """The configurations ``--freeze`` and ``--quantize`` allow, in the order tried.
-    """
+    """The configurations ``--freeze`` and ``--quantize`` allow, in the order tried."""
     # int4 quantizes the tables alone (dense weights dequantized at load would shrink
     # the files, not the server): its candidates say so, and no retry drops dense ones.
     scopes = {"none": (False,), "bf16": (False,), "int4": (True,)}.get(quantize, (False, True))
@@ -132,8 +128,7 @@ def judge_failure(error: Exception, candidate: Candidate, lossy_transforms: bool
 
 def next_candidate(listed: Sequence[Candidate], current: Candidate,
                    verdict: Verdict) -> Candidate | None:
-    """The candidate to try after ``verdict`` on ``current``; None: the run ends.
-    """
+    """The candidate to try after ``verdict`` on ``current``; None: the run ends."""
     later = listed[listed.index(current) + 1:]
     if verdict.outcome == LOSSY_GATE_FAILED and verdict.dense_quantized and current.frozen \
             and not current.tables_only:

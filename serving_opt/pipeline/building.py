@@ -190,8 +190,7 @@ def write(run: Run, graph: ServingGraph) -> str:
 
 
 def freeze_note(info: freeze_lib.FreezeInfo) -> str:
-    """What freezing did, one line for the report.
-    """
+    """What freezing did, one line for the report."""
     note = f"{info.variables_frozen} variables ({info.variable_bytes} bytes) frozen" \
         if info.variables_frozen or info.large_variables_kept else \
         "no variables: nothing to freeze"

@@ -92,8 +92,7 @@ class Plan:
 
 
 def plan(input_dir: str, output_base: str, options: OptimizeOptions) -> Plan:
-    """Resolves and checks everything the user asked for; fails before any work.
-    """
+    """Resolves and checks everything the user asked for; fails before any work."""
     options.check()
     graph_def_input = _check_graph_def_input(input_dir, options)
     if options.output.output_format == "graphdef" and options.build.max_constant_bytes:

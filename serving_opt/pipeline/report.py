@@ -17,8 +17,7 @@ def _agreement_cell(output) -> str:
 
 
 def format_optimize_report(report) -> str:
-    """The optimize report as aligned tables: outcome, sizes, stages, parity, latency.
-    """
+    """The optimize report as aligned tables: outcome, sizes, stages, parity, latency."""
     out = []
     verdict = f"published {printable(report.output_dir)}" if report.published \
         else "NOT published"
@@ -181,8 +180,7 @@ def format_benchmark(b) -> str:
 
 
 def format_validation_report(report) -> str:
-    """The validation report as a table of checks plus the load phase.
-    """
+    """The validation report as a table of checks plus the load phase."""
     verdict = "VALIDATED" if report.ok else "NOT VALIDATED"
     out = [f"serving-opt validate: {verdict} {printable(report.model_name)} version "
            f"{report.version} ({report.backend}: {printable(report.backend_note)})",

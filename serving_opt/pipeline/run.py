@@ -38,8 +38,7 @@ class StageReport:
 
 @dataclass(frozen=True)
 class SizeReport:
-    """Bytes on disk of one SavedModel directory.
-    """
+    """Bytes on disk of one SavedModel directory."""
 
     total: int
     saved_model_pb: int
@@ -66,8 +65,7 @@ class SizeReport:
 
 @dataclass(frozen=True)
 class OptimizeReport:
-    """What ``optimize`` did and measured; ``to_dict()`` is the JSON report.
-    """
+    """What ``optimize`` did and measured; ``to_dict()`` is the JSON report."""
 
     input_dir: str
     output_base: str

@@ -37,8 +37,7 @@ class WorkerJob:
 
 
 def job(run: Run) -> WorkerJob:
-    """The job, every path absolute: the worker runs elsewhere (cwd /tmp, in its sandbox).
-    """
+    """The job, every path absolute: the worker runs elsewhere (cwd /tmp, in its sandbox)."""
 
     def absolute(path: str | None) -> str | None:
         return os.path.abspath(path) if path and "://" not in path else path

@@ -1,5 +1,4 @@
-"""The ``classifier`` and ``multihead`` samples: an Estimator-like DNN classifier.
-"""
+"""The ``classifier`` and ``multihead`` samples: an Estimator-like DNN classifier."""
 
 from __future__ import annotations
 

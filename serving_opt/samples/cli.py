@@ -28,8 +28,7 @@ _FLAGS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m serving_opt.samples``: builds one sample; 0 on success.
-    """
+    """``python -m serving_opt.samples``: builds one sample; 0 on success."""
     import argparse
 
     # Named explicitly: argparse would call the package's entry point "__main__.py".

@@ -1,5 +1,4 @@
-"""The ``convnet`` sample: a small TF1 conv net with batch norm, taking float images.
-"""
+"""The ``convnet`` sample: a small TF1 conv net with batch norm, taking float images."""
 
 from __future__ import annotations
 

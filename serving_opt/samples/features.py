@@ -57,8 +57,7 @@ def parsed_features(scratch: str):
 
 
 def sample_examples(count: int = 8, seed: int = 0) -> list[bytes]:
-    """Serialized tf.Examples matching the classifier/regressor parsing spec.
-    """
+    """Serialized tf.Examples matching the classifier/regressor parsing spec."""
     rng = np.random.default_rng(seed)
     words = list(VOCABULARY) + ["not-in-vocabulary"]
     return [

@@ -15,8 +15,7 @@ KERAS_APPLICATIONS = {"mobilenet_v2": ("MobileNetV2", 96), "resnet50": ("ResNet5
 
 
 def build_keras(export_dir: str, seed: int = 0) -> str:
-    """Writes a small Keras 3 model with ``model.export()`` (a TF2 object-graph SavedModel).
-    """
+    """Writes a small Keras 3 model with ``model.export()`` (a TF2 object-graph SavedModel)."""
     import keras
 
     keras.utils.set_random_seed(seed)

@@ -1,5 +1,4 @@
-"""The ``regressor`` sample: an Estimator-like linear regressor.
-"""
+"""The ``regressor`` sample: an Estimator-like linear regressor."""
 
 from __future__ import annotations
 

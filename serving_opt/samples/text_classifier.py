@@ -23,8 +23,7 @@ TEXT_OOV_BUCKETS = 100
 
 
 def text_vocabulary(vocab_size: int) -> list[str]:
-    """The text classifier's vocabulary: ``w0`` .. ``w<vocab_size - 1>``, one per line.
-    """
+    """The text classifier's vocabulary: ``w0`` .. ``w<vocab_size - 1>``, one per line."""
     return [f"w{i}" for i in range(vocab_size)]
 
 

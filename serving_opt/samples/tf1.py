@@ -30,8 +30,7 @@ def estimator_graph(seed: int) -> Iterator[tuple[object, str]]:
 
 
 def write_vocabulary(directory: str, words: Sequence[str]) -> str:
-    """Writes ``vocab.txt`` (one word a line) into ``directory``; returns its path.
-    """
+    """Writes ``vocab.txt`` (one word a line) into ``directory``; returns its path."""
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, "vocab.txt")
     with open(path, "w") as f:
@@ -40,8 +39,7 @@ def write_vocabulary(directory: str, words: Sequence[str]) -> str:
 
 
 def save_tf1(sess, export_dir: str, signature_def_map: dict, main_op) -> None:
-    """Saves the session's graph as an Estimator does: serving tag, asset files, ``main_op``.
-    """
+    """Saves the session's graph as an Estimator does: serving tag, asset files, ``main_op``."""
     import tensorflow as tf
 
     v1 = tf.compat.v1
@@ -82,16 +80,14 @@ def save_with_tables(graph, export_dir: str, signatures: dict, trained=(),
 
 
 def random_initializer(seed: int, stddev: float = 0.5):
-    """A seeded normal initializer (the samples' stand-in for trained weights).
-    """
+    """A seeded normal initializer (the samples' stand-in for trained weights)."""
     import tensorflow as tf
 
     return tf.compat.v1.random_normal_initializer(stddev=stddev, seed=seed)
 
 
 def dense(x, units: int, name: str, seed: int, initializer=None):
-    """A dense layer (``<name>/kernel``, ``<name>/bias``) without activation.
-    """
+    """A dense layer (``<name>/kernel``, ``<name>/bias``) without activation."""
     import tensorflow as tf
 
     v1 = tf.compat.v1
@@ -123,8 +119,7 @@ def dnn_logits(net, hidden_units: Sequence[int], logits_units: int, seed: int,
 
 
 def conv2d(x, filters: int, name: str, seed: int):
-    """A 3x3 same-padded convolution (``<name>/kernel``), no bias.
-    """
+    """A 3x3 same-padded convolution (``<name>/kernel``), no bias."""
     import tensorflow as tf
 
     v1 = tf.compat.v1
@@ -155,8 +150,7 @@ def _batch_norm_variables(channels: int, name: str, seed: int):
 
 
 def batch_norm(x, name: str, seed: int):
-    """Inference-mode batch norm as unfused Rsqrt/Mul/Add ops (tf.nn.batch_normalization).
-    """
+    """Inference-mode batch norm as unfused Rsqrt/Mul/Add ops (tf.nn.batch_normalization)."""
     import tensorflow as tf
 
     gamma, beta, mean, variance = _batch_norm_variables(x.shape[-1], name, seed)
@@ -164,8 +158,7 @@ def batch_norm(x, name: str, seed: int):
 
 
 def fused_batch_norm(x, name: str, seed: int):
-    """Inference-mode FusedBatchNormV3, what Keras and tf.layers emitted for conv nets.
-    """
+    """Inference-mode FusedBatchNormV3, what Keras and tf.layers emitted for conv nets."""
     import tensorflow as tf
 
     gamma, beta, mean, variance = _batch_norm_variables(x.shape[-1], name, seed)
@@ -176,8 +169,7 @@ def fused_batch_norm(x, name: str, seed: int):
 
 
 def training_leftovers(embedding_slots: bool, global_step: int = 250_000) -> None:
-    """What a training checkpoint adds: global_step and Adagrad accumulators (unused here).
-    """
+    """What a training checkpoint adds: global_step and Adagrad accumulators (unused here)."""
     import tensorflow as tf
 
     v1 = tf.compat.v1
@@ -194,32 +186,28 @@ def training_leftovers(embedding_slots: bool, global_step: int = 250_000) -> Non
 
 
 def serialized_example(feature: dict) -> bytes:
-    """A serialized tf.Example of ``feature`` (name -> tf.train.Feature).
-    """
+    """A serialized tf.Example of ``feature`` (name -> tf.train.Feature)."""
     import tensorflow as tf
 
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
 def bytes_feature(value: str):
-    """A tf.train.Feature of one UTF-8 string.
-    """
+    """A tf.train.Feature of one UTF-8 string."""
     import tensorflow as tf
 
     return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
 
 
 def float_feature(value: float):
-    """A tf.train.Feature of one float.
-    """
+    """A tf.train.Feature of one float."""
     import tensorflow as tf
 
     return tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
 
 
 def int64_feature(value: int):
-    """A tf.train.Feature of one int64.
-    """
+    """A tf.train.Feature of one int64."""
     import tensorflow as tf
 
     return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))

@@ -24,8 +24,7 @@ WIDE_DEEP_USER_BUCKETS = 100_000
 
 
 def wide_deep_vocabulary(vocab_size: int) -> list[str]:
-    """The wide & deep model's item vocabulary: ``item0`` .. ``item<vocab_size - 1>``.
-    """
+    """The wide & deep model's item vocabulary: ``item0`` .. ``item<vocab_size - 1>``."""
     return [f"item{i}" for i in range(vocab_size)]
 
 

@@ -129,8 +129,7 @@ _KEEP_ENV_PREFIXES = ("SERVING_OPT_", "LC_")
 
 @dataclass(frozen=True)
 class Policy:
-    """What a sandboxed process may see and touch.
-    """
+    """What a sandboxed process may see and touch."""
 
     read_only: tuple[str, ...] = ()
     writable: tuple[str, ...] = ()
@@ -152,8 +151,7 @@ def inside() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def unavailable_reason() -> str | None:
-    """None when bubblewrap runs here; else one line saying why not.
-    """
+    """None when bubblewrap runs here; else one line saying why not."""
     if not sys.platform.startswith("linux"):
         return f"bubblewrap needs Linux (this is {sys.platform})"
     bwrap = shutil.which("bwrap")

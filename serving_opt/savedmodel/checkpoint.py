@@ -40,8 +40,7 @@ class KeptVariable:
 
 
 def save_values(sess, kept: list[KeptVariable], variables_dir: str) -> str:
-    """Saves the kept variables' current values from ``sess`` as ``variables_dir/variables``.
-    """
+    """Saves the kept variables' current values from ``sess`` as ``variables_dir/variables``."""
     import tensorflow as tf
 
     os.makedirs(variables_dir, exist_ok=True)
@@ -142,8 +141,7 @@ def run_in_own_graph(build: Callable[[], object], feeds: dict | None = None):
 
 
 def save_arrays(prefix: str, arrays: dict) -> str:
-    """Writes ``{name: ndarray}`` as a V2 checkpoint at ``prefix`` (on the CPU).
-    """
+    """Writes ``{name: ndarray}`` as a V2 checkpoint at ``prefix`` (on the CPU)."""
     import tensorflow as tf
 
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
@@ -184,8 +182,7 @@ def linked_copy(prefix: str, directory: str) -> str:
 
 
 def merge_checkpoints(prefixes: list[str], destination_prefix: str) -> str:
-    """Merges V2 checkpoints into one at ``destination_prefix``, deleting the parts.
-    """
+    """Merges V2 checkpoints into one at ``destination_prefix``, deleting the parts."""
     import tensorflow as tf
 
     run_in_own_graph(lambda: tf.raw_ops.MergeV2Checkpoints(

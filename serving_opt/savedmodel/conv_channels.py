@@ -61,8 +61,7 @@ def weight_columns(op: str, node: NodeDef,
 
 
 def add_float_const(graph_def: GraphDef, name: str, value: np.ndarray) -> NodeDef:
-    """Appends a float32 Const ``name`` holding ``value`` to ``graph_def``.
-    """
+    """Appends a float32 Const ``name`` holding ``value`` to ``graph_def``."""
     from tensorflow.core.framework import types_pb2
     from tensorflow.python.framework import tensor_util
 

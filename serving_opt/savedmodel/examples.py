@@ -81,8 +81,7 @@ def masked_crc32c(data: bytes) -> int:
 
 
 def read_exact(f, n: int) -> bytes:
-    """Up to ``n`` bytes of the file object ``f``: fewer only at its end.
-    """
+    """Up to ``n`` bytes of the file object ``f``: fewer only at its end."""
     chunks, left = [], n
     while left:
         chunk = f.read(min(left, _READ_CHUNK))
@@ -94,8 +93,7 @@ def read_exact(f, n: int) -> bytes:
 
 
 def looks_like_tfrecord(head: bytes) -> bool:
-    """Whether the first 12 bytes are a TFRecord length with its checksum.
-    """
+    """Whether the first 12 bytes are a TFRecord length with its checksum."""
     return len(head) >= _HEADER_BYTES and \
         struct.unpack("<I", head[8:12])[0] == masked_crc32c(head[:8])
 
@@ -233,8 +231,7 @@ def read_examples_file(path: str) -> UserInputs:
 
 
 def check_examples(user: UserInputs | None) -> None:
-    """Every record of a TFRecord ``--examples`` parses as a tf.Example.
-    """
+    """Every record of a TFRecord ``--examples`` parses as a tf.Example."""
     if user is None or not user.examples:
         return
     from tensorflow.core.example import example_pb2

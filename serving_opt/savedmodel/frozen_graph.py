@@ -50,8 +50,7 @@ VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "AutoReloadVa
 
 
 def is_graph_def_path(path: str) -> bool:
-    """Whether ``--input_dir`` names a GraphDef file rather than a SavedModel directory.
-    """
+    """Whether ``--input_dir`` names a GraphDef file rather than a SavedModel directory."""
     return not os.path.isdir(path) and path.endswith(GRAPH_DEF_SUFFIXES) and \
         os.path.basename(path) != "saved_model.pb"
 

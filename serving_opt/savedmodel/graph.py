@@ -43,8 +43,7 @@ def attr(**fields):
 
 
 def make_node(name: str, op: str, inputs: Iterable[str] = (), **attrs):
-    """A NodeDef built directly, for rewrites that must not import a (huge) graph.
-    """
+    """A NodeDef built directly, for rewrites that must not import a (huge) graph."""
     from tensorflow.core.framework import node_def_pb2
 
     node = node_def_pb2.NodeDef(name=name, op=op, input=list(inputs))
@@ -86,8 +85,7 @@ def data_consumers(node_defs: Iterable) -> dict[str, list]:
 
 
 def tensor_info_tensors(tensor_info) -> tuple[str, ...]:
-    """Tensor names a TensorInfo refers to (dense, sparse COO, or composite components).
-    """
+    """Tensor names a TensorInfo refers to (dense, sparse COO, or composite components)."""
     encoding = tensor_info.WhichOneof("encoding")
     if encoding == "name":
         return (tensor_info.name,)
@@ -103,22 +101,19 @@ def tensor_info_tensors(tensor_info) -> tuple[str, ...]:
 
 
 def tensor_info_nodes(tensor_info) -> list[str]:
-    """Node names a TensorInfo refers to (dense, sparse COO, or composite components).
-    """
+    """Node names a TensorInfo refers to (dense, sparse COO, or composite components)."""
     return [node_name(t) for t in tensor_info_tensors(tensor_info)]
 
 
 def all_node_defs(graph_def) -> Iterator:
-    """Every NodeDef of a GraphDef: the top level, then each library function's body.
-    """
+    """Every NodeDef of a GraphDef: the top level, then each library function's body."""
     yield from graph_def.node
     for function in graph_def.library.function:
         yield from function.node_def
 
 
 def function_calls(graph_def) -> list[str]:
-    """Top-level nodes that call a library function (what TF2 signatures are made of).
-    """
+    """Top-level nodes that call a library function (what TF2 signatures are made of)."""
     return [n.name for n in graph_def.node if n.op in CALL_OPS]
 
 
@@ -136,8 +131,7 @@ def called_functions(node) -> Iterator[str]:
 
 
 def reachable_functions(graph_def, nodes: Iterable) -> set[str]:
-    """Library functions ``nodes`` call, directly or through other functions.
-    """
+    """Library functions ``nodes`` call, directly or through other functions."""
     library = {f.signature.name: f for f in graph_def.library.function}
     reached: set[str] = set()
     frontier = [f for node in nodes for f in called_functions(node) if f in library]
@@ -172,8 +166,7 @@ def reachable_nodes(graph_def, roots: Iterable[str]) -> set[str]:
 
 
 def reachable_subgraph(graph_def, reached: set[str]):
-    """A new GraphDef of the ``reached`` nodes and the library functions they call.
-    """
+    """A new GraphDef of the ``reached`` nodes and the library functions they call."""
     from tensorflow.core.framework import graph_pb2
 
     out = graph_pb2.GraphDef()
@@ -234,8 +227,7 @@ def total_node_count(graph_def) -> int:
 
 @dataclass(frozen=True)
 class ServingGraph:
-    """A frozen serving graph and everything needed to write it back as a SavedModel.
-    """
+    """A frozen serving graph and everything needed to write it back as a SavedModel."""
 
     graph_def: object  # tensorflow GraphDef
     signature_defs: dict  # key -> SignatureDef, written back verbatim
@@ -265,24 +257,20 @@ class ServingGraph:
         return dataclasses.replace(self, **changes)
 
     def node_count(self) -> int:
-        """Nodes in the graph and in its library functions (where TF2 models keep theirs).
-        """
+        """Nodes in the graph and in its library functions (where TF2 models keep theirs)."""
         return total_node_count(self.graph_def)
 
     def op_histogram(self) -> dict[str, int]:
-        """Op type -> count, including nodes inside library functions.
-        """
+        """Op type -> count, including nodes inside library functions."""
         counts = collections.Counter(n.op for n in all_node_defs(self.graph_def))
         return dict(sorted(counts.items()))
 
     def signature_input_nodes(self) -> list[str]:
-        """Nodes the signatures' inputs name, each once, in signature order.
-        """
+        """Nodes the signatures' inputs name, each once, in signature order."""
         return self._signature_nodes("inputs")
 
     def signature_output_nodes(self) -> list[str]:
-        """Nodes the signatures' outputs name, each once, in signature order.
-        """
+        """Nodes the signatures' outputs name, each once, in signature order."""
         return self._signature_nodes("outputs")
 
     def _signature_nodes(self, side: str) -> list[str]:
@@ -345,8 +333,7 @@ def assertion_guards(graph_def) -> set[str]:
 
 
 def guarded_outputs(graph_def, outputs: Iterable[str]) -> dict[str, set[str]]:
-    """Output node -> the assertion guards it waits for (through data or control inputs).
-    """
+    """Output node -> the assertion guards it waits for (through data or control inputs)."""
     guards = assertion_guards(graph_def)
     if not guards:
         return {}

@@ -80,8 +80,7 @@ def constant_nodes(graph_def) -> set[str]:
 
 
 def op_histogram(graph_def) -> collections.Counter:
-    """Op type -> count over the graph and its library functions.
-    """
+    """Op type -> count over the graph and its library functions."""
     return collections.Counter(n.op for n in all_node_defs(graph_def))
 
 
@@ -221,8 +220,7 @@ class PassDiff:
         return ", ".join(parts)
 
     def line(self) -> str:
-        """One line for the report's transform section.
-        """
+        """One line for the report's transform section."""
         if not self.changed:
             left = f"; {'; '.join(self.notes)}" if self.notes else ""
             return f"{self.name}: no change{left}"
@@ -243,8 +241,7 @@ def _into(kinds: dict) -> str:
 
 
 def diff_pass(name: str, before, after) -> PassDiff:
-    """Describes what the pass ``name`` did, from the GraphDef before and after it.
-    """
+    """Describes what the pass ``name`` did, from the GraphDef before and after it."""
     hist_before, hist_after = op_histogram(before), op_histogram(after)
     removed = sorted(((op, hist_before[op] - hist_after[op]) for op in hist_before
                       if hist_before[op] > hist_after[op]), key=lambda t: (-t[1], t[0]))
@@ -349,6 +346,5 @@ def diff_passes(steps: Iterable[tuple[str, object]], start) -> list[PassDiff]:
 
 
 def report_lines(diffs: Sequence[PassDiff]) -> list[str]:
-    """The report's transform section: one line per pass.
-    """
+    """The report's transform section: one line per pass."""
     return [d.line() for d in diffs]

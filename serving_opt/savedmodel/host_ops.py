@@ -270,8 +270,7 @@ ASSET_READ_OPS: dict[str, int] = {
 
 
 def host_op_kind(node) -> str | None:
-    """What ``node`` (a NodeDef) does to the host, or None when it is harmless.
-    """
+    """What ``node`` (a NodeDef) does to the host, or None when it is harmless."""
     kind = HOST_OPS.get(node.op)
     if kind is not None:
         return kind
@@ -345,8 +344,7 @@ _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z][a-z]*|[a-z]+|\d+")
 
 
 def name_words(op: str) -> list[str]:
-    """The lower-cased CamelCase words of an op name.
-    """
+    """The lower-cased CamelCase words of an op name."""
     return [w.lower() for w in _WORD.findall(op)]
 
 

@@ -26,8 +26,7 @@ from serving_opt.savedmodel.vocabulary_words import model_vocabulary
 
 
 class InputSynthesizer:
-    """Deterministic random inputs shaped like a signature wants them.
-    """
+    """Deterministic random inputs shaped like a signature wants them."""
 
     def __init__(self, vocabulary: Sequence[str] = (), seed: int = 0) -> None:
         self.vocabulary = list(vocabulary)
@@ -174,8 +173,7 @@ def synthesized_source(mode: str | None) -> str:
 
 
 def mode_of(source: str | None) -> str | None:
-    """The fallback a source names (``synthesized (batch 1)`` -> ``batch 1``), else None.
-    """
+    """The fallback a source names (``synthesized (batch 1)`` -> ``batch 1``), else None."""
     prefix = SYNTHESIZED + " ("
     if source and source.startswith(prefix) and source.endswith(")"):
         mode = source[len(prefix):-1]

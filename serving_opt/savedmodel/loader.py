@@ -123,8 +123,7 @@ def _version_dir_hint(path: str) -> str | None:
 
 
 def find_meta_graph(saved_model, tags: Iterable[str], path: str = "the SavedModel"):
-    """Returns the MetaGraphDef whose tag set equals ``tags``.
-    """
+    """Returns the MetaGraphDef whose tag set equals ``tags``."""
     wanted = frozenset(tags)
     available = []
     for meta_graph in saved_model.meta_graphs:
@@ -146,8 +145,7 @@ def _tags_fix(tags: str) -> str:
 
 
 def is_tf2(meta_graph) -> bool:
-    """True for object-graph SavedModels whose signatures call functions (tf.saved_model.save).
-    """
+    """True for object-graph SavedModels whose signatures call functions (tf.saved_model.save)."""
     return bool(meta_graph.object_graph_def.nodes) and bool(
         meta_graph.graph_def.library.function
     )
@@ -198,14 +196,12 @@ def init_op_name(meta_graph) -> str | None:
 
 
 def serving_signatures(meta_graph) -> dict:
-    """The signature_def map without the init-op pseudo signature.
-    """
+    """The signature_def map without the init-op pseudo signature."""
     return {k: v for k, v in meta_graph.signature_def.items() if k != INIT_OP_SIGNATURE_KEY}
 
 
 def select_signatures(meta_graph, keys: Sequence[str] | None) -> list[str]:
-    """Validates ``--signatures`` against the model; None or empty means all.
-    """
+    """Validates ``--signatures`` against the model; None or empty means all."""
     available = sorted(serving_signatures(meta_graph))
     if not keys:
         if not available:
@@ -249,8 +245,7 @@ class AssetFile:
 
 
 def asset_files(meta_graph, saved_model_dir: str) -> list[AssetFile]:
-    """Assets declared in the MetaGraph (AssetFileDef, or the TF1 saved_model_assets collection).
-    """
+    """Assets declared in the MetaGraph (AssetFileDef, or the TF1 saved_model_assets collection)."""
     out = []
     for asset in asset_file_defs(meta_graph):
         path = safe_asset_path(saved_model_dir, asset.filename)
@@ -381,8 +376,7 @@ def run_signature(session, signature_def, feed_by_alias: dict,
 
 
 def dir_size(path: str) -> int:
-    """Total bytes of regular files under ``path``.
-    """
+    """Total bytes of regular files under ``path``."""
     total = 0
     for root, _, files in os.walk(path):
         for name in files:

@@ -307,8 +307,7 @@ def refuse_foreign_hard_links(model_dir: str, base: str) -> None:
 
 
 def check_special_files(saved_model_dir: str) -> None:
-    """Raises :class:`UnsafeModelFile` for the first of :func:`special_files`.
-    """
+    """Raises :class:`UnsafeModelFile` for the first of :func:`special_files`."""
     found = special_files(saved_model_dir)
     if not found:
         return

@@ -124,8 +124,7 @@ class NativeLoad:
     outputs: Mapping = field(default_factory=dict, compare=False, repr=False)
 
     def stage(self, name: str) -> Stage | None:
-        """The stage called ``name``, or None (``warmup`` without a warmup file).
-        """
+        """The stage called ``name``, or None (``warmup`` without a warmup file)."""
         return next((s for s in self.stages if s.name == name), None)
 
     def to_dict(self) -> dict:

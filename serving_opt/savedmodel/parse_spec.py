@@ -186,8 +186,7 @@ def _any_spec_in_functions(graph_def) -> ExampleSpec | None:
 
 
 def example_input_alias(graph_def, signature_def) -> tuple[str, ExampleSpec] | None:
-    """(alias, spec) when the signature takes one batch of serialized tf.Examples.
-    """
+    """(alias, spec) when the signature takes one batch of serialized tf.Examples."""
     from tensorflow.python.framework import dtypes
 
     if len(signature_def.inputs) != 1:

@@ -34,8 +34,7 @@ _EXAMPLE = "e.g. --input_shapes=image_tensor:1,480,640,3 (several: name:dims;nam
 
 @dataclass(frozen=True)
 class PinnedShape:
-    """One ``name:dims`` of the flag; -1 leaves a dimension free.
-    """
+    """One ``name:dims`` of the flag; -1 leaves a dimension free."""
 
     name: str
     dims: tuple[int, ...]
@@ -50,8 +49,7 @@ def format_dims(dims: Sequence[int]) -> str:
 
 
 def parse(spec: str | None) -> tuple[PinnedShape, ...]:
-    """The flag's entries, checked for syntax only (the names are the model's to resolve).
-    """
+    """The flag's entries, checked for syntax only (the names are the model's to resolve)."""
     if spec is None or not spec.strip():
         return ()
     pins: list[PinnedShape] = []
@@ -151,8 +149,7 @@ def pins_unknown(meta_graph, pinned: Pinned) -> bool:
 
 
 def describe(pinned: Pinned) -> str:
-    """``serving_default.inputs=1,480,640,3``: every pinned input, as the report names it.
-    """
+    """``serving_default.inputs=1,480,640,3``: every pinned input, as the report names it."""
     return ", ".join(f"{key}.{alias}={format_dims(dims)}"
                      for key, by_alias in sorted(pinned.items())
                      for alias, dims in sorted(by_alias.items()))

@@ -49,8 +49,7 @@ def _boot_id() -> str | None:
 
 
 def process_start(pid: int) -> str | None:
-    """The start time of ``pid`` in clock ticks since boot (Linux), or None.
-    """
+    """The start time of ``pid`` in clock ticks since boot (Linux), or None."""
     stat = _read(f"/proc/{pid}/stat")
     if not stat:
         return None
@@ -65,8 +64,7 @@ def _zombie(pid: int) -> bool:
 
 
 def owner_record(pid: int | None = None) -> dict:
-    """What identifies a process: pid, start time, boot id, host.
-    """
+    """What identifies a process: pid, start time, boot id, host."""
     pid = os.getpid() if pid is None else pid
     return {"pid": pid, "start": process_start(pid), "boot": _boot_id(),
             "host": socket.gethostname()}
@@ -136,8 +134,7 @@ def _make_claimed_dir(base: str, prefix: str) -> str:
 
 
 def owner_alive(record: dict) -> bool:
-    """True unless the recorded process is certainly gone (another host: assumed alive).
-    """
+    """True unless the recorded process is certainly gone (another host: assumed alive)."""
     if record.get("host") not in (None, socket.gethostname()):
         return True  # a shared filesystem: we cannot see the other host's processes
     boot = _boot_id()
@@ -164,8 +161,7 @@ def owner_alive(record: dict) -> bool:
 
 
 def remove_stale(base: str) -> list[str]:
-    """Removes the hidden directories of ``base`` whose owner is gone; returns their paths.
-    """
+    """Removes the hidden directories of ``base`` whose owner is gone; returns their paths."""
     try:
         names = os.listdir(base)
     except OSError:

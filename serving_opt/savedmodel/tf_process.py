@@ -18,8 +18,7 @@ RUNTIME_DEFAULTS: dict = {"TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONE
 
 
 def with_runtime_defaults(env: Mapping[str, str], extra: Mapping | None = None) -> dict:
-    """``env`` with :data:`RUNTIME_DEFAULTS` applied, then ``extra``: a None value unsets.
-    """
+    """``env`` with :data:`RUNTIME_DEFAULTS` applied, then ``extra``: a None value unsets."""
     env = dict(env)
     for name, value in {**RUNTIME_DEFAULTS, **(extra or {})}.items():
         if value is None:

@@ -10,8 +10,7 @@ from serving_opt.savedmodel.graph import node_name
 
 
 def vocabulary_words(asset_paths: Sequence[str], limit: int = 2000) -> list[str]:
-    """Words from text assets (first column of each line), to make lookups hit.
-    """
+    """Words from text assets (first column of each line), to make lookups hit."""
     words: list[str] = []
     for path in asset_paths:
         try:
@@ -95,8 +94,7 @@ def graph_vocabulary_words(graph_def, limit: int = 2000) -> list[str]:
 
 
 def model_vocabulary(meta_graph, saved_model_dir: str, limit: int = 2000) -> list[str]:
-    """Words the model knows: vocabulary assets first, then in-graph table keys.
-    """
+    """Words the model knows: vocabulary assets first, then in-graph table keys."""
     from serving_opt.savedmodel import loader
 
     assets = [a.path for a in loader.asset_files(meta_graph, saved_model_dir) if a.path]

@@ -111,8 +111,7 @@ def next_version(base: str) -> int:
 
 
 def check_version(version) -> None:
-    """Refuses a version TF Serving cannot read: negative or beyond int64.
-    """
+    """Refuses a version TF Serving cannot read: negative or beyond int64."""
     if isinstance(version, bool) or not isinstance(version, int):
         raise ServingOptError(f"version {version!r} is not an integer",
                               "pass --version=N with 0 <= N < 2**63")
@@ -237,16 +236,14 @@ def check_writable(base: str) -> None:
 
 
 def make_staging_dir(base: str, version: int) -> str:
-    """A hidden directory inside ``base`` (same filesystem, so the final rename is atomic).
-    """
+    """A hidden directory inside ``base`` (same filesystem, so the final rename is atomic)."""
     # Claimed by this process (an owner record beside it): a later run removes it if
     # this one is killed, never while this one lives (stages/staging.py).
     return staging_lib.make_claimed_dir(base, f"{STAGING_PREFIX}{version}-")
 
 
 def build_meta_graph(graph: ServingGraph):
-    """The MetaGraphDef TF Serving's loader reads: graph, signatures, init op, assets.
-    """
+    """The MetaGraphDef TF Serving's loader reads: graph, signatures, init op, assets."""
     import tensorflow as tf
     from tensorflow.core.protobuf import meta_graph_pb2
     from tensorflow.python.framework import meta_graph as meta_graph_lib

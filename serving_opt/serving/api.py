@@ -20,8 +20,7 @@ STATE_NAMES = {0: "UNKNOWN", 10: "START", 20: "LOADING", 30: "AVAILABLE", 40: "U
 
 @dataclass(frozen=True)
 class ServingApi:
-    """The grpc module and the TF Serving API modules validation uses, by name.
-    """
+    """The grpc module and the TF Serving API modules validation uses, by name."""
 
     grpc: ModuleType
     classification_pb2: ModuleType
@@ -36,8 +35,7 @@ class ServingApi:
 
 @functools.cache
 def serving_api() -> ServingApi:
-    """Imports grpc and the TF Serving API on first use (not at ``import serving_opt``).
-    """
+    """Imports grpc and the TF Serving API on first use (not at ``import serving_opt``)."""
     import grpc
     from tensorflow_serving.apis import (
         classification_pb2,

@@ -103,8 +103,7 @@ STAND_IN_IMAGE_NOTE = ("serving-opt's local server in a Docker image with TF Ser
 
 @dataclass(frozen=True)
 class ServerSpec:
-    """What to serve and how; the same for every backend.
-    """
+    """What to serve and how; the same for every backend."""
 
     model_name: str
     model_base: str
@@ -133,8 +132,7 @@ CONFIG_FILENAME = "models.config"
 
 
 def model_config_text(spec: ServerSpec, base_path: str) -> str:
-    """The text ModelServerConfig TF Serving reads with ``--model_config_file``.
-    """
+    """The text ModelServerConfig TF Serving reads with ``--model_config_file``."""
     policy = (f" model_version_policy {{ specific {{ versions: {spec.version} }} }}"
               if spec.version is not None else "")
     return (f"model_config_list {{ config {{ name: {_quote(spec.model_name)} "
@@ -154,8 +152,7 @@ def write_model_config(spec: ServerSpec, base_path: str) -> str:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now.
-    """
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -318,8 +315,7 @@ def docker_image_present(image: str) -> bool:
 
 def binary_command(spec: ServerSpec, port: int, binary: str = BINARY_NAME,
                    rest_port: int = 0, config_file: str | None = None) -> list[str]:
-    """``tensorflow_model_server`` with the usual flags.
-    """
+    """``tensorflow_model_server`` with the usual flags."""
     return [binary, *_server_flags(spec, port, os.path.abspath(spec.model_base), rest_port,
                                    config_file)]
 
@@ -337,8 +333,7 @@ def local_command(spec: ServerSpec, port: int, rest_port: int = 0,
 
 
 def docker_available(timeout: float = 5.0) -> bool:
-    """True when a Docker engine answers (not just the client being installed).
-    """
+    """True when a Docker engine answers (not just the client being installed)."""
     if shutil.which("docker") is None:
         return False
     try:

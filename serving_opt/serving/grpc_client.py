@@ -35,8 +35,7 @@ _MAX_MESSAGE_BYTES = 2**31 - 1  # TF Serving's own limit (INT32_MAX); gRPC's def
 
 
 def rpc_error(e) -> str:
-    """A failed call as ``CODE: details``.
-    """
+    """A failed call as ``CODE: details``."""
     return f"{e.code().name}: {e.details()}"
 
 
@@ -63,8 +62,7 @@ class GrpcClient(ModelServerClient):
         self._stub = self._api.prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
 
     def wait_until_available(self, server: ServerProcess | None, deadline_s: float) -> None:
-        """Polls GetModelStatus until the version is AVAILABLE; raises on END/exit/deadline.
-        """
+        """Polls GetModelStatus until the version is AVAILABLE; raises on END/exit/deadline."""
         api, model_name, version = self._api, self.model_name, self.version
         # Polled from before the server listens: a channel of its own, closed when the
         # wait ends.
@@ -124,8 +122,7 @@ class GrpcClient(ModelServerClient):
         )
 
     def check_metadata(self, served: dict) -> tuple[bool, str]:
-        """GetModelMetadata's SignatureDefMap vs ``served``: (ok, detail).
-        """
+        """GetModelMetadata's SignatureDefMap vs ``served``: (ok, detail)."""
         md = self._api.get_model_metadata_pb2
         request = md.GetModelMetadataRequest()
         request.model_spec.name = self.model_name
@@ -140,8 +137,7 @@ class GrpcClient(ModelServerClient):
         return list(probes)
 
     def request(self, probe: Probe):
-        """Sends ``probe`` with the PredictionService method it names; returns the reply.
-        """
+        """Sends ``probe`` with the PredictionService method it names; returns the reply."""
         return getattr(self._stub, probe.method)(probe.request, timeout=self.timeout)
 
     def describe(self, error: BaseException) -> str:

@@ -90,8 +90,7 @@ class ServerProcess:
 
     @property
     def endpoints(self) -> dict[str, str]:
-        """Protocol -> the address a client of that protocol talks to.
-        """
+        """Protocol -> the address a client of that protocol talks to."""
         rest = self.rest_address
         return {"grpc": self.address, **({"rest": rest} if rest else {})}
 

@@ -31,8 +31,7 @@ from serving_opt.serving.api import ServingApi, serving_api
 
 @dataclass(frozen=True)
 class Probe:
-    """One request to send, and how to check its answer.
-    """
+    """One request to send, and how to check its answer."""
 
     name: str
     method: str  # "Predict" | "Classify" | "Regress" | "MultiInference"

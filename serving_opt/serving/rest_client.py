@@ -55,8 +55,7 @@ class RestError(Exception):
 
 @dataclass(frozen=True)
 class RestProbe:
-    """A probe as a REST call: path after ``/v1/models/``, JSON body, and the check.
-    """
+    """A probe as a REST call: path after ``/v1/models/``, JSON body, and the check."""
 
     name: str
     path: str
@@ -70,8 +69,7 @@ def _url(address: str, path: str) -> str:
 
 
 def request_json(address: str, path: str, body: bytes | None, timeout: float) -> dict:
-    """GET (body None) or POST ``/v1/models/<path>``; the JSON answer, or RestError.
-    """
+    """GET (body None) or POST ``/v1/models/<path>``; the JSON answer, or RestError."""
     request = urllib.request.Request(
         _url(address, path), data=body, method="GET" if body is None else "POST",
         headers={"Content-Type": "application/json"} if body is not None else {})
@@ -161,8 +159,7 @@ class RestClient(ModelServerClient):
             f"{deadline_s:.0f} s ({last})", "raise --load_deadline, or check the server log")
 
     def check_metadata(self, served: dict) -> tuple[bool, str]:
-        """The REST metadata's SignatureDefMap vs ``served``: (ok, detail).
-        """
+        """The REST metadata's SignatureDefMap vs ``served``: (ok, detail)."""
         from google.protobuf import json_format
 
         answer = request_json(self.address,
@@ -186,8 +183,7 @@ class RestClient(ModelServerClient):
         return request_json(self.address, probe.path, probe.body, self.timeout)
 
     def call(self, probe: RestProbe):
-        """POSTs ``probe``; the answer as the gRPC response proto its check reads.
-        """
+        """POSTs ``probe``; the answer as the gRPC response proto its check reads."""
         return probe.to_response(self.request(probe))
 
     def describe(self, error: BaseException) -> str:
@@ -195,8 +191,7 @@ class RestClient(ModelServerClient):
 
 
 def to_rest(probe: Probe, served: dict) -> RestProbe | None:
-    """The REST form of a probe, or None (MultiInference has no REST endpoint).
-    """
+    """The REST form of a probe, or None (MultiInference has no REST endpoint)."""
     request = probe.request
     if probe.method == "MultiInference":
         return None

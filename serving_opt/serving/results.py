@@ -13,8 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass(frozen=True)
 class Check:
-    """One validation check and its outcome.
-    """
+    """One validation check and its outcome."""
 
     name: str
     ok: bool
@@ -23,8 +22,7 @@ class Check:
 
 @dataclass(frozen=True)
 class LoadTest:
-    """The load phase's numbers.
-    """
+    """The load phase's numbers."""
 
     concurrency: int
     seconds: float
@@ -38,8 +36,7 @@ class LoadTest:
 
 @dataclass(frozen=True)
 class ValidationReport:
-    """The validation verdict; ``to_dict()`` is the JSON report.
-    """
+    """The validation verdict; ``to_dict()`` is the JSON report."""
 
     ok: bool
     backend: str

@@ -66,8 +66,7 @@ class TargetRuntimeError(ServingOptError):
 
 @dataclass(frozen=True)
 class Runtime:
-    """A Python interpreter running one TensorFlow release.
-    """
+    """A Python interpreter running one TensorFlow release."""
 
     python: str
     tf_version: str
@@ -90,22 +89,19 @@ class Runtime:
 
 
 def major_minor(version: str) -> str:
-    """``2.20.0`` -> ``2.20``.
-    """
+    """``2.20.0`` -> ``2.20``."""
     return ".".join(version.split(".")[:2])
 
 
 def image_version(image: str) -> str | None:
-    """The TF Serving release of a ``tensorflow/serving:<tag>`` image, if the tag says.
-    """
+    """The TF Serving release of a ``tensorflow/serving:<tag>`` image, if the tag says."""
     tag = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else ""
     match = re.match(r"^(\d+\.\d+(?:\.\d+)?)", tag)
     return match.group(1) if match else None
 
 
 def cache_root() -> str:
-    """``$SERVING_OPT_CACHE`` or ``~/.cache/serving-opt``.
-    """
+    """``$SERVING_OPT_CACHE`` or ``~/.cache/serving-opt``."""
     return os.path.abspath(os.environ.get(ENV_CACHE)
                            or os.path.join(os.path.expanduser("~"), ".cache", "serving-opt"))
 
@@ -115,8 +111,7 @@ def runtime_dir(version: str) -> str:
 
 
 def env_var(version: str) -> str:
-    """The variable naming an interpreter for ``version``: ``SERVING_OPT_RUNTIME_2_15``.
-    """
+    """The variable naming an interpreter for ``version``: ``SERVING_OPT_RUNTIME_2_15``."""
     return ENV_RUNTIME_PREFIX + major_minor(version).replace(".", "_")
 
 
@@ -159,8 +154,7 @@ def _interpreter_version(python: str) -> str:
 
 
 def find_runtime(version: str, python: str | None = None) -> Runtime | None:
-    """A runtime for ``version`` that needs no download, or None.
-    """
+    """A runtime for ``version`` that needs no download, or None."""
     version = check_version(version)
     given = python or os.environ.get(env_var(version))
     if given:
@@ -186,8 +180,7 @@ def find_runtime(version: str, python: str | None = None) -> Runtime | None:
 
 def resolve_runtime(version: str, python: str | None = None,
                     progress: Callable[[str], None] | None = None) -> Runtime:
-    """A runtime for ``version``: found (see ``find_runtime``), else installed once.
-    """
+    """A runtime for ``version``: found (see ``find_runtime``), else installed once."""
     runtime = find_runtime(version, python)
     if runtime is not None:
         return runtime
@@ -242,8 +235,7 @@ def _run_step(command: list[str], what: str, version: str, venv: str) -> None:
 
 
 def op_registry(runtime: Runtime) -> dict[str, frozenset[str]]:
-    """Op name -> attr names of the runtime's TensorFlow, cached as JSON beside it.
-    """
+    """Op name -> attr names of the runtime's TensorFlow, cached as JSON beside it."""
     path = os.path.join(runtime.directory, "op_registry.json")
     data = None
     if os.path.exists(path):

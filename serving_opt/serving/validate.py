@@ -85,8 +85,7 @@ def version_dir(model_base: str, version: int) -> str:
 
 
 def resolve_version(model_base: str, version: int | None) -> int:
-    """``version`` if the base has it, else (None) the highest version in the base.
-    """
+    """``version`` if the base has it, else (None) the highest version in the base."""
     if not os.path.isdir(model_base):
         raise ServingOptError(f"model base {model_base} does not exist",
                               "point --model_base at the directory holding version directories")
@@ -110,8 +109,7 @@ CLIENTS: dict[str, type[ModelServerClient]] = {"grpc": GrpcClient, "rest": RestC
 
 @dataclass(frozen=True)
 class Target:
-    """What one execution serves and judges, resolved once from the options.
-    """
+    """What one execution serves and judges, resolved once from the options."""
 
     model_base: str
     model_name: str
@@ -127,8 +125,7 @@ class Target:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What the checks found: every check, the failures, the load phase per protocol.
-    """
+    """What the checks found: every check, the failures, the load phase per protocol."""
 
     checks: tuple[Check, ...]
     failures: tuple[str, ...] = ()

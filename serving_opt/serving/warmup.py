@@ -20,8 +20,7 @@ __all__ = ["MAX_RECORDS", "WARMUP_FILENAME", "prediction_log", "records", "repla
 
 
 def prediction_log(method: str, request):
-    """Wraps a request in the PredictionLog field TF Serving expects for its method.
-    """
+    """Wraps a request in the PredictionLog field TF Serving expects for its method."""
     from tensorflow_serving.apis import prediction_log_pb2
 
     log = prediction_log_pb2.PredictionLog()
@@ -40,8 +39,7 @@ def records(probes: Sequence, repeat: int = 1) -> tuple[bytes, ...]:
 
 
 def write_warmup_records(model_dir: str, serialized: Sequence[bytes]) -> str:
-    """Writes serialized PredictionLogs as the model's warmup file (atomically).
-    """
+    """Writes serialized PredictionLogs as the model's warmup file (atomically)."""
     import tensorflow as tf
 
     directory = os.path.join(model_dir, "assets.extra")
@@ -56,8 +54,7 @@ def write_warmup_records(model_dir: str, serialized: Sequence[bytes]) -> str:
 
 
 def write_warmup_file(model_dir: str, probes: Sequence, repeat: int = 1) -> str:
-    """Writes the probes' requests as the model's warmup file (atomically).
-    """
+    """Writes the probes' requests as the model's warmup file (atomically)."""
     import tensorflow as tf
 
     logs = [prediction_log(p.method, p.request) for p in probes for _ in range(repeat)]

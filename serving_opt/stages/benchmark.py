@@ -145,8 +145,7 @@ class BenchmarkReport:
         return b.p50_ms / a.p50_ms
 
     def ratio(self, batch_size: int) -> Ratio | None:
-        """The after/before ratio and its interval at ``batch_size`` (None: not measured).
-        """
+        """The after/before ratio and its interval at ``batch_size`` (None: not measured)."""
         return next((r for r in self.ratios if r.batch_size == batch_size), None)
 
     def to_dict(self) -> dict:
@@ -154,8 +153,7 @@ class BenchmarkReport:
 
     @classmethod
     def from_dict(cls, data: dict) -> BenchmarkReport:
-        """The report :meth:`to_dict` gave (as a measuring process returns it).
-        """
+        """The report :meth:`to_dict` gave (as a measuring process returns it)."""
         return cls(
             signature=data["signature"],
             load_seconds_before=data["load_seconds_before"],

@@ -70,8 +70,7 @@ class ColdStartReport:
     rounds: int
 
     def ratio(self, measure: str) -> float:
-        """``after / before`` for one of ColdStart's fields.
-        """
+        """``after / before`` for one of ColdStart's fields."""
         before = getattr(self.before, measure)
         return getattr(self.after, measure) / before if before else 1.0
 
@@ -122,8 +121,7 @@ def measure(reference_dir: str, candidate_dir: str, tags: frozenset[str], signat
 
 
 def summarize_runs(runs: list[dict]) -> ColdStart:
-    """The median of each measure over :func:`cold_start_job` results of one model.
-    """
+    """The median of each measure over :func:`cold_start_job` results of one model."""
     stages = []
     names = [name for name, _, _ in runs[0].get("stages", ())]
     for i, name in enumerate(names):

@@ -61,8 +61,7 @@ _VARIABLE_WRITE_OPS = frozenset({
 
 @dataclass(frozen=True)
 class FreezeInfo:
-    """What freezing did, for the report.
-    """
+    """What freezing did, for the report."""
 
     variables_frozen: int
     variable_bytes: int
@@ -79,8 +78,7 @@ class FreezeInfo:
 
 
 def variable_sizes(graph_def) -> dict[str, int]:
-    """Bytes each variable will take as a constant, from its declared shape and dtype.
-    """
+    """Bytes each variable will take as a constant, from its declared shape and dtype."""
     from tensorflow.python.framework import dtypes, tensor_shape
 
     sizes = {}
@@ -125,8 +123,7 @@ def asset_variables(graph_def, asset_nodes) -> frozenset[str]:
 
 
 def check_protobuf_limit(sizes: dict[str, int], limit_bytes: int = PROTOBUF_LIMIT_BYTES) -> None:
-    """Refuses to freeze what cannot be serialized: a GraphDef above 2 GiB.
-    """
+    """Refuses to freeze what cannot be serialized: a GraphDef above 2 GiB."""
     budget = limit_bytes - min(_GRAPH_MARGIN_BYTES, limit_bytes // 32)
     for name, size in sorted(sizes.items(), key=lambda kv: -kv[1]):
         if size > budget:

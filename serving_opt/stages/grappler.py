@@ -85,8 +85,7 @@ def with_default_attrs(graph_def):
 def run_grappler(
     graph: ServingGraph, passes: tuple[str, ...], rounds: int = DEFAULT_ROUNDS
 ) -> ServingGraph:
-    """Runs the given Grappler passes ``rounds`` times, keeping every protected node.
-    """
+    """Runs the given Grappler passes ``rounds`` times, keeping every protected node."""
     if not passes:
         return graph
     from tensorflow.core.protobuf import config_pb2, meta_graph_pb2

@@ -77,8 +77,7 @@ class OutputParity:
 
 @dataclass(frozen=True)
 class ParityReport:
-    """The gate's verdict, with per-output numbers and where the inputs came from.
-    """
+    """The gate's verdict, with per-output numbers and where the inputs came from."""
 
     ok: bool
     atol: float
@@ -95,8 +94,7 @@ class ParityReport:
         return [o for o in self.outputs if o.undecided]
 
     def summary(self) -> str:
-        """One line naming the worst failure, or the number of outputs checked.
-        """
+        """One line naming the worst failure, or the number of outputs checked."""
         if self.ok:
             worst = max((o.max_abs_diff for o in self.outputs), default=0.0)
             sigs = len({o.signature for o in self.outputs})
@@ -277,8 +275,7 @@ def check_parity(
     rtol: float = DEFAULT_RTOL,
     lossy: LossyGate | None = None,
 ) -> ParityReport:
-    """Runs every signature of both models on the same inputs and compares the outputs.
-    """
+    """Runs every signature of both models on the same inputs and compares the outputs."""
     # One model in memory at a time: for a 1 GB model, two at once would double the
     # optimizer's peak. The original's answers are kept (they are small), then compared.
     ref_sess, ref_mg = _open_reference(reference_dir, tags)

@@ -48,8 +48,7 @@ _INT4_ZERO = 8
 
 @dataclass(frozen=True)
 class QuantizedTensor:
-    """One weight stored quantized, for the report.
-    """
+    """One weight stored quantized, for the report."""
 
     name: str
     mode: str  # int8 | int4 | fp16

@@ -84,8 +84,7 @@ def regressions(cold=None, bench=None, tolerance: float = DEFAULT_TOLERANCE,
 
 
 def measure_of(line: str) -> str:
-    """The measure a regression line names: ``'load time 12.84x the ...'`` -> ``'load time'``.
-    """
+    """The measure a regression line names: ``'load time 12.84x the ...'`` -> ``'load time'``."""
     return line.split(" the original")[0].rsplit(" ", 1)[0]
 
 
@@ -100,8 +99,7 @@ class Remeasure:
 
 
 def to_remeasure(worse: list[str]) -> Remeasure:
-    """The measurements that can confirm the regression lines ``worse``, and no others.
-    """
+    """The measurements that can confirm the regression lines ``worse``, and no others."""
     batches = [batch_of(line) for line in worse if is_steady_state(line)]
     return Remeasure(cold_start=any(not is_steady_state(line) for line in worse),
                      batch_sizes=tuple(dict.fromkeys(b for b in batches if b is not None)))
@@ -116,8 +114,7 @@ def confirmed(worse: list[str], again: list[str]) -> list[str]:
 
 
 def batch_of(line: str) -> int | None:
-    """The batch size a steady-state regression line is about (None: not one).
-    """
+    """The batch size a steady-state regression line is about (None: not one)."""
     measure = measure_of(line)
     if not is_steady_state(line) or " at batch " not in measure:
         return None
@@ -126,6 +123,5 @@ def batch_of(line: str) -> int | None:
 
 
 def is_steady_state(line: str) -> bool:
-    """Whether a regression line is about steady-state latency (p50/p99), not cold start.
-    """
+    """Whether a regression line is about steady-state latency (p50/p99), not cold start."""
     return measure_of(line).startswith(("p50 ", "p99 "))

@@ -430,8 +430,7 @@ def _never_fold(transform: Transform, op_types: list[str]) -> Transform:
 
 
 def describe(transforms: tuple[Transform, ...]) -> str:
-    """Canonical one-line spec, for reports.
-    """
+    """Canonical one-line spec, for reports."""
     return " ".join(t.spec() for t in transforms)
 
 

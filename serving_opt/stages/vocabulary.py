@@ -48,8 +48,7 @@ _PAD = np.iinfo(np.int64).max
 
 @dataclass(frozen=True)
 class CompactVocabulary:
-    """One vocabulary table stored as sorted fingerprints, for the report.
-    """
+    """One vocabulary table stored as sorted fingerprints, for the report."""
 
     table: str
     entries: int

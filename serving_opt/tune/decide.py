@@ -26,8 +26,7 @@ _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
 
 
 def t975(df: int) -> float:
-    """Student's t quantile at 0.975 for ``df`` degrees of freedom (table, conservative).
-    """
+    """Student's t quantile at 0.975 for ``df`` degrees of freedom (table, conservative)."""
     if df < 1:
         return math.inf
     for k in sorted(_T975):
@@ -45,8 +44,7 @@ class Interval(NamedTuple):
     rounds: int
 
     def describe(self) -> str:
-        """``x1.12 (x1.03-x1.21 over 3 interleaved rounds)``.
-        """
+        """``x1.12 (x1.03-x1.21 over 3 interleaved rounds)``."""
         if self.rounds < 2:
             return f"x{self.mean:.2f} (one round: no interval)"
         return (f"x{self.mean:.2f} (x{max(self.low, 0):.2f}-x{self.high:.2f} over "

@@ -51,8 +51,7 @@ class Hardware:
         return any(x.startswith("AVX-512") for x in self.extensions)
 
     def describe(self) -> str:
-        """One line: ``AMD EPYC, 2 cores, AVX2 FMA (no AVX-512), Eigen kernels (...)``.
-        """
+        """One line: ``AMD EPYC, 2 cores, AVX2 FMA (no AVX-512), Eigen kernels (...)``."""
         cores_text = (f"{self.cores} cores" if self.cores == self.cpus
                       else f"{self.cores} of {self.cpus} cores")
         headline = [x for x in self.extensions if x in _HEADLINE]
@@ -65,8 +64,7 @@ class Hardware:
         return f"{self.cpu_model}, {cores_text}, {vector}, {kernels} ({switch})"
 
     def warning(self) -> str:
-        """The sentence every report carries: this result is this hardware's.
-        """
+        """The sentence every report carries: this result is this hardware's."""
         return (f"the recommendation holds for this hardware only ({self.cpu_model}, "
                 f"{self.cores} cores, {self.kernels or 'unknown'} kernels): batching gains "
                 "differ between CPUs (AVX-512 against AVX2, oneDNN against Eigen) and core "

@@ -63,8 +63,7 @@ class Target:
 
 @dataclass(frozen=True)
 class Load:
-    """One load point: closed loop with ``clients``, or open loop at ``rate`` requests/s.
-    """
+    """One load point: closed loop with ``clients``, or open loop at ``rate`` requests/s."""
 
     mode: str = "closed"
     clients: int = 1
@@ -115,8 +114,7 @@ class LoadResult:
 
 
 def check_load(load: Load) -> None:
-    """Raises ServingOptError naming what is wrong with ``load``.
-    """
+    """Raises ServingOptError naming what is wrong with ``load``."""
     if load.mode not in MODES:
         raise ServingOptError(f"load mode {load.mode!r} is not closed or open",
                               "use Load('closed', clients=N) or Load('open', rate=R)")
@@ -133,15 +131,13 @@ def check_load(load: Load) -> None:
 
 
 def run(target: Target, load: Load, timeout: float | None = None) -> LoadResult:
-    """Runs one load point in a fresh generator process; returns what it measured.
-    """
+    """Runs one load point in a fresh generator process; returns what it measured."""
     with Generator() as generator:
         return generator.run(target, load, timeout)
 
 
 class Generator:
-    """A generator process kept for many load points (Python and grpc start once).
-    """
+    """A generator process kept for many load points (Python and grpc start once)."""
 
     def __init__(self) -> None:
         self.process: subprocess.Popen | None = None

@@ -48,8 +48,7 @@ def parse_int_list(text: str, flag: str) -> tuple[int, ...] | None:
 
 
 def check_padding(text: str) -> str:
-    """``none``, ``pow2`` or an increasing list of row counts.
-    """
+    """``none``, ``pow2`` or an increasing list of row counts."""
     if text in ("none", "pow2"):
         return text
     parts = [p.strip() for p in text.split(",") if p.strip()]
@@ -81,8 +80,7 @@ def _within(name: str, value: float, low: float, high: float, example: str) -> N
 
 @dataclass(frozen=True)
 class WorkloadOptions:
-    """The load tune is asked to serve, and its objective (``optimize --tune`` shares it).
-    """
+    """The load tune is asked to serve, and its objective (``optimize --tune`` shares it)."""
 
     # The flag has no default: an objective is the user's to give (a required flag).
     slo_p99_ms: float = _opt(250.0, "The p99 latency objective, in milliseconds.",
@@ -114,8 +112,7 @@ class WorkloadOptions:
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """Which model, which version, and how its clients call it.
-    """
+    """Which model, which version, and how its clients call it."""
 
     model_name: str | None = _opt(None, "Model name (default: the base's directory name).")
     version: int | None = _opt(None, "Version to tune (default: the highest).")
@@ -279,8 +276,7 @@ TRUST_FLAGS_SKIPPED = ("sandbox_memory_bytes",)
 
 @dataclass(frozen=True, init=False)
 class TuneOptions(OptionTree):
-    """Options of ``serving-opt tune``: one group per concern.
-    """
+    """Options of ``serving-opt tune``: one group per concern."""
 
     workload: WorkloadOptions = field(default_factory=WorkloadOptions)
     model: ModelOptions = field(default_factory=ModelOptions)
@@ -297,8 +293,7 @@ class TuneOptions(OptionTree):
         self._assign_keywords(options)
 
     def check(self) -> None:
-        """UsageError for the first bad option, before any work.
-        """
+        """UsageError for the first bad option, before any work."""
         self.workload.check()
         self.budget.check()
         self.search.check(self.workload.rows_per_request)
@@ -307,8 +302,7 @@ class TuneOptions(OptionTree):
 
 
 def check_options(options: TuneOptions) -> None:
-    """Raises UsageError for the first bad option (before any work).
-    """
+    """Raises UsageError for the first bad option (before any work)."""
     if not isinstance(options, TuneOptions):
         raise UsageError(f"tune options are a {type(options).__name__}, not TuneOptions",
                          "pass serving_opt.tune.TuneOptions(...)")

@@ -41,8 +41,7 @@ CONTAINER_CONFIG = "/config"
 
 
 def prepare(output_dir: str) -> None:
-    """Creates ``output_dir`` and checks it is writable, before any work.
-    """
+    """Creates ``output_dir`` and checks it is writable, before any work."""
     try:
         os.makedirs(output_dir, exist_ok=True)
         probe = tempfile.NamedTemporaryFile(dir=output_dir, prefix=".tune-probe-", delete=True)
@@ -63,8 +62,7 @@ def _write(path: str, data: str | bytes) -> str:
 
 
 def write(report: TuneReport, output_dir: str) -> dict[str, str]:
-    """Writes every output; returns {what: path}.
-    """
+    """Writes every output; returns {what: path}."""
     prepare(output_dir)
     out: dict[str, str] = {}
     rec = report.recommendation

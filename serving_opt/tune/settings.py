@@ -29,8 +29,7 @@ PARAMETERS_FILENAME = "batching_parameters.txt"
 
 
 def cores() -> int:
-    """The CPUs this process may run on (upstream's ``port::MaxParallelism()``).
-    """
+    """The CPUs this process may run on (upstream's ``port::MaxParallelism()``)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
@@ -59,8 +58,7 @@ class BatchingSettings:
         return replace(self, num_batch_threads=cpus or cores())
 
     def problems(self) -> list[str]:
-        """What TF Serving would refuse at startup (its own checks), as sentences.
-        """
+        """What TF Serving would refuse at startup (its own checks), as sentences."""
         out = []
         for name in ("max_batch_size", "max_enqueued_batches"):
             if getattr(self, name) < 1:
@@ -79,8 +77,7 @@ class BatchingSettings:
         return out
 
     def text_proto(self) -> str:
-        """The text BatchingParameters TF Serving's ``--batching_parameters_file`` reads.
-        """
+        """The text BatchingParameters TF Serving's ``--batching_parameters_file`` reads."""
         lines = [f"max_batch_size {{ value: {self.max_batch_size} }}",
                  f"batch_timeout_micros {{ value: {self.batch_timeout_micros} }}",
                  f"max_enqueued_batches {{ value: {self.max_enqueued_batches} }}",
@@ -103,8 +100,7 @@ class BatchingSettings:
 
 @dataclass(frozen=True, order=True)
 class ThreadSettings:
-    """TF Serving's session threads; 0 leaves TensorFlow's default (one per core).
-    """
+    """TF Serving's session threads; 0 leaves TensorFlow's default (one per core)."""
 
     intra_op: int = 0
     inter_op: int = 0
@@ -135,8 +131,7 @@ class ThreadSettings:
 
 @dataclass(frozen=True)
 class ServingSettings:
-    """A server configuration: batching (None: off) and session threads.
-    """
+    """A server configuration: batching (None: off) and session threads."""
 
     batching: BatchingSettings | None = None
     threads: ThreadSettings = field(default_factory=ThreadSettings)
@@ -147,8 +142,7 @@ class ServingSettings:
 
     def flags(self, model_base_path: str, model_name: str,
               parameters_file: str | None = None) -> tuple[str, ...]:
-        """The ``tensorflow_model_server`` flags serving a model with these settings.
-        """
+        """The ``tensorflow_model_server`` flags serving a model with these settings."""
         out = ["--port=8500", "--rest_api_port=8501", f"--model_name={model_name}",
                f"--model_base_path={model_base_path}", *self.threads.flags()]
         if self.batching is not None:

@@ -44,8 +44,7 @@ _HELP = {"allow_unsandboxed": "Run the models even where the bubblewrap sandbox 
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-    """Defines the flags of `serving-opt compare` on ``fv``.
-    """
+    """Defines the flags of `serving-opt compare` on ``fv``."""
     from serving_opt.compare import CompareOptions
 
     default = {f.name: f.default for f in dataclasses.fields(CompareOptions)}

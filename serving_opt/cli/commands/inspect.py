@@ -24,8 +24,7 @@ FAIL_ON = ["error", "warning", "never"]
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-    """Defines the flags of `serving-opt inspect` on ``fv``.
-    """
+    """Defines the flags of `serving-opt inspect` on ``fv``."""
     cli.define_model_dir(fv, cli.SAVED_MODEL_DIR,
                          "SavedModel directory (the one holding saved_model.pb), or a frozen "
                          "GraphDef .pb (its candidate inputs and outputs are listed).")

@@ -69,8 +69,7 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 
 def options_from_flags(fv: flags.FlagValues) -> options_lib.OptimizeOptions:
-    """The OptimizeOptions the parsed flags say (fields without a flag keep defaults).
-    """
+    """The OptimizeOptions the parsed flags say (fields without a flag keep defaults)."""
     groups = {name: option_flags.read(fv, group, rename=_RENAME.get(name))
               for name, group in _GROUPS.items()}
     validate = option_flags.read(fv, options_lib.ServingCheck) if fv.validate else None
@@ -160,8 +159,7 @@ _QUANTIZE_FLAGS = ("quantize_min_elements", "min_top1_agreement", "max_probabili
 
 
 def check_dependent_flags(fv: flags.FlagValues) -> None:
-    """UsageError for a flag given without the flag that gives it meaning.
-    """
+    """UsageError for a flag given without the flag that gives it meaning."""
     given = [name for name in _VALIDATE_FLAGS if fv[name].present]
     if given and not fv.validate:
         raise UsageError(f"--{given[0]} has no effect without --validate",

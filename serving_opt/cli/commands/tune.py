@@ -38,8 +38,7 @@ def _tree():
 
 
 def define_workload_flags(fv: flags.FlagValues, help_prefix: str = "") -> None:
-    """The load tune is asked to serve and its objective; ``optimize --tune`` shares them.
-    """
+    """The load tune is asked to serve and its objective; ``optimize --tune`` shares them."""
     option_flags.define(fv, _tree().WorkloadOptions, help_prefix=help_prefix,
                         module_name=__name__)
 
@@ -68,8 +67,7 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 
 def options_from_flags(fv: flags.FlagValues):
-    """TuneOptions from the flags; UsageError for a bad value (before any work).
-    """
+    """TuneOptions from the flags; UsageError for a bad value (before any work)."""
     tree = _tree()
     groups = {}
     for name, group in tree.TuneOptions.GROUPS.items():

@@ -40,8 +40,7 @@ _RENAME = {"reference_dir": "reference_" + cli.SAVED_MODEL_DIR}
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-    """Defines the flags of `serving-opt validate` on ``fv``.
-    """
+    """Defines the flags of `serving-opt validate` on ``fv``."""
     cli.define_model_dir(fv, cli.MODEL_BASE_PATH, "Model base directory (holds <version>/).",
                          aliases=("model_base",))
     option_flags.define(fv, options_lib.ValidateOptions, rename=_RENAME)  # version, reference
@@ -56,8 +55,7 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 
 def options_from_flags(fv: flags.FlagValues) -> options_lib.ValidateOptions:
-    """The ValidateOptions the parsed flags say (fields without a flag keep defaults).
-    """
+    """The ValidateOptions the parsed flags say (fields without a flag keep defaults)."""
     groups = {name: option_flags.read(fv, group, skip=_SKIP.get(name, ()))
               for name, group in _GROUPS.items()}
     return option_flags.read(fv, options_lib.ValidateOptions, rename=_RENAME, **groups)

@@ -164,8 +164,7 @@ class HostOpUse:
         return f"{self.inside} {where}" if self.inside else where
 
     def describe(self) -> str:
-        """The op, where it is, how it runs and why it is not the loader's: one clause.
-        """
+        """The op, where it is, how it runs and why it is not the loader's: one clause."""
         sep = " " if self.function else ", "
         text = f"{self.op} {self.where}{sep}{self.route}"
         return f"{text} ({self.reason})" if self.reason else text
