@@ -27,6 +27,7 @@ import independent_check
 import numpy as np
 import pytest
 import repo_paths
+from conftest import tree_snapshot
 
 from serving_opt.serving import backends
 
@@ -154,16 +155,6 @@ def _publish(source_dir: str, base: str, version: int, warmup: bytes | None = No
     return target
 
 
-def _snapshot(base: str) -> dict[str, bytes]:
-    out = {}
-    for root, _, files in os.walk(base):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, base)] = f.read()
-    return out
-
-
 def _run(*args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
                           env=env)
@@ -180,7 +171,7 @@ def test_validate_in_a_container_checks_only_the_asked_version_over_grpc_and_res
     shutil.copytree(classifier_dir, base / "1")
     (base / "2").mkdir()
     (base / "2" / "saved_model.pb").write_bytes(b"not a SavedModel")
-    before = _snapshot(str(base))
+    before = tree_snapshot(str(base))
 
     run = _start_validate(str(base), "--version=1", "--concurrency=2", "--duration=1")
     out = "".join(run.communicate(timeout=900))
@@ -195,7 +186,7 @@ def test_validate_in_a_container_checks_only_the_asked_version_over_grpc_and_res
                    for line in out.splitlines()), check
     assert "load phase" in out and "\nREST " in out  # both load phases ran
     assert _containers(run.pid) == {}  # removed on success
-    assert _snapshot(str(base)) == before  # mounted read-only; nothing written
+    assert tree_snapshot(str(base)) == before  # mounted read-only; nothing written
 
 
 def test_optimize_validates_in_a_container_that_picks_up_new_versions_and_reads_warmup(
