@@ -33,10 +33,10 @@ def allowed_patterns(path: str) -> list[re.Pattern]:
 def result_files(root: str) -> list[str]:
     """The suite's shards and the Estimator suite (tests/BUILD), then build/junit/*.xml."""
     logs = os.path.join(root, "bazel-testlogs", "tests")
-    files = sorted(glob.glob(os.path.join(logs, "suite", "**", "test.xml"), recursive=True))
-    files += sorted(glob.glob(os.path.join(logs, "golden_onednn", "**", "test.xml"),
-                              recursive=True))
-    files += glob.glob(os.path.join(logs, "estimator_suite", "test.xml"))
+    files = []
+    for target in ("suite", "golden_onednn", "estimator_suite"):
+        files += sorted(glob.glob(os.path.join(logs, target, "**", "test.xml"),
+                                  recursive=True))
     return files + sorted(glob.glob(os.path.join(root, "build", "junit", "*.xml")))
 
 
@@ -45,9 +45,8 @@ def files_without_results(root: str, xml_paths: list[str]) -> list[str]:
     ran = {part for path in xml_paths for case in ET.parse(path).getroot().iter("testcase")
            for part in case.get("classname", "").split(".")}
     tests = os.path.join(root, "tests")
-    files = glob.glob(os.path.join(tests, "test_*.py")) + [
-        path for path in glob.glob(os.path.join(tests, "*", "test_*.py"))
-        if os.path.basename(os.path.dirname(path)) != "estimator"]  # //tests:estimator
+    files = glob.glob(os.path.join(tests, "test_*.py")) + \
+        glob.glob(os.path.join(tests, "*", "test_*.py"))
     names = sorted(os.path.splitext(os.path.basename(path))[0] for path in files)
     return [name for name in names if name not in ran]
 

@@ -10,5 +10,5 @@ if [ ! -x "$python" ]; then
   exit 1
 fi
 cd "$root"
-exec "$python" -m pytest -q -p no:cacheprovider --confcutdir=tests/estimator tests/estimator \
-  ${XML_OUTPUT_FILE:+--junitxml="$XML_OUTPUT_FILE"}
+# The runner shards it as it does the main suite (TEST_TOTAL_SHARDS, tests/durations.txt).
+exec "$python" tests/pytest_runner.py tests/estimator/test_*.py -- --confcutdir=tests/estimator
