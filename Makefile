@@ -143,12 +143,12 @@ TEST_ENV_KEY = $(shell { command -v bwrap && bwrap --version; ls $(STAMP215); id
 MODEL_CACHE := $(CURDIR)/build/test-models
 # Half again as many test processes as cores: a test often waits (a server starting, a
 # sandboxed worker importing TensorFlow, a container), and two at a time left a core idle
-# for about a third of the run on 2 cores.
+# for about a third of the run on 2 cores. (--jobs too: it caps the tests as well.)
 TEST_JOBS ?= HOST_CPUS*1.5
 bazel-test: $(STAMP) $(STAMP215) $(SANDBOX_STAMP) bazel-setup
 	rm -rf $(MODEL_CACHE)
 	bazel test //... --test_output=errors --noshow_progress --test_summary=terse \
-	  --local_test_jobs=$(TEST_JOBS) \
+	  --jobs=$(TEST_JOBS) --local_test_jobs=$(TEST_JOBS) \
 	  --test_env=SERVING_OPT_TEST_ENV=$(TEST_ENV_KEY) \
 	  --test_env=SERVING_OPT_MODEL_CACHE=$(MODEL_CACHE)
 
