@@ -226,6 +226,10 @@ class ServerOptions:
                        "(serving-opt serve --enable_batching), or auto: the first that can "
                        "run here.", choices=backends.BACKENDS)
     image: str = _opt(backends.DEFAULT_IMAGE, "Docker image for --server=docker.")
+    docker_network: str = _opt(
+        "bridge", "--server=docker's network: bridge publishes the container's ports on "
+        "127.0.0.1 (-p); host shares the host's network (for engines without a bridge).",
+        choices=backends.DOCKER_NETWORKS)
     current_parameters_file: str | None = _opt(
         None, "A batching parameters file in use today: proven beside the tuned settings.")
     load_deadline: float = _opt(300.0, "Seconds to wait for the model to load.")
@@ -268,6 +272,10 @@ class ServerOptions:
         if self.server not in backends.BACKENDS:
             raise UsageError(f"--server={self.server} is not one of "
                              f"{', '.join(backends.BACKENDS)}", "e.g. --server=auto")
+        if self.docker_network not in backends.DOCKER_NETWORKS:
+            raise UsageError(f"--docker_network={self.docker_network} is not one of "
+                             f"{', '.join(backends.DOCKER_NETWORKS)}",
+                             "e.g. --docker_network=host")
 
 
 # TrustOptions' flags tune has not: its sandbox takes the wall-clock limit, not memory.

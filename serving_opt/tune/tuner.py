@@ -103,10 +103,12 @@ def tune(model_base: str, options: TuneOptions | None = None,
     sandboxed = sandbox_lib.require(options.trust.allow_unsandboxed, f"tune {model_dir}")
     if sandboxed and options.trust.allow_unsandboxed and options.serving.server == "docker":
         sandboxed = False  # the Docker client cannot run in a sandbox; the user trusts it
-    backend = backends.resolve_backend(options.serving.server, sandboxed=sandboxed)
     options = dataclasses.replace(
         options, model=dataclasses.replace(options.model, examples=examples),
         serving=dataclasses.replace(options.serving, image=options.serving.docker_image()))
+    backend = backends.resolve_backend(options.serving.server, sandboxed=sandboxed,
+                                       image=options.serving.image,
+                                       docker_network=options.serving.docker_network)
     # Resolved (installed, when asked) here: no sandbox has the network.
     runtime, runtime_note = local_runtime(options, say) if backend == "local" else (None, "")
     started = time.monotonic()
@@ -316,6 +318,7 @@ def execute(model_base: str, version: int, options: TuneOptions, backend: str,
                            options.workload.rows_per_request, the_plan.tags, options.model.examples,
                            options.budget.seed)
     spec = backends.ServerSpec(model_name=name, model_base=model_base, image=options.serving.image,
+                               docker_network=options.serving.docker_network,
                                saved_model_tags=options.model.saved_model_tags,
                                rest_api="rest" in protocols, version=version,
                                allow_file_ops=options.trust.allow_file_ops)

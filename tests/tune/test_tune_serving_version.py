@@ -94,6 +94,7 @@ def test_docker_image_follows_serving_version_unless_image_is_given(given, image
     ({"serving_version": "latest"}, "--serving_version=latest is not a TensorFlow version"),
     ({"serving_version": "2.15.1", "image": "tensorflow/serving:2.19.0"},
      "--image=tensorflow/serving:2.19.0 runs TF Serving 2.19.0, not --serving_version=2.15.1"),
+    ({"docker_network": "overlay"}, "--docker_network=overlay is not one of bridge, host"),
 ])
 def test_python_api_usage_errors_before_any_work(tmp_path, given, message):
     with pytest.raises(UsageError) as raised:
@@ -102,6 +103,27 @@ def test_python_api_usage_errors_before_any_work(tmp_path, given, message):
             workload=WorkloadOptions(clients=4), serving=ServerOptions(**given)))
     assert message in raised.value.one_line()
     assert raised.value.fix
+
+
+class _Resolved(Exception):
+    pass
+
+
+def test_docker_runs_the_asked_image_on_the_asked_network(convnet_base, monkeypatch):
+    asked = {}
+
+    def resolve_backend(name, sandboxed=False, image=None, docker_network=None):
+        asked.update(name=name, image=image, docker_network=docker_network)
+        raise _Resolved  # what follows would start a container
+
+    monkeypatch.setattr(backends, "resolve_backend", resolve_backend)
+    with pytest.raises(_Resolved):
+        tuner.tune(convnet_base, TuneOptions(
+            workload=WorkloadOptions(clients=4),
+            serving=ServerOptions(server="docker", serving_version="2.15.1",
+                                  docker_network="host")))
+    assert asked == {"name": "docker", "image": "tensorflow/serving:2.15.1",
+                     "docker_network": "host"}
 
 
 def test_the_profile_runs_under_the_runtimes_interpreter(convnet_dir, wrapped):
