@@ -163,3 +163,12 @@ def _check_paths(input_dir: str, output_base: str) -> None:
             f"--output_base {output_base} is inside --input_dir {input_dir}",
             "write to a separate model base (e.g. the parent of the version directory)",
         )
+
+
+def target_version(plan: Plan) -> str:
+    """The TF Serving release the ops are checked against: ``--serving_version``, else the
+    validating image's tag (``--image=tensorflow/serving:2.21.0``), else the current one."""
+    from serving_opt.serving import runtime as runtime_lib
+
+    image = plan.validate.serving.image if plan.validate is not None else None
+    return runtime_lib.target_version(plan.target.serving_version, image)

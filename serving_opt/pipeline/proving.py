@@ -17,6 +17,7 @@ import time
 
 from serving_opt.core import gates, measuring
 from serving_opt.errors import ParityError, first_line
+from serving_opt.pipeline import plan as plan_lib
 from serving_opt.pipeline.run import Run
 from serving_opt.savedmodel import inputs as inputs_lib
 from serving_opt.savedmodel import loader, unbound_variables
@@ -38,7 +39,7 @@ def check_target_runtime(run: Run, graph: ServingGraph, staging: str) -> None:
     """
     from serving_opt.serving import runtime as runtime_lib
 
-    target = run.plan.target.serving_version or runtime_lib.DEFAULT_SERVING_VERSION
+    target = plan_lib.target_version(run.plan)
     with run.stage("target_check", f"checking ops against TensorFlow {target}'s registry",
                    step="-") as stage:
         if run.target_registry is None:

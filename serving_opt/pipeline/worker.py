@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 
 from serving_opt import sandbox as sandbox_lib
+from serving_opt.pipeline import plan as plan_lib
 from serving_opt.pipeline.plan import Plan
 from serving_opt.pipeline.run import Run
 
@@ -107,7 +108,7 @@ def resolve_target(run: Run, sandboxed: bool) -> None:
     from serving_opt.serving import runtime as runtime_lib
 
     version, python = run.plan.target.serving_version, run.plan.target.serving_runtime_python
-    target = version or runtime_lib.DEFAULT_SERVING_VERSION
+    target = plan_lib.target_version(run.plan)
     runtime = runtime_lib.resolve_runtime(version, python, run.say) if version \
         else runtime_lib.find_runtime(target, python)
     if runtime is not None:

@@ -100,6 +100,19 @@ def image_version(image: str) -> str | None:
     return match.group(1) if match else None
 
 
+def target_version(serving_version: str | None, image: str | None = None) -> str:
+    """The TF Serving release a model is made for: ``--serving_version``, else the
+    Docker image's tag when it names one, else the current release.
+
+    >>> target_version(None, "tensorflow/serving:2.21.0")
+    '2.21.0'
+    >>> target_version("2.15.1", "tensorflow/serving:2.21.0")
+    '2.15.1'
+    """
+    return serving_version or (image_version(image) if image else None) \
+        or DEFAULT_SERVING_VERSION
+
+
 def cache_root() -> str:
     """``$SERVING_OPT_CACHE`` or ``~/.cache/serving-opt``."""
     return os.path.abspath(os.environ.get(ENV_CACHE)
@@ -311,7 +324,7 @@ def stand_in_runtime(serving_version: str | None, python: str | None, image: str
     """
     if serving_version is not None:
         return resolve_runtime(serving_version, python, say), ""
-    target = image_version(image) or DEFAULT_SERVING_VERSION
+    target = target_version(None, image)
     runtime = find_runtime(target, python)
     if runtime is not None:
         return runtime, ""

@@ -287,6 +287,23 @@ def test_without_a_target_runtime_the_op_check_is_skipped_and_says_so():
     assert note.startswith("skipped") and "--serving_version=2.20.0" in note
 
 
+def test_the_op_check_follows_the_validating_images_release(regressor_dir, tmp_path):
+    # --image=tensorflow/serving:<this TF>, no --serving_version: the ops are checked
+    # against the release the container runs (here, this interpreter's), not the default.
+    from serving_opt.pipeline import plan, worker
+    from serving_opt.pipeline.run import Run
+
+    this_tf = runtime.current_tf_version()
+    options = OptimizeOptions(validate=ValidateOptions(serving=ServingCheck(
+        server="local", image=f"tensorflow/serving:{this_tf}")))
+    run = Run(regressor_dir, str(tmp_path / "out"), options)
+    run.plan = plan.plan(regressor_dir, str(tmp_path / "out"), options)
+    assert plan.target_version(run.plan) == this_tf
+    worker.resolve_target(run, sandboxed=True)
+    tf_version, source, registry = run.target_registry
+    assert (tf_version, source) == (this_tf, "current interpreter") and "MatMul" in registry
+
+
 def test_attr_unknown_to_the_target_is_refused():
     from tensorflow.core.framework import graph_pb2
 
