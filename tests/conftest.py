@@ -307,13 +307,6 @@ def mobilenet_v2_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
-def resnet50_dir(tmp_path_factory) -> str:
-    """Keras 3 ResNet50 (64x64, 10 classes, logits), model.export: serve + serving_default."""
-    return os.path.join(_build_tf2(tmp_path_factory, "resnet50", build_keras_application,
-                                   "resnet50"), "1")
-
-
-@pytest.fixture(scope="session")
 def text_lstm_dir(tmp_path_factory) -> str:
     """Keras 3 TextVectorization + Embedding + LSTM and IntegerLookup, model.export."""
     return os.path.join(_build_tf2(tmp_path_factory, "text_lstm", build_text_lstm), "1")

@@ -31,7 +31,11 @@ from serving_opt.stages.transforms import apply_transforms, parse_transforms
 # candidate into a variables-kept one (the gate's own tests are in test_big_models.py).
 FAST = OptimizeOptions(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 SERVE = frozenset({"serve"})
-MODELS = ["tf_module", "text_lstm", "mobilenet_v2", "resnet50"]
+# ResNet50 left the suite: its checks (batch norms folded after a biased convolution,
+# large folded weights kept as variables, shared weights stored once) are MobileNetV2's
+# here and test_shared_weights_and_a_bias_before_the_scale_still_fold's; it cost a
+# minute of the suite's CPU. benchmarks/ still measure it.
+MODELS = ["tf_module", "text_lstm", "mobilenet_v2"]
 CALL_OPS = {"PartitionedCall", "StatefulPartitionedCall"}
 
 
@@ -51,11 +55,6 @@ def _optimize(src: str, tmp_path_factory, name: str, options=FAST):
 @pytest.fixture(scope="module")
 def optimized_mobilenet_v2(mobilenet_v2_dir, tmp_path_factory):
     return mobilenet_v2_dir, _optimize(mobilenet_v2_dir, tmp_path_factory, "mobilenet_v2")
-
-
-@pytest.fixture(scope="module")
-def optimized_resnet50(resnet50_dir, tmp_path_factory):
-    return resnet50_dir, _optimize(resnet50_dir, tmp_path_factory, "resnet50")
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +124,7 @@ def _run_tf2(path: str, key: str, feed: dict) -> dict:
 @functools.lru_cache(maxsize=16)
 def _session(path: str):
     """The published model as TF Serving loads it, by TensorFlow's own session loader
-    (a ResNet50 session costs seconds: loaded once)."""
+    (a Keras application's session costs seconds: loaded once)."""
     import tensorflow as tf
 
     v1 = tf.compat.v1
@@ -173,7 +172,7 @@ def test_outputs_match_the_source_through_both_loaders(model, request):
         expected = _run_tf2(src, key, feed)
         _assert_same(_run_session(report.output_dir, key, feed), expected)
         if model in KERAS_APPLICATIONS and key == "serve":
-            continue  # the same network as serving_default; seconds per call on ResNet50
+            continue  # the same network as serving_default, at a second per call
         _assert_same(_run_tf2(report.output_dir, key, feed), expected)
 
 
@@ -207,7 +206,7 @@ def test_variables_are_frozen_and_calls_inlined(model, request):
     assert report.nodes_after < report.nodes_before
 
 
-@pytest.mark.parametrize("model", ["mobilenet_v2", "resnet50"])
+@pytest.mark.parametrize("model", ["mobilenet_v2"])
 def test_keras_batch_norms_are_folded_into_the_convolutions(model, request):
     src, report = request.getfixturevalue(f"optimized_{model}")
     source_ops = _ops(_meta_graph(src).graph_def, with_functions=True)
@@ -230,7 +229,7 @@ def test_keras_batch_norms_are_folded_into_the_convolutions(model, request):
     assert report.parity.ok and 0 < max(diffs) < 1e-4
 
 
-@pytest.mark.parametrize("model", ["mobilenet_v2", "resnet50"])
+@pytest.mark.parametrize("model", ["mobilenet_v2"])
 def test_shared_weights_are_stored_once(model, request):
 
     src, report = request.getfixturevalue(f"optimized_{model}")
