@@ -1,4 +1,4 @@
-"""Serving memory and first request of quantized models, side by side (issue 32).
+"""Serving memory and first request of quantized models, side by side.
 
     .venv/bin/python benchmarks/int8_memory.py                # the ~1 GB text classifier
     .venv/bin/python benchmarks/int8_memory.py --rounds=7 --dense_mib=512
@@ -32,10 +32,9 @@ restore, init op), the warmup file if any, one request. Two measurements, each a
   Python and numpy (~27 MiB, shown as ``interpreter``, about what the server's own
   gRPC and HTTP code would add), the same for every variant;
 * fork-based (``serving_opt.core.measuring``, as the optimizer's cold start measures): a
-  child forked from a process that imported TensorFlow. It leaves out the runtime's code
-  pages (a forked child does not count file-backed pages its parent had mapped until it
-  touches them again) and counts the Python API's heap instead, so its ratios are lower
-  than a server's; kept for its stage-by-stage view (graph, restore, init op apart).
+  child forked from a process that imported TensorFlow. It misses the runtime's code
+  pages and counts the Python API's heap, so its ratios are lower than a server's; kept
+  for its stage-by-stage view (graph, restore, init op apart).
 
 Per variant: peak RSS, steady RSS (resident after the first request), the runtime's own
 (resident before loading), load time and first request; each variant's ratio to the
