@@ -363,10 +363,10 @@ def test_tune_flags_are_made_from_the_tree_and_keep_their_names_and_defaults():
     fv = flags.FlagValues()
     tune_cli.define_flags(fv)
     assert set(fv) >= OLD_TUNE_FLAGS
-    # New since: the interleaved proof's rounds; validate's runtime flags; the sandbox's
-    # time limit, which every sandboxed command takes.
+    # New since: the interleaved proof's rounds; validate's runtime flags and Docker
+    # network; the sandbox's time limit, which every sandboxed command takes.
     assert set(fv) - OLD_TUNE_FLAGS == {"rounds", "serving_version", "serving_runtime_python",
-                                        "sandbox_timeout_seconds"}
+                                        "docker_network", "sandbox_timeout_seconds"}
     fv(["serving-opt", "--model_base_path=/m", "--output_dir=/o", "--slo_p99_ms=250",
         "--clients=4"])
     # No flag given: every option is the tree's default (no default written twice).
