@@ -107,8 +107,8 @@ pytest: $(STAMP) $(SANDBOX_STAMP) bazel-setup  # tests/integrations/test_bazel.p
 	$(PY) -m pytest -q tests
 
 # The whole suite, each test file once: under Bazel, every tests/test_*.py in the shards
-# of //tests:suite, the Estimator suite on TF 2.15 (//tests:estimator_suite) and examples/, two
-# at a time; then the tests that drive Bazel itself (they cannot run inside a Bazel test).
+# of //tests:suite, the Estimator suite on TF 2.15 (//tests:estimator_suite) and examples/,
+# TEST_JOBS at a time; then the tests that drive Bazel itself (they cannot run inside a Bazel test).
 # The Docker engine is ours only for the run: stopped after it (if we started it), also
 # when a test fails or the run is interrupted.
 test: $(STAMP) $(SANDBOX_STAMP) lint docker-image
