@@ -13,9 +13,26 @@ Example:
 from __future__ import annotations
 
 import os
+import textwrap
 
 import tensorflow as tf
 from saved_model_io import save_tf1, serving_default
+
+# Starts 300 threads and prints how many it started, then holds for argv[1] seconds
+# (none given: exits at once): what a sandbox's thread limit must stop.
+SPAWN_300_THREADS = textwrap.dedent("""
+    import sys, threading, time
+    threading.stack_size(1 << 16)
+    started = 0
+    try:
+        for _ in range(300):
+            threading.Thread(target=time.sleep, args=(120,), daemon=True).start()
+            started += 1
+    except RuntimeError:
+        pass
+    print(started, flush=True)
+    time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0)
+""")
 
 v1 = tf.compat.v1
 

@@ -14,7 +14,11 @@ import types
 import pytest
 import tensorflow as tf
 from conftest import tree_snapshot
-from hostile_models_sandbox_view import _leaking_model, build_init_op_lists
+from hostile_models_sandbox_view import (
+    SPAWN_300_THREADS,
+    _leaking_model,
+    build_init_op_lists,
+)
 
 from serving_opt import OptimizeOptions, optimize, sandbox
 from serving_opt.errors import ServingOptError
@@ -135,31 +139,16 @@ def test_the_write_limit_grows_with_the_input_model():
 
 # --- threads where no pids cgroup can be made -------------------------------------------
 
-_THREADS = """
-    import threading, time
-    threading.stack_size(1 << 16)
-    started = 0
-    try:
-        for _ in range(300):
-            threading.Thread(target=time.sleep, args=(120,), daemon=True).start()
-            started += 1
-    except RuntimeError:
-        pass
-    print(started, flush=True)
-    time.sleep(float(__import__("sys").argv[1]))
-"""
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="RLIMIT_NPROC holds for a non-root host user")
 def test_without_a_cgroup_a_root_sandbox_still_stops_at_its_thread_limit(monkeypatch):
     monkeypatch.setattr(sandbox, "make_pids_cgroup", lambda limit: None)
-    process, _ = _run(_THREADS, sandbox.Policy(max_threads=40), "300")
+    process, _ = _run(SPAWN_300_THREADS, sandbox.Policy(max_threads=40), "300")
     assert process.returncode != 0
     assert "more than 40 threads" in sandbox.stopped_because(process)
     # CONTROL: as root, without the cgroup and the watchdog, nothing else holds.
     monkeypatch.setattr(sandbox, "Watchdog",
                         lambda *a: types.SimpleNamespace(reason=None, stop=lambda: None))
-    process, out = _run(_THREADS, sandbox.Policy(max_threads=40), "0")
+    process, out = _run(SPAWN_300_THREADS, sandbox.Policy(max_threads=40), "0")
     assert out.split() == ["300"]
 
 

@@ -22,6 +22,7 @@ import pytest
 from conftest import tree_snapshot
 from hostile_models import run_in_plain_tensorflow
 from hostile_models_sandbox_view import (
+    SPAWN_300_THREADS,
     build_init_op_blocks,
     build_init_op_lists,
     build_init_op_reads,
@@ -173,23 +174,12 @@ def test_the_model_runs_as_nobody_on_a_host_named_sandbox_without_capabilities()
 def test_a_sandbox_starts_no_more_threads_than_its_limit():
     # Held by a pids cgroup of its own where the host allows one (root included), else by
     # RLIMIT_NPROC in its user namespace (which the kernel does not apply to root).
-    script = textwrap.dedent("""
-        import threading, time
-        threading.stack_size(1 << 16)
-        started = 0
-        try:
-            for _ in range(300):
-                threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
-                started += 1
-        except RuntimeError:
-            pass
-        print(started, flush=True)
-    """)
     # The control: outside the sandbox the same script starts all 300.
-    plain = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                           timeout=120)
+    plain = subprocess.run([sys.executable, "-c", SPAWN_300_THREADS], capture_output=True,
+                           text=True, timeout=120)
     assert int(plain.stdout.split()[-1]) == 300
-    process = sandbox.popen([sys.executable, "-c", script], sandbox.Policy(max_threads=40),
+    process = sandbox.popen([sys.executable, "-c", SPAWN_300_THREADS],
+                            sandbox.Policy(max_threads=40),
                             stdout=subprocess.PIPE, text=True)
     try:
         started = int(process.communicate(timeout=120)[0].split()[-1])
