@@ -75,3 +75,31 @@ def edit_saved_model(model_dir: str, edit: Callable) -> None:
     edit(saved_model.meta_graphs[0])
     with open(os.path.join(model_dir, "saved_model.pb"), "wb") as f:
         f.write(saved_model.SerializeToString())
+
+
+def write_vocabulary(directory) -> str:
+    """A three-word vocabulary file in ``directory``; returns its path."""
+    path = os.path.join(str(directory), "vocab.txt")
+    with open(path, "w") as f:
+        f.write("a\nb\nc\n")
+    return path
+
+
+def save_tf2_asset_table(export_dir: str, vocabulary: str) -> str:
+    """How tf.saved_model.save writes a vocabulary table: StaticHashTable(TextFileInitializer
+    (Asset)) held by a tf.Module, looked up by ``serving_default``."""
+    class Model(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.vocab = tf.saved_model.Asset(vocabulary)
+            self.table = tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
+                self.vocab, tf.string, tf.lookup.TextFileIndex.WHOLE_LINE, tf.int64,
+                tf.lookup.TextFileIndex.LINE_NUMBER), -1)
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def serve(self, words):
+            return {"y": self.table.lookup(words)}
+
+    model = Model()
+    tf.saved_model.save(model, export_dir, signatures={"serving_default": model.serve})
+    return export_dir

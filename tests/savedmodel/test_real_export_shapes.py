@@ -30,7 +30,12 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from saved_model_io import edit_saved_model, read_saved_model
+from saved_model_io import (
+    edit_saved_model,
+    read_saved_model,
+    save_tf2_asset_table,
+    write_vocabulary,
+)
 from tensorflow.core.framework import types_pb2
 
 from serving_opt import inspection
@@ -251,31 +256,6 @@ def test_only_the_bytes_prefix_clears_a_proto_codec(source, kind):
 # --------------------------------------------- item 3: table initializers' asset paths
 
 
-def _vocabulary(tmp_path) -> str:
-    path = str(tmp_path / "vocab.txt")
-    with open(path, "w") as f:
-        f.write("a\nb\nc\n")
-    return path
-
-
-def _tf2_table_model(export_dir: str, vocabulary: str) -> str:
-    class Model(tf.Module):
-        def __init__(self):
-            super().__init__()
-            self.vocab = tf.saved_model.Asset(vocabulary)
-            self.table = tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
-                self.vocab, tf.string, tf.lookup.TextFileIndex.WHOLE_LINE, tf.int64,
-                tf.lookup.TextFileIndex.LINE_NUMBER), -1)
-
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
-        def serve(self, words):
-            return {"y": self.table.lookup(words)}
-
-    model = Model()
-    tf.saved_model.save(model, export_dir, signatures={"serving_default": model.serve})
-    return export_dir
-
-
 def _init_call(meta_graph):
     """The init op's call of the table initializer (TF 2.21: of ``_initializer``)."""
     init = _node(meta_graph, meta_graph.collection_def["saved_model_main_op"]
@@ -301,7 +281,7 @@ def _initializer_as_lambda(meta_graph) -> None:
 
 
 def test_tf24_lambda_table_initializer_passes(tmp_path, capsys):
-    model = _tf2_table_model(str(tmp_path / "1"), _vocabulary(tmp_path))
+    model = save_tf2_asset_table(str(tmp_path / "1"), write_vocabulary(tmp_path))
     edit_saved_model(model, _initializer_as_lambda)
     _assert_clean(model, capsys)
     assert _session_run(model, {"words": [b"b", b"z"]}).tolist() == [1, -1]
@@ -310,7 +290,7 @@ def test_tf24_lambda_table_initializer_passes(tmp_path, capsys):
 @pytest.mark.parametrize("twin", ["const_host_path", "also_called_in_a_function",
                                   "called_by_an_if"])
 def test_lambda_table_initializer_fed_otherwise_is_refused(tmp_path, twin):
-    model = _tf2_table_model(str(tmp_path / "1"), _vocabulary(tmp_path))
+    model = save_tf2_asset_table(str(tmp_path / "1"), write_vocabulary(tmp_path))
 
     def edit(meta_graph):
         _initializer_as_lambda(meta_graph)
@@ -377,7 +357,7 @@ def _tf2_table_loaded_into_tf1(export_dir: str, tf2_model: str) -> str:
 
 @pytest.fixture
 def two_deep(tmp_path) -> str:
-    tf2_model = _tf2_table_model(str(tmp_path / "tf2" / "1"), _vocabulary(tmp_path))
+    tf2_model = save_tf2_asset_table(str(tmp_path / "tf2" / "1"), write_vocabulary(tmp_path))
     model = _tf2_table_loaded_into_tf1(str(tmp_path / "tf1" / "1"), tf2_model)
     meta_graph = read_saved_model(model).meta_graphs[0]
     call = _init_call(meta_graph)
@@ -517,7 +497,7 @@ def test_an_absent_asset_nothing_reads_is_a_warning(tmp_path, capsys):
 
 
 def test_an_absent_asset_a_table_reads_is_an_error(tmp_path, capsys):
-    model = _tf2_table_model(str(tmp_path / "1"), _vocabulary(tmp_path))
+    model = save_tf2_asset_table(str(tmp_path / "1"), write_vocabulary(tmp_path))
     os.remove(os.path.join(model, "assets", "vocab.txt"))
     risk = _asset_risk(model)
     assert (risk.severity, risk.subject) == (inspection.SEVERITY_ERROR, "vocab.txt")

@@ -21,7 +21,13 @@ import pytest
 import tensorflow as tf
 from conftest import tree_snapshot
 from hostile_models import HOSTILE, REQUEST, canary_files
-from saved_model_io import edit_saved_model, save_tf1, serving_default
+from saved_model_io import (
+    edit_saved_model,
+    save_tf1,
+    save_tf2_asset_table,
+    serving_default,
+    write_vocabulary,
+)
 
 from serving_opt import inspection
 from serving_opt.errors import ServingOptError
@@ -399,13 +405,6 @@ def test_the_tf2_restore_function_called_from_elsewhere_is_refused(keras_dir, mo
 # ----------------------------------------------------------------------------- assets
 
 
-def _vocabulary(tmp_path) -> str:
-    path = str(tmp_path / "vocab.txt")
-    with open(path, "w") as f:
-        f.write("a\nb\nc\n")
-    return path
-
-
 def _tf1_table_model(export_dir: str, vocabulary: str, declare_asset: bool) -> str:
     """How TF1/Estimator code exports a vocabulary table: the asset is a Const of the
     build host's absolute path, fed by the loader to the main op."""
@@ -421,7 +420,7 @@ def _tf1_table_model(export_dir: str, vocabulary: str, declare_asset: bool) -> s
 
 
 def test_tf1_vocabulary_asset_passes(tmp_path):
-    model = _tf1_table_model(str(tmp_path / "1"), _vocabulary(tmp_path), declare_asset=True)
+    model = _tf1_table_model(str(tmp_path / "1"), write_vocabulary(tmp_path), declare_asset=True)
     mg = loader.find_meta_graph(loader.read_saved_model(model), {"serve"})
     asset = next(n for n in mg.graph_def.node if n.name == "asset_path")
     # What TF1 writes: a Const of the build host's path, overridden by the loader's feed.
@@ -432,14 +431,14 @@ def test_tf1_vocabulary_asset_passes(tmp_path):
 def test_tf1_vocabulary_not_declared_as_an_asset_is_refused(tmp_path):
     """Without assets_collection the table reads the build host's absolute path at every
     load: no loader feeds asset_filepaths."""
-    model = _tf1_table_model(str(tmp_path / "1"), _vocabulary(tmp_path), declare_asset=False)
+    model = _tf1_table_model(str(tmp_path / "1"), write_vocabulary(tmp_path), declare_asset=False)
     (use,) = _uses(model)
     assert use.op == "InitializeTableFromTextFileV2"
     assert "comes from Const 'asset_path', which is no asset the loader feeds" in use.reason
 
 
 def test_asset_node_that_is_a_signature_input_is_refused(tmp_path):
-    model = _tf1_table_model(str(tmp_path / "1"), _vocabulary(tmp_path), declare_asset=True)
+    model = _tf1_table_model(str(tmp_path / "1"), write_vocabulary(tmp_path), declare_asset=True)
 
     def edit(meta_graph):
         meta_graph.signature_def["serving_default"].inputs["path"].name = "asset_path:0"
@@ -454,7 +453,7 @@ def test_read_file_of_an_asset_in_the_init_op_passes(tmp_path):
     with tf.Graph().as_default() as graph:
         x = v1.placeholder(tf.float32, [None, 3], name="x")
         y = tf.identity(x * 2.0, name="y")
-        asset = tf.constant(_vocabulary(tmp_path), name="notes_asset")
+        asset = tf.constant(write_vocabulary(tmp_path), name="notes_asset")
         main_op = tf.group(tf.io.read_file(asset, name="read_notes"), name="main_op")
         save_tf1(graph, export_dir, serving_default({"x": x}, {"y": y}), main_op=main_op,
                  assets_collection=[asset])
@@ -465,23 +464,7 @@ def test_tf2_asset_table_passes(tmp_path):
     """tf.saved_model.save of tf.lookup.StaticHashTable(TextFileInitializer(Asset)): the
     asset placeholder is assigned to a variable the init op reads and passes to the
     initializer function, whose argument the object graph binds to the asset."""
-    vocabulary = _vocabulary(tmp_path)
-
-    class Model(tf.Module):
-        def __init__(self):
-            super().__init__()
-            self.vocab = tf.saved_model.Asset(vocabulary)
-            self.table = tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
-                self.vocab, tf.string, tf.lookup.TextFileIndex.WHOLE_LINE, tf.int64,
-                tf.lookup.TextFileIndex.LINE_NUMBER), -1)
-
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
-        def serve(self, words):
-            return {"y": self.table.lookup(words)}
-
-    model = Model()
-    export_dir = str(tmp_path / "1")
-    tf.saved_model.save(model, export_dir, signatures={"serving_default": model.serve})
+    export_dir = save_tf2_asset_table(str(tmp_path / "1"), write_vocabulary(tmp_path))
     assert _uses(export_dir) == []
 
     def hand_the_variable_on(meta_graph):
@@ -502,7 +485,7 @@ def test_keras_string_lookup_export_passes(tmp_path):
     import keras
 
     inputs = keras.Input(shape=(1,), dtype="string")
-    ids = keras.layers.StringLookup(vocabulary=_vocabulary(tmp_path))(inputs)
+    ids = keras.layers.StringLookup(vocabulary=write_vocabulary(tmp_path))(inputs)
     model = keras.Model(inputs, keras.layers.Embedding(10, 2)(ids))
     export_dir = str(tmp_path / "1")
     model.export(export_dir)
