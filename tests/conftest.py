@@ -316,3 +316,19 @@ def text_lstm_dir(tmp_path_factory) -> str:
 def tf_module_dir(tmp_path_factory) -> str:
     """tf.Module: tf.Example and tensor signatures, vocabulary-file table, cond, while."""
     return os.path.join(_build_tf2(tmp_path_factory, "tf_module", build_tf_module), "1")
+
+
+@pytest.fixture(scope="session")
+def detection_model(tmp_path_factory):
+    """The OD-API-shaped detection sample (its frozen_inference_graph.pb and SavedModel),
+    read only: shared by every detection test file."""
+    from serving_opt.detection import sample as detection_sample
+
+    return detection_sample.build(str(tmp_path_factory.mktemp("detection") / "model"))
+
+
+@pytest.fixture(scope="session")
+def detection_graph_def(detection_model):
+    from serving_opt.savedmodel import frozen_graph
+
+    return frozen_graph.read_graph_def(detection_model.frozen_graph)

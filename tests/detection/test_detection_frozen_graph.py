@@ -18,19 +18,9 @@ OUTPUTS = list(network.OUTPUT_NODES)
 
 
 @pytest.fixture(scope="module")
-def sample(tmp_path_factory):
-    return detection_sample.build(str(tmp_path_factory.mktemp("detection") / "model"))
-
-
-@pytest.fixture(scope="module")
-def frozen(sample):
-    return frozen_graph.read_graph_def(sample.frozen_graph)
-
-
-@pytest.fixture(scope="module")
-def converted(sample, tmp_path_factory):
+def converted(detection_model, tmp_path_factory):
     export_dir = str(tmp_path_factory.mktemp("converted") / "1")
-    return frozen_graph.convert(sample.frozen_graph, export_dir, outputs=OUTPUTS)
+    return frozen_graph.convert(detection_model.frozen_graph, export_dir, outputs=OUTPUTS)
 
 
 def _run_saved_model(export_dir: str, images) -> dict:
@@ -46,11 +36,11 @@ def _run_saved_model(export_dir: str, images) -> dict:
 # ------------------------------------------------------------------------------ sample
 
 
-def test_the_sample_detects_on_real_sized_frames(sample):
-    small = detection_sample.run_frozen_graph(sample.frozen_graph,
+def test_the_sample_detects_on_real_sized_frames(detection_model):
+    small = detection_sample.run_frozen_graph(detection_model.frozen_graph,
                                               detection_sample.frame(480, 640))
-    assert sample.detections == 9 and int(small["num_detections"][0]) == 9
-    large = detection_sample.run_frozen_graph(sample.frozen_graph,
+    assert detection_model.detections == 9 and int(small["num_detections"][0]) == 9
+    large = detection_sample.run_frozen_graph(detection_model.frozen_graph,
                                               detection_sample.frame(720, 1280))
     for out in (small, large):
         n = int(out["num_detections"][0])
@@ -68,35 +58,35 @@ def test_the_sample_detects_on_real_sized_frames(sample):
         assert (boxes[:, 2] > boxes[:, 0]).all() and (boxes[:, 3] > boxes[:, 1]).all()
 
 
-def test_the_sample_has_the_ops_of_an_od_api_graph(frozen):
-    ops = [n.op for n in frozen.node]
+def test_the_sample_has_the_ops_of_an_od_api_graph(detection_graph_def):
+    ops = [n.op for n in detection_graph_def.node]
     assert ops.count("FusedBatchNormV3") == 2
     assert ops.count("Rsqrt") == 3  # three old-style unfused batch norms
     assert ops.count("CheckNumerics") == 1
     assert ops.count("CombinedNonMaxSuppression") == 1
     assert "ResizeBilinear" in ops
-    image = next(n for n in frozen.node if n.name == "image_tensor")
+    image = next(n for n in detection_graph_def.node if n.name == "image_tensor")
     assert image.op == "Placeholder" and image.attr["dtype"].type == 4  # uint8
     assert [d.size for d in image.attr["shape"].shape.dim] == [-1, -1, -1, 3]
 
 
-def test_the_sample_has_near_ties(sample):
-    assert len(sample.near_ties) == 2
-    for tie in sample.near_ties:
-        assert 0 <= tie.rank < sample.detections
+def test_the_sample_has_near_ties(detection_model):
+    assert len(detection_model.near_ties) == 2
+    for tie in detection_model.near_ties:
+        assert 0 <= tie.rank < detection_model.detections
         assert tie.iou > network.IOU_THRESHOLD
         assert tie.logit_gap < 1e-5  # a few ulp of a logit around 1
-    assert "near-ties: rank" in sample.summary()
+    assert "near-ties: rank" in detection_model.summary()
 
 
-def test_the_saved_model_is_the_od_api_export(sample):
-    meta_graph = loader.find_meta_graph(loader.read_saved_model(sample.saved_model_dir),
+def test_the_saved_model_is_the_od_api_export(detection_model):
+    meta_graph = loader.find_meta_graph(loader.read_saved_model(detection_model.saved_model_dir),
                                         {"serve"})
     signature = meta_graph.signature_def["serving_default"]
     assert list(signature.inputs) == ["inputs"]
     assert sorted(signature.outputs) == sorted(OUTPUTS)
     assert signature.method_name == loader.METHOD_PREDICT
-    assert os.path.exists(os.path.join(sample.saved_model_dir, "variables",
+    assert os.path.exists(os.path.join(detection_model.saved_model_dir, "variables",
                                        "variables.index"))
 
 
@@ -111,8 +101,8 @@ def test_frames_are_deterministic_and_scale():
 # -------------------------------------------------------------------------- graphdef in
 
 
-def test_interface_lists_candidates(frozen):
-    found = frozen_graph.interface(frozen)
+def test_interface_lists_candidates(detection_graph_def):
+    found = frozen_graph.interface(detection_graph_def)
     assert [c.describe() for c in found.inputs] == ["image_tensor:0 (uint8 [?,?,?,3])"]
     assert sorted(c.name for c in found.outputs) == sorted(f"{n}:0" for n in OUTPUTS)
     boxes = next(c for c in found.outputs if c.name == "detection_boxes:0")
@@ -120,15 +110,15 @@ def test_interface_lists_candidates(frozen):
     assert found.lines()[0] == "candidate inputs:  image_tensor:0 (uint8 [?,?,?,3])"
 
 
-def test_names_resolve_with_or_without_index(frozen):
-    ins, outs = frozen_graph.resolve(frozen, None, "detection_boxes, num_detections:0")
+def test_names_resolve_with_or_without_index(detection_graph_def):
+    ins, outs = frozen_graph.resolve(detection_graph_def, None, "detection_boxes, num_detections:0")
     assert ins == ["image_tensor:0"]
     assert outs == ["detection_boxes:0", "num_detections:0"]
-    assert frozen_graph.resolve(frozen, "image_tensor:0", ["detection_scores"])[0] == \
+    assert frozen_graph.resolve(detection_graph_def, "image_tensor:0", ["detection_scores"])[0] == \
         ["image_tensor:0"]
     # A node's second output.
-    nms = next(n.name for n in frozen.node if n.op == "CombinedNonMaxSuppression")
-    assert frozen_graph.resolve(frozen, None, f"{nms}:1")[1] == [f"{nms}:1"]
+    nms = next(n.name for n in detection_graph_def.node if n.op == "CombinedNonMaxSuppression")
+    assert frozen_graph.resolve(detection_graph_def, None, f"{nms}:1")[1] == [f"{nms}:1"]
 
 
 @pytest.mark.parametrize("inputs,outputs,message", [
@@ -143,16 +133,16 @@ def test_names_resolve_with_or_without_index(frozen):
     (None, "^detection_boxes", "a control input, not a tensor"),
     ("image_tensor", "image_tensor", "is both an input and an output"),
 ])
-def test_resolution_errors_list_the_candidates(frozen, inputs, outputs, message):
+def test_resolution_errors_list_the_candidates(detection_graph_def, inputs, outputs, message):
     with pytest.raises(UsageError) as raised:
-        frozen_graph.resolve(frozen, inputs, outputs, "x.pb")
+        frozen_graph.resolve(detection_graph_def, inputs, outputs, "x.pb")
     assert message in str(raised.value)
     assert "\n" not in str(raised.value)
 
 
-def test_missing_outputs_suggest_every_candidate(frozen):
+def test_missing_outputs_suggest_every_candidate(detection_graph_def):
     with pytest.raises(UsageError, match="pass --outputs, e.g. --outputs=detection_boxes,"):
-        frozen_graph.resolve(frozen)
+        frozen_graph.resolve(detection_graph_def)
 
 
 def test_several_placeholders_need_inputs():
@@ -181,7 +171,7 @@ def test_signature_keys():
         frozen_graph.signature_keys(["a:0", "b:0"], ["y:0"], "x,x")
 
 
-def test_converted_saved_model_answers_like_the_graph_def(sample, converted):
+def test_converted_saved_model_answers_like_the_graph_def(detection_model, converted):
     assert converted.inputs == {"inputs": "image_tensor:0"}
     assert converted.outputs == {n: f"{n}:0" for n in OUTPUTS}
     assert converted.dropped == 0
@@ -189,7 +179,7 @@ def test_converted_saved_model_answers_like_the_graph_def(sample, converted):
     for shape in ((480, 640), (720, 1280)):
         images = detection_sample.frame(*shape, seed=2)
         served = _run_saved_model(converted.export_dir, images)
-        session = detection_sample.run_frozen_graph(sample.frozen_graph, images)
+        session = detection_sample.run_frozen_graph(detection_model.frozen_graph, images)
         for name in OUTPUTS:
             np.testing.assert_array_equal(served[name], session[name], err_msg=name)
         assert served["num_detections"][0] > 0
@@ -207,8 +197,8 @@ def test_converted_signature(converted):
     assert loader.find_init_op(meta_graph) is None
 
 
-def test_unused_nodes_are_dropped(sample, tmp_path):
-    export = frozen_graph.convert(sample.frozen_graph, str(tmp_path / "1"),
+def test_unused_nodes_are_dropped(detection_model, tmp_path):
+    export = frozen_graph.convert(detection_model.frozen_graph, str(tmp_path / "1"),
                               outputs="num_detections", input_keys="images")
     assert export.inputs == {"images": "image_tensor:0"}
     assert export.dropped > 0 and export.nodes > 0
@@ -284,17 +274,17 @@ def _fifo(path) -> str:
     return str(path)
 
 
-def test_is_graph_def_path(tmp_path, sample):
-    assert frozen_graph.is_graph_def_path(sample.frozen_graph)
-    assert not frozen_graph.is_graph_def_path(sample.saved_model_dir)
-    assert not frozen_graph.is_graph_def_path(os.path.join(sample.saved_model_dir,
+def test_is_graph_def_path(tmp_path, detection_model):
+    assert frozen_graph.is_graph_def_path(detection_model.frozen_graph)
+    assert not frozen_graph.is_graph_def_path(detection_model.saved_model_dir)
+    assert not frozen_graph.is_graph_def_path(os.path.join(detection_model.saved_model_dir,
                                                        "saved_model.pb"))
 
 
 # ------------------------------------------------------------------------- graphdef out
 
 
-def test_write_graph_def_from_a_frozen_saved_model(converted, sample, tmp_path):
+def test_write_graph_def_from_a_frozen_saved_model(converted, detection_model, tmp_path):
     written = frozen_graph.write_graph_def(frozen_graph.saved_model_graph(converted.export_dir),
                                        str(tmp_path / "out" / "model.pb"))
     assert written.inputs == {"inputs": "image_tensor:0"}
@@ -303,13 +293,13 @@ def test_write_graph_def_from_a_frozen_saved_model(converted, sample, tmp_path):
     assert not [f for f in os.listdir(tmp_path / "out") if ".tmp" in f]
     images = detection_sample.frame(seed=5)
     again = detection_sample.run_frozen_graph(written.path, images)
-    original = detection_sample.run_frozen_graph(sample.frozen_graph, images)
+    original = detection_sample.run_frozen_graph(detection_model.frozen_graph, images)
     for name in OUTPUTS:
         np.testing.assert_array_equal(again[name], original[name])
 
 
-def test_write_graph_def_refuses_kept_variables(sample, tmp_path):
-    kept = frozen_graph.saved_model_graph(sample.saved_model_dir)
+def test_write_graph_def_refuses_kept_variables(detection_model, tmp_path):
+    kept = frozen_graph.saved_model_graph(detection_model.saved_model_dir)
     assert kept.variables_dir
     with pytest.raises(ServingOptError, match="needs a frozen model, and this one keeps its "
                                               "variables.*--freeze=always"):
@@ -317,8 +307,8 @@ def test_write_graph_def_refuses_kept_variables(sample, tmp_path):
     assert not os.path.exists(tmp_path / "model.pb")
 
 
-def test_write_graph_def_refuses_an_init_op(frozen, tmp_path):
-    graph = frozen_graph.to_serving_graph(frozen, outputs=OUTPUTS)
+def test_write_graph_def_refuses_an_init_op(detection_graph_def, tmp_path):
+    graph = frozen_graph.to_serving_graph(detection_graph_def, outputs=OUTPUTS)
     with_init = ServingGraph(graph.graph_def, graph.signature_defs, graph.tags,
                              init_op="init_all_tables", init_op_source="main_op")
     with pytest.raises(ServingOptError, match="cannot carry the model's init op "

@@ -17,18 +17,9 @@ ATOL, RTOL = 1e-5, 1e-4
 
 
 @pytest.fixture(scope="module")
-def sample(tmp_path_factory):
-    return detection_sample.build(str(tmp_path_factory.mktemp("detection") / "model"))
-
-
-@pytest.fixture(scope="module")
-def frozen(sample):
-    return frozen_graph.read_graph_def(sample.frozen_graph)
-
-
-@pytest.fixture(scope="module")
-def signature(frozen):
-    return frozen_graph.to_serving_graph(frozen, outputs=OUTPUTS).signature_defs["serving_default"]
+def signature(detection_graph_def):
+    graph = frozen_graph.to_serving_graph(detection_graph_def, outputs=OUTPUTS)
+    return graph.signature_defs["serving_default"]
 
 
 def _frames() -> np.ndarray:
@@ -68,10 +59,10 @@ def _transform(graph_def, spec: str, downgrade: bool = False):
 
 
 @pytest.fixture(scope="module")
-def passes(frozen):
+def passes(detection_graph_def):
     """(spec, GraphDef after it), in the order a user runs them by hand."""
     steps = []
-    current = frozen
+    current = detection_graph_def
     for spec, downgrade in (("fold_batch_norms", False), ("fold_old_batch_norms", False),
                             ("fold_constants(ignore_errors=true)", False),
                             ("fold_batch_norms", False), ("fold_old_batch_norms", True),
@@ -84,13 +75,13 @@ def passes(frozen):
 # ------------------------------------------------------------------- discontinuous ops
 
 
-def test_the_nms_path_and_its_feeds_are_found(frozen, signature):
-    analysis = discontinuous.analyze(frozen, signature)
+def test_the_nms_path_and_its_feeds_are_found(detection_graph_def, signature):
+    analysis = discontinuous.analyze(detection_graph_def, signature)
     assert analysis.discontinuous_keys() == tuple(sorted(OUTPUTS))
     assert analysis.continuous_keys() == ()
     (nms,) = analysis.ops
     assert nms.op == "CombinedNonMaxSuppression" and nms.kind == "nms" and not nms.after
-    node = next(n for n in frozen.node if n.name == nms.name)
+    node = next(n for n in detection_graph_def.node if n.name == nms.name)
     # The boxes and scores inputs; not the sizes and thresholds (constants).
     assert analysis.feeding_tensors() == tuple(f"{i}:0" if ":" not in i else i
                                                for i in node.input[:2])
@@ -184,14 +175,14 @@ def test_an_nms_inside_a_function_has_no_fetchable_feeds():
     assert loop.feeds == () and analysis.unfetchable() == (loop,)
 
 
-def test_a_detection_signature_needs_an_nms(frozen, signature):
+def test_a_detection_signature_needs_an_nms(detection_graph_def, signature):
     from tensorflow.core.protobuf import meta_graph_pb2
 
     renamed = meta_graph_pb2.SignatureDef(method_name=signature.method_name)
     renamed.inputs["images"].CopyFrom(signature.inputs["inputs"])
     for key, info in signature.outputs.items():
         renamed.outputs[f"out_{key.split('_')[-1]}"].CopyFrom(info)
-    analysis = discontinuous.analyze(frozen, renamed)
+    analysis = discontinuous.analyze(detection_graph_def, renamed)
     # Roles come from the key names; "out_detections" names no count.
     assert analysis.detection == matching.DetectionKeys(
         "out_boxes", "out_scores", "out_classes", None)
@@ -199,18 +190,19 @@ def test_a_detection_signature_needs_an_nms(frozen, signature):
     plain = meta_graph_pb2.SignatureDef()
     plain.CopyFrom(signature)
     plain.outputs["detection_boxes"].name = "Postprocessor/ExpandDims:0"
-    assert discontinuous.analyze(frozen, plain).detection is None
+    assert discontinuous.analyze(detection_graph_def, plain).detection is None
 
 
-def test_folding_moves_nothing_the_near_tie_rule_does_not_excuse(frozen, signature, passes):
+def test_folding_moves_nothing_the_near_tie_rule_does_not_excuse(detection_graph_def, signature,
+                                                                  passes):
     """The lossless case: the frozen graph against the one the passes folded."""
     folded = passes[-1][1]
-    before = discontinuous.analyze(frozen, signature)
+    before = discontinuous.analyze(detection_graph_def, signature)
     after = discontinuous.analyze(folded, signature)
     pairs = discontinuous.pair_feeds(before, after)
     assert len(pairs) == 2
     images = _frames()
-    ref = _run_graph_def(frozen, images, OUTPUTS + [p[0] for p in pairs])
+    ref = _run_graph_def(detection_graph_def, images, OUTPUTS + [p[0] for p in pairs])
     out = _run_graph_def(folded, images, OUTPUTS + [p[1] for p in pairs])
     match = matching.match_detections({k: ref[k] for k in OUTPUTS},
                                       {k: out[k] for k in OUTPUTS})
@@ -221,13 +213,14 @@ def test_folding_moves_nothing_the_near_tie_rule_does_not_excuse(frozen, signatu
     assert match.reference > 9
 
 
-def test_the_variables_kept_model_against_the_frozen_one(sample, frozen, signature):
+def test_the_variables_kept_model_against_the_frozen_one(detection_model, detection_graph_def,
+                                                          signature):
     """What the issue's freeze gate saw: the SavedModel (variables) and the frozen graph
     may resolve a near-tie differently; the detections still match or are excused."""
-    analysis = discontinuous.analyze(frozen, signature)
+    analysis = discontinuous.analyze(detection_graph_def, signature)
     feeds = list(analysis.feeding_tensors())
     images = _frames()
-    sess, meta_graph = loader.load_session(sample.saved_model_dir)
+    sess, meta_graph = loader.load_session(detection_model.saved_model_dir)
     try:
         served = meta_graph.signature_def["serving_default"]
         assert served.inputs["inputs"].name == "image_tensor:0"
@@ -236,7 +229,7 @@ def test_the_variables_kept_model_against_the_frozen_one(sample, frozen, signatu
         ref = sess.run(fetch, {"image_tensor:0": images})
     finally:
         sess.close()
-    out = _run_graph_def(frozen, images, OUTPUTS + feeds)
+    out = _run_graph_def(detection_graph_def, images, OUTPUTS + feeds)
     match = matching.match_detections({k: ref[k] for k in OUTPUTS},
                                       {k: out[k] for k in OUTPUTS})
     verdict = matching.near_tie_verdict(match.changed_images(), {t: ref[t] for t in feeds},
@@ -246,21 +239,21 @@ def test_the_variables_kept_model_against_the_frozen_one(sample, frozen, signatu
         assert matching.rows_within_tolerance(ref[tensor], out[tensor], 2, ATOL, RTOL)[0].all()
 
 
-def test_a_corrupted_weight_fails(frozen, signature):
+def test_a_corrupted_weight_fails(detection_graph_def, signature):
     from tensorflow.python.framework import tensor_util
 
     from serving_opt.savedmodel.graph import node_name
 
-    analysis = discontinuous.analyze(frozen, signature)
+    analysis = discontinuous.analyze(detection_graph_def, signature)
     feeds = list(analysis.feeding_tensors())
-    corrupted = type(frozen)()
-    corrupted.CopyFrom(frozen)
+    corrupted = type(detection_graph_def)()
+    corrupted.CopyFrom(detection_graph_def)
     node = next(n for n in corrupted.node if n.name == "FeatureExtractor/Conv2d_3/weights")
     weights = tensor_util.MakeNdarray(node.attr["value"].tensor).copy()
     weights[0, 0, 0, :] *= 1.05  # one input channel's taps of one position, 5% off
     node.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(weights))
     images = _frames()
-    ref = _run_graph_def(frozen, images, OUTPUTS + feeds)
+    ref = _run_graph_def(detection_graph_def, images, OUTPUTS + feeds)
     out = _run_graph_def(corrupted, images, OUTPUTS + feeds)
     match = matching.match_detections({k: ref[k] for k in OUTPUTS},
                                       {k: out[k] for k in OUTPUTS})
@@ -275,8 +268,8 @@ def test_a_corrupted_weight_fails(frozen, signature):
 # -------------------------------------------------------------------------- graph_diff
 
 
-def test_the_sample_has_what_the_passes_fold(frozen):
-    patterns = graph_diff.find_patterns(frozen)
+def test_the_sample_has_what_the_passes_fold(detection_graph_def):
+    patterns = graph_diff.find_patterns(detection_graph_def)
     assert patterns.fused_batch_norms == {"FusedBatchNormV3": 2}
     assert patterns.fused_after_weights == {"Conv2D": 2}
     assert patterns.unfused_batch_norms == {"Conv2D": 3}
@@ -285,8 +278,8 @@ def test_the_sample_has_what_the_passes_fold(frozen):
     assert patterns.foldable > 0
 
 
-def test_each_pass_says_what_it_did(frozen, passes):
-    diffs = graph_diff.diff_passes(passes, frozen)
+def test_each_pass_says_what_it_did(detection_graph_def, passes):
+    diffs = graph_diff.diff_passes(passes, detection_graph_def)
     lines = graph_diff.report_lines(diffs)
     assert [d.name for d in diffs] == [spec for spec, _ in passes]
     # Before fold_constants, neither fold finds constants to fold: say why.
@@ -313,10 +306,10 @@ def test_each_pass_says_what_it_did(frozen, passes):
     assert graph_diff.op_histogram(passes[-1][1])["Rsqrt"] == 0
 
 
-def test_a_chain_folded_with_its_constants_in_one_pass(frozen):
+def test_a_chain_folded_with_its_constants_in_one_pass(detection_graph_def):
     """fold_constants then fold_batch_norms in one call: the chain is named as such."""
-    after = _transform(frozen, "fold_constants(ignore_errors=true) fold_batch_norms")
-    diff = graph_diff.diff_pass("fold_constants fold_batch_norms", frozen, after)
+    after = _transform(detection_graph_def, "fold_constants(ignore_errors=true) fold_batch_norms")
+    diff = graph_diff.diff_pass("fold_constants fold_batch_norms", detection_graph_def, after)
     assert "3 Rsqrt/Mul/Sub/Add batch norm chains folded into Conv2D" in diff.changes
     assert not diff.notes
 
@@ -330,20 +323,21 @@ def test_an_unchanged_graph():
     assert not diff.changed and diff.line() == "strip_unused_nodes: no change"
 
 
-def test_sample_cli_reuses_an_existing_sample(sample, capsys):
-    assert detection_sample.main(["--output_dir", sample.output_dir, "--time_images=1"]) == 0
+def test_sample_cli_reuses_an_existing_sample(detection_model, capsys):
+    assert detection_sample.main(
+        ["--output_dir", detection_model.output_dir, "--time_images=1"]) == 0
     out = capsys.readouterr().out
     assert "already holds a detection sample" in out
     assert "s per 480x640 image" in out
-    assert os.path.isfile(sample.frozen_graph)
+    assert os.path.isfile(detection_model.frozen_graph)
 
 
-def test_removing_identities_is_not_called_folding(frozen):
+def test_removing_identities_is_not_called_folding(detection_graph_def):
     """An Identity on a constant computes nothing: removing it is not a fold."""
-    identities = graph_diff.op_histogram(frozen)["Identity"]
+    identities = graph_diff.op_histogram(detection_graph_def)["Identity"]
     assert identities > 0
-    after = _transform(frozen, "remove_nodes(op=Identity)")
-    diff = graph_diff.diff_pass("remove_nodes(op=Identity)", frozen, after)
+    after = _transform(detection_graph_def, "remove_nodes(op=Identity)")
+    diff = graph_diff.diff_pass("remove_nodes(op=Identity)", detection_graph_def, after)
     removed = dict(diff.removed)["Identity"]
     assert f"{removed} Identities removed" in diff.changes
     assert not any("folded" in change for change in diff.changes), diff.changes

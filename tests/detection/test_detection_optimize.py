@@ -56,12 +56,7 @@ def _frames_file(path, height: int, width: int, seeds=(0, 1)) -> str:
 
 
 @pytest.fixture(scope="module")
-def sample(tmp_path_factory):
-    return detection_sample.build(str(tmp_path_factory.mktemp("detection") / "model"))
-
-
-@pytest.fixture(scope="module")
-def published(sample, tmp_path_factory):
+def published(detection_model, tmp_path_factory):
     work = tmp_path_factory.mktemp("optimized")
     frames = _frames_file(work / "frames.jsonl", 480, 640)
     options = OptimizeOptions(
@@ -69,7 +64,7 @@ def published(sample, tmp_path_factory):
         graph_def=GraphDefOptions(graph_outputs=OUTPUTS), inputs=InputOptions(examples=frames),
         output=OutputOptions(output_format="graphdef"),
         measure=MeasureOptions(benchmark_runs=0, cold_start=False))
-    return optimize(sample.frozen_graph, str(work / "base"), options)
+    return optimize(detection_model.frozen_graph, str(work / "base"), options)
 
 
 def _frames(height: int, width: int) -> np.ndarray:
@@ -88,10 +83,10 @@ def _run_both(frozen_graph: str, published_dir: str, images: np.ndarray) -> tupl
 
 
 @pytest.fixture(scope="module")
-def original(sample, tmp_path_factory) -> str:
+def original(detection_model, tmp_path_factory) -> str:
     """The original frozen graph wrapped as a SavedModel by the project's converter, for
     the test of the project's own detection gate: converted once."""
-    return frozen_graph.convert(sample.frozen_graph,
+    return frozen_graph.convert(detection_model.frozen_graph,
                             str(tmp_path_factory.mktemp("original") / "export"),
                             outputs=OUTPUTS).export_dir
 
@@ -110,8 +105,8 @@ def test_a_pb_is_published_as_a_servable_version(published):
     assert published.signatures == ("serving_default",)
 
 
-def test_no_batch_norm_is_left_in_the_served_graph(sample, published):
-    before = {n.op for n in frozen_graph.read_graph_def(sample.frozen_graph).node}
+def test_no_batch_norm_is_left_in_the_served_graph(detection_model, published):
+    before = {n.op for n in frozen_graph.read_graph_def(detection_model.frozen_graph).node}
     assert before & BATCH_NORM_OPS  # the sample has both kinds
     assert not _ops(published.output_dir) & BATCH_NORM_OPS
 
@@ -137,26 +132,26 @@ def test_the_optimized_pb_is_written_beside_it_and_answers_the_same(published):
 
 @pytest.mark.golden
 @pytest.mark.parametrize("height,width", [(480, 640), (720, 1280)])
-def test_the_published_version_detects_like_the_original_frozen_graph(sample, published,
+def test_the_published_version_detects_like_the_original_frozen_graph(detection_model, published,
                                                                       height, width):
     found = assert_detections_match(
-        *_run_both(sample.frozen_graph, published.output_dir, _frames(height, width)),
+        *_run_both(detection_model.frozen_graph, published.output_dir, _frames(height, width)),
         score_atol=SCORE_ATOL, box_atol=BOX_ATOL)
     assert found["detections"] >= 3 * 9, found  # not an empty comparison
     if (height, width) == detection_sample.REFERENCE_FRAME:
         # The rule met the sample's ties: a flip there is allowed, not required.
-        assert found["near_ties"] >= len(sample.near_ties), found
+        assert found["near_ties"] >= len(detection_model.near_ties), found
 
 
 def test_the_independent_rule_fails_on_a_corrupted_weight_and_an_unexplained_flip(
-        sample, published, tmp_path):
+        detection_model, published, tmp_path):
     """The control: a copy of the published version with one folded weight 5% off, and
     the published answer with one detection that is no near-tie moved."""
     from tensorflow.core.protobuf import saved_model_pb2
     from tensorflow.python.framework import tensor_util
 
     images = _frames(*detection_sample.REFERENCE_FRAME)
-    good, original = _run_both(sample.frozen_graph, published.output_dir, images)
+    good, original = _run_both(detection_model.frozen_graph, published.output_dir, images)
     assert_detections_match(good, original, score_atol=SCORE_ATOL, box_atol=BOX_ATOL)
     corrupted = str(tmp_path / "corrupted")
     shutil.copytree(published.output_dir, corrupted)
@@ -172,7 +167,7 @@ def test_the_independent_rule_fails_on_a_corrupted_weight_and_an_unexplained_fli
     node.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(weights))
     with open(pb, "wb") as f:
         f.write(saved_model.SerializeToString())
-    bad, _ = _run_both(sample.frozen_graph, corrupted, images)
+    bad, _ = _run_both(detection_model.frozen_graph, corrupted, images)
     with pytest.raises(AssertionError, match="NMS candidate"):
         assert_detections_match(bad, original, score_atol=SCORE_ATOL, box_atol=BOX_ATOL)
     # Past the candidates: the last detection of the second frame (no ties there) moved.
@@ -182,17 +177,18 @@ def test_the_independent_rule_fails_on_a_corrupted_weight_and_an_unexplained_fli
         assert_detections_match(good, original, score_atol=SCORE_ATOL, box_atol=BOX_ATOL)
 
 
-def test_a_folded_graph_with_a_corrupted_weight_fails_the_detection_gate(sample, original,
+def test_a_folded_graph_with_a_corrupted_weight_fails_the_detection_gate(detection_model, original,
                                                                        tmp_path):
     from tensorflow.python.framework import tensor_util
 
-    frozen = frozen_graph.read_graph_def(sample.frozen_graph)
-    node = next(n for n in frozen.node if n.name == "FeatureExtractor/Conv2d_3/weights")
+    detection_graph_def = frozen_graph.read_graph_def(detection_model.frozen_graph)
+    node = next(n for n in detection_graph_def.node
+                if n.name == "FeatureExtractor/Conv2d_3/weights")
     weights = tensor_util.MakeNdarray(node.attr["value"].tensor).copy()
     weights[0, 0, 0, :] *= 1.05  # one input channel's taps at one position, 5% off
     node.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(weights))
     corrupted_pb = tmp_path / "corrupted.pb"
-    corrupted_pb.write_bytes(frozen.SerializeToString())
+    corrupted_pb.write_bytes(detection_graph_def.SerializeToString())
     corrupted = frozen_graph.convert(str(corrupted_pb), str(tmp_path / "corrupted"),
                                  outputs=OUTPUTS).export_dir
     frames = examples_lib.read_examples_file(
@@ -218,17 +214,17 @@ def test_pb_flags_are_usage_errors_before_any_work(classifier_dir, tmp_path, opt
     assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
 
 
-def test_pb_usage_errors_name_the_fix(sample, tmp_path):
+def test_pb_usage_errors_name_the_fix(detection_model, tmp_path):
     with pytest.raises(UsageError, match="--signatures with a frozen GraphDef"):
-        optimize(sample.frozen_graph, str(tmp_path / "out"),
+        optimize(detection_model.frozen_graph, str(tmp_path / "out"),
                  OptimizeOptions(build=BuildOptions(signatures=("serving_default",))))
     with pytest.raises(UsageError, match="is not a file"):
         optimize(str(tmp_path / "missing.pb"), str(tmp_path / "out"), OptimizeOptions())
 
 
-def test_an_output_the_graph_lacks_is_named(sample, tmp_path):
+def test_an_output_the_graph_lacks_is_named(detection_model, tmp_path):
     with pytest.raises(UsageError, match="'detection_masks', which is not a node"):
-        optimize(sample.frozen_graph, str(tmp_path / "out"),
+        optimize(detection_model.frozen_graph, str(tmp_path / "out"),
                  OptimizeOptions(
                      graph_def=GraphDefOptions(graph_outputs=("detection_masks",)),
                      measure=MeasureOptions(benchmark_runs=0, cold_start=False)))
@@ -245,10 +241,11 @@ def test_the_report_says_what_each_transform_pass_did(published):
     assert "graphdef   out: frozen_inference_graph.pb" in table
 
 
-def test_inspect_lists_a_pbs_candidate_inputs_and_outputs(sample, capsys):
+def test_inspect_lists_a_pbs_candidate_inputs_and_outputs(detection_model, capsys):
     from serving_opt.cli import main as cli
 
-    assert cli.main(["serving-opt", "inspect", f"--saved_model_dir={sample.frozen_graph}"]) == 0
+    assert cli.main(["serving-opt", "inspect",
+                     f"--saved_model_dir={detection_model.frozen_graph}"]) == 0
     text = capsys.readouterr().out
     assert "candidate inputs:  image_tensor:0 (uint8 [?,?,?,3])" in text
     assert "detection_boxes:0 (float32 [?,100,4])" in text
@@ -273,12 +270,13 @@ def test_inspect_rates_a_pb_with_a_host_op_an_error(tmp_path, capsys):
     assert "host_op" in out.err
 
 
-def test_examples_that_fit_no_signature_are_a_usage_error_not_synthesized(sample, tmp_path):
+def test_examples_that_fit_no_signature_are_a_usage_error_not_synthesized(detection_model,
+                                                                          tmp_path):
     wrong = tmp_path / "wrong.jsonl"
     wrong.write_text(json.dumps({"images": detection_sample.frame(48, 64).tolist()}) + "\n")
     with pytest.raises(UsageError, match="fits no signature: it has requests with keys "
                                          "images, and serving_default takes inputs"):
-        optimize(sample.frozen_graph, str(tmp_path / "out"),
+        optimize(detection_model.frozen_graph, str(tmp_path / "out"),
                  OptimizeOptions(
                      graph_def=GraphDefOptions(graph_outputs=OUTPUTS),
                      inputs=InputOptions(examples=str(wrong)),
