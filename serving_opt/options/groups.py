@@ -21,8 +21,18 @@ DEFAULT_IMAGE = "tensorflow/serving:2.20.0"  # the current TF Serving release
 # --server=docker's networking: ports published on 127.0.0.1 (bridge), or the host's
 # network for engines without a bridge (dockerd --bridge=none).
 DOCKER_NETWORKS = ("bridge", "host")
+DOCKER_NETWORK_HELP = ("--server=docker's network: bridge publishes the container's ports on "
+                       "127.0.0.1 (-p); host shares the host's network (for engines without "
+                       "a bridge).")
 DEFAULT_SERVING_VERSION = "2.20.0"  # its TensorFlow
 _VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?([a-z0-9.+-]*)$")
+
+
+def check_docker_network(network: str) -> None:
+    """UsageError unless ``network`` is one of DOCKER_NETWORKS."""
+    if network not in DOCKER_NETWORKS:
+        raise UsageError(f"--docker_network={network} is not one of "
+                         f"{', '.join(DOCKER_NETWORKS)}", "e.g. --docker_network=host")
 
 
 def check_version(version: str) -> str:
@@ -370,10 +380,7 @@ class ServingCheck:
         "auto", "docker, binary (tensorflow_model_server on PATH), local (serving-opt serve), "
         "or auto: the first that can run here.", choices=BACKENDS)
     image: str = _opt(DEFAULT_IMAGE, "Docker image for --server=docker.")
-    docker_network: str = _opt(
-        "bridge", "--server=docker's network: bridge publishes the container's ports on "
-        "127.0.0.1 (-p); host shares the host's network (for engines without a bridge).",
-        choices=DOCKER_NETWORKS)
+    docker_network: str = _opt("bridge", DOCKER_NETWORK_HELP, choices=DOCKER_NETWORKS)
     protocols: tuple[str, ...] = _opt(
         PROTOCOLS, "APIs to validate: grpc, rest or both (every backend serves both).")
     concurrency: int = _opt(8, "Concurrent clients in the load phase (0 skips it).")
@@ -409,9 +416,7 @@ class ServingCheck:
             raise UsageError("batch_size must be >= 1",
                              "e.g. ValidateOptions(serving=ServingCheck(batch_size=8))")
         parse_protocols(self.protocols)
-        if self.docker_network not in DOCKER_NETWORKS:
-            raise UsageError(f"--docker_network={self.docker_network} is not one of "
-                             f"{', '.join(DOCKER_NETWORKS)}", "e.g. --docker_network=host")
+        check_docker_network(self.docker_network)
         if self.require_server not in REQUIRE_SERVER:
             raise UsageError(f"--require_server={self.require_server} is not one of "
                              f"{', '.join(REQUIRE_SERVER)}",

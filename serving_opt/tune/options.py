@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from serving_opt.errors import UsageError
-from serving_opt.options import OptionTree, TrustOptions, check_version
+from serving_opt.options import (
+    DOCKER_NETWORK_HELP,
+    OptionTree,
+    TrustOptions,
+    check_docker_network,
+    check_version,
+)
 from serving_opt.serving import backends
 from serving_opt.serving import runtime as runtime_lib
 
@@ -226,10 +232,7 @@ class ServerOptions:
                        "(serving-opt serve --enable_batching), or auto: the first that can "
                        "run here.", choices=backends.BACKENDS)
     image: str = _opt(backends.DEFAULT_IMAGE, "Docker image for --server=docker.")
-    docker_network: str = _opt(
-        "bridge", "--server=docker's network: bridge publishes the container's ports on "
-        "127.0.0.1 (-p); host shares the host's network (for engines without a bridge).",
-        choices=backends.DOCKER_NETWORKS)
+    docker_network: str = _opt("bridge", DOCKER_NETWORK_HELP, choices=backends.DOCKER_NETWORKS)
     current_parameters_file: str | None = _opt(
         None, "A batching parameters file in use today: proven beside the tuned settings.")
     load_deadline: float = _opt(300.0, "Seconds to wait for the model to load.")
@@ -272,10 +275,7 @@ class ServerOptions:
         if self.server not in backends.BACKENDS:
             raise UsageError(f"--server={self.server} is not one of "
                              f"{', '.join(backends.BACKENDS)}", "e.g. --server=auto")
-        if self.docker_network not in backends.DOCKER_NETWORKS:
-            raise UsageError(f"--docker_network={self.docker_network} is not one of "
-                             f"{', '.join(backends.DOCKER_NETWORKS)}",
-                             "e.g. --docker_network=host")
+        check_docker_network(self.docker_network)
 
 
 # TrustOptions' flags tune has not: its sandbox takes the wall-clock limit, not memory.
