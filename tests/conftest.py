@@ -29,6 +29,18 @@ import pytest  # noqa: E402
 
 from serving_opt import samples  # noqa: E402
 
+
+@pytest.hookimpl(tryfirst=True)  # before `-m golden` selects
+def pytest_collection_modifyitems(items):
+    """``@pytest.mark.golden(param="x")``: of a parametrized test, only the ``x`` case is
+    the golden run; the others stay in the suite, run once."""
+    for item in items:
+        mark = item.get_closest_marker("golden")
+        param = mark.kwargs.get("param") if mark else None
+        if param is not None and param not in item.callspec.params.values():
+            item.own_markers[:] = [m for m in item.own_markers if m.name != "golden"]
+
+
 TEXT_CLASSIFIER_VOCAB = 5000
 TEXT_CLASSIFIER_DIM = 32
 

@@ -20,8 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 WORDS = ("apple", "banana", "cherry", "date", "elderberry", "fig")
 OOV_WORD = "kiwi"  # not in the vocabulary: exercises the OOV bucket
 SERVE = frozenset({"serve"})
-# Small parity and no benchmark: the suite checks behaviour, not speed.
-FAST = dict(measure=MeasureOptions(benchmark_runs=0),
+# Small parity, no cold start and no benchmark: the suite checks behaviour, not speed
+# (test_one_off_export measures one export's cold start under this TF).
+FAST = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False),
             gate=GateOptions(parity_batch_size=8, parity_batches=1))
 
 CLASSIFY = "tensorflow/serving/classify"

@@ -42,7 +42,7 @@ from serving_opt.integrations.estimator import (
     export_optimized_saved_model,
     raw_export_base,
 )
-from serving_opt.options import MeasureOptions, TrustOptions
+from serving_opt.options import TrustOptions
 
 from .estimator_helpers import (
     FAST,
@@ -61,10 +61,9 @@ DIMENSION = 32
 EMBEDDING = "dnn/input_from_feature_columns/input_layer/word_embedding/embedding_weights"
 EMBEDDING_SHAPE = [VOCAB_SIZE + 1, DIMENSION]  # + the OOV bucket
 EMBEDDING_BYTES = (VOCAB_SIZE + 1) * DIMENSION * 4
-# Cold start off: on this shared 2-core machine a slow fresh process could make the
-# regression gate fall back to kept variables, which is not what these tests are about.
-OPTIONS = OptimizeOptions(**{**FAST, "measure": MeasureOptions(benchmark_runs=0,
-                                                                 cold_start=False)})
+# FAST has the cold start off: on this shared 2-core machine a slow fresh process could
+# make the regression gate fall back to kept variables, which is not what these tests are about.
+OPTIONS = OptimizeOptions(**FAST)
 KEPT_OPTIONS = dataclasses.replace(OPTIONS, build=dataclasses.replace(
     OPTIONS.build, freeze_max_bytes=EMBEDDING_BYTES // 2))
 # What each exporter's checkpoint must hold, and nothing else (name -> shape).

@@ -154,7 +154,7 @@ def test_optimize_publishes_a_model_the_session_loader_answers_like_the_original
     assert not [r for r in risks if r.severity == inspection.SEVERITY_ERROR]
 
 
-@pytest.mark.golden
+@pytest.mark.golden(param="sequential")
 def test_the_repaired_model_validates_over_grpc_and_rest(repaired):
     base, _ = repaired
     report = validate(base, ValidateOptions(

@@ -164,7 +164,7 @@ def test_signatures_are_identical_keys_output_names_dtypes_shapes_methods(model,
     assert _signature_map(report.output_dir) == _signature_map(src)
 
 
-@pytest.mark.golden
+@pytest.mark.golden(param="mobilenet_v2")
 @pytest.mark.parametrize("model", MODELS)
 def test_outputs_match_the_source_through_both_loaders(model, request):
     src, report = request.getfixturevalue(f"optimized_{model}")
