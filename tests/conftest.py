@@ -7,6 +7,7 @@ Tests must never write into these directories: copy them first (``model_copy``).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -33,12 +34,46 @@ from serving_opt import samples  # noqa: E402
 @pytest.hookimpl(tryfirst=True)  # before `-m golden` selects
 def pytest_collection_modifyitems(items):
     """``@pytest.mark.golden(param="x")``: of a parametrized test, only the ``x`` case is
-    the golden run; the others stay in the suite, run once."""
+    the golden run; the others stay in the suite, run once. A golden run crosses the
+    sandbox: it cannot be ``in_process``."""
     for item in items:
         mark = item.get_closest_marker("golden")
         param = mark.kwargs.get("param") if mark else None
         if param is not None and param not in item.callspec.params.values():
             item.own_markers[:] = [m for m in item.own_markers if m.name != "golden"]
+        if item.get_closest_marker("golden") and item.get_closest_marker("in_process"):
+            raise pytest.UsageError(f"{item.nodeid}: a golden run cannot be in_process")
+
+
+@contextlib.contextmanager
+def in_process():
+    """optimize() runs its pipeline in this process, as it does where bubblewrap cannot
+    start and the user allows it: the same stages, without a worker's TensorFlow import.
+    For tests of what the stages do to our own models; the sandbox's own tests and the
+    golden runs keep the worker. ``@pytest.mark.in_process`` on a test or a module (its
+    fixtures too) does the same."""
+    from serving_opt import sandbox
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sandbox, "require", lambda allow_unsandboxed, what: False)
+        yield
+
+
+def _in_process_if_marked(request):
+    return in_process() if request.node.get_closest_marker("in_process") \
+        else contextlib.nullcontext()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _in_process_module(request):
+    with _in_process_if_marked(request):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _in_process_test(request):
+    with _in_process_if_marked(request):
+        yield
 
 
 TEXT_CLASSIFIER_VOCAB = 5000

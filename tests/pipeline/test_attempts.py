@@ -36,6 +36,8 @@ from serving_opt.stages import freeze as freeze_lib
 from serving_opt.stages import regression as regression_lib
 from serving_opt.stages.quantize import QuantizedTensor
 
+pytestmark = pytest.mark.in_process  # our own models, stages in this process
+
 NOT_MEASURED = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 
 

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import TEXT_CLASSIFIER_VOCAB, tree_snapshot
+from conftest import TEXT_CLASSIFIER_VOCAB, in_process, tree_snapshot
 
 from serving_opt import samples
 from serving_opt.errors import ServingOptError
@@ -190,6 +190,7 @@ def test_tiny_absolute_differences_are_not_regressions():
     assert regression_lib.regressions(report, None, tolerance=1.1) == []
 
 
+@pytest.mark.in_process
 def test_a_frozen_big_table_is_stored_as_a_variable_again(wide_table_dir, tmp_path):
     # Frozen anyway (threshold above it), the table is a large constant and is stored in
     # the new checkpoint: no regression, nothing refused. (That folding leaves big
@@ -224,6 +225,7 @@ def wide_table_dir(tmp_path_factory) -> str:
     return path
 
 
+@pytest.mark.in_process
 def test_a_frozen_big_table_is_refused_and_nothing_is_published(wide_table_dir, tmp_path):
     out = str(tmp_path / "out")
     before = tree_snapshot(wide_table_dir)
@@ -269,10 +271,11 @@ def keras_embedding_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def keras_embedding_unmeasured(keras_embedding_dir, tmp_path_factory):
-    return optimize(keras_embedding_dir, str(tmp_path_factory.mktemp("keras_embedding_out")),
-                    OptimizeOptions(build=BuildOptions(freeze_max_bytes=100_000),  # not about
-                                    measure=MeasureOptions(benchmark_runs=0,  # measuring
-                                                           cold_start=False)))
+    with in_process():
+        return optimize(keras_embedding_dir, str(tmp_path_factory.mktemp("keras_embedding_out")),
+                        OptimizeOptions(build=BuildOptions(freeze_max_bytes=100_000),  # not about
+                                        measure=MeasureOptions(benchmark_runs=0,  # measuring
+                                                               cold_start=False)))
 
 
 def test_tf2_a_large_embedding_is_kept_and_answers_both_ways(keras_embedding_dir,

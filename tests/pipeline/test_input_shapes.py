@@ -23,6 +23,8 @@ from serving_opt.pipeline.report import format_optimize_report
 from serving_opt.savedmodel import loader
 from serving_opt.savedmodel import shapes as shapes_lib
 
+pytestmark = pytest.mark.in_process  # our own models, stages in this process
+
 WIDTH = 64
 # Two matmuls and a sum of 64 sines, reordered by folding: float32 rounding only.
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)

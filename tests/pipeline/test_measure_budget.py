@@ -25,6 +25,8 @@ from serving_opt.stages import benchmark as benchmark_lib
 from serving_opt.stages import coldstart
 from serving_opt.stages import regression as regression_lib
 
+pytestmark = pytest.mark.in_process  # our own models, stages in this process
+
 SIGNATURE = "serving_default"
 SLOW_BATCH = 32
 

@@ -13,7 +13,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import tree_snapshot
+from conftest import in_process, tree_snapshot
 from independent_check import assert_outputs_match, example
 
 from serving_opt import samples
@@ -165,6 +165,7 @@ def test_batch_norm_folding_removes_batch_norm_ops(convnet_dir, optimized, feeds
     assert_outputs_match(report.output_dir, convnet_dir, feeds["convnet_dir"], **TOLERANCE)
 
 
+@pytest.mark.in_process
 def test_lossy_transform_is_caught_and_nothing_is_published(classifier_dir, tmp_path):
     base = tmp_path / "out"
     with pytest.raises(ParityError) as failure:
@@ -194,7 +195,8 @@ def from_a_copy_into_a_used_base(classifier_dir, tmp_path_factory):
     base = root / "out"
     os.makedirs(base / "3")
     os.makedirs(base / "not-a-version")
-    return src, str(base), optimize(src, str(base), FAST)
+    with in_process():
+        return src, str(base), optimize(src, str(base), FAST)
 
 
 def test_default_version_is_one_above_the_highest(from_a_copy_into_a_used_base):
@@ -257,9 +259,10 @@ def overwritten_with_variables_kept(classifier_dir, tmp_path_factory):
     (--overwrite): (base, report). One run for both behaviours, which do not interact."""
     base = tmp_path_factory.mktemp("overwritten") / "out"
     os.makedirs(base / "2")
-    return str(base), optimize(classifier_dir, str(base), OptimizeOptions(
-        output=OutputOptions(version=2, overwrite=True), build=BuildOptions(freeze="never"),
-        **NOT_MEASURED))
+    with in_process():
+        return str(base), optimize(classifier_dir, str(base), OptimizeOptions(
+            output=OutputOptions(version=2, overwrite=True), build=BuildOptions(freeze="never"),
+            **NOT_MEASURED))
 
 
 def test_freeze_never_keeps_variables_and_still_matches(classifier_dir, feeds,
@@ -322,6 +325,7 @@ def stage_names_without_confirm(report) -> list[str]:
     return names
 
 
+@pytest.mark.in_process
 def test_report_has_sizes_stages_and_side_by_side_latency(classifier_dir, tmp_path):
     # freeze=always and allow_regression: whatever the (noisy) measurements say, the
     # frozen candidate is the one published, so the report's shape does not depend on the

@@ -9,11 +9,14 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 from independent_check import assert_outputs_match, example
 
 from serving_opt import OptimizeOptions, optimize
 from serving_opt.options import MeasureOptions
 from serving_opt.savedmodel import parse_spec
+
+pytestmark = pytest.mark.in_process  # our own models, stages in this process
 
 NOT_MEASURED = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 KEY = "tensorflow/serving/regress"

@@ -32,6 +32,8 @@ from serving_opt.savedmodel import inputs as inputs_lib
 from serving_opt.savedmodel import loader, parse_spec
 from serving_opt.stages import parity
 
+pytestmark = pytest.mark.in_process  # our own models, stages in this process
+
 SERVE = frozenset({"serve"})
 KEY = "serving_default"
 v1 = tf.compat.v1

@@ -15,6 +15,8 @@ from serving_opt import OptimizeOptions, inspection, optimize
 from serving_opt.errors import ServingOptError
 from serving_opt.options import BuildOptions, MeasureOptions
 
+pytestmark = pytest.mark.in_process  # our own models, stages in this process
+
 NOT_MEASURED = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 TRAINED = np.float32(3.25)  # the checkpoint's value; the initializer says 1.0
 

@@ -12,6 +12,8 @@ from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.savedmodel import loader
 from serving_opt.stages import freeze
 
+pytestmark = pytest.mark.in_process  # our own models, stages in this process
+
 SERVE = frozenset({"serve"})
 
 

@@ -27,6 +27,8 @@ from serving_opt.pipeline.report import format_cold_start
 from serving_opt.savedmodel import loader, native_load
 from serving_opt.stages import coldstart
 
+pytestmark = pytest.mark.in_process  # our own models, stages in this process
+
 MIB = 1 << 20
 
 

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import TEXT_CLASSIFIER_DIM, TEXT_CLASSIFIER_VOCAB
+from conftest import TEXT_CLASSIFIER_DIM, TEXT_CLASSIFIER_VOCAB, in_process
 
 from serving_opt import samples
 from serving_opt.core import gates
@@ -150,12 +150,13 @@ LOOSE_GATE = dict(gate=GateOptions(max_probability_error=1.0, min_top1_agreement
 def tables_only_by_size(text_classifier_base, tmp_path_factory):
     """int8 with --quantize_min_elements above the head's kernels, under a gate that
     passes anything: what the size threshold picks, and the error the table alone adds."""
-    return optimize(os.path.join(text_classifier_base, "1"),
-                    str(tmp_path_factory.mktemp("tables_by_size")),
-                    OptimizeOptions(
-                        build=BuildOptions(quantize="int8", quantize_min_elements=100_000,
-                                           **FAST_BUILD),
-                        **LOOSE_GATE, **FAST))
+    with in_process():
+        return optimize(os.path.join(text_classifier_base, "1"),
+                        str(tmp_path_factory.mktemp("tables_by_size")),
+                        OptimizeOptions(
+                            build=BuildOptions(quantize="int8", quantize_min_elements=100_000,
+                                               **FAST_BUILD),
+                            **LOOSE_GATE, **FAST))
 
 
 def test_quantize_min_elements_leaves_small_tensors_alone(tables_only_by_size):
@@ -165,6 +166,7 @@ def test_quantize_min_elements_leaves_small_tensors_alone(tables_only_by_size):
     assert [q.name for q in report.quantized] == [EMBEDDING]
 
 
+@pytest.mark.in_process
 def test_a_lossy_gate_too_tight_tries_the_tables_alone_then_refuses(text_classifier_base,
                                                                     tmp_path):
     # No gate a quantized model passes (max error 0): everything quantized fails, the
@@ -217,6 +219,7 @@ def keras_text_dir(tmp_path_factory) -> str:
     return _keras_embedding_export(tmp_path_factory, "keras_text", 32, seed=1)
 
 
+@pytest.mark.in_process
 def test_keras_embedding_int8_gathers_rows_and_agrees(keras_text_dir, tmp_path):
     import tensorflow as tf
     from tensorflow.core.framework import types_pb2
@@ -240,6 +243,7 @@ def test_keras_embedding_int8_gathers_rows_and_agrees(keras_text_dir, tmp_path):
     assert np.abs(before[key].numpy() - after[key].numpy()).max() <= 0.02
 
 
+@pytest.mark.in_process
 def test_conv_net_weights_int8_dequantized_at_load(convnet_dir, tmp_path):
     import tensorflow as tf
 
@@ -280,6 +284,7 @@ def test_conv_net_weights_int8_dequantized_at_load(convnet_dir, tmp_path):
         sess.close()
 
 
+@pytest.mark.in_process
 def test_when_the_gate_refuses_dense_weights_only_the_tables_are_quantized(
         text_classifier_base, tables_only_by_size, tmp_path):
     src = os.path.join(text_classifier_base, "1")
@@ -329,10 +334,11 @@ def _int4_bound(table: np.ndarray) -> np.ndarray:
 def int4_text(text_classifier_base, tmp_path_factory):
     """int4 under a gate that passes anything: at 32 values a row, 4 bits flip ~2-3% of
     this untrained sample's clear rows, which the default gate refuses (tested below)."""
-    return optimize(os.path.join(text_classifier_base, "1"),
-                    str(tmp_path_factory.mktemp("q_int4")),
-                    OptimizeOptions(build=BuildOptions(quantize="int4", **FAST_BUILD), **LOOSE_GATE,
-                                    **FAST))
+    with in_process():
+        return optimize(os.path.join(text_classifier_base, "1"),
+                        str(tmp_path_factory.mktemp("q_int4")),
+                        OptimizeOptions(build=BuildOptions(quantize="int4", **FAST_BUILD),
+                                        **LOOSE_GATE, **FAST))
 
 
 def test_int4_packs_two_values_a_byte_with_a_scale_per_row(int4_text, text_classifier_base):
@@ -420,6 +426,7 @@ def test_int4_is_judged_by_the_lossy_gate(int4_text):
         ("frozen, int4: tables only", "taken")]
 
 
+@pytest.mark.in_process
 def test_int4_the_default_agreement_gate_refuses_it_here(text_classifier_base, tmp_path):
     # The default gate: on this sample the agreement's interval lies below 0.995 (and
     # probabilities move past 0.05), so nothing is published.
@@ -495,6 +502,7 @@ def keras_odd_dir(tmp_path_factory) -> str:
     return _keras_embedding_export(tmp_path_factory, "keras_odd", 33, seed=3)
 
 
+@pytest.mark.in_process
 def test_int4_odd_width_keras_embedding_read_then_gathered(keras_odd_dir, tmp_path):
     import tensorflow as tf
 

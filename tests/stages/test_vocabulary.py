@@ -19,6 +19,8 @@ from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
 from serving_opt.samples.tf1 import save_with_tables
 from serving_opt.savedmodel import loader
 
+pytestmark = pytest.mark.in_process  # our own models, stages in this process
+
 FAST = dict(measure=MeasureOptions(benchmark_runs=0, cold_start=False))
 WORDS = [f"w{i}" for i in range(3000)] + ["ünïcode", "two words", "x" * 40, "日本語"]
 
