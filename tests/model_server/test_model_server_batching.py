@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from local_server import running  # noqa: E402
+from polling import wait_until
 from saved_model_io import save_tf1  # noqa: E402
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 
@@ -120,14 +121,8 @@ def batching_session(running) -> BatchingSession:
         return handle.servable.batching
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
-    """Polls ``condition`` until it holds; fails the test naming ``what`` after ``timeout``
-    seconds (a deadline for something that must happen, not a timing assumption)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout} s")
-        time.sleep(0.005)
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    wait_until(condition, what, timeout=DEADLINE, interval=0.005)
 
 
 class Gate:

@@ -15,6 +15,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import contextlib  # noqa: E402
 import http.client  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
@@ -22,6 +23,7 @@ import resource  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 import grpc  # noqa: E402
@@ -89,7 +91,10 @@ class Server:
         assert reply.outputs["total"].float_val == [6.0]
 
 
-def _start(base: str, log_path: str, *flags: str):
+@contextlib.contextmanager
+def _serving(base: str, logs, name: str, *flags: str) -> Iterator[Server]:
+    """A stand-in serving ``base`` with ``flags``, its stderr in ``<logs>/<name>.log``."""
+    log_path = str(logs.mktemp("hostile_logs") / f"{name}.log")
     log = open(log_path, "w")  # noqa: SIM115 - closed with the process
     process = start_serve("--port=0", "--rest_api_port=-1", "--model_name=m",
                           f"--model_base_path={base}", "--grpc_max_threads=8", *flags,
@@ -106,15 +111,13 @@ def _start(base: str, log_path: str, *flags: str):
         with open(log_path) as f:
             pytest.fail(f"server did not start: {line!r}\n{f.read()[-3000:]}")
     channel = grpc.insecure_channel(f"127.0.0.1:{match.group(1)}")
-    server = Server(process, int(match.group(1)), int(match.group(2)),
-                    prediction_service_pb2_grpc.PredictionServiceStub(channel))
-    return server, channel, log
-
-
-def _stop(process: subprocess.Popen, channel: grpc.Channel, log) -> None:
-    channel.close()
-    stop_process(process)
-    log.close()
+    try:
+        yield Server(process, int(match.group(1)), int(match.group(2)),
+                     prediction_service_pb2_grpc.PredictionServiceStub(channel))
+    finally:
+        channel.close()
+        stop_process(process)
+        log.close()
 
 
 @pytest.fixture(scope="module")
@@ -127,28 +130,24 @@ def model_base(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def server(model_base, tmp_path_factory):
     """A server with default flags (request bound: the 2 GB gRPC message limit)."""
-    log = str(tmp_path_factory.mktemp("hostile_logs") / "default.log")
-    running, channel, handle = _start(model_base, log)
-    yield running
-    _stop(running.process, channel, handle)
+    with _serving(model_base, tmp_path_factory, "default") as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
 def small_server(model_base, tmp_path_factory):
     """A server with --max_request_bytes=16 MiB."""
-    log = str(tmp_path_factory.mktemp("hostile_logs") / "small.log")
-    running, channel, handle = _start(model_base, log, f"--max_request_bytes={SMALL_LIMIT}")
-    yield running
-    _stop(running.process, channel, handle)
+    with _serving(model_base, tmp_path_factory, "small",
+                  f"--max_request_bytes={SMALL_LIMIT}") as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
 def quarter_gb_server(model_base, tmp_path_factory):
     """A server with --max_request_bytes=256 MiB, the bound of the issue's 10M strings."""
-    log = str(tmp_path_factory.mktemp("hostile_logs") / "quarter.log")
-    running, channel, handle = _start(model_base, log, f"--max_request_bytes={QUARTER_GB}")
-    yield running
-    _stop(running.process, channel, handle)
+    with _serving(model_base, tmp_path_factory, "quarter",
+                  f"--max_request_bytes={QUARTER_GB}") as running:
+        yield running
 
 
 def request(dims, floats=(), content: bytes = b"") -> predict_pb2.PredictRequest:

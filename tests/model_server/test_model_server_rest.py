@@ -15,7 +15,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import base64  # noqa: E402
 import json  # noqa: E402
 import subprocess  # noqa: E402
-import time  # noqa: E402
 import urllib.error  # noqa: E402
 import urllib.request  # noqa: E402
 
@@ -31,6 +30,7 @@ from local_server import (  # noqa: E402
     start_serve,
     write_model_config,
 )
+from polling import wait_until
 from saved_model_io import save_tf1  # noqa: E402
 from tensorflow.core.example import example_pb2  # noqa: E402
 from tensorflow_serving.apis import (  # noqa: E402
@@ -488,11 +488,9 @@ def test_config_file_polling_serves_a_model_added_to_the_file(bases, tmp_path):
                  model_config_file_poll_wait_seconds=0.5) as server:
         assert http(server, "GET", "/v1/models/regressor", None)[0] == 404
         write_model_config(config, {"convnet": bases["convnet"], "regressor": bases["regressor"]})
-        deadline = time.monotonic() + 120
         # GetModelStatus answers 200 while the version is still loading: wait for AVAILABLE.
-        while not available(server, "regressor"):
-            assert time.monotonic() < deadline, "the new model was never served"
-            time.sleep(0.3)
+        wait_until(lambda: available(server, "regressor"), "the new model served",
+                   interval=0.3)
         examples = [example_json(e) for e in samples.sample_examples(2)]
         assert len(rest_json(server, "POST", "/v1/models/regressor:regress",
                              {"examples": examples})["results"]) == 2

@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 import pytest
+from polling import wait_until
 
 from serving_opt import samples
 from serving_opt.errors import ServingOptError, first_line
@@ -112,19 +113,6 @@ def wait_until_gone(text: str, timeout: float = 30.0) -> dict[int, str]:
             return {}
         time.sleep(0.2)
     return processes_mentioning(text)
-
-
-def wait_until(condition, what: str, timeout: float = 120.0):
-    """Polls ``condition`` until it returns something true, which is returned; fails naming
-    ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = condition()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout} s")
-        time.sleep(0.02)
 
 
 def alive(pid: int) -> bool:
@@ -548,6 +536,9 @@ def test_ctrl_c_after_publishing_names_the_published_version(source, tmp_path):
         # Optimize's last act is removing its work directory and that directory's owner
         # record; once both are gone it has returned (or is returning) to the CLI.
         wait_until(lambda: not hidden_entries(base), "the run's work directory removed")
+        # Blocked on its full stdout, it cannot have exited: if it has, something read the
+        # pipe, and the interrupt below would test nothing.
+        assert cli.process.poll() is None, ("exited before the interrupt", cli.lines[-3:])
         cli.process.send_signal(signal.SIGINT)
         # Read what it printed, so nothing it writes while exiting blocks it again.
         threading.Thread(target=_drain, args=(read_end,), daemon=True).start()

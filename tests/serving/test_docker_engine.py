@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from importlib import metadata
@@ -28,6 +27,7 @@ import numpy as np
 import pytest
 import repo_paths
 from conftest import tree_snapshot
+from polling import wait_until
 
 from serving_opt.serving import backends
 
@@ -53,16 +53,8 @@ def engine():
 
 # --- helpers ----------------------------------------------------------------------------
 
-def _wait(condition, what: str, timeout: float = 240.0):
-    """Polls ``condition`` until it returns something true; fails naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting until {what}")
-        time.sleep(0.2)
+def _wait(condition, what: str):
+    return wait_until(condition, what, timeout=240.0, interval=0.2)
 
 
 def _containers(pid: int | None = None) -> dict[str, str]:

@@ -15,9 +15,9 @@ import socket
 import stat
 import subprocess
 import sys
-import time
 
 import pytest
+from polling import wait_until
 
 from serving_opt.options import MeasureOptions, ServingCheck
 from serving_opt.pipeline.optimizer import OptimizeOptions, optimize
@@ -247,9 +247,7 @@ def test_docker_backend_removes_its_container_on_stop(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", bin_dir + os.pathsep + os.environ["PATH"])
     server = backends.make_server("docker", backends.ServerSpec("clf", str(tmp_path)))
     server.start()
-    deadline = time.monotonic() + 10
-    while not (calls.exists() and calls.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: calls.exists() and calls.read_text(), "the fake docker called")
     assert server.exit_code() is None
     server.stop(timeout=5)
     lines = calls.read_text().splitlines()

@@ -13,9 +13,9 @@ import dataclasses
 import os
 import stat
 import sys
-import time
 
 import pytest
+from polling import wait_until
 from tune_reports import synthetic_report
 
 from serving_opt.errors import UsageError
@@ -148,10 +148,7 @@ def test_a_runs_servers_start_under_the_runtimes_interpreter(convnet_base, wrapp
     try:
         assert server.command[0] == runtime.python
         assert server.tf_version == runtime.tf_version
-        # Generous: the wrapper logs as the server process starts, on a loaded machine too.
-        deadline = time.monotonic() + 120
-        while not os.path.exists(log) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: os.path.exists(log), "the wrapper's log of the server's start")
     finally:
         server.stop()
     assert "-m serving_opt.cli serve" in open(log).read()

@@ -58,7 +58,10 @@ wheel() {  # this project's wheel (and with "deps", every wheel it needs) into $
 
 # 1. The runtime: Python and every dependency (TensorFlow, gRPC, ...), not this project;
 # built once per machine and again only when the pins change (a minute or more).
-runtime_inputs=$({ hash_files pyproject.toml constraints.txt;
+# (pyproject.toml's [project] table only: its pytest and ruff settings change no wheel.)
+project=$("$PY" -c 'import json, tomllib
+print(json.dumps(tomllib.load(open("pyproject.toml", "rb"))["project"], sort_keys=True))')
+runtime_inputs=$({ echo "$project"; hash_files constraints.txt;
                    docker image inspect --format '{{.Id}}' "$BASE"; } | sha256sum | cut -c1-16)
 if [ "$(label "$RUNTIME")" != "$runtime_inputs" ]; then
   echo "contract image: building the runtime $RUNTIME (TensorFlow and the other wheels)"
