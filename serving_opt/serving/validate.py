@@ -144,10 +144,8 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),  # n
     model_base = os.path.abspath(model_base)
     version = resolve_version(model_base, options.version)
     model_dir = version_dir(model_base, version)
-    # The usage errors above cost no TensorFlow import (the CLI does not import it for
-    # validate); what follows reads the model with it: quietly, as every command does.
-    tf_process.quiet_tensorflow_import()
-    _admit(model_dir, options)
+    # This process imports no TensorFlow: the executor checks the model statically, then
+    # runs it, in its sandbox.
     sandboxed = sandbox_lib.require(options.trust.allow_unsandboxed, f"validate {model_dir}")
     if sandboxed and options.trust.allow_unsandboxed and options.serving.server == "docker":
         sandboxed = False  # the Docker client cannot run in a sandbox; the user trusts it
@@ -170,7 +168,9 @@ def execute(model_base: str, options: ValidateOptions, runtime_note: str = "",
     """The executor (in the sandbox): serve, probe, compare, load; ``options`` resolved by
     :func:`validate` (the backend, the version, the runtime's interpreter)."""
     say = progress or sandbox_lib.say
+    tf_process.quiet_tensorflow_import()
     target = _target(model_base, options, runtime_note)
+    _admit(target.model_dir, options)
     say(f"preparing requests from the reference model {target.reference_dir}")
     # Reads and checks the served model too: a bad model fails before any server starts.
     probes, served = requests.build_probes(
@@ -391,6 +391,7 @@ def _write_warmup(report: ValidationReport, model_dir: str,
                   say: Callable[[str], None]) -> ValidationReport:
     """Written here, not by the process that ran the model: only records whose answers
     matched, once they did, into the version being validated."""
+    tf_process.quiet_tensorflow_import()  # for its TFRecord writer
     path = warmup.write_warmup_records(model_dir, report.warmup_records)
     say(f"wrote {path}")
     return dataclasses.replace(report, warmup_file=path)
