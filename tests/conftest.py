@@ -47,8 +47,9 @@ def pytest_collection_modifyitems(items):
 
 @contextlib.contextmanager
 def in_process():
-    """optimize() runs its pipeline in this process, as it does where bubblewrap cannot
-    start and the user allows it: the same stages, without a worker's TensorFlow import.
+    """optimize() runs its pipeline in this process (and whatever else would sandbox runs
+    unsandboxed), as where bubblewrap cannot start and the user allows it: the same
+    stages, without a worker's TensorFlow import.
     For tests of what the stages do to our own models; the sandbox's own tests and the
     golden runs keep the worker. ``@pytest.mark.in_process`` on a test or a module (its
     fixtures too) does the same."""

@@ -144,8 +144,8 @@ def validate(model_base: str, options: ValidateOptions = ValidateOptions(),  # n
     model_base = os.path.abspath(model_base)
     version = resolve_version(model_base, options.version)
     model_dir = version_dir(model_base, version)
-    # This process imports no TensorFlow: the executor checks the model statically, then
-    # runs it, in its sandbox.
+    # Sandboxed, this process imports no TensorFlow (unless it writes the warmup file):
+    # the executor checks the model statically, then runs it, in its sandbox.
     sandboxed = sandbox_lib.require(options.trust.allow_unsandboxed, f"validate {model_dir}")
     if sandboxed and options.trust.allow_unsandboxed and options.serving.server == "docker":
         sandboxed = False  # the Docker client cannot run in a sandbox; the user trusts it

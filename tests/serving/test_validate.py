@@ -174,19 +174,25 @@ def test_optimize_with_validate_publishes_a_served_and_warmed_model(optimized_wi
     assert report.validation.warmup_file.startswith(report.output_dir)
 
 
-def test_validate_cli_writes_report_and_marker_and_exits_zero(optimized_classifier_base,
-                                                               tmp_path):
-    out = tmp_path / "validation"
-    # Run as `python -m serving_opt.cli` runs it; this process checks the model statically
-    # and runs it only in its sandbox, so it never imports TensorFlow (seconds and memory).
-    argv = ["serving-opt", "validate", f"--model_base={optimized_classifier_base}",
-            "--server=local", "--concurrency=0", f"--report={out / 'report.json'}"]
+def _validate_cli(*flags: str) -> subprocess.CompletedProcess:
+    """`serving-opt validate` run as `python -m serving_opt.cli` runs it; its stdout ends
+    with the exit code and whether the process imported TensorFlow."""
+    argv = ["serving-opt", "validate", *flags]
     code = ("import runpy, sys\n"
             f"sys.argv = {argv!r}\n"
             "try:\n    runpy.run_module('serving_opt.cli', run_name='__main__')\n"
             "except SystemExit as e:\n    print(e.code, 'tensorflow' in sys.modules)\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=240)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=240)
+
+
+def test_validate_cli_writes_report_and_marker_and_exits_zero(optimized_classifier_base,
+                                                               tmp_path):
+    out = tmp_path / "validation"
+    # validate's own process checks the model statically and runs it only in its sandbox,
+    # so it never imports TensorFlow (seconds and memory).
+    result = _validate_cli(f"--model_base={optimized_classifier_base}", "--server=local",
+                           "--concurrency=0", f"--report={out / 'report.json'}")
     assert result.stdout.split()[-2:] == ["0", "False"], result.stderr
     assert "VALIDATED" in result.stdout
     data = json.loads((out / "report.json").read_text())
@@ -283,14 +289,8 @@ def test_sigterm_during_validation_stops_the_server_it_started(regressor_base):
 
 def test_validate_usage_errors_are_one_line_exit_1_before_any_tensorflow_import(tmp_path):
     """A missing model base is named in one line, exit 1, without importing TensorFlow
-    (seconds of work); run as `python -m serving_opt.cli` runs it."""
-    code = ("import runpy, sys\n"
-            f"sys.argv = ['serving-opt', 'validate', '--model_base={tmp_path / 'nope'}',"
-            " '--server=local']\n"
-            "try:\n    runpy.run_module('serving_opt.cli', run_name='__main__')\n"
-            "except SystemExit as e:\n    print(e.code, 'tensorflow' in sys.modules)\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120)
+    (seconds of work)."""
+    result = _validate_cli(f"--model_base={tmp_path / 'nope'}", "--server=local")
     assert result.stdout.split()[-2:] == ["1", "False"], result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("serving-opt validate: error:")
     assert "does not exist" in result.stderr and "Traceback" not in result.stderr
