@@ -150,7 +150,7 @@ def quantize(run: Run, graph: ServingGraph, candidate: Candidate) -> ServingGrap
         graph, done = quantize_lib.quantize(graph, mode, run.plan.build.quantize_min_elements,
                                             run.scratch_dir(), tables_only=candidate.tables_only,
                                             skipped=skipped)
-        # Already lossy, and judged by the gate: vocabulary tables as sorted fingerprints.
+        # Already lossy, and judged by the gate: vocabulary tables as fingerprint hash tables.
         graph, compacted = vocabulary_lib.compact_vocabularies(
             graph, run.plan.build.quantize_min_elements, run.scratch_dir())
         run.graph = graph
@@ -158,7 +158,7 @@ def quantize(run: Run, graph: ServingGraph, candidate: Candidate) -> ServingGrap
         run.quantized = tuple(done)
         stage.done(graph, f"{len(done)} tensors ({sum(q.bytes_before for q in done)} -> "
                    f"{sum(q.bytes_after for q in done)} bytes)" + "".join(
-                       f"; vocabulary {v.table}: {v.entries} words as sorted fingerprints "
+                       f"; vocabulary {v.table}: {v.entries} words as a fingerprint hash table "
                        f"({v.bytes_after} bytes)" for v in compacted))
     if mode == "int4":
         if skipped:

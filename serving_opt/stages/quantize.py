@@ -7,10 +7,11 @@ the dequantization is placed where it costs nothing:
 
 * **embedding tables** (variables read only through ``ResourceGather`` or
   ``ReadVariableOp`` + ``GatherV2`` on axis 0) are stored as int8 with a float scale per
-  row (fp16: as half); the graph gathers the int8 rows first and dequantizes only
-  those, so a request costs what it did and the serving process holds a quarter of
-  the table; int4: two 4-bit values a byte (an eighth of the table, plus the scales),
-  the gathered bytes unpacked by integer ops before the cast;
+  column (per row when the rows' sizes differ too much for that; fp16: as half); the
+  graph gathers the int8 rows first and dequantizes only those, so a request costs what
+  it did and the serving process holds a quarter of the table; int4: two 4-bit values a
+  byte (an eighth of the table, plus a scale per row), the gathered bytes unpacked by
+  integer ops before the cast;
 * **other weights** (what the convolutions, matmuls and bias adds read) are stored as
   int8 with a scale per output channel (fp16: as half) and turned back into float
   once, at load, by the init op, which TF Serving runs right after restoring the
@@ -44,6 +45,10 @@ _NUMPY_TYPES = {1: np.float32, 4: np.uint8, 6: np.int8, 19: np.float16}
 # of an odd-width row), symmetric around zero so a row needs one scale and no offset.
 _INT4_LEVELS = 7
 _INT4_ZERO = 8
+# An int8 table takes a scale per column (one Mul by a constant after the gather) rather
+# than one per row (a second gather, a reshape and a Mul: a tenth of a small request's
+# time, docs/int8.md) unless that makes its rounding error this many times larger.
+_COLUMN_ERROR = 3.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,34 @@ def _quantize_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         q[start:start + _CHUNK_ROWS] = np.clip(np.rint(chunk / scale[:, None]), -127, 127)
         scales[start:start + _CHUNK_ROWS] = scale
     return q.reshape(table.shape), scales
+
+
+def _column_scales(table: np.ndarray) -> np.ndarray | None:
+    """A float32 scale per column (``table.shape[1:]``) for an int8 table, or None when
+    that would cost more than :data:`_COLUMN_ERROR` times the rounding error of a scale
+    per row (rows of very different sizes): rounding to a step ``s`` costs ``s^2 / 12``
+    on average, so the two are compared by their mean squared steps."""
+    rows = table.shape[0]
+    flat = table.reshape(rows, -1)
+    column_peak = np.zeros(flat.shape[1], np.float32)
+    row_squares = 0.0
+    for start in range(0, rows, _CHUNK_ROWS):
+        chunk = np.abs(flat[start:start + _CHUNK_ROWS].astype(np.float32))
+        column_peak = np.maximum(column_peak, chunk.max(axis=0))
+        row_squares += float(np.square(chunk.max(axis=1).astype(np.float64)).sum())
+    if float(np.square(column_peak.astype(np.float64)).mean()) > \
+            _COLUMN_ERROR ** 2 * row_squares / max(rows, 1):
+        return None
+    return np.where(column_peak > 0, column_peak / 127.0, 1.0).astype(np.float32).reshape(
+        table.shape[1:])
+
+
+def _quantize_columns(table: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    q = np.empty(table.shape, np.int8)
+    for start in range(0, table.shape[0], _CHUNK_ROWS):
+        chunk = table[start:start + _CHUNK_ROWS].astype(np.float32)
+        q[start:start + _CHUNK_ROWS] = np.clip(np.rint(chunk / scales), -127, 127)
+    return q
 
 
 def quantize_rows_int4(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -181,15 +214,17 @@ def _store(name: str, value: np.ndarray, mode: str, scales: str, saved: dict, ke
 
 
 def _gather_rows(gather, nodes: dict, qname: str, sname: str | None, stored_dtype: int,
-                 new_nodes: list, packed_width: int = 0) -> None:
+                 new_nodes: list, packed_width: int = 0,
+                 column_scales: np.ndarray | None = None) -> None:
     """Rewrites one gather of a float table into a gather of its quantized rows.
 
     The gather node keeps its name (its consumers are untouched) and becomes
-    ``Cast(gather(q)) * expand_dims(gather(scales), -1)`` (int8) or ``Cast(gather(q))``
-    (fp16): only the rows asked for are turned back into float. int4 (``packed_width``:
-    the table's row width, its bytes holding two values each) unpacks the gathered bytes
-    first, ``concat([b & 15, b >> 4], -1)[..., :width]``, and centers them (``- 8``)
-    before the scale.
+    ``Cast(gather(q)) * expand_dims(gather(scales), -1)`` (int8, a scale per row),
+    ``Cast(gather(q)) * column_scales`` (int8, a constant scale per column) or
+    ``Cast(gather(q))`` (fp16): only the rows asked for are turned back into float.
+    int4 (``packed_width``: the table's row width, its bytes holding two values each)
+    unpacks the gathered bytes first, ``concat([b & 15, b >> 4], -1)[..., :width]``, and
+    centers them (``- 8``) before the scale.
     """
     from tensorflow.core.framework import types_pb2
     from tensorflow.python.framework import tensor_util
@@ -210,6 +245,12 @@ def _gather_rows(gather, nodes: dict, qname: str, sname: str | None, stored_dtyp
     new_nodes.append(make_node(cast, "Cast", [rows], SrcT=attr(type=stored_dtype),
                                DstT=float_type, Truncate=attr(b=False)))
     controls = [i for i in gather.input if i.startswith("^")]
+    if column_scales is not None:
+        scales = f"{base}/{_SCOPE}/column_scales"
+        new_nodes.append(make_node(scales, "Const", dtype=float_type, value=attr(
+            tensor=tensor_util.make_tensor_proto(column_scales))))
+        nodes[base].CopyFrom(make_node(base, "Mul", [cast, scales] + controls, T=float_type))
+        return
     if sname is None:
         nodes[base].CopyFrom(make_node(base, "Identity", [cast] + controls, T=float_type))
         return
@@ -370,12 +411,23 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
         gathers = _gather_consumers(graph_def, var.name) \
             if value.ndim == 2 or (value.ndim > 2 and mode != "int4") else None
         if gathers is not None:
-            qname, sname, stored_dtype = _store(var.name, value, mode, "rows", saved, kept,
-                                                new_nodes)
+            columns = _column_scales(value) if mode == "int8" else None
+            if columns is None:
+                qname, sname, stored_dtype = _store(var.name, value, mode, "rows", saved,
+                                                    kept, new_nodes)
+            else:  # the scales are constants of the graph
+                qname, sname, stored_dtype = f"{var.name}/{_SCOPE}_int8", None, \
+                    types_pb2.DT_INT8
+                saved[qname] = _quantize_columns(value, columns)
+                kept.append(KeptVariable(qname, "VarHandleOp", stored_dtype,
+                                         saved[qname].nbytes, f"int8 copy of {var.name} "
+                                         "(a scale per column, in the graph)"))
+                new_nodes.append(var_handle(qname, stored_dtype, saved[qname].shape))
             for gather, _kind in gathers:
                 _gather_rows(gather, nodes, qname, None if mode == "fp16" else sname,
                              stored_dtype, new_nodes,
-                             packed_width=value.shape[1] if mode == "int4" else 0)
+                             packed_width=value.shape[1] if mode == "int4" else 0,
+                             column_scales=columns)
             replaced.add(var.name)  # the float table: nothing reads it any more
             # Its reads: those feeding the gathers, and any a folded Shape left unused.
             replaced.update(n.name for n in graph_def.node if n.op == "ReadVariableOp"

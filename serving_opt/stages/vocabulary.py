@@ -1,4 +1,5 @@
-"""Vocabulary lookups in a sixth of their memory, for the lossy modes (``--quantize``).
+"""Vocabulary lookups in a fifth of their memory and a request's time, for the lossy
+modes (``--quantize``).
 
 A vocabulary file table (``categorical_column_with_vocabulary_file``,
 ``index_table_from_file``: a ``HashTableV2`` filled by ``InitializeTableFromTextFileV2``
@@ -7,15 +8,16 @@ server loads the model. For 1M words the hash table holds ~68 MiB (a hash map of
 24-byte strings and int64 values at half load), as much as a fifth of an int8 embedding
 table of 256 columns.
 
-Here such a table becomes two variables of the checkpoint: the words' 64-bit
-fingerprints, sorted (``StringToHashBucketFast``, TF's own Fingerprint64, computed by
-the same kernel the server runs) and ended by a pad that sorts after every hash, and the
-line number of each (int32): 12 bytes a word. A lookup hashes the keys, finds each in
-the sorted fingerprints (``LowerBound``: a binary search; the pad keeps every position
-it returns in bounds) and takes its line number where the fingerprint is there, the
-table's default value elsewhere: the ``LookupTableFindV2`` node keeps its name and its
-consumers, and the table and its initializer leave the graph. What the lookup costs a
-request, against the hash table's, is measured in docs/int8.md.
+Here such a table becomes a ``MutableDenseHashTableV2`` from the words' 64-bit
+fingerprints (``StringToHashBucketFast``: TF's own Fingerprint64, computed by the same
+kernel the server runs) to their line numbers, laid out here by TF's own insert kernel
+and stored as the table's two bucket arrays in the checkpoint (16 bytes a bucket, at most
+96% full). The init op hands both arrays to the table (``LookupTableImportV2`` keeps the
+tensors it is given, so nothing is copied) and empties the variables. A request hashes
+its keys and makes one lookup, whose probes start at the fingerprint's low bits: the
+``LookupTableFindV2`` node keeps its name and its consumers, and the string table and
+its initializer leave the graph. What the lookup costs a request, against the string
+table's and a binary search's, is measured in docs/int8.md.
 
 Not exact for every possible key, and so only with ``--quantize``, where the lossy gate
 measures the result: a key that is not in the vocabulary gets a word's line number if
@@ -41,14 +43,18 @@ from serving_opt.savedmodel.graph import attr, data_consumers, make_node, node_n
 _SCOPE = "serving_opt_vocabulary"
 _WHOLE_LINE, _LINE_NUMBER = -2, -1  # InitializeTableFromTextFileV2's key/value indices
 _BUCKETS = (1 << 63) - 1  # StringToHashBucketFast's largest: Fingerprint64 mod 2^63 - 1
-# Never a hash (they are below _BUCKETS): ends the sorted fingerprints, so a hash past
-# the last word finds a position in bounds that is not its own.
-_PAD = np.iinfo(np.int64).max
+# Never a fingerprint (they are in [0, _BUCKETS)): the dense table's free and deleted
+# bucket markers.
+_EMPTY_KEY, _DELETED_KEY = -1, -2
+# How full the buckets may be: a power of two of them, as the table requires. Quadratic
+# probing stays short up to here (about three probes a word at 95%), and a fuller table
+# would not hold fewer buckets.
+_MAX_LOAD = 0.96
 
 
 @dataclass(frozen=True)
 class CompactVocabulary:
-    """One vocabulary table stored as sorted fingerprints, for the report."""
+    """One vocabulary table stored as a fingerprint hash table, for the report."""
 
     table: str
     entries: int
@@ -139,69 +145,141 @@ def _words(table, init, path: str) -> tuple[np.ndarray, np.ndarray]:
             return sess.run([fingerprints, values])
 
 
-def index(fingerprints: np.ndarray, lines: np.ndarray, dtype) -> tuple:
-    """The fingerprints sorted and ended by :data:`_PAD` (``[1, words + 1]``, as
-    ``LowerBound`` searches rows), and their line numbers in that order (``dtype``,
-    ``[words + 1]``, the pad's 0)."""
-    order = np.argsort(fingerprints, kind="stable")
-    ranked = np.append(fingerprints[order].astype(np.int64), _PAD).reshape(1, -1)
-    return ranked, np.append(lines[order], 0).astype(dtype)
+def bucket_count(words: int) -> int:
+    """The fewest buckets (a power of two, at least 4) that hold ``words`` at most
+    :data:`_MAX_LOAD` full.
+
+    >>> bucket_count(1_000_000), bucket_count(1_000), bucket_count(1)
+    (1048576, 2048, 4)
+    """
+    count = 4
+    while words > count * _MAX_LOAD:
+        count *= 2
+    return count
 
 
-def _lookup(find, fp_var: str, ids_var: str, ids_dtype: int) -> list:
-    """The nodes that answer ``find`` from the sorted fingerprints (see :func:`index`);
-    the last one takes its name (so its consumers are untouched)."""
+def buckets(fingerprints: np.ndarray, lines: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The bucket arrays (keys, values: int64 ``[buckets, 1]``) of a dense hash table from
+    ``fingerprints`` to ``lines``, filled by TensorFlow's own insert kernel, as
+    ``LookupTableImportV2`` takes them back."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default() as g:
+        table = _table_op("table", bucket_count(len(fingerprints)))
+        insert = tf.raw_ops.LookupTableInsertV2(
+            table_handle=table, keys=tf.constant(fingerprints, tf.int64),
+            values=tf.constant(lines, tf.int64))
+        with tf.control_dependencies([insert]):
+            keys, values = tf.raw_ops.LookupTableExportV2(table_handle=table, Tkeys=tf.int64,
+                                                          Tvalues=tf.int64)
+        with tf.compat.v1.Session(graph=g) as sess:
+            return sess.run([keys, values])
+
+
+def _table_op(name: str, count: int):
+    import tensorflow as tf
+
+    return tf.raw_ops.MutableDenseHashTableV2(
+        empty_key=tf.constant(_EMPTY_KEY, tf.int64),
+        deleted_key=tf.constant(_DELETED_KEY, tf.int64), value_dtype=tf.int64,
+        initial_num_buckets=count, max_load_factor=_MAX_LOAD, name=name)
+
+
+def _table_nodes(name: str, count: int) -> list:
+    """The table's node (and its two marker constants) as ``_table_op`` makes it."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default() as g:
+        _table_op("table", count)
+    nodes = []
+    for node in g.as_graph_def().node:
+        node.name = name if node.name == "table" else f"{name}/{node.name.split('/')[-1]}"
+        node.input[:] = [f"{name}/{i.split('/')[-1]}" for i in node.input]
+        if node.op == "MutableDenseHashTableV2":
+            node.attr["shared_name"].s = name.encode()
+        nodes.append(node)
+    return nodes
+
+
+def _load(table: str, keys_var: str, values_var: str) -> list:
+    """Init-op nodes: the bucket arrays handed to ``table`` (kept as they are, not
+    copied), then the variables emptied, or the server would hold them twice."""
+    from tensorflow.core.framework import tensor_shape_pb2, types_pb2
+    from tensorflow.python.framework import tensor_util
+
+    i64 = attr(type=types_pb2.DT_INT64)
+    base = f"{table}/load"
+    nodes = [make_node(f"{base}/keys", "ReadVariableOp", [keys_var], dtype=i64),
+             make_node(f"{base}/values", "ReadVariableOp", [values_var], dtype=i64),
+             make_node(f"{base}/import", "LookupTableImportV2",
+                       [table, f"{base}/keys", f"{base}/values"], Tin=i64, Tout=i64),
+             make_node(f"{base}/empty/value", "Const", dtype=i64, value=attr(
+                 tensor=tensor_util.make_tensor_proto(np.zeros((0, 1), np.int64)))),
+             # Of unknown shape to the graph, as quantize's frees (see there).
+             make_node(f"{base}/empty", "PlaceholderWithDefault", [f"{base}/empty/value"],
+                       dtype=i64, shape=attr(shape=tensor_shape_pb2.TensorShapeProto(
+                           unknown_rank=True)))]
+    for var, what in ((keys_var, "keys"), (values_var, "values")):
+        nodes.append(make_node(f"{base}/free_{what}", "AssignVariableOp",
+                               [var, f"{base}/empty", f"^{base}/import"], dtype=i64,
+                               validate_shape=attr(b=False)))
+    nodes.append(make_node(f"{base}/done", "NoOp",
+                           [f"^{base}/free_keys", f"^{base}/free_values"]))
+    return nodes
+
+
+def _lookup(find, table: str, flat: bool) -> list:
+    """The nodes that answer ``find`` from ``table``; the last one takes its name (so
+    its consumers are untouched). ``flat``: the keys are known to be a vector, which the
+    dense table requires, so no reshape around the lookup."""
     import tensorflow as tf
     from tensorflow.core.framework import types_pb2
 
     i32, i64 = attr(type=types_pb2.DT_INT32), attr(type=types_pb2.DT_INT64)
     base = f"{find.name}/{_SCOPE}"
     keys, default = find.input[1], find.input[2]
-    # Everything stays a row, [1, keys], as LowerBound takes and gives it: no reshape
-    # but the hashes' and the answer's.
-    nodes = [
-        make_node(f"{base}/row_shape", "Const", dtype=attr(type=types_pb2.DT_INT32),
-                  value=attr(tensor=tf.make_tensor_proto([1, -1], tf.int32))),
-        make_node(f"{base}/axis", "Const", dtype=attr(type=types_pb2.DT_INT32),
-                  value=attr(tensor=tf.make_tensor_proto(1, tf.int32))),
-        make_node(f"{base}/shape", "Shape", [keys], T=attr(type=types_pb2.DT_STRING),
-                  out_type=i32),
-        make_node(f"{base}/hash", "StringToHashBucketFast", [keys],
-                  num_buckets=attr(i=_BUCKETS)),
-        make_node(f"{base}/hash_row", "Reshape", [f"{base}/hash", f"{base}/row_shape"],
-                  T=i64, Tshape=i32),
-        make_node(f"{base}/fingerprints", "ReadVariableOp", [fp_var], dtype=i64),
-        make_node(f"{base}/position", "LowerBound",
-                  [f"{base}/fingerprints", f"{base}/hash_row"], T=i64, out_type=i32),
-        make_node(f"{base}/there", "GatherV2",
-                  [f"{base}/fingerprints", f"{base}/position", f"{base}/axis"],
-                  Tparams=i64, Tindices=i32, Taxis=i32, batch_dims=attr(i=1)),
-        make_node(f"{base}/hit", "Equal", [f"{base}/there", f"{base}/hash_row"], T=i64,
-                  incompatible_shape_error=attr(b=True)),
-        make_node(f"{base}/line", "ResourceGather", [ids_var, f"{base}/position"],
-                  dtype=attr(type=ids_dtype), Tindices=i32, batch_dims=attr(i=0),
-                  validate_indices=attr(b=True)),
-    ]
-    line = f"{base}/line"
-    if ids_dtype != types_pb2.DT_INT64:
-        nodes.append(make_node(f"{base}/line64", "Cast", [line], SrcT=attr(type=ids_dtype),
-                               DstT=i64, Truncate=attr(b=False)))
-        line = f"{base}/line64"
-    nodes.append(make_node(f"{base}/ids", "SelectV2", [f"{base}/hit", line, default], T=i64))
-    answer = make_node(find.name, "Reshape", [f"{base}/ids", f"{base}/shape"], T=i64,
-                       Tshape=i32)
-    answer.input.extend(i for i in find.input if i.startswith("^"))
+    controls = [i for i in find.input if i.startswith("^")]
+    nodes = [make_node(f"{base}/hash", "StringToHashBucketFast", [keys],
+                       num_buckets=attr(i=_BUCKETS))]
+    if flat:
+        answer = make_node(find.name, "LookupTableFindV2", [table, f"{base}/hash", default]
+                           + controls, Tin=i64, Tout=i64)
+    else:
+        nodes += [
+            make_node(f"{base}/shape", "Shape", [keys], T=attr(type=types_pb2.DT_STRING),
+                      out_type=i32),
+            make_node(f"{base}/vector_shape", "Const", dtype=i32,
+                      value=attr(tensor=tf.make_tensor_proto([-1], tf.int32))),
+            make_node(f"{base}/hashes", "Reshape", [f"{base}/hash", f"{base}/vector_shape"],
+                      T=i64, Tshape=i32),
+            make_node(f"{base}/ids", "LookupTableFindV2", [table, f"{base}/hashes", default],
+                      Tin=i64, Tout=i64)]
+        answer = make_node(find.name, "Reshape", [f"{base}/ids", f"{base}/shape"] + controls,
+                           T=i64, Tshape=i32)
     if find.device:
         answer.device = find.device
     return nodes, answer
 
 
+def _vector_tensors(graph_def, names: list[str]) -> set[str]:
+    """Which of ``names`` (tensors) TensorFlow's shape inference knows to be vectors."""
+    import tensorflow as tf
+
+    try:
+        with tf.Graph().as_default() as g:
+            tf.graph_util.import_graph_def(graph_def, name="")
+            return {n for n in names
+                    if g.get_tensor_by_name(n if ":" in n else f"{n}:0").shape.rank == 1}
+    except (ValueError, KeyError, TypeError, tf.errors.OpError):
+        return set()  # the reshapes cost a little, and are always right
+
+
 def compact_vocabularies(graph, min_entries: int, work_dir: str) -> tuple:
-    """Stores every vocabulary file table of at least ``min_entries`` words as sorted
-    fingerprints (see the module); returns ``(graph, [CompactVocabulary])``.
+    """Stores every vocabulary file table of at least ``min_entries`` words as a
+    fingerprint hash table (see the module); returns ``(graph, [CompactVocabulary])``.
     """
     import tensorflow as tf
-    from tensorflow.core.framework import types_pb2
+    from tensorflow.core.framework import tensor_shape_pb2, types_pb2
 
     if graph.variables_dir is not None and not graph.kept_variables:
         return graph, []  # the source's own saver and checkpoint: not ours to extend
@@ -210,23 +288,34 @@ def compact_vocabularies(graph, min_entries: int, work_dir: str) -> tuple:
     new_nodes, removed, done = [], set(), []
     saved: dict[str, np.ndarray] = {}
     kept = list(graph.kept_variables)
-    for table, init, finds, sizes, path in _candidates(graph, graph_def):
+    candidates = _candidates(graph, graph_def)
+    vectors = _vector_tensors(graph_def, [f.input[1] for *_, finds, _s, _p in candidates
+                                          for f in finds]) if candidates else set()
+    loads = []
+    for table, init, finds, sizes, path in candidates:
         fingerprints, lines = _words(table, init, path)
         if len(fingerprints) < max(1, min_entries) or \
                 len(np.unique(fingerprints)) != len(fingerprints):
             continue
-        wide = lines.size and (lines.min() < -(1 << 31) or lines.max() >= (1 << 31))
-        ids_dtype = types_pb2.DT_INT64 if wide else types_pb2.DT_INT32
-        fp_var, ids_var = f"{table.name}/{_SCOPE}_fingerprints", f"{table.name}/{_SCOPE}_ids"
-        saved[fp_var], saved[ids_var] = index(fingerprints, lines,
-                                              np.int64 if wide else np.int32)
-        for name, dtype, what in ((fp_var, types_pb2.DT_INT64, "sorted word fingerprints"),
-                                  (ids_var, ids_dtype, "line numbers of the words")):
-            kept.append(KeptVariable(name, "VarHandleOp", dtype, saved[name].nbytes,
-                                     f"{what} of the vocabulary {table.name}"))
-            new_nodes.append(var_handle(name, dtype, saved[name].shape))
+        dense = f"{table.name}/{_SCOPE}"
+        keys_var, values_var = f"{dense}_keys", f"{dense}_values"
+        saved[keys_var], saved[values_var] = buckets(fingerprints, lines)
+        for name, what in ((keys_var, "bucket keys (word fingerprints)"),
+                           (values_var, "bucket values (line numbers)")):
+            kept.append(KeptVariable(name, "VarHandleOp", types_pb2.DT_INT64,
+                                     saved[name].nbytes, f"{what} of the vocabulary "
+                                     f"{table.name}"))
+            # Of unknown shape to the graph: the import's shape function wants the keys
+            # a vector, its kernel the [buckets, 1] it exports (as a checkpoint restore
+            # feeds it, unknown until run).
+            new_nodes.append(var_handle(name, types_pb2.DT_INT64,
+                                        tensor_shape_pb2.TensorShapeProto(unknown_rank=True)))
+        new_nodes.extend(_table_nodes(dense, len(saved[keys_var])))
+        load = _load(dense, keys_var, values_var)
+        new_nodes.extend(load)
+        loads.append(load[-1].name)
         for find in finds:
-            nodes, answer = _lookup(find, fp_var, ids_var, ids_dtype)
+            nodes, answer = _lookup(find, dense, find.input[1] in vectors)
             new_nodes.extend(nodes)
             find.CopyFrom(answer)
         for size in sizes:  # the table's size: now a constant
@@ -236,8 +325,8 @@ def compact_vocabularies(graph, min_entries: int, work_dir: str) -> tuple:
                                         tensor=tf.make_tensor_proto(len(fingerprints),
                                                                     tf.int64))))
         removed.update({table.name, init.name})
-        done.append(CompactVocabulary(table.name, len(fingerprints), saved[fp_var].nbytes
-                                      + saved[ids_var].nbytes))
+        done.append(CompactVocabulary(table.name, len(fingerprints), saved[keys_var].nbytes
+                                      + saved[values_var].nbytes))
     if not done:
         return graph, []
     if graph.kept_variables:
@@ -251,5 +340,11 @@ def compact_vocabularies(graph, min_entries: int, work_dir: str) -> tuple:
     del saved
     collections = {key: [n for n in names if n not in removed]
                    for key, names in graph.collections.items()}
+    # Right after the restore, TF Serving runs the init op: the tables are filled there.
+    init_op = f"{_SCOPE}/init"
+    graph_def.node.append(make_node(init_op, "NoOp", ([f"^{graph.init_op}"] if graph.init_op
+                                                      else []) + [f"^{x}" for x in loads]))
     return checkpoint.replace_saver(graph, graph_def, kept, os.path.dirname(part),
-                                    removed=frozenset(removed), collections=collections), done
+                                    removed=frozenset(removed), protect=(init_op,),
+                                    collections=collections, init_op=init_op,
+                                    init_op_source=graph.init_op_source or "main_op"), done

@@ -81,8 +81,9 @@ def test_the_table_is_only_gathered_quantized_never_read_whole_as_float(quantize
     assert table.dequantized == "per request, gathered rows only"
     rows, dim = TEXT_CLASSIFIER_VOCAB + samples.TEXT_OOV_BUCKETS, TEXT_CLASSIFIER_DIM
     assert table.bytes_before == rows * dim * 4
-    # int8: a byte per value plus a float scale per row; fp16: two bytes per value.
-    assert table.bytes_after == (rows * dim + rows * 4 if mode == "int8" else rows * dim * 2)
+    # int8: a byte per value (its scale per column is a constant of the graph); fp16: two
+    # bytes per value.
+    assert table.bytes_after == (rows * dim if mode == "int8" else rows * dim * 2)
 
 
 def test_the_checkpoint_holds_the_quantized_table(quantized_text):
@@ -582,3 +583,21 @@ def test_the_rewritten_gather_serves_the_dequantized_rows(mode, ids_shape):
             got = sess.run("gather:0", {"ids:0": ids})
     assert got.dtype == np.float32 and got.shape == ids_shape + (9,)
     np.testing.assert_allclose(got, want_table[ids], rtol=1e-6, atol=0)
+
+
+def test_int8_tables_take_a_scale_per_column_unless_their_rows_differ_in_size():
+    from serving_opt.stages import quantize as quantize_lib
+
+    rng = np.random.default_rng(3)
+    even = rng.normal(0, 0.1, (5000, 16)).astype(np.float32)
+    scales = quantize_lib._column_scales(even)
+    assert scales is not None and scales.shape == (16,)
+    np.testing.assert_allclose(scales, np.abs(even).max(axis=0) / 127, rtol=1e-6)
+    q = quantize_lib._quantize_columns(even, scales)
+    assert q.dtype == np.int8 and np.abs(q).max() == 127
+    # Within half a step of every value.
+    assert (np.abs(q * scales - even) <= scales / 2 + 1e-7).all()
+    # A few rows a hundred times larger: a column's step would be too coarse for the rest.
+    uneven = even.copy()
+    uneven[:50] *= 100
+    assert quantize_lib._column_scales(uneven) is None

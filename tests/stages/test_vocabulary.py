@@ -63,14 +63,14 @@ def _lookup(model_dir: str, words: np.ndarray) -> tuple[np.ndarray, int]:
         sess.close()
 
 
-def test_a_vocabulary_becomes_sorted_fingerprints_with_the_same_ids(vocabulary_model,
+def test_a_vocabulary_becomes_a_fingerprint_table_with_the_same_ids(vocabulary_model,
                                                                      tmp_path):
     report = optimize(vocabulary_model, str(tmp_path / "out"),
                       OptimizeOptions(
                           build=BuildOptions(quantize="int8", quantize_min_elements=1000), **FAST))
     ops = _ops(report.output_dir)
     assert ops["HashTableV2"] == 0 and ops["InitializeTableFromTextFileV2"] == 0
-    assert ops["LowerBound"] == 1
+    assert ops["MutableDenseHashTableV2"] == 1 and ops["LookupTableImportV2"] == 1
     unknown = ["", "w3000", "W1", "w1 ", "oov", "two", "x" * 39]
     keys = np.array(WORDS + unknown, dtype=object).reshape(1, -1)
     want_ids, want_size = _lookup(vocabulary_model, keys)
@@ -94,7 +94,7 @@ def test_a_vocabulary_under_the_minimum_stays_a_hash_table(vocabulary_model, tmp
                                              quantize_min_elements=len(WORDS) + 1),
                           **FAST))
     ops = _ops(report.output_dir)
-    assert ops["HashTableV2"] == 1 and ops["LowerBound"] == 0
+    assert ops["HashTableV2"] == 1 and ops["MutableDenseHashTableV2"] == 0
 
 
 def test_lossless_optimization_keeps_the_hash_table(vocabulary_model, tmp_path):
@@ -135,7 +135,7 @@ def test_real_estimator_exports_vocabularies_are_compacted_and_pass_the_gate(ver
                       OptimizeOptions(
                           build=BuildOptions(quantize="int8", quantize_min_elements=1), **FAST))
     ops = _ops(report.output_dir)
-    assert ops["HashTableV2"] == 0 and ops["LowerBound"] >= 1
+    assert ops["HashTableV2"] == 0 and ops["MutableDenseHashTableV2"] >= 1
     # Every color of the vocabulary file, an unknown one and none; the ages spread.
     colors = ["red", "green", "blue", "mauve", ""]
     examples = np.array([example(color=colors[i % len(colors)], x=float(i - 6) / 2)
@@ -148,54 +148,68 @@ def test_real_estimator_exports_vocabularies_are_compacted_and_pass_the_gate(ver
 
 
 def _run_lookup(words: list[str], keys: np.ndarray, default: int = -1,
-                wide: bool = False) -> np.ndarray:
-    """The stage's lookup nodes alone, in plain TensorFlow: ``words``' sorted fingerprints
-    (line numbers int64 with ``wide``), fed ``keys``."""
-    from tensorflow.core.framework import graph_pb2, types_pb2
+                offset: int = 0, flat: bool = False) -> np.ndarray:
+    """The stage's table, load and lookup nodes alone, in plain TensorFlow: ``words``'
+    fingerprints to their line numbers (+ ``offset``), fed ``keys`` (``flat``: the
+    lookup without reshapes, for vectors)."""
+    from tensorflow.core.framework import graph_pb2, tensor_shape_pb2, types_pb2
 
     from serving_opt.savedmodel.graph import attr, make_node, var_handle
     from serving_opt.stages import vocabulary
 
     fingerprints = tf.strings.to_hash_bucket_fast(words, (1 << 63) - 1).numpy()
-    lines = np.arange(len(words), dtype=np.int64) + ((1 << 40) if wide else 0)
-    fp, ids = vocabulary.index(fingerprints, lines, np.int64 if wide else np.int32)
-    values = {"fp": fp, "ids": ids}
+    lines = np.arange(len(words), dtype=np.int64) + offset
+    keys_array, values_array = vocabulary.buckets(fingerprints, lines)
+    values = {"keys_var": keys_array, "values_var": values_array}
     graph_def = graph_pb2.GraphDef()
     graph_def.node.extend([
         make_node("keys", "Placeholder", dtype=attr(type=types_pb2.DT_STRING)),
         make_node("default", "Const", dtype=attr(type=types_pb2.DT_INT64),
                   value=attr(tensor=tf.make_tensor_proto(default, tf.int64)))])
-    graph_def.node.extend(var_handle(name, tf.as_dtype(v.dtype).as_datatype_enum, v.shape)
-                          for name, v in values.items())
-    find = make_node("find", "LookupTableFindV2", ["table", "keys", "default"])
-    nodes, answer = vocabulary._lookup(
-        find, "fp", "ids", types_pb2.DT_INT64 if wide else types_pb2.DT_INT32)
-    graph_def.node.extend(nodes + [answer])
+    graph_def.node.extend(var_handle(name, types_pb2.DT_INT64,
+                                     tensor_shape_pb2.TensorShapeProto(unknown_rank=True))
+                          for name in values)
+    graph_def.node.extend(vocabulary._table_nodes("table", len(keys_array)))
+    load = vocabulary._load("table", "keys_var", "values_var")
+    find = make_node("find", "LookupTableFindV2", ["old_table", "keys", "default"])
+    nodes, answer = vocabulary._lookup(find, "table", flat)
+    graph_def.node.extend(load + nodes + [answer])
     with tf.Graph().as_default() as g:
         tf.graph_util.import_graph_def(graph_def, name="")
         with tf.compat.v1.Session(graph=g) as sess:
             for name, v in values.items():
                 sess.run(tf.raw_ops.AssignVariableOp(
                     resource=g.get_tensor_by_name(f"{name}:0"), value=v))
+            sess.run(load[-1].name)
+            # The variables were emptied: the table holds the only copy.
+            assert sess.run(tf.raw_ops.ReadVariableOp(
+                resource=g.get_tensor_by_name("keys_var:0"), dtype=tf.int64)).size == 0
             return sess.run("find:0", {"keys:0": keys})
 
 
-@pytest.mark.parametrize("count", [1, 2, 300])
+@pytest.mark.parametrize("count", [1, 2, 300, 3000])
 def test_the_lookup_finds_every_word_and_only_them(count):
     words = [f"word{i}" for i in range(count)]
     unknown = [f"other{i}" for i in range(200)] + [""]
     keys = np.array(words + unknown, dtype=object)
     want = np.array([words.index(k) if k in words else -7 for k in keys.tolist()])
     np.testing.assert_array_equal(_run_lookup(words, keys, default=-7), want)
-    # Control: unknown keys hash both below and above the words' fingerprints, so a
-    # search ends before the first word and on the pad after the last.
-    hashes = tf.strings.to_hash_bucket_fast(keys, (1 << 63) - 1).numpy()
-    assert hashes[count:].min() < hashes[:count].min()
-    assert hashes[count:].max() > hashes[:count].max()
+    np.testing.assert_array_equal(_run_lookup(words, keys, default=-7, flat=True), want)
     # Any shape of keys, an empty one included; line numbers past int32.
     square = keys[-6:].reshape(2, 3)
     np.testing.assert_array_equal(_run_lookup(words, square, default=-7),
                                   want[-6:].reshape(2, 3))
     assert _run_lookup(words, np.zeros((0, 4), dtype=object)).shape == (0, 4)
-    wide = _run_lookup(words, keys, wide=True)
+    wide = _run_lookup(words, keys, offset=1 << 40)
     np.testing.assert_array_equal(wide, np.where(want >= 0, want + (1 << 40), -1))
+
+
+def test_the_table_is_at_most_96_percent_full():
+    from serving_opt.stages import vocabulary
+
+    fingerprints = np.arange(1, 1001, dtype=np.int64) * 7919
+    keys, values = vocabulary.buckets(fingerprints, np.arange(1000, dtype=np.int64))
+    assert keys.shape == values.shape == (2048, 1)  # 1000 > 0.96 * 1024
+    stored = keys[keys[:, 0] >= 0, 0]
+    assert sorted(stored.tolist()) == fingerprints.tolist()
+    assert dict(zip(keys[:, 0].tolist(), values[:, 0].tolist()))[7919 * 5] == 4
