@@ -185,12 +185,14 @@ def _table_op(name: str, count: int):
         initial_num_buckets=count, max_load_factor=_MAX_LOAD, name=name)
 
 
-def _table_nodes(name: str, count: int) -> list:
-    """The table's node (and its two marker constants) as ``_table_op`` makes it."""
+def _table_nodes(name: str) -> list:
+    """The table's node (and its two marker constants) as ``_table_op`` makes it, with
+    the fewest buckets: the import replaces them, and the allocator would keep a
+    vocabulary-sized first set for the server's life (16 MiB for 1M words, measured)."""
     import tensorflow as tf
 
     with tf.Graph().as_default() as g:
-        _table_op("table", count)
+        _table_op("table", bucket_count(0))
     nodes = []
     for node in g.as_graph_def().node:
         node.name = name if node.name == "table" else f"{name}/{node.name.split('/')[-1]}"
@@ -310,7 +312,7 @@ def compact_vocabularies(graph, min_entries: int, work_dir: str) -> tuple:
             # feeds it, unknown until run).
             new_nodes.append(var_handle(name, types_pb2.DT_INT64,
                                         tensor_shape_pb2.TensorShapeProto(unknown_rank=True)))
-        new_nodes.extend(_table_nodes(dense, len(saved[keys_var])))
+        new_nodes.extend(_table_nodes(dense))
         load = _load(dense, keys_var, values_var)
         new_nodes.extend(load)
         loads.append(load[-1].name)

@@ -169,7 +169,7 @@ def _run_lookup(words: list[str], keys: np.ndarray, default: int = -1,
     graph_def.node.extend(var_handle(name, types_pb2.DT_INT64,
                                      tensor_shape_pb2.TensorShapeProto(unknown_rank=True))
                           for name in values)
-    graph_def.node.extend(vocabulary._table_nodes("table", len(keys_array)))
+    graph_def.node.extend(vocabulary._table_nodes("table"))
     load = vocabulary._load("table", "keys_var", "values_var")
     find = make_node("find", "LookupTableFindV2", ["old_table", "keys", "default"])
     nodes, answer = vocabulary._lookup(find, "table", flat)
