@@ -249,7 +249,23 @@ def _gather_rows(gather, nodes: dict, qname: str, sname: str | None, stored_dtyp
         scales = f"{base}/{_SCOPE}/column_scales"
         new_nodes.append(make_node(scales, "Const", dtype=float_type, value=attr(
             tensor=tensor_util.make_tensor_proto(column_scales))))
-        nodes[base].CopyFrom(make_node(base, "Mul", [cast, scales] + controls, T=float_type))
+        reductions = _segment_reductions_of(nodes, base)
+        if not reductions:
+            nodes[base].CopyFrom(make_node(base, "Mul", [cast, scales] + controls,
+                                           T=float_type))
+            return
+        # A scale per column commutes with a sum or mean of rows: applied to the few
+        # rows they give rather than to every row gathered (a batch of 32 texts: 30 us
+        # of a 0.7 ms request less, docs/int8.md).
+        nodes[base].CopyFrom(make_node(base, "Identity", [cast] + controls, T=float_type))
+        for reduction in reductions:
+            unscaled = nodes[reduction].__class__()
+            unscaled.CopyFrom(nodes[reduction])
+            unscaled.name = f"{reduction}/{_SCOPE}/unscaled"
+            new_nodes.append(unscaled)
+            scaled = make_node(reduction, "Mul", [unscaled.name, scales], T=float_type)
+            scaled.device = unscaled.device
+            nodes[reduction].CopyFrom(scaled)
         return
     if sname is None:
         nodes[base].CopyFrom(make_node(base, "Identity", [cast] + controls, T=float_type))
@@ -269,6 +285,22 @@ def _gather_rows(gather, nodes: dict, qname: str, sname: str | None, stored_dtyp
     new_nodes.append(make_node(expand, "ExpandDims", [scales, last], T=float_type,
                                Tdim=attr(type=types_pb2.DT_INT32)))
     nodes[base].CopyFrom(make_node(base, "Mul", [cast, expand] + controls, T=float_type))
+
+
+# Sums and means of rows: linear in each column of their data (input 0).
+_SEGMENT_REDUCTIONS = frozenset(
+    f"SparseSegment{kind}{suffix}" for kind in ("Sum", "Mean", "SqrtN")
+    for suffix in ("", "WithNumSegments"))
+
+
+def _segment_reductions_of(nodes: dict, gather: str) -> list[str]:
+    """The consumers of ``gather``'s rows if every one is a segment reduction of them
+    (and nothing else reads them), else []."""
+    readers = data_consumers(nodes.values()).get(gather, [])
+    if any(n.op not in _SEGMENT_REDUCTIONS or i != 0 or n.input[0] not in (gather, f"{gather}:0")
+           for n, i in readers):
+        return []
+    return [n.name for n, _ in readers]
 
 
 def _unpack_int4(rows: str, width: int, prefix: str, new_nodes: list) -> str:
