@@ -93,9 +93,9 @@ class BuildOptions:
         "them instead of parsing and re-optimizing them at load; -1 keeps them constants.",
         none=-1, negative_is_none=True)
     quantize: str = _opt(
-        "none", "Store large float weights as int8 (scale per row for embedding tables, per "
-        "output channel otherwise) or fp16. Tables are gathered quantized and only the "
-        "gathered rows dequantized; other weights are dequantized once, at load. int4: "
+        "none", "Store large float weights as int8 (scale per column for embedding tables, "
+        "per row where their rows differ too much in size, per output channel otherwise) "
+        "or fp16. Tables are gathered quantized and only the gathered rows dequantized; other weights are dequantized once, at load. int4: "
         "embedding tables only (two values a byte, a scale per row; about half int8's "
         "table memory, coarser), dense weights stay float32. bf16: compute (convolutions, "
         "matmuls) in bfloat16, float32 at the inputs and outputs; refused on a CPU without "
