@@ -95,7 +95,8 @@ class BuildOptions:
     quantize: str = _opt(
         "none", "Store large float weights as int8 (scale per column for embedding tables, "
         "per row where their rows differ too much in size, per output channel otherwise) "
-        "or fp16. Tables are gathered quantized and only the gathered rows dequantized; other weights are dequantized once, at load. int4: "
+        "or fp16. Tables are gathered quantized and only the gathered rows dequantized; "
+        "other weights are dequantized once, at load. int4: "
         "embedding tables only (two values a byte, a scale per row; about half int8's "
         "table memory, coarser), dense weights stay float32. bf16: compute (convolutions, "
         "matmuls) in bfloat16, float32 at the inputs and outputs; refused on a CPU without "
