@@ -318,7 +318,7 @@ def fixed_costs(native: dict, fork: dict, dirs: dict[str, str]) -> tuple[list[st
     the init op, so the original's held memory after the init op less after the restore
     (fork-based stages: the native load is one call). A quantized variant's floor: the
     runtime, its checkpoint's bytes (int8: one byte per embedding weight; int4: half a
-    byte; and the scales; the vocabulary's sorted fingerprints when ``--quantize``
+    byte; and the scales; the vocabulary's fingerprint table when ``--quantize``
     stored it so), which the restore must hold, and the hash table if it still builds
     one; anything above it is the runtime's working memory for this model. ``dirs``:
     variant -> its version directory.
@@ -363,7 +363,7 @@ def fixed_costs(native: dict, fork: dict, dirs: dict[str, str]) -> tuple[list[st
         lines.append(
             f"* {mode}'s floor: runtime + {'table + ' if hashes else ''}its checkpoint "
             f"({weights / MIB:.0f} MiB: {what}"
-            f"{'' if hashes else '; the vocabulary as sorted fingerprints'}) = "
+            f"{'' if hashes else '; the vocabulary as a fingerprint hash table'}) = "
             f"{floor / MIB:.0f} MiB = {figures[f'{mode}_floor_x_peak']:.2f}x the "
             f"original's native peak ({orig['peak_rss_bytes'] / MIB:.0f} MiB), "
             f"{figures[f'{mode}_floor_x_steady']:.2f}x its steady; {mode} measures "

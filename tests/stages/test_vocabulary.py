@@ -1,4 +1,4 @@
-"""--quantize stores a vocabulary file table as sorted fingerprints (stages.vocabulary):
+"""--quantize stores a vocabulary file table as a fingerprint hash table (stages.vocabulary):
 the same ids for every word of the file and for unknown keys, no hash table built at
 load, and small vocabularies left as they are."""
 
