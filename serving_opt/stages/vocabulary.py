@@ -1,4 +1,4 @@
-"""Vocabulary lookups in a fifth of their memory and a request's time, for the lossy
+"""Vocabulary lookups in a quarter of their memory, at about their speed, for the lossy
 modes (``--quantize``).
 
 A vocabulary file table (``categorical_column_with_vocabulary_file``,
@@ -46,9 +46,10 @@ _BUCKETS = (1 << 63) - 1  # StringToHashBucketFast's largest: Fingerprint64 mod 
 # Never a fingerprint (they are in [0, _BUCKETS)): the dense table's free and deleted
 # bucket markers.
 _EMPTY_KEY, _DELETED_KEY = -1, -2
-# How full the buckets may be: a power of two of them, as the table requires. Quadratic
-# probing stays short up to here (about three probes a word at 95%), and a fuller table
-# would not hold fewer buckets.
+# How full the buckets (a power of two of them, as the table requires) may be. At 95%,
+# TF's quadratic probing takes about three probes for a word and twenty for an unknown
+# key; half full would be faster for unknown keys and take twice the memory (measured:
+# docs/int8.md).
 _MAX_LOAD = 0.96
 
 
@@ -230,7 +231,7 @@ def _load(table: str, keys_var: str, values_var: str) -> list:
     return nodes
 
 
-def _lookup(find, table: str, flat: bool) -> list:
+def _lookup(find, table: str, flat: bool) -> tuple[list, object]:
     """The nodes that answer ``find`` from ``table``; the last one takes its name (so
     its consumers are untouched). ``flat``: the keys are known to be a vector, which the
     dense table requires, so no reshape around the lookup."""
