@@ -162,14 +162,17 @@ def bucket_count(words: int) -> int:
 def buckets(fingerprints: np.ndarray, lines: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The bucket arrays (keys, values: int64 ``[buckets, 1]``) of a dense hash table from
     ``fingerprints`` to ``lines``, filled by TensorFlow's own insert kernel, as
-    ``LookupTableImportV2`` takes them back."""
+    ``LookupTableImportV2`` takes them back. Inserted in fingerprint order: where a word
+    lands depends on the words inserted before it, and the string table's export order
+    on its hash seed, so the same vocabulary always gives the same bytes."""
     import tensorflow as tf
 
+    order = np.argsort(fingerprints, kind="stable")
     with tf.Graph().as_default() as g:
         table = _table_op("table", bucket_count(len(fingerprints)))
         insert = tf.raw_ops.LookupTableInsertV2(
-            table_handle=table, keys=tf.constant(fingerprints, tf.int64),
-            values=tf.constant(lines, tf.int64))
+            table_handle=table, keys=tf.constant(fingerprints[order], tf.int64),
+            values=tf.constant(np.asarray(lines)[order], tf.int64))
         with tf.control_dependencies([insert]):
             keys, values = tf.raw_ops.LookupTableExportV2(table_handle=table, Tkeys=tf.int64,
                                                           Tvalues=tf.int64)
