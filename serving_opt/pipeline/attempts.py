@@ -33,7 +33,7 @@ and warnings are the taken attempt's; the report lists every attempt (:class:`At
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from serving_opt.errors import DiskFullError, ParityError, ServingOptError, UsageError, first_line
 from serving_opt.savedmodel import writer
@@ -58,6 +58,9 @@ class Candidate:
     frozen: bool
     quantize: str = "none"
     tables_only: bool = False  # quantize only the embedding tables (gathered per row)
+    # int8 tables with a scale per row always, not per column where the rows allow it:
+    # finer, and a little slower (stages.quantize)
+    row_scales: bool = False
 
     def describe(self) -> str:
         what = "frozen" if self.frozen else "variables kept"
@@ -66,7 +69,8 @@ class Candidate:
         if self.quantize == "bf16":
             return f"{what}, bf16 compute"
         return f"{what}, {self.quantize}: " + ("tables only" if self.tables_only
-                                               else "all large weights")
+                                               else "all large weights") \
+            + (", a scale per table row" if self.row_scales else "")
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ class Verdict:
     reason: str = ""  # what went wrong, one line ("" when ok)
     worse: tuple[str, ...] = ()  # regression: the measures worse than the original's
     dense_quantized: bool = False  # lossy gate: dense weights were among the quantized
+    column_scales: bool = False  # lossy gate: a table had a scale per column
     # The attempt's exception, raised again when this verdict ends the run.
     error: Exception | None = field(default=None, compare=False, repr=False)
 
@@ -120,8 +125,9 @@ def judge_failure(error: Exception, candidate: Candidate, lossy_transforms: bool
             # The lossy work's verdict, not freezing's: keeping the variables would not
             # change it (and would make a lossy transform a no-op that passes).
             dense = any(q.dequantized == _DEQUANTIZED_AT_LOAD for q in quantized)
+            columns = any(q.column_scales for q in quantized)
             return Verdict(LOSSY_GATE_FAILED, first_line(error), dense_quantized=dense,
-                           error=error)
+                           column_scales=columns, error=error)
         return Verdict(PARITY_FAILED, reason, error=error)
     return Verdict(UNUSABLE, reason, error=error)
 
@@ -129,12 +135,17 @@ def judge_failure(error: Exception, candidate: Candidate, lossy_transforms: bool
 def next_candidate(listed: Sequence[Candidate], current: Candidate,
                    verdict: Verdict) -> Candidate | None:
     """The candidate to try after ``verdict`` on ``current``; None: the run ends."""
-    later = listed[listed.index(current) + 1:]
-    if verdict.outcome == LOSSY_GATE_FAILED and verdict.dense_quantized and current.frozen \
-            and not current.tables_only:
+    later = [replace(c, row_scales=current.row_scales)
+             for c in listed[listed.index(replace(current, row_scales=False)) + 1:]]
+    dense_first = verdict.dense_quantized and current.frozen and not current.tables_only
+    if verdict.outcome == LOSSY_GATE_FAILED and dense_first:
         # Quantized dense weights only shrink files; tables shrink the server too. Keep
         # what the gate accepts: the tables alone.
         return next((c for c in later if c.frozen and c.tables_only), None)
+    if verdict.outcome == LOSSY_GATE_FAILED and verdict.column_scales \
+            and not current.row_scales:
+        # The tables' scale per column was too coarse for the gate: one per row.
+        return replace(current, row_scales=True)
     if verdict.outcome in (PARITY_FAILED, UNUSABLE, REGRESSION) and current.frozen:
         return next((c for c in later if not c.frozen and c.tables_only == current.tables_only),
                     None)
@@ -166,7 +177,7 @@ def try_candidates(run, build: Build, measure: Measure) -> str:
         _record(run, candidate, verdict, f"retried: {following.describe()}")
         writer.discard(staging)
         run.restore(before)
-        note = _retry_note(run, verdict, following)
+        note = _retry_note(run, verdict, candidate, following)
         candidate = following
 
 
@@ -186,11 +197,12 @@ def _attempt(run, candidate: Candidate, note: str, build: Build,
     return Verdict(OK), staging
 
 
-def _retry_note(run, verdict: Verdict, following: Candidate) -> str:
+def _retry_note(run, verdict: Verdict, current: Candidate, following: Candidate) -> str:
     """Says why on the progress line; returns the next attempt's freeze note."""
     if verdict.outcome == LOSSY_GATE_FAILED:
-        run.progress("-", f"lossy gate refused ({verdict.reason}); retrying with only the "
-                           "embedding tables quantized")
+        what = "a scale per table row" if following.row_scales and not current.row_scales \
+            else "only the embedding tables quantized"
+        run.progress("-", f"lossy gate refused ({verdict.reason}); retrying with {what}")
         return ""
     if verdict.outcome == REGRESSION:
         run.progress("-", f"frozen candidate is worse ({verdict.reason}); retrying with "

@@ -149,7 +149,7 @@ def quantize(run: Run, graph: ServingGraph, candidate: Candidate) -> ServingGrap
     with run.stage("quantize", f"quantizing weights ({mode})", step="-") as stage:
         graph, done = quantize_lib.quantize(graph, mode, run.plan.build.quantize_min_elements,
                                             run.scratch_dir(), tables_only=candidate.tables_only,
-                                            skipped=skipped)
+                                            skipped=skipped, row_scales=candidate.row_scales)
         # Already lossy, and judged by the gate: vocabulary tables as fingerprint hash tables.
         graph, compacted = vocabulary_lib.compact_vocabularies(
             graph, run.plan.build.quantize_min_elements, run.scratch_dir())

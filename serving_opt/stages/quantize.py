@@ -60,6 +60,7 @@ class QuantizedTensor:
     dequantized: str  # "at load (init op)" | "per request, gathered rows only"
     bytes_before: int
     bytes_after: int
+    column_scales: bool = False  # an int8 table with a scale per column (not per row)
 
 
 def _gather_consumers(graph_def, var: str):
@@ -403,7 +404,8 @@ def _dequantize_at_load(name: str, qname: str, sname: str | None, stored_dtype: 
 
 
 def quantize(graph, mode: str, min_elements: int, work_dir: str,
-             tables_only: bool = False, skipped: list | None = None) -> tuple:
+             tables_only: bool = False, skipped: list | None = None,
+             row_scales: bool = False) -> tuple:
     """Stores the graph's large float weights quantized; returns ``(graph, quantized)``.
 
     ``tables_only`` leaves the weights dequantized at load as they are (float): they
@@ -411,7 +413,8 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
     when the lossy gate refuses everything quantized it is usually the dense weights.
     int4 is always tables only (2-D tables: the packed rows unpack along their last
     axis). ``skipped`` (if given) receives ``(name, bytes)`` of every large float
-    weight left float that way, for the warning.
+    weight left float that way, for the warning. ``row_scales``: int8 tables take a
+    scale per row even where one per column would do (finer, a little slower).
     """
     import tensorflow as tf
     from tensorflow.core.framework import types_pb2
@@ -443,7 +446,7 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
         gathers = _gather_consumers(graph_def, var.name) \
             if value.ndim == 2 or (value.ndim > 2 and mode != "int4") else None
         if gathers is not None:
-            columns = _column_scales(value) if mode == "int8" else None
+            columns = _column_scales(value) if mode == "int8" and not row_scales else None
             if columns is None:
                 qname, sname, stored_dtype = _store(var.name, value, mode, "rows", saved,
                                                     kept, new_nodes)
@@ -466,7 +469,8 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
                             and n.input and n.input[0].split(":")[0] == var.name)
             done.append(QuantizedTensor(var.name, mode, "per request, gathered rows only",
                                         value.nbytes, sum(saved[k].nbytes for k in saved
-                                                          if k.startswith(var.name + "/"))))
+                                                          if k.startswith(var.name + "/")),
+                                        column_scales=columns is not None))
             continue
         if tables_only:
             kept.append(var)

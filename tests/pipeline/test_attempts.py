@@ -74,6 +74,25 @@ def test_what_follows_each_verdict():
     assert next_candidate(listed, everything, Verdict(OK)) is None
 
 
+def test_tables_too_coarse_with_a_scale_per_column_are_retried_with_one_per_row():
+    from dataclasses import replace
+
+    listed = candidates("auto", "int8")
+    everything, tables, kept, kept_tables = listed
+    rows = {c: replace(c, row_scales=True) for c in listed}
+    coarse = Verdict(LOSSY_GATE_FAILED, "p", column_scales=True)
+    coarse_dense = Verdict(LOSSY_GATE_FAILED, "p", dense_quantized=True, column_scales=True)
+    # Dense weights quantized: dropped first (they shrink only the files), then the rows.
+    assert next_candidate(listed, everything, coarse_dense) == tables
+    assert next_candidate(listed, tables, coarse_dense) == rows[tables]
+    assert next_candidate(listed, everything, coarse) == rows[everything]
+    assert next_candidate(listed, rows[tables], coarse_dense) is None  # finest: refused
+    assert next_candidate(listed, rows[everything], coarse_dense) == rows[tables]
+    # A later candidate keeps the row scales its predecessor needed.
+    assert next_candidate(listed, rows[tables], Verdict(UNUSABLE, "x")) == rows[kept_tables]
+    assert rows[tables].describe() == "frozen, int8: tables only, a scale per table row"
+
+
 def test_failures_are_judged_by_their_type():
     frozen, int8 = Candidate(True), Candidate(True, "int8")
     dense = QuantizedTensor("w", "int8", "at load (init op)", 4096, 1024)
@@ -120,7 +139,7 @@ def test_a_frozen_candidate_that_cannot_be_built_falls_back_and_the_report_says_
     assert ["2", "variables", "kept", "ok", "taken"] in rows
     data = json.loads(json.dumps(to_jsonable(report)))
     assert data["attempts"][0]["candidate"] == {"frozen": True, "quantize": "none",
-                                                "tables_only": False}
+                                                "tables_only": False, "row_scales": False}
     assert data["attempts"][1]["outcome"] == "ok"
 
 

@@ -185,7 +185,10 @@ def test_a_lossy_gate_too_tight_tries_the_tables_alone_then_refuses(text_classif
     assert [(a.candidate.describe(), a.outcome, a.then) for a in report.attempts] == [
         ("frozen, int8: all large weights", LOSSY_GATE_FAILED,
          "retried: frozen, int8: tables only"),
-        ("frozen, int8: tables only", LOSSY_GATE_FAILED, "refused: nothing was published")]
+        ("frozen, int8: tables only", LOSSY_GATE_FAILED,
+         "retried: frozen, int8: tables only, a scale per table row"),
+        ("frozen, int8: tables only, a scale per table row", LOSSY_GATE_FAILED,
+         "refused: nothing was published")]
     assert all(q.dequantized.startswith("per request") for q in report.quantized)
     assert not report.published
     assert not os.path.exists(out) or os.listdir(out) == []
@@ -307,6 +310,40 @@ def test_when_the_gate_refuses_dense_weights_only_the_tables_are_quantized(
     assert report.published
     assert [q.name for q in report.quantized] == [EMBEDDING]
     assert any("only the embedding tables" in w for w in report.warnings)
+
+
+@pytest.mark.in_process
+def test_when_the_gate_refuses_a_scale_per_column_the_table_gets_one_per_row(
+        text_classifier_base, tables_only_by_size, tmp_path, monkeypatch):
+    from serving_opt.stages import quantize as quantize_lib
+
+    src = os.path.join(text_classifier_base, "1")
+
+    def max_probability_error(report) -> float:
+        return next(o.max_abs_diff for o in report.parity.outputs
+                    if o.output == "probabilities")
+
+    build = BuildOptions(quantize="int8", quantize_min_elements=100_000, **FAST_BUILD)
+    columns = max_probability_error(tables_only_by_size)
+    assert tables_only_by_size.quantized[0].column_scales
+    with monkeypatch.context() as patch:
+        patch.setattr(quantize_lib, "_COLUMN_ERROR", 0.0)  # a scale per row, always
+        by_rows = optimize(src, str(tmp_path / "rows"),
+                           OptimizeOptions(build=build, **LOOSE_GATE, **FAST))
+    assert not by_rows.quantized[0].column_scales
+    rows = max_probability_error(by_rows)
+    assert rows < columns  # control: a step per row is finer here
+    # A gate between the two: the scale per column fails it, a retry with one per row
+    # passes.
+    report = optimize(src, str(tmp_path / "gated"), OptimizeOptions(
+        build=build, gate=GateOptions(max_probability_error=(rows + columns) / 2,
+                                      min_top1_agreement=0.0), **FAST))
+    assert report.published
+    assert [(a.candidate.describe(), a.outcome, a.then) for a in report.attempts] == [
+        ("frozen, int8: all large weights", LOSSY_GATE_FAILED,
+         "retried: frozen, int8: all large weights, a scale per table row"),
+        ("frozen, int8: all large weights, a scale per table row", "ok", "taken")]
+    assert [(q.name, q.column_scales) for q in report.quantized] == [(EMBEDDING, False)]
 
 
 # ------------------------------------------------------------------------------ int4
