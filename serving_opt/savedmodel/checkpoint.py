@@ -191,6 +191,28 @@ def merge_checkpoints(prefixes: list[str], destination_prefix: str) -> str:
     return destination_prefix
 
 
+def emptied(var: str, dtype: int, after: str, prefix: str) -> list:
+    """Init-op nodes that assign ``var`` an empty value once ``after`` has run; the last
+    one is the assign. For a variable the init op reads once and nothing reads again
+    (a quantized copy, a table's source): emptied, the serving process does not hold it
+    for its whole life. An empty value of another shape is allowed (validate_shape
+    false)."""
+    from tensorflow.core.framework import tensor_shape_pb2
+    from tensorflow.python.framework import tensor_util
+
+    empty = f"{prefix}_empty"
+    return [
+        make_node(f"{empty}/value", "Const", dtype=attr(type=dtype),
+                  value=attr(tensor=tensor_util.make_tensor_proto([], dtype=dtype))),
+        # Of unknown shape to the graph: the assign's shape function merges the value's
+        # static shape with the variable's (whatever validate_shape says), the kernel
+        # does not.
+        make_node(empty, "PlaceholderWithDefault", [f"{empty}/value"], dtype=attr(type=dtype),
+                  shape=attr(shape=tensor_shape_pb2.TensorShapeProto(unknown_rank=True))),
+        make_node(f"{prefix}_free", "AssignVariableOp", [var, empty, f"^{after}"],
+                  dtype=attr(type=dtype), validate_shape=attr(b=False))]
+
+
 def replace_saver(graph, graph_def, kept: list[KeptVariable], variables_dir: str,
                   removed: frozenset = frozenset(), protect: tuple = (), **changes):
     """``graph`` with ``graph_def``, its saver rebuilt for ``kept`` over ``variables_dir``.

@@ -39,8 +39,6 @@ MODES = ("none", "int8", "int4", "fp16", "bf16")  # bf16: stages.bf16, not the w
 DEFAULT_MIN_ELEMENTS = 16384
 _SCOPE = "serving_opt_quantized"
 _CHUNK_ROWS = 65536  # rows quantized at a time: bounded memory for a 1 GB table
-# DataType enum values (types_pb2) of what is stored quantized, to numpy's.
-_NUMPY_TYPES = {1: np.float32, 4: np.uint8, 6: np.int8, 19: np.float16}
 # int4: a value q in [-7, 7] is stored as the nibble q + 8 (1..15; 8 is zero, the padding
 # of an odd-width row), symmetric around zero so a row needs one scale and no offset.
 _INT4_LEVELS = 7
@@ -356,8 +354,7 @@ def _dequantize_at_load(name: str, qname: str, sname: str | None, stored_dtype: 
     what is freed in its pool, so the float temporaries of weights dequantized together
     stay held for the server's life (a 256 MiB MLP held 1.10x the original's memory
     dequantized together, 1.06x one at a time)."""
-    from tensorflow.core.framework import tensor_shape_pb2, types_pb2
-    from tensorflow.python.framework import tensor_util
+    from tensorflow.core.framework import types_pb2
 
     prefix = f"{name}/{_SCOPE}/dequantize"
     float_type = attr(type=types_pb2.DT_FLOAT)
@@ -377,27 +374,14 @@ def _dequantize_at_load(name: str, qname: str, sname: str | None, stored_dtype: 
                                dtype=float_type))
     # The quantized copy (and its scales) are read once, here: emptied right after the
     # float variable holds the weight, or the serving process would keep both for its
-    # whole life (1.25x the float weight instead of 1x). An empty value of another shape
-    # is allowed (validate_shape false), and nothing reads these variables again.
+    # whole life (1.25x the float weight instead of 1x).
     frees = []
     for source, dtype in ((qname, stored_dtype), (sname, types_pb2.DT_FLOAT)):
         if source is None:
             continue
-        empty, free = f"{source}/{_SCOPE}_empty", f"{source}/{_SCOPE}_free"
-        new_nodes.append(make_node(f"{empty}/value", "Const", dtype=attr(type=dtype),
-                                   value=attr(tensor=tensor_util.make_tensor_proto(
-                                       np.zeros((0,), _NUMPY_TYPES[dtype]), dtype=dtype))))
-        # Of unknown shape to the graph: the assign's shape function merges the value's
-        # static shape with the variable's (whatever validate_shape says), the kernel
-        # does not.
-        new_nodes.append(make_node(empty, "PlaceholderWithDefault", [f"{empty}/value"],
-                                   dtype=attr(type=dtype),
-                                   shape=attr(shape=tensor_shape_pb2.TensorShapeProto(
-                                       unknown_rank=True))))
-        new_nodes.append(make_node(free, "AssignVariableOp", [source, empty,
-                                                              f"^{prefix}/assign"],
-                                   dtype=attr(type=dtype), validate_shape=attr(b=False)))
-        frees.append(free)
+        new_nodes.extend(checkpoint.emptied(source, dtype, f"{prefix}/assign",
+                                            f"{source}/{_SCOPE}"))
+        frees.append(new_nodes[-1].name)
     new_nodes.append(make_node(f"{prefix}/done", "NoOp", [f"^{f}" for f in frees]
                                + [f"^{prefix}/assign"]))
     return f"{prefix}/done"

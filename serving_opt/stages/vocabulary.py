@@ -210,27 +210,19 @@ def _table_nodes(name: str) -> list:
 def _load(table: str, keys_var: str, values_var: str) -> list:
     """Init-op nodes: the bucket arrays handed to ``table`` (kept as they are, not
     copied), then the variables emptied, or the server would hold them twice."""
-    from tensorflow.core.framework import tensor_shape_pb2, types_pb2
-    from tensorflow.python.framework import tensor_util
+    from tensorflow.core.framework import types_pb2
 
     i64 = attr(type=types_pb2.DT_INT64)
     base = f"{table}/load"
     nodes = [make_node(f"{base}/keys", "ReadVariableOp", [keys_var], dtype=i64),
              make_node(f"{base}/values", "ReadVariableOp", [values_var], dtype=i64),
              make_node(f"{base}/import", "LookupTableImportV2",
-                       [table, f"{base}/keys", f"{base}/values"], Tin=i64, Tout=i64),
-             make_node(f"{base}/empty/value", "Const", dtype=i64, value=attr(
-                 tensor=tensor_util.make_tensor_proto(np.zeros((0, 1), np.int64)))),
-             # Of unknown shape to the graph, as quantize's frees (see there).
-             make_node(f"{base}/empty", "PlaceholderWithDefault", [f"{base}/empty/value"],
-                       dtype=i64, shape=attr(shape=tensor_shape_pb2.TensorShapeProto(
-                           unknown_rank=True)))]
-    for var, what in ((keys_var, "keys"), (values_var, "values")):
-        nodes.append(make_node(f"{base}/free_{what}", "AssignVariableOp",
-                               [var, f"{base}/empty", f"^{base}/import"], dtype=i64,
-                               validate_shape=attr(b=False)))
-    nodes.append(make_node(f"{base}/done", "NoOp",
-                           [f"^{base}/free_keys", f"^{base}/free_values"]))
+                       [table, f"{base}/keys", f"{base}/values"], Tin=i64, Tout=i64)]
+    frees = []
+    for var in (keys_var, values_var):
+        nodes += checkpoint.emptied(var, types_pb2.DT_INT64, f"{base}/import", var)
+        frees.append(nodes[-1].name)
+    nodes.append(make_node(f"{base}/done", "NoOp", [f"^{f}" for f in frees]))
     return nodes
 
 
