@@ -190,21 +190,20 @@ def _table_op(name: str, count: int):
 
 
 def _table_nodes(name: str) -> list:
-    """The table's node (and its two marker constants) as ``_table_op`` makes it, with
-    the fewest buckets: the import replaces them, and the allocator would keep a
-    vocabulary-sized first set for the server's life (16 MiB for 1M words, measured)."""
+    """The table's node (and its two marker constants), as :func:`_table_op` makes it
+    but with the fewest buckets: the import replaces them, and the allocator would keep
+    a vocabulary-sized first set for the server's life (16 MiB for 1M words, measured)."""
     import tensorflow as tf
+    from tensorflow.core.framework import types_pb2
 
-    with tf.Graph().as_default() as g:
-        _table_op("table", bucket_count(0))
-    nodes = []
-    for node in g.as_graph_def().node:
-        node.name = name if node.name == "table" else f"{name}/{node.name.split('/')[-1]}"
-        node.input[:] = [f"{name}/{i.split('/')[-1]}" for i in node.input]
-        if node.op == "MutableDenseHashTableV2":
-            node.attr["shared_name"].s = name.encode()
-        nodes.append(node)
-    return nodes
+    i64 = attr(type=types_pb2.DT_INT64)
+    markers = [make_node(f"{name}/{what}_key", "Const", dtype=i64,
+                         value=attr(tensor=tf.make_tensor_proto(key, tf.int64)))
+               for what, key in (("empty", _EMPTY_KEY), ("deleted", _DELETED_KEY))]
+    return markers + [make_node(
+        name, "MutableDenseHashTableV2", [m.name for m in markers], key_dtype=i64,
+        value_dtype=i64, shared_name=attr(s=name.encode()),
+        initial_num_buckets=attr(i=bucket_count(0)), max_load_factor=attr(f=_MAX_LOAD))]
 
 
 def _load(table: str, keys_var: str, values_var: str) -> list:
