@@ -180,13 +180,15 @@ def _quantize_channels(weight: np.ndarray, depthwise: bool) -> tuple[np.ndarray,
 
 
 def _store(name: str, value: np.ndarray, mode: str, scales: str, saved: dict, kept: list,
-           new_nodes: list) -> tuple[str, str, int]:
+           new_nodes: list, column_scales: np.ndarray | None = None
+           ) -> tuple[str, str | None, int]:
     """Adds the quantized copy of ``name`` (and its scales, int8 and int4) as new checkpoint
     variables.
 
     ``scales``: "rows" (a scale per table row), "channels" (per output channel, the last
-    axis) or "depthwise" (per input channel x multiplier). Returns the copy's name, the
-    scales' name and the copy's DataType.
+    axis) or "depthwise" (per input channel x multiplier); ``column_scales`` (int8): these
+    scales per column instead, kept by the graph as a constant, not stored here. Returns
+    the copy's name, the scales' name (None: no scales variable) and the copy's DataType.
     """
     from tensorflow.core.framework import types_pb2
 
@@ -197,6 +199,9 @@ def _store(name: str, value: np.ndarray, mode: str, scales: str, saved: dict, ke
     elif mode == "int4":  # tables only (rows): two values a byte, a scale per row
         (stored, scale), dtype = quantize_rows_int4(value), types_pb2.DT_UINT8
         what = f"int4 copy of {name} (two values a byte)"
+    elif column_scales is not None:
+        stored, scale, dtype = _quantize_columns(value, column_scales), None, types_pb2.DT_INT8
+        what = f"int8 copy of {name} (a scale per column, in the graph)"
     else:
         stored, scale = _quantize_rows(value) if scales == "rows" \
             else _quantize_channels(value, scales == "depthwise")
@@ -209,7 +214,7 @@ def _store(name: str, value: np.ndarray, mode: str, scales: str, saved: dict, ke
         kept.append(KeptVariable(sname, "VarHandleOp", types_pb2.DT_FLOAT, scale.nbytes,
                                  f"{'row' if scales == 'rows' else 'channel'} scales of {name}"))
         new_nodes.append(var_handle(sname, types_pb2.DT_FLOAT, scale.shape))
-    return qname, sname, dtype
+    return qname, sname if scale is not None else None, dtype
 
 
 def _gather_rows(gather, nodes: dict, qname: str, sname: str | None, stored_dtype: int,
@@ -431,20 +436,10 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
             if value.ndim == 2 or (value.ndim > 2 and mode != "int4") else None
         if gathers is not None:
             columns = _column_scales(value) if mode == "int8" and not row_scales else None
-            if columns is None:
-                qname, sname, stored_dtype = _store(var.name, value, mode, "rows", saved,
-                                                    kept, new_nodes)
-            else:  # the scales are constants of the graph
-                qname, sname, stored_dtype = f"{var.name}/{_SCOPE}_int8", None, \
-                    types_pb2.DT_INT8
-                saved[qname] = _quantize_columns(value, columns)
-                kept.append(KeptVariable(qname, "VarHandleOp", stored_dtype,
-                                         saved[qname].nbytes, f"int8 copy of {var.name} "
-                                         "(a scale per column, in the graph)"))
-                new_nodes.append(var_handle(qname, stored_dtype, saved[qname].shape))
+            qname, sname, stored_dtype = _store(var.name, value, mode, "rows", saved, kept,
+                                                new_nodes, column_scales=columns)
             for gather, _kind in gathers:
-                _gather_rows(gather, nodes, qname, None if mode == "fp16" else sname,
-                             stored_dtype, new_nodes,
+                _gather_rows(gather, nodes, qname, sname, stored_dtype, new_nodes,
                              packed_width=value.shape[1] if mode == "int4" else 0,
                              column_scales=columns)
             replaced.add(var.name)  # the float table: nothing reads it any more
@@ -470,11 +465,10 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
                                    "depthwise" if depthwise else "channels", saved, kept,
                                    new_nodes)
         dequantize_assigns.append(_dequantize_at_load(
-            var.name, qname, sname if mode == "int8" else None, src, new_nodes,
+            var.name, qname, sname, src, new_nodes,
             dequantize_assigns[-1] if dequantize_assigns else None))
         done.append(QuantizedTensor(var.name, mode, "at load (init op)", value.nbytes,
-                                    saved[qname].nbytes
-                                    + (saved[sname].nbytes if mode == "int8" else 0)))
+                                    saved[qname].nbytes + (saved[sname].nbytes if sname else 0)))
     del reader
     if not done:
         return graph, []
