@@ -233,7 +233,7 @@ def _gather_rows(gather, nodes: dict, qname: str, sname: str | None, stored_dtyp
     from tensorflow.core.framework import types_pb2
     from tensorflow.python.framework import tensor_util
 
-    ids, base = gather.input[1], gather.name
+    ids, base = _ids_in_request_order(nodes, gather), gather.name
     float_type = attr(type=types_pb2.DT_FLOAT)
 
     def gather_from(handle: str, dtype: int, name: str) -> str:
@@ -294,7 +294,37 @@ def _gather_rows(gather, nodes: dict, qname: str, sname: str | None, stored_dtyp
 # Sums and means of rows: linear in each column of their data (input 0).
 _SEGMENT_REDUCTIONS = frozenset(
     f"SparseSegment{kind}{suffix}" for kind in ("Sum", "Mean", "SqrtN")
-    for suffix in ("", "WithNumSegments"))
+    for suffix in ("", "WithNumSegments")) | {"SegmentSum", "SegmentMean"}
+# The same reductions of rows already in request order (no indices to read them through).
+_IN_ORDER = {"SparseSegmentSum": "SegmentSum", "SparseSegmentMean": "SegmentMean"}
+
+
+def _ids_in_request_order(nodes: dict, gather) -> str:
+    """The ids to gather: ``gather``'s own, or, when they are ``Unique``'s and every reader
+    of the rows is a segment sum or mean reading them back through Unique's idx
+    (``embedding_lookup_sparse``), the ids before ``Unique``; those readers then become
+    ``SegmentSum``/``SegmentMean`` of the rows in request order.
+
+    The same numbers (row ``j`` is ``table[ids[j]]`` either way) without ``Unique``, the
+    costliest of the ops a quantized table adds to a request (docs/int8.md).
+    """
+    ids = gather.input[1]
+    unique = nodes.get(ids.split(":")[0])
+    if unique is None or unique.op != "Unique" or ids.endswith(":1"):
+        return ids
+    readers = data_consumers(nodes.values()).get(gather.name, [])
+    if not readers or any(n.op not in _IN_ORDER or i != 0 or len(n.input) < 3
+                          or n.input[1] != f"{unique.name}:1" for n, i in readers):
+        return ids
+    for reader, _ in readers:
+        segment_type = reader.attr["Tsegmentids"] if "Tsegmentids" in reader.attr else None
+        rewritten = make_node(reader.name, _IN_ORDER[reader.op],
+                              [reader.input[0], reader.input[2], *reader.input[3:]],
+                              T=reader.attr["T"], **({"Tindices": segment_type}
+                                                     if segment_type is not None else {}))
+        rewritten.device = reader.device
+        reader.CopyFrom(rewritten)
+    return unique.input[0]
 
 
 def _segment_reductions_of(nodes: dict, gather: str) -> list[str]:
@@ -425,6 +455,7 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
     new_nodes = []
     saved: dict[str, np.ndarray] = {}
     replaced: set[str] = set()
+    dedup_sources: set[str] = set()  # what the gathers read their ids from
     part = os.path.join(work_dir, "quantized", "variables")
     for var in graph.kept_variables:
         value = reader.get_tensor(var.name)
@@ -439,6 +470,7 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
             qname, sname, stored_dtype = _store(var.name, value, mode, "rows", saved, kept,
                                                 new_nodes, column_scales=columns)
             for gather, _kind in gathers:
+                dedup_sources.add(gather.input[1].split(":")[0])
                 _gather_rows(gather, nodes, qname, sname, stored_dtype, new_nodes,
                              packed_width=value.shape[1] if mode == "int4" else 0,
                              column_scales=columns)
@@ -473,6 +505,10 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
     if not done:
         return graph, []
     graph_def.node.extend(new_nodes)
+    # A Unique the gathers no longer read (_ids_in_request_order) would never run.
+    read = {i.lstrip("^").split(":")[0] for n in graph_def.node for i in n.input}
+    replaced.update(n for n in dedup_sources - read - set(graph.must_keep())
+                    if nodes[n].op == "Unique")
     # The new checkpoint: the quantized entries plus every untouched kept variable.
     checkpoint.save_arrays(part, saved)
     del saved

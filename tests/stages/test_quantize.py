@@ -640,11 +640,14 @@ def test_int8_tables_take_a_scale_per_column_unless_their_rows_differ_in_size():
     assert quantize_lib._column_scales(uneven) is None
 
 
-@pytest.mark.parametrize("consumer", ["SparseSegmentMean", "Identity"])
-def test_column_scales_serve_the_dequantized_rows_after_a_mean_or_before_anything_else(
+@pytest.mark.parametrize("consumer", ["SparseSegmentMean", "SparseSegmentSum",
+                                      "SparseSegmentMean of other rows", "Identity"])
+def test_column_scales_serve_the_dequantized_rows_after_a_segment_reduction_or_first(
         consumer):
-    """A scale per column is applied after a segment mean of the gathered rows (the same
-    numbers, fewer to scale) and right after the gather for any other reader."""
+    """A scale per column is applied after a segment sum or mean of the gathered rows (the
+    same numbers, fewer to scale) and right after the gather for any other reader. A sum or
+    mean that reads the rows back through ``Unique``'s idx reads them gathered in request
+    order instead, without ``Unique``."""
     import tensorflow as tf
     from tensorflow.core.framework import graph_pb2, types_pb2
 
@@ -656,37 +659,46 @@ def test_column_scales_serve_the_dequantized_rows_after_a_mean_or_before_anythin
     stored = quantize_lib._quantize_columns(table, scales)
     want_rows = stored.astype(np.float32) * scales  # independently, from the stored arrays
     i64, i32 = attr(type=types_pb2.DT_INT64), attr(type=types_pb2.DT_INT32)
+    f32 = attr(type=types_pb2.DT_FLOAT)
+    reduction = consumer.split()[0]
     graph_def = graph_pb2.GraphDef()
     graph_def.node.extend([
         var_handle("q", types_pb2.DT_INT8, table.shape),
         make_node("ids", "Placeholder", dtype=i64),
         make_node("segments", "Placeholder", dtype=i32),
+        make_node("picks", "Placeholder", dtype=i32),
         make_node("unique", "Unique", ["ids"], T=i64, out_idx=i32),
-        make_node("gather", "ResourceGather", ["table", "unique"],
-                  dtype=attr(type=types_pb2.DT_FLOAT), Tindices=i64,
+        make_node("gather", "ResourceGather", ["table", "unique"], dtype=f32, Tindices=i64,
                   batch_dims=attr(i=0), validate_indices=attr(b=True)),
-        make_node("out", "SparseSegmentMean", ["gather", "unique:1", "segments"],
-                  T=attr(type=types_pb2.DT_FLOAT), Tidx=i32, Tsegmentids=i32)
-        if consumer == "SparseSegmentMean" else
-        make_node("out", "Identity", ["gather"], T=attr(type=types_pb2.DT_FLOAT))])
+        make_node("out", "Identity", ["gather"], T=f32) if consumer == "Identity" else
+        make_node("out", reduction, ["gather", "picks" if "other" in consumer else "unique:1",
+                                     "segments"], T=f32, Tidx=i32, Tsegmentids=i32)])
     nodes = {n.name: n for n in graph_def.node}
     new_nodes = []
     quantize_lib._gather_rows(nodes["gather"], nodes, "q", None, types_pb2.DT_INT8, new_nodes,
                               column_scales=scales)
     graph_def.node.extend(new_nodes)
-    assert nodes["out"].op == "Mul" if consumer == "SparseSegmentMean" \
-        else nodes["gather"].op == "Mul"
+    in_order = consumer in ("SparseSegmentMean", "SparseSegmentSum")
+    assert (nodes["gather"].op, nodes["out"].op) == \
+        (("Identity", "Mul") if consumer != "Identity" else ("Mul", "Identity"))
+    unscaled = {n.name: n for n in new_nodes}.get(f"out/{quantize_lib._SCOPE}/unscaled")
+    assert consumer == "Identity" or unscaled.op == (
+        reduction.replace("Sparse", "") if in_order else reduction)
+    rows = {n.name: n for n in new_nodes}[f"gather/{quantize_lib._SCOPE}/rows"]
+    assert rows.input[1] == ("ids" if in_order else "unique")
     ids = np.array([4, 7, 4, 0, 49, 7], np.int64)
     segments = np.array([0, 0, 1, 1, 1, 2], np.int32)
+    picks = np.array([3, 2, 0, 1, 1, 0], np.int32)  # rows of Unique's output, any order
     with tf.Graph().as_default() as g:
         tf.graph_util.import_graph_def(graph_def, name="")
         with tf.compat.v1.Session(graph=g) as sess:
             sess.run(tf.raw_ops.AssignVariableOp(resource=g.get_tensor_by_name("q:0"),
                                                  value=stored))
-            got = sess.run("out:0", {"ids:0": ids, "segments:0": segments})
-    if consumer == "SparseSegmentMean":
-        want = np.stack([want_rows[ids[segments == s]].mean(axis=0) for s in range(3)])
-    else:
-        first = np.sort(np.unique(ids, return_index=True)[1])
-        want = want_rows[ids[first]]  # Unique's order: as the ids first appear
+            got = sess.run("out:0", {"ids:0": ids, "segments:0": segments, "picks:0": picks})
+    first = np.sort(np.unique(ids, return_index=True)[1])
+    unique_rows = want_rows[ids[first]]  # Unique's order: as the ids first appear
+    combine = np.sum if reduction == "SparseSegmentSum" else np.mean
+    read = unique_rows[picks] if "other" in consumer else want_rows[ids]
+    want = unique_rows if consumer == "Identity" else np.stack(
+        [combine(read[segments == s], axis=0) for s in range(3)])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
