@@ -322,6 +322,8 @@ def _ids_in_request_order(nodes: dict, gather) -> str:
     The same numbers (row ``j`` is ``table[ids[j]]`` either way) for one op less a
     request (1-3% of the 1 GB text classifier's, docs/int8.md).
     """
+    from tensorflow.core.framework import types_pb2
+
     ids = gather.input[1]
     unique = nodes.get(ids.split(":")[0])
     if unique is None or unique.op != "Unique" or ids.endswith(":1"):
@@ -331,11 +333,12 @@ def _ids_in_request_order(nodes: dict, gather) -> str:
                           or n.input[1] != f"{unique.name}:1" for n, i in readers):
         return ids
     for reader, _ in readers:
-        segment_type = reader.attr["Tsegmentids"] if "Tsegmentids" in reader.attr else None
+        # Segment ids were int32 only before SparseSegment* took Tsegmentids (TF 2.6).
+        segment_type = reader.attr["Tsegmentids"] if "Tsegmentids" in reader.attr \
+            else attr(type=types_pb2.DT_INT32)
         rewritten = make_node(reader.name, _IN_ORDER[reader.op],
                               [reader.input[0], reader.input[2], *reader.input[3:]],
-                              T=reader.attr["T"], **({"Tindices": segment_type}
-                                                     if segment_type is not None else {}))
+                              T=reader.attr["T"], Tindices=segment_type)
         rewritten.device = reader.device
         reader.CopyFrom(rewritten)
     return unique.input[0]

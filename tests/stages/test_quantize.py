@@ -668,7 +668,8 @@ def test_int8_tables_take_a_scale_per_column_unless_their_rows_differ_in_size():
 
 
 @pytest.mark.parametrize("consumer", ["SparseSegmentMean", "SparseSegmentSum",
-                                      "SparseSegmentMean of other rows", "Identity"])
+                                      "SparseSegmentMean of other rows",
+                                      "SparseSegmentMean as TF 1.x wrote it", "Identity"])
 def test_column_scales_serve_the_dequantized_rows_after_a_segment_reduction_or_first(
         consumer):
     """A scale per column is applied after a segment sum or mean of the gathered rows (the
@@ -699,18 +700,21 @@ def test_column_scales_serve_the_dequantized_rows_after_a_segment_reduction_or_f
                   batch_dims=attr(i=0), validate_indices=attr(b=True)),
         make_node("out", "Identity", ["gather"], T=f32) if consumer == "Identity" else
         make_node("out", reduction, ["gather", "picks" if "other" in consumer else "unique:1",
-                                     "segments"], T=f32, Tidx=i32, Tsegmentids=i32)])
+                                     "segments"], T=f32, Tidx=i32,
+                  **({} if "1.x" in consumer else {"Tsegmentids": i32}))])
     nodes = {n.name: n for n in graph_def.node}
     new_nodes = []
     quantize_lib._gather_rows(nodes["gather"], nodes, "q", None, types_pb2.DT_INT8, new_nodes,
                               column_scales=scales)
     graph_def.node.extend(new_nodes)
-    in_order = consumer in ("SparseSegmentMean", "SparseSegmentSum")
+    in_order = "Segment" in consumer and "other" not in consumer
     assert (nodes["gather"].op, nodes["out"].op) == \
         (("Identity", "Mul") if consumer != "Identity" else ("Mul", "Identity"))
     unscaled = {n.name: n for n in new_nodes}.get(f"out/{quantize_lib._SCOPE}/unscaled")
     assert consumer == "Identity" or unscaled.op == (
         reduction.replace("Sparse", "") if in_order else reduction)
+    if in_order:  # an attr without a default: what TF 1.x's int32 segment ids imply
+        assert unscaled.attr["Tindices"].type == types_pb2.DT_INT32
     rows = {n.name: n for n in new_nodes}[f"gather/{quantize_lib._SCOPE}/rows"]
     assert rows.input[1] == ("ids" if in_order else "unique")
     ids = np.array([4, 7, 4, 0, 49, 7], np.int64)
