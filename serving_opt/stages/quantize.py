@@ -237,7 +237,8 @@ def _store(name: str, value: np.ndarray, mode: str, scales: str, saved: dict, ke
 
 def _gather_rows(gather, nodes: dict, qname: str, sname: str | None, stored_dtype: int,
                  new_nodes: list, packed_width: int = 0,
-                 column_scales: np.ndarray | None = None) -> None:
+                 column_scales: np.ndarray | None = None,
+                 outputs: frozenset = frozenset()) -> None:
     """Rewrites one gather of a float table into a gather of its quantized rows.
 
     The gather node keeps its name (its consumers are untouched) and becomes
@@ -251,7 +252,7 @@ def _gather_rows(gather, nodes: dict, qname: str, sname: str | None, stored_dtyp
     from tensorflow.core.framework import types_pb2
     from tensorflow.python.framework import tensor_util
 
-    ids, base = _ids_in_request_order(nodes, gather), gather.name
+    ids, base = _ids_in_request_order(nodes, gather, outputs), gather.name
     float_type = attr(type=types_pb2.DT_FLOAT)
 
     def gather_from(handle: str, dtype: int, name: str) -> str:
@@ -317,11 +318,12 @@ _SEGMENT_REDUCTIONS = frozenset(
 _IN_ORDER = {"SparseSegmentSum": "SegmentSum", "SparseSegmentMean": "SegmentMean"}
 
 
-def _ids_in_request_order(nodes: dict, gather) -> str:
+def _ids_in_request_order(nodes: dict, gather, outputs: frozenset = frozenset()) -> str:
     """The ids to gather: ``gather``'s own, or, when they are ``Unique``'s and every reader
     of the rows is a segment sum or mean reading them back through Unique's idx
     (``embedding_lookup_sparse``), the ids before ``Unique``; those readers then become
-    ``SegmentSum``/``SegmentMean`` of the rows in request order.
+    ``SegmentSum``/``SegmentMean`` of the rows in request order. Rows that are one of the
+    signatures' ``outputs`` stay as they were.
 
     The same numbers (row ``j`` is ``table[ids[j]]`` either way) for one op less a
     request (1-3% of the 1 GB text classifier's, docs/int8.md).
@@ -330,7 +332,7 @@ def _ids_in_request_order(nodes: dict, gather) -> str:
 
     ids = gather.input[1]
     unique = nodes.get(ids.split(":")[0])
-    if unique is None or unique.op != "Unique" or ids.endswith(":1"):
+    if unique is None or unique.op != "Unique" or ids.endswith(":1") or gather.name in outputs:
         return ids
     readers = data_consumers(nodes.values()).get(gather.name, [])
     if not readers or any(n.op not in _IN_ORDER or i != 0 or len(n.input) < 3
@@ -477,6 +479,7 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
     saved: dict[str, np.ndarray] = {}
     replaced: set[str] = set()
     dedup_sources: set[str] = set()  # what the gathers read their ids from
+    outputs = frozenset(graph.signature_output_nodes())
     part = os.path.join(work_dir, "quantized", "variables")
     for var in graph.kept_variables:
         value = reader.get_tensor(var.name)
@@ -494,7 +497,7 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
                 dedup_sources.add(gather.input[1].split(":")[0])
                 _gather_rows(gather, nodes, qname, sname, stored_dtype, new_nodes,
                              packed_width=value.shape[1] if mode == "int4" else 0,
-                             column_scales=columns)
+                             column_scales=columns, outputs=outputs)
             replaced.add(var.name)  # the float table: nothing reads it any more
             # Its reads: those feeding the gathers, and any a folded Shape left unused.
             replaced.update(n.name for n in graph_def.node if n.op == "ReadVariableOp"

@@ -669,7 +669,9 @@ def test_int8_tables_take_a_scale_per_column_unless_their_rows_differ_in_size():
 
 @pytest.mark.parametrize("consumer", ["SparseSegmentMean", "SparseSegmentSum",
                                       "SparseSegmentMean of other rows",
-                                      "SparseSegmentMean as TF 1.x wrote it", "Identity"])
+                                      "SparseSegmentMean as TF 1.x wrote it",
+                                      "SparseSegmentMean of rows a signature returns",
+                                      "Identity"])
 def test_column_scales_serve_the_dequantized_rows_after_a_segment_reduction_or_first(
         consumer):
     """A scale per column is applied after a segment sum or mean of the gathered rows (the
@@ -705,9 +707,10 @@ def test_column_scales_serve_the_dequantized_rows_after_a_segment_reduction_or_f
     nodes = {n.name: n for n in graph_def.node}
     new_nodes = []
     quantize_lib._gather_rows(nodes["gather"], nodes, "q", None, types_pb2.DT_INT8, new_nodes,
-                              column_scales=scales)
+                              column_scales=scales, outputs=frozenset(
+                                  ["gather"] if "signature" in consumer else []))
     graph_def.node.extend(new_nodes)
-    in_order = "Segment" in consumer and "other" not in consumer
+    in_order = "Segment" in consumer and "other" not in consumer and "signature" not in consumer
     assert (nodes["gather"].op, nodes["out"].op) == \
         (("Identity", "Mul") if consumer != "Identity" else ("Mul", "Identity"))
     unscaled = {n.name: n for n in new_nodes}.get(f"out/{quantize_lib._SCOPE}/unscaled")
