@@ -252,7 +252,10 @@ def _gather_rows(gather, nodes: dict, qname: str, sname: str | None, stored_dtyp
     from tensorflow.core.framework import types_pb2
     from tensorflow.python.framework import tensor_util
 
-    ids, base = _ids_in_request_order(nodes, gather, outputs), gather.name
+    # Who reads the rows: the node objects themselves, so still right after
+    # _ids_in_request_order rewrites them in place.
+    readers = data_consumers(nodes.values()).get(gather.name, [])
+    ids, base = _ids_in_request_order(nodes, gather, readers, outputs), gather.name
     float_type = attr(type=types_pb2.DT_FLOAT)
 
     def gather_from(handle: str, dtype: int, name: str) -> str:
@@ -272,7 +275,7 @@ def _gather_rows(gather, nodes: dict, qname: str, sname: str | None, stored_dtyp
         scales = f"{base}/{_SCOPE}/column_scales"
         new_nodes.append(make_node(scales, "Const", dtype=float_type, value=attr(
             tensor=tensor_util.make_tensor_proto(column_scales))))
-        reductions = _segment_reductions_of(nodes, base)
+        reductions = _segment_reductions_of(readers, base)
         if not reductions:
             nodes[base].CopyFrom(make_node(base, "Mul", [cast, scales] + controls,
                                            T=float_type))
@@ -318,12 +321,14 @@ _SEGMENT_REDUCTIONS = frozenset(
 _IN_ORDER = {"SparseSegmentSum": "SegmentSum", "SparseSegmentMean": "SegmentMean"}
 
 
-def _ids_in_request_order(nodes: dict, gather, outputs: frozenset = frozenset()) -> str:
+def _ids_in_request_order(nodes: dict, gather, readers: list,
+                          outputs: frozenset = frozenset()) -> str:
     """The ids to gather: ``gather``'s own, or, when they are ``Unique``'s and every reader
     of the rows is a segment sum or mean reading them back through Unique's idx
     (``embedding_lookup_sparse``), the ids before ``Unique``; those readers then become
-    ``SegmentSum``/``SegmentMean`` of the rows in request order. Rows that are one of the
-    signatures' ``outputs`` stay as they were.
+    ``SegmentSum``/``SegmentMean`` of the rows in request order. ``readers``: the rows'
+    ``[(node, input index)]``. Rows that are one of the signatures' ``outputs`` stay as
+    they were.
 
     The same numbers (row ``j`` is ``table[ids[j]]`` either way) for one op less a
     request (1-3% of the 1 GB text classifier's, docs/int8.md).
@@ -334,7 +339,6 @@ def _ids_in_request_order(nodes: dict, gather, outputs: frozenset = frozenset())
     unique = nodes.get(ids.split(":")[0])
     if unique is None or unique.op != "Unique" or ids.endswith(":1") or gather.name in outputs:
         return ids
-    readers = data_consumers(nodes.values()).get(gather.name, [])
     if not readers or any(n.op not in _IN_ORDER or i != 0 or len(n.input) < 3
                           or n.input[1] != f"{unique.name}:1" for n, i in readers):
         return ids
@@ -350,10 +354,9 @@ def _ids_in_request_order(nodes: dict, gather, outputs: frozenset = frozenset())
     return unique.input[0]
 
 
-def _segment_reductions_of(nodes: dict, gather: str) -> list[str]:
-    """The consumers of ``gather``'s rows if every one is a segment reduction of them
-    (and nothing else reads them), else []."""
-    readers = data_consumers(nodes.values()).get(gather, [])
+def _segment_reductions_of(readers: list, gather: str) -> list[str]:
+    """The names of ``gather``'s ``readers`` if every one is a segment reduction of its
+    rows (and nothing else reads them), else []."""
     if any(n.op not in _SEGMENT_REDUCTIONS or i != 0 or n.input[0] not in (gather, f"{gather}:0")
            for n, i in readers):
         return []
@@ -479,6 +482,7 @@ def quantize(graph, mode: str, min_elements: int, work_dir: str,
     saved: dict[str, np.ndarray] = {}
     replaced: set[str] = set()
     dedup_sources: set[str] = set()  # what the gathers read their ids from
+    # Not must_keep(): that holds every gather (stateful), which keeps its name here.
     outputs = frozenset(graph.signature_output_nodes())
     part = os.path.join(work_dir, "quantized", "variables")
     for var in graph.kept_variables:
