@@ -168,8 +168,11 @@ def buckets(fingerprints: np.ndarray, lines: np.ndarray) -> tuple[np.ndarray, np
     import tensorflow as tf
 
     order = np.argsort(fingerprints, kind="stable")
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.node.extend(_table_nodes("table", bucket_count(len(fingerprints))))
     with tf.Graph().as_default() as g:
-        table = _table_op("table", bucket_count(len(fingerprints)))
+        tf.graph_util.import_graph_def(graph_def, name="")
+        table = g.get_tensor_by_name("table:0")
         insert = tf.raw_ops.LookupTableInsertV2(
             table_handle=table, keys=tf.constant(fingerprints[order], tf.int64),
             values=tf.constant(np.asarray(lines)[order], tf.int64))
@@ -180,19 +183,11 @@ def buckets(fingerprints: np.ndarray, lines: np.ndarray) -> tuple[np.ndarray, np
             return sess.run([keys, values])
 
 
-def _table_op(name: str, count: int):
-    import tensorflow as tf
-
-    return tf.raw_ops.MutableDenseHashTableV2(
-        empty_key=tf.constant(_EMPTY_KEY, tf.int64),
-        deleted_key=tf.constant(_DELETED_KEY, tf.int64), value_dtype=tf.int64,
-        initial_num_buckets=count, max_load_factor=_MAX_LOAD, name=name)
-
-
-def _table_nodes(name: str) -> list:
-    """The table's node (and its two marker constants), as :func:`_table_op` makes it
-    but with the fewest buckets: the import replaces them, and the allocator would keep
-    a vocabulary-sized first set for the server's life (16 MiB for 1M words, measured)."""
+def _table_nodes(name: str, count: int | None = None) -> list:
+    """The table's node (and its two marker constants), with ``count`` buckets. The
+    served table takes the fewest (the default): the import replaces them, and the
+    allocator would keep a vocabulary-sized first set for the server's life (16 MiB for
+    1M words, measured)."""
     import tensorflow as tf
     from tensorflow.core.framework import types_pb2
 
@@ -203,7 +198,8 @@ def _table_nodes(name: str) -> list:
     return markers + [make_node(
         name, "MutableDenseHashTableV2", [m.name for m in markers], key_dtype=i64,
         value_dtype=i64, shared_name=attr(s=name.encode()),
-        initial_num_buckets=attr(i=bucket_count(0)), max_load_factor=attr(f=_MAX_LOAD))]
+        initial_num_buckets=attr(i=bucket_count(0) if count is None else count),
+        max_load_factor=attr(f=_MAX_LOAD))]
 
 
 def _load(table: str, keys_var: str, values_var: str) -> list:
